@@ -1,0 +1,196 @@
+package main
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/slotctl/slotctl/store"
+)
+
+// config is what the configuration file and SLOTCTL_* environment decided,
+// after flags took precedence.
+type config struct {
+	File   string         // the file read, "" if none
+	Limits map[string]int // sizes for limits created by run
+}
+
+// knownSettings are the config file's top-level keys; anything else is a
+// typo that would otherwise be silently ignored.
+var knownSettings = []string{"store", "ttl", "store-timeout", "limits", "etcd"}
+
+// envSettings maps settings to the only environment variables slotctl reads
+// (SPEC §6). The variables slotctl exports to its child (SLOTCTL_LIMIT, ...)
+// are deliberately not among them: they must not configure a nested slotctl.
+var envSettings = map[string]string{
+	"store":         "SLOTCTL_STORE",
+	"ttl":           "SLOTCTL_TTL",
+	"store-timeout": "SLOTCTL_STORE_TIMEOUT",
+	"etcd.username": "SLOTCTL_ETCD_USERNAME",
+	"etcd.password": "SLOTCTL_ETCD_PASSWORD",
+}
+
+// configFile picks the file to read: --config, SLOTCTL_CONFIG, then the
+// search path. An explicitly named file must exist; a searched one may not.
+func (f *Factory) configFile(cmd *cobra.Command) (string, error) {
+	explicit, _ := cmd.Flags().GetString("config")
+	if explicit == "" {
+		explicit = f.Getenv("SLOTCTL_CONFIG")
+	}
+	if explicit != "" {
+		if _, err := os.Stat(explicit); err != nil {
+			return "", usageError("config file %s: %v", explicit, unwrapPathError(err))
+		}
+		return explicit, nil
+	}
+	xdg := f.Getenv("XDG_CONFIG_HOME")
+	if xdg == "" {
+		if home := f.Getenv("HOME"); home != "" {
+			xdg = filepath.Join(home, ".config")
+		}
+	}
+	var candidates []string
+	if xdg != "" {
+		candidates = append(candidates, filepath.Join(xdg, "slotctl", "config.yaml"))
+	}
+	candidates = append(candidates, "/etc/slotctl/config.yaml")
+	for _, c := range candidates {
+		if _, err := os.Stat(c); err == nil {
+			return c, nil
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			return "", usageError("config file %s: %v", c, unwrapPathError(err))
+		}
+	}
+	return "", nil
+}
+
+func unwrapPathError(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
+// loadConfig reads the config file and environment into a fresh viper and
+// fills every flag the user did not set from them: flag > SLOTCTL_* > file >
+// default (SPEC §6).
+func (f *Factory) loadConfig(cmd *cobra.Command) error {
+	v := viper.New()
+	f.viper = v
+	f.cfg = &config{Limits: map[string]int{}}
+	file, err := f.configFile(cmd)
+	if err != nil {
+		return err
+	}
+	if file != "" {
+		f.cfg.File = file
+		v.SetConfigFile(file)
+		v.SetConfigType("yaml")
+		if err := v.ReadInConfig(); err != nil {
+			return usageError("config file %s: %s", file, oneLine(err.Error()))
+		}
+		for _, k := range v.AllKeys() {
+			top, _, _ := strings.Cut(k, ".")
+			if !slices.Contains(knownSettings, top) {
+				return usageError("config file %s: unknown setting %q (known: %s)", file, top, strings.Join(knownSettings, ", "))
+			}
+		}
+		if err := f.readLimits(file); err != nil {
+			return err
+		}
+	}
+	for key, env := range envSettings {
+		if err := v.BindEnv(key, env); err != nil {
+			return err
+		}
+	}
+	var fillErr error
+	cmd.Flags().VisitAll(func(fl *pflag.Flag) {
+		if fillErr != nil || fl.Changed || !v.IsSet(fl.Name) || envSettings[fl.Name] == "" {
+			return
+		}
+		val := v.GetString(fl.Name)
+		if err := cmd.Flags().Set(fl.Name, val); err != nil {
+			fillErr = usageError("%s: %s %q: %s", f.settingSource(fl.Name), fl.Name, val, acceptedFor(fl))
+		}
+	})
+	return fillErr
+}
+
+// settingSource names where a setting came from, for error messages.
+func (f *Factory) settingSource(key string) string {
+	if env := envSettings[key]; env != "" && f.Getenv(env) != "" {
+		return "environment " + env
+	}
+	return "config file " + f.cfg.File
+}
+
+// acceptedFor says what a flag accepts.
+func acceptedFor(fl *pflag.Flag) string {
+	switch fl.Value.Type() {
+	case "duration":
+		return "want a duration such as 30s, 5m or 1h30m"
+	case "int":
+		return "want a whole number"
+	}
+	return "invalid value"
+}
+
+// readLimits reads the limits section with a YAML parser of its own: viper
+// folds keys to lower case, and limit names are case-sensitive.
+func (f *Factory) readLimits(file string) error {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return usageError("config file %s: %v", file, unwrapPathError(err))
+	}
+	var doc struct {
+		Limits yaml.Node `yaml:"limits"`
+	}
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		return usageError("config file %s: %s", file, oneLine(err.Error()))
+	}
+	n := &doc.Limits
+	if n.Kind == 0 {
+		return nil
+	}
+	if n.Kind != yaml.MappingNode {
+		return usageError("config file %s: line %d: limits: want a map of limit name to slot count", file, n.Line)
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if !store.ValidLimitName(k.Value) {
+			return usageError("config file %s: line %d: bad limit name %q: want 1-128 characters of [A-Za-z0-9._:-], starting with a letter or digit", file, k.Line, k.Value)
+		}
+		var slots int
+		if v.Decode(&slots) != nil || store.CheckSlots(slots) != nil {
+			return usageError("config file %s: line %d: limits.%s: %q: want a slot count 0..%d", file, v.Line, k.Value, v.Value, store.MaxSlots)
+		}
+		f.cfg.Limits[k.Value] = slots
+	}
+	return nil
+}
+
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(s), " ")
+}
+
+// checkDuration bounds a duration flag with a message that names it.
+func checkDuration(name string, d time.Duration, min, max time.Duration) error {
+	if d < min || (max > 0 && d > max) {
+		if max > 0 {
+			return usageError("--%s %s: want a duration from %s to %s", name, d, min, max)
+		}
+		return usageError("--%s %s: want a duration of at least %s", name, d, min)
+	}
+	return nil
+}

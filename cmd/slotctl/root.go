@@ -1,0 +1,85 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+// globalOptions are the flags every command takes (SPEC §2).
+type globalOptions struct {
+	Store        string
+	Config       string
+	StoreTimeout time.Duration
+	Quiet        bool
+	Verbose      bool
+}
+
+// Main runs slotctl with args and returns its exit status. It prints errors
+// itself, once, as "slotctl: ...".
+func Main(ctx context.Context, args []string, f *Factory) (code int) {
+	defer func() {
+		if r := recover(); r != nil {
+			fmt.Fprintf(f.IO.ErrOut, "slotctl: internal error (a bug, please report it): %v\n", r)
+			code = exitInternal
+		}
+	}()
+	root := newRootCmd(f)
+	root.SetArgs(args)
+	err := root.ExecuteContext(ctx)
+	if err != nil {
+		printError(f.IO.ErrOut, err)
+	}
+	return exitCode(err)
+}
+
+func newRootCmd(f *Factory) *cobra.Command {
+	g := &globalOptions{}
+	root := &cobra.Command{
+		Use:   "slotctl",
+		Short: "Gate shell jobs, cron jobs and CI steps behind named concurrency limits",
+		Long: `slotctl gates shell jobs, cron jobs and CI steps behind named concurrency limits.
+
+A job asks for a slot, waits its turn, runs, and gives the slot back. When the
+job, its wrapper or its whole machine dies, the slot still comes back.`,
+		Example: `  slotctl run --limit build --slots 2 -- make -j8
+  slotctl limit set backup 1
+  slotctl limit ls`,
+		Version:           f.versionString(),
+		SilenceErrors:     true,
+		SilenceUsage:      true,
+		DisableAutoGenTag: true,
+		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
+			if err := f.loadConfig(cmd); err != nil {
+				return err
+			}
+			if g.Quiet && g.Verbose {
+				return usageError("-q/--quiet and -v/--verbose: pick one")
+			}
+			return checkDuration("store-timeout", g.StoreTimeout, 10*time.Millisecond, 10*time.Minute)
+		},
+	}
+	root.SetIn(f.IO.In)
+	root.SetOut(f.IO.Out)
+	root.SetErr(f.IO.ErrOut)
+	root.SetVersionTemplate("{{.Version}}\n")
+	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
+		return &ExitError{Code: exitUsage, Err: err, Hint: fmt.Sprintf("see '%s --help'", cmd.CommandPath())}
+	})
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.Store, "store", "", "store URL: PATH, bolt://PATH or etcd://HOST:PORT[/PREFIX] (env SLOTCTL_STORE)")
+	pf.StringVar(&g.Config, "config", "", "config file (env SLOTCTL_CONFIG; default $XDG_CONFIG_HOME/slotctl/config.yaml, then /etc/slotctl/config.yaml)")
+	pf.DurationVar(&g.StoreTimeout, "store-timeout", 5*time.Second, "how long to wait for a locked or unreachable store (env SLOTCTL_STORE_TIMEOUT)")
+	pf.BoolVarP(&g.Quiet, "quiet", "q", false, "print only errors")
+	pf.BoolVarP(&g.Verbose, "verbose", "v", false, "say more about what happens")
+
+	root.AddCommand(newRunCmd(f, g, nil), newLimitCmd(f, g), newVersionCmd(f))
+	return root
+}
+
+// errArgs is the usage error for wrong positional arguments.
+func errArgs(cmd *cobra.Command, format string, args ...any) error {
+	return &ExitError{Code: exitUsage, Err: fmt.Errorf(format, args...), Hint: fmt.Sprintf("see '%s --help'", cmd.CommandPath())}
+}

@@ -1,0 +1,55 @@
+package main
+
+import (
+	"fmt"
+	"runtime"
+	"runtime/debug"
+
+	"github.com/spf13/cobra"
+)
+
+// versionInfo is the stamped version, or what the Go toolchain recorded
+// when built with go install (no ldflags).
+func (f *Factory) versionInfo() (version, commit, date string) {
+	version, commit, date = f.Version, f.Commit, f.Date
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		if version == "" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+			version = bi.Main.Version
+		}
+		for _, s := range bi.Settings {
+			switch {
+			case s.Key == "vcs.revision" && commit == "":
+				commit = s.Value
+			case s.Key == "vcs.time" && date == "":
+				date = s.Value
+			}
+		}
+	}
+	if version == "" {
+		version = "devel"
+	}
+	if commit == "" {
+		commit = "unknown"
+	}
+	if date == "" {
+		date = "unknown"
+	}
+	return version, commit, date
+}
+
+func (f *Factory) versionString() string {
+	v, c, d := f.versionInfo()
+	return fmt.Sprintf("slotctl %s (commit %s, built %s, %s)", v, c, d, runtime.Version())
+}
+
+func newVersionCmd(f *Factory) *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print slotctl's version, commit, build date and Go version",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			fmt.Fprintln(f.IO.Out, f.versionString())
+			return nil
+		},
+	}
+}

@@ -1,0 +1,149 @@
+package gate
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"time"
+
+	"github.com/slotctl/slotctl/store"
+)
+
+// DefaultPoll is the fallback poll period of a waiter (jittered ±20%): it
+// only matters when a wake-up was lost, e.g. its promoter died between
+// commit and ring.
+const DefaultPoll = 2 * time.Second
+
+// ErrBusy is returned by Wait when the ticket was not admitted in time.
+var ErrBusy = errors.New("not admitted in time")
+
+// Gate admits jobs through one store.
+type Gate struct {
+	Store store.Store
+	// PollEvery is the fallback poll period; 0 means DefaultPoll.
+	PollEvery time.Duration
+	// Rand returns numbers in [0,1) for jitter; nil means math/rand/v2.
+	Rand func() float64
+}
+
+// NewID mints a ticket id: 128 random bits in hex. It is minted before the
+// ticket is written, so a retried write is idempotent and a cancel can
+// tombstone an id whose create is still in flight.
+func NewID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand panics instead)
+	return hex.EncodeToString(b[:])
+}
+
+// An Entry is one ticket in a limit's queue, from Join until Leave or Close.
+type Entry struct {
+	g    *Gate
+	bell store.Bell
+	t    store.Ticket
+}
+
+// Join puts a ticket for req in its limit's queue. The bell is made before
+// the ticket is written, so a promotion right after the write is not missed.
+// If the write's outcome is unknown (an error after it may have committed),
+// Join cancels req.ID, which also refuses the write if it lands later.
+func (g *Gate) Join(ctx context.Context, req store.EnqueueRequest) (*Entry, error) {
+	bell, err := g.Store.Watch(ctx, req.ID)
+	if err != nil {
+		return nil, err
+	}
+	t, err := g.Store.Enqueue(ctx, req)
+	if err != nil {
+		bell.Close()
+		if !isRefusal(err) {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			defer cancel()
+			_, _ = g.Store.Release(cctx, store.Ticket{ID: req.ID}, store.Cancelled)
+		}
+		return nil, err
+	}
+	return &Entry{g: g, bell: bell, t: t}, nil
+}
+
+// isRefusal tells an answer that certainly wrote nothing.
+func isRefusal(err error) bool {
+	var conflict *store.SlotsConflictError
+	return errors.As(err, &conflict) || errors.Is(err, store.ErrInvalid) || errors.Is(err, store.ErrRemoved)
+}
+
+// Ticket is the entry's ticket as last read.
+func (e *Entry) Ticket() store.Ticket { return e.t }
+
+// Wait sleeps until the ticket is held and returns it. timeout < 0 waits
+// without bound; 0 does not wait. Not admitted in time, it returns ErrBusy
+// and the ticket is still in the queue: call Leave. A ticket removed while
+// waiting (it expired, an operator released it) returns an error wrapping
+// store.ErrLost. update, if not nil, sees each fresh read of the ticket.
+func (e *Entry) Wait(ctx context.Context, timeout time.Duration, update func(store.Ticket)) (store.Ticket, error) {
+	var deadline <-chan time.Time
+	if timeout >= 0 {
+		tm := time.NewTimer(timeout)
+		defer tm.Stop()
+		deadline = tm.C
+	}
+	poll := time.NewTimer(e.pollPeriod())
+	defer poll.Stop()
+	for {
+		if e.t.State == store.Held {
+			return e.t, nil
+		}
+		if timeout == 0 {
+			return e.t, ErrBusy
+		}
+		select {
+		case <-ctx.Done():
+			return e.t, context.Cause(ctx)
+		case <-deadline:
+			// One last look: the promotion may have landed with the deadline.
+			if t, err := e.g.Store.Get(ctx, e.t.ID); err == nil && t.State == store.Held {
+				e.t = t
+				return t, nil
+			}
+			return e.t, ErrBusy
+		case <-e.bell.C():
+		case <-poll.C:
+			poll.Reset(e.pollPeriod())
+		}
+		t, err := e.g.Store.Get(ctx, e.t.ID)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			return e.t, fmt.Errorf("%w: %w", store.ErrLost, err)
+		case err != nil:
+			continue // transient: the next poll tries again; the renewer judges the lease
+		}
+		e.t = t
+		if update != nil {
+			update(t)
+		}
+	}
+}
+
+func (e *Entry) pollPeriod() time.Duration {
+	p := e.g.PollEvery
+	if p <= 0 {
+		p = DefaultPoll
+	}
+	r := e.g.Rand
+	if r == nil {
+		r = mrand.Float64
+	}
+	return time.Duration(float64(p) * (0.8 + 0.4*r()))
+}
+
+// Leave removes the ticket, held or still waiting (compare-and-delete: a
+// ticket already gone, or replaced, is left alone), and closes the bell. It
+// reports whether this call removed the ticket.
+func (e *Entry) Leave(ctx context.Context, why store.Reason) (bool, error) {
+	e.Close()
+	return e.g.Store.Release(ctx, e.t, why)
+}
+
+// Close stops listening for wake-ups; the ticket stays. Idempotent.
+func (e *Entry) Close() { e.bell.Close() }

@@ -1,0 +1,372 @@
+package renew
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/slotctl/slotctl/internal/proc"
+	"github.com/slotctl/slotctl/store"
+)
+
+// ErrDeadline is the loss the holder decides on its own: the store may
+// already have expired the lease, so the job must be treated as unleased.
+var ErrDeadline = errors.New("no renewal acknowledged before the local deadline")
+
+// Renewer is the part of store.Store that renew needs.
+type Renewer interface {
+	Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (store.Ticket, error)
+}
+
+// Options configure a Keeper. Only TTL is required.
+type Options struct {
+	TTL    time.Duration // lease length asked of the store; required, > 0
+	Every  time.Duration // renewal period; 0 means TTL/3
+	Jitter float64       // ± fraction of Every (and of retry backoff); 0 means 0.2, negative means none
+	Margin time.Duration // subtracted from the deadline for clock rate and delivery slack; 0 means TTL/10
+	// Watchdog is how often the deadline is checked between renewals; 0
+	// means 1s. Go timers stop during suspend, so this bounds how late a
+	// loss is noticed after a resume.
+	Watchdog time.Duration
+	// Now is a monotonic clock that counts through suspend; nil means
+	// proc.Boottime. It is called from several goroutines.
+	Now func() time.Duration
+	// Rand returns a number in [0,1); nil means math/rand/v2.Float64. It is
+	// only called from the renewing goroutine, so a seeded source is fine.
+	Rand func() float64
+	// OnRenew is called, from the renewing goroutine, with the store's answer
+	// to each acknowledged renewal (it shows a waiting ticket becoming held).
+	// It must not call Stop.
+	OnRenew func(store.Ticket)
+	// Logf receives warnings about transient failures; nil discards them.
+	Logf func(format string, args ...any)
+}
+
+func (o Options) withDefaults() Options {
+	if o.Every == 0 {
+		o.Every = o.TTL / 3
+	}
+	if o.Jitter == 0 {
+		o.Jitter = 0.2
+	}
+	if o.Margin == 0 {
+		o.Margin = o.TTL / 10
+	}
+	if o.Watchdog == 0 {
+		o.Watchdog = time.Second
+	}
+	if o.Now == nil {
+		o.Now = proc.Boottime
+	}
+	if o.Rand == nil {
+		o.Rand = rand.Float64
+	}
+	if o.Logf == nil {
+		o.Logf = func(string, ...any) {}
+	}
+	return o
+}
+
+// Validate reports options with which no lease could be kept, e.g. a period
+// that, jittered, reaches past the deadline. Start panics on them; a caller
+// holding user input checks first.
+func (o Options) Validate() error {
+	if o.TTL <= 0 {
+		return fmt.Errorf("renew: ttl %v: want > 0", o.TTL)
+	}
+	if o.Every < 0 || o.Margin < 0 || o.Watchdog < 0 {
+		return fmt.Errorf("renew: negative period, margin or watchdog (%v, %v, %v)", o.Every, o.Margin, o.Watchdog)
+	}
+	if o.Jitter >= 1 {
+		return fmt.Errorf("renew: jitter %v: want < 1", o.Jitter)
+	}
+	d := o.withDefaults()
+	if d.Margin >= d.TTL {
+		return fmt.Errorf("renew: margin %v: want less than the ttl %v", d.Margin, d.TTL)
+	}
+	longest := d.Every
+	if d.Jitter > 0 {
+		longest = time.Duration(float64(d.Every) * (1 + d.Jitter))
+	}
+	if longest >= d.TTL-d.Margin {
+		return fmt.Errorf("renew: renewing every %v (up to %v with jitter) cannot keep a %v lease with a %v margin", d.Every, longest, d.TTL, d.Margin)
+	}
+	return nil
+}
+
+// A Keeper renews one ticket until Stop or until the lease is presumed lost.
+type Keeper struct {
+	r        Renewer
+	o        Options
+	base     time.Duration // first retry delay
+	cap      time.Duration // longest retry delay
+	lost     chan struct{}
+	stop     chan struct{}
+	done     chan struct{}
+	stopOnce sync.Once
+
+	mu       sync.Mutex
+	ticket   store.Ticket
+	lastSent time.Duration // send time of the last acknowledged renewal
+	deadline time.Duration // lastSent + TTL - Margin
+	lastErr  error         // last transient failure since the last ack
+	err      error         // set once, with lost closed
+}
+
+// Start begins renewing t at once in a goroutine. sentAt is the Now() reading
+// taken just before the write that created t was sent: that write counts as
+// the first acknowledged renewal, so the next one is due a period after it.
+//
+// Cancelling ctx stops renewing but not the deadline watch: Lost still fires
+// when the lease runs out. Call Stop in any case to join. Start panics on
+// options that fail Validate.
+func Start(ctx context.Context, r Renewer, t store.Ticket, sentAt time.Duration, opts Options) *Keeper {
+	if err := opts.Validate(); err != nil {
+		panic(err.Error())
+	}
+	o := opts.withDefaults()
+	k := &Keeper{
+		r:        r,
+		o:        o,
+		cap:      o.Every / 2,
+		base:     min(max(o.Every/10, 100*time.Millisecond), o.Every/2),
+		lost:     make(chan struct{}),
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
+		ticket:   t,
+		lastSent: sentAt,
+		deadline: sentAt + o.TTL - o.Margin,
+	}
+	k.expired(o.Now()) // a slow enqueue may have used up the lease already
+	go k.run(ctx)
+	return k
+}
+
+// Lost is closed once the lease is presumed lost. The verdict is final.
+func (k *Keeper) Lost() <-chan struct{} { return k.lost }
+
+// Err is nil while the lease is alive. After Lost it wraps store.ErrLost
+// (the store refused the renewal) or ErrDeadline (no ack in time).
+func (k *Keeper) Err() error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.err
+}
+
+// Deadline is the local deadline on the Now clock: the send time of the last
+// acknowledged renewal + TTL − Margin.
+func (k *Keeper) Deadline() time.Duration {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.deadline
+}
+
+// Ticket is the latest ticket the store returned (t until the first ack).
+func (k *Keeper) Ticket() store.Ticket {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.ticket
+}
+
+// Check checks the local deadline now, in the caller's goroutine, so that
+// after a process stop (SIGCONT) the loss is known before the job runs on.
+func (k *Keeper) Check() { k.expired(k.o.Now()) }
+
+// Stop stops renewing and waits until the renewing goroutine and any store
+// call have returned; the caller may release the ticket after it. It cancels
+// an in-flight call's context but waits for the call even if it ignores that.
+// Stop is idempotent and does not close Lost.
+func (k *Keeper) Stop() {
+	k.stopOnce.Do(func() { close(k.stop) })
+	<-k.done
+}
+
+// expired declares the lease lost if now is at or past the deadline, and
+// reports whether it is lost.
+func (k *Keeper) expired(now time.Duration) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.expiredLocked(now)
+}
+
+func (k *Keeper) expiredLocked(now time.Duration) bool {
+	if k.err == nil && now >= k.deadline {
+		err := fmt.Errorf("%w: last acknowledged renewal sent %v ago (ttl %v, margin %v)",
+			ErrDeadline, (now - k.lastSent).Round(time.Millisecond), k.o.TTL, k.o.Margin)
+		if k.lastErr != nil {
+			err = fmt.Errorf("%w; last error: %v", err, k.lastErr)
+		}
+		k.loseLocked(err)
+	}
+	return k.err != nil
+}
+
+func (k *Keeper) lose(err error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.loseLocked(err)
+}
+
+func (k *Keeper) loseLocked(err error) {
+	if k.err == nil {
+		k.err = err
+		close(k.lost)
+	}
+}
+
+// ack records a renewal sent at sent and acknowledged at now. An ack that
+// arrives after the deadline does not revive the lease: the holder may
+// already have been told it is lost, and the verdict is final.
+func (k *Keeper) ack(t store.Ticket, sent, now time.Duration) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.expiredLocked(now) {
+		return false
+	}
+	k.ticket = t
+	k.lastSent = sent
+	k.deadline = sent + k.o.TTL - k.o.Margin
+	k.lastErr = nil
+	return !k.expiredLocked(now) // the ack itself may have taken longer than TTL − Margin
+}
+
+// jitter spreads d uniformly over d·(1 ± Jitter).
+func (k *Keeper) jitter(d time.Duration) time.Duration {
+	if k.o.Jitter <= 0 {
+		return d
+	}
+	return time.Duration(float64(d) * (1 + k.o.Jitter*(2*k.o.Rand()-1)))
+}
+
+// backoff is the delay before retry n (1-based): doubling from base, capped.
+func (k *Keeper) backoff(n int) time.Duration {
+	d := k.base
+	for i := 1; i < n && d < k.cap; i++ {
+		d *= 2
+	}
+	return k.jitter(min(d, k.cap))
+}
+
+type result struct {
+	t    store.Ticket
+	err  error
+	sent time.Duration
+}
+
+// run is the renewing goroutine. It waits on the store call, the next
+// renewal, the deadline timer and the watchdog at once, so that no one of
+// them can hold up the deadline decision.
+func (k *Keeper) run(ctx context.Context) {
+	defer close(k.done)
+
+	results := make(chan result, 1)
+	inflight := false
+	cancelCall := context.CancelFunc(func() {})
+	defer func() {
+		cancelCall()
+		if inflight {
+			<-results // drain before release: Stop returns only after the call does
+		}
+	}()
+
+	now := k.o.Now()
+	k.mu.Lock()
+	first, deadline := k.lastSent+k.jitter(k.o.Every), k.deadline
+	k.mu.Unlock()
+	next := time.NewTimer(max(first-now, 0))
+	defer next.Stop()
+	deadT := time.NewTimer(max(deadline-now, 0))
+	defer deadT.Stop()
+	watch := time.NewTicker(k.o.Watchdog)
+	defer watch.Stop()
+
+	ctxDone := ctx.Done() // nil once cancelled, and for a context that never is
+	renewing := true
+	failures := 0
+	for {
+		select {
+		case <-k.stop:
+			return
+		case <-k.lost: // Check found it lost
+			return
+		case <-ctxDone:
+			ctxDone, renewing = nil, false
+			next.Stop() // renew no more; keep watching the deadline
+			continue
+		case <-watch.C:
+		case <-deadT.C:
+		case <-next.C:
+			sent := k.o.Now()
+			if k.expired(sent) {
+				return
+			}
+			select {
+			case <-k.stop:
+				return
+			default:
+			}
+			if ctx.Err() != nil {
+				continue // the ctxDone case stops renewing
+			}
+			k.mu.Lock()
+			t, left := k.ticket, k.deadline-sent
+			k.mu.Unlock()
+			callCtx, cancel := context.WithTimeout(ctx, left)
+			cancelCall, inflight = cancel, true
+			go func() {
+				nt, err := k.r.Renew(callCtx, t, k.o.TTL)
+				results <- result{nt, err, sent}
+			}()
+			continue
+		case res := <-results:
+			inflight = false
+			cancelCall()
+			now := k.o.Now()
+			switch {
+			case res.err == nil:
+				if !k.ack(res.t, res.sent, now) {
+					return
+				}
+				failures = 0
+				if k.o.OnRenew != nil {
+					k.o.OnRenew(res.t)
+				}
+				now = k.o.Now()
+				if renewing {
+					next.Reset(max(res.sent+k.jitter(k.o.Every)-now, 0))
+				}
+				deadT.Reset(max(k.Deadline()-now, 0))
+			case errors.Is(res.err, store.ErrLost):
+				k.lose(fmt.Errorf("store refused the renewal: %w", res.err))
+				return
+			default:
+				if k.expired(now) {
+					return
+				}
+				if !renewing || ctx.Err() != nil {
+					continue // ctx cancelled: the failure is ours, not the store's
+				}
+				failures++
+				k.mu.Lock()
+				k.lastErr = res.err
+				left := k.deadline - now
+				k.mu.Unlock()
+				d := k.backoff(failures)
+				k.o.Logf("renew: ticket %s: %v; retry %d in %v (lease presumed lost in %v)",
+					k.Ticket().ID, res.err, failures, d.Round(time.Millisecond), left.Round(time.Millisecond))
+				next.Reset(d)
+			}
+			continue
+		}
+		// A timer fired: the watchdog, or the deadline timer (which may be
+		// early if Now runs slower than Go's timers).
+		now := k.o.Now()
+		if k.expired(now) {
+			return
+		}
+		deadT.Reset(max(k.Deadline()-now, 0))
+	}
+}

@@ -1,0 +1,313 @@
+package boltstore
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/slotctl/slotctl/store"
+)
+
+func checkTTL(ttl time.Duration) error {
+	if ttl <= 0 {
+		return fmt.Errorf("%w: ttl %s: want a positive duration", store.ErrInvalid, ttl)
+	}
+	return nil
+}
+
+// Enqueue implements [store.Store].
+func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ticket, error) {
+	if err := checkID(req.ID); err != nil {
+		return store.Ticket{}, err
+	}
+	if err := store.CheckLimitName(req.Limit); err != nil {
+		return store.Ticket{}, err
+	}
+	if err := store.CheckSlots(req.Slots); err != nil {
+		return store.Ticket{}, err
+	}
+	if err := checkTTL(req.TTL); err != nil {
+		return store.Ticket{}, err
+	}
+	var out store.Ticket
+	err := s.update(ctx, func(x *txn) error {
+		if t, ok, err := x.tombstone(req.ID); err != nil {
+			return err
+		} else if ok {
+			return fmt.Errorf("%w: ticket %s was %s", store.ErrRemoved, req.ID, t.Reason)
+		}
+		if r, ok, err := x.lookup(req.ID); err != nil {
+			return err
+		} else if ok {
+			// A retry of a create that committed: the same ticket, unchanged.
+			recs, err := x.tickets(r.Limit)
+			if err != nil {
+				return err
+			}
+			out, _ = x.viewIn(recs, r.ID)
+			return nil
+		}
+		lim, ok, err := x.limit(req.Limit)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			lim = limitRec{Slots: req.Slots, Created: x.now.Wall}
+			if err := x.putLimit(req.Limit, lim); err != nil {
+				return err
+			}
+		} else if req.CheckSlots && lim.Slots != req.Slots {
+			return &store.SlotsConflictError{Limit: req.Limit, Have: lim.Slots, Want: req.Slots}
+		}
+		fence, err := x.next(keySeq)
+		if err != nil {
+			return err
+		}
+		r := ticketRec{ID: req.ID, Limit: req.Limit, State: store.Waiting, Fence: fence, Slot: -1, TTL: req.TTL,
+			DeadlineBoot: x.now.Boot, DeadlineMono: x.now.Mono + req.TTL, Created: x.now.Wall, Holder: req.Holder}
+		if err := x.putTicket(r); err != nil {
+			return err
+		}
+		ir := idRec{V: formatVersion, Limit: req.Limit, Fence: fence}
+		if err := x.bucket(bucketIDs).Put([]byte(req.ID), encode(&ir)); err != nil {
+			return err
+		}
+		recs, _, err := x.settle(req.Limit)
+		if err != nil {
+			return err
+		}
+		out, _ = x.viewIn(recs, req.ID)
+		return nil
+	})
+	return out, err
+}
+
+// Get implements [store.Store].
+func (s *Store) Get(ctx context.Context, id string) (store.Ticket, error) {
+	var out store.Ticket
+	err := s.view(ctx, func(x *txn) error {
+		r, ok, err := x.lookup(id)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return x.notFound(id)
+		}
+		recs, err := x.tickets(r.Limit)
+		if err != nil {
+			return err
+		}
+		out, _ = x.viewIn(recs, id)
+		return nil
+	})
+	return out, err
+}
+
+func (x *txn) notFound(id string) error {
+	if t, ok, err := x.tombstone(id); err != nil {
+		return err
+	} else if ok {
+		return fmt.Errorf("%w: ticket %s was %s", store.ErrNotFound, id, t.Reason)
+	}
+	return fmt.Errorf("%w: ticket %s", store.ErrNotFound, id)
+}
+
+// Renew implements [store.Store]. A renewal of a waiting ticket also sweeps
+// its limit, so that waiters free a dead holder's slot within its TTL even
+// when nobody runs reap.
+func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (store.Ticket, error) {
+	if err := checkTTL(ttl); err != nil {
+		return store.Ticket{}, err
+	}
+	var out store.Ticket
+	var lost error
+	err := s.update(ctx, func(x *txn) error {
+		r, ok, err := x.lookup(t.ID)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			lost = fmt.Errorf("%w: %w", store.ErrLost, x.notFound(t.ID))
+			return nil
+		}
+		if r.Fence != t.Fence {
+			lost = fmt.Errorf("%w: ticket %s has fence %d, not %d", store.ErrLost, t.ID, r.Fence, t.Fence)
+			return nil
+		}
+		// The renewer is alive by definition, so only the clock judges it here.
+		if ev, gone := x.verdict(r, false); gone {
+			if err := x.remove(r, store.Reaped, ev); err != nil {
+				return err
+			}
+			lost = fmt.Errorf("%w: ticket %s %s", store.ErrLost, t.ID, ev)
+			_, _, err := x.settle(r.Limit)
+			return err
+		}
+		r.DeadlineMono, r.TTL, r.Renewed = x.now.Mono+ttl, ttl, x.now.Wall
+		if err := x.putTicket(r); err != nil {
+			return err
+		}
+		var recs []ticketRec
+		if r.State == store.Waiting {
+			if recs, _, err = x.settle(r.Limit); err != nil {
+				return err
+			}
+		} else if recs, err = x.tickets(r.Limit); err != nil {
+			return err
+		}
+		var found bool
+		if out, found = x.viewIn(recs, t.ID); !found {
+			return fmt.Errorf("%w: renewed ticket %s vanished from limit %q", store.ErrCorrupt, t.ID, r.Limit)
+		}
+		return nil
+	})
+	if err == nil {
+		err = lost
+	}
+	return out, err
+}
+
+// Release implements [store.Store].
+func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (bool, error) {
+	var removed bool
+	err := s.update(ctx, func(x *txn) error {
+		if err := checkID(t.ID); err != nil {
+			return err
+		}
+		r, ok, err := x.lookup(t.ID)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			if _, dead, err := x.tombstone(t.ID); err != nil || dead {
+				return err
+			}
+			return x.addTombstone(t.ID, why) // cancel before create: refuse the create when it lands
+		}
+		if t.Fence != 0 && r.Fence != t.Fence {
+			return nil
+		}
+		if err := x.remove(r, why, ""); err != nil {
+			return err
+		}
+		removed = true
+		_, _, err = x.settle(r.Limit)
+		return err
+	})
+	return removed, err
+}
+
+// Snapshot implements [store.Store].
+func (s *Store) Snapshot(ctx context.Context, limits ...string) (store.Snapshot, error) {
+	var out store.Snapshot
+	err := s.view(ctx, func(x *txn) error {
+		out = store.Snapshot{Now: x.now.Wall, Limits: []store.Limit{}, Tickets: []store.Ticket{}}
+		names := slices.Clone(limits)
+		if len(names) == 0 {
+			if b := x.bucket(bucketLimits); b != nil {
+				if err := b.ForEach(func(k, _ []byte) error { names = append(names, string(k)); return nil }); err != nil {
+					return err
+				}
+			}
+		}
+		for _, name := range names {
+			lim, ok, err := x.limit(name)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return fmt.Errorf("%w: %q", store.ErrLimitNotFound, name)
+			}
+			recs, err := x.tickets(name)
+			if err != nil {
+				return err
+			}
+			l := store.Limit{Name: name, Slots: lim.Slots, Created: lim.Created}
+			var waiting []store.Ticket
+			for _, r := range recs {
+				if r.State == store.Held {
+					l.Held++
+					out.Tickets = append(out.Tickets, x.view(r, 0))
+				} else {
+					l.Waiting++
+					waiting = append(waiting, x.view(r, l.Waiting))
+				}
+			}
+			out.Tickets = append(out.Tickets, waiting...)
+			out.Limits = append(out.Limits, l)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// SetLimit implements [store.Store].
+func (s *Store) SetLimit(ctx context.Context, name string, slots int) (store.Limit, error) {
+	if err := store.CheckLimitName(name); err != nil {
+		return store.Limit{}, err
+	}
+	if err := store.CheckSlots(slots); err != nil {
+		return store.Limit{}, err
+	}
+	var out store.Limit
+	err := s.update(ctx, func(x *txn) error {
+		lim, ok, err := x.limit(name)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			lim.Created = x.now.Wall
+		}
+		lim.Slots = slots
+		if err := x.putLimit(name, lim); err != nil {
+			return err
+		}
+		recs, _, err := x.settle(name)
+		if err != nil {
+			return err
+		}
+		out = store.Limit{Name: name, Slots: slots, Created: lim.Created}
+		for _, r := range recs {
+			if r.State == store.Held {
+				out.Held++
+			} else {
+				out.Waiting++
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
+// RemoveLimit implements [store.Store].
+func (s *Store) RemoveLimit(ctx context.Context, name string, force bool) error {
+	if err := store.CheckLimitName(name); err != nil {
+		return err
+	}
+	return s.update(ctx, func(x *txn) error {
+		if _, ok, err := x.limit(name); err != nil {
+			return err
+		} else if !ok {
+			return fmt.Errorf("%w: %q", store.ErrLimitNotFound, name)
+		}
+		recs, err := x.tickets(name)
+		if err != nil {
+			return err
+		}
+		if len(recs) > 0 && !force {
+			return fmt.Errorf("%w: limit %q has %d tickets", store.ErrLimitInUse, name, len(recs))
+		}
+		for _, r := range recs {
+			if err := x.remove(r, store.ForceReleased, "limit removed"); err != nil {
+				return err
+			}
+		}
+		if b, _ := x.queue(name, false); b != nil {
+			if err := x.bucket(bucketQueue).DeleteBucket([]byte(name)); err != nil {
+				return err
+			}
+		}
+		return x.bucket(bucketLimits).Delete([]byte(name))
+	})
+}

@@ -1,0 +1,130 @@
+package boltstore
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/slotctl/slotctl/store"
+)
+
+// formatVersion is written in the meta bucket and in every record; a reader
+// refuses any other version instead of guessing.
+const formatVersion = 1
+
+// Bucket and key names. Numbers in keys are big-endian so that bbolt's byte
+// order is numeric order: the queue order of a limit is its keys' order.
+var (
+	bucketMeta   = []byte("meta")
+	bucketLimits = []byte("limits")
+	bucketQueue  = []byte("queue") // holds one sub-bucket per limit: fence -> ticket
+	bucketIDs    = []byte("ids")   // ticket id -> {limit, fence}
+	bucketTombs  = []byte("tombstones")
+	bucketTombQ  = []byte("tombstone-order") // counter -> ticket id, oldest first, for pruning
+	bucketEvents = []byte("events")          // counter -> event, oldest first
+
+	keyFormat    = []byte("format")
+	keySeq       = []byte("seq") // last fence issued
+	keyEventSeq  = []byte("event-seq")
+	keyTombSeq   = []byte("tombstone-seq")
+	allBucketKey = [][]byte{bucketMeta, bucketLimits, bucketQueue, bucketIDs, bucketTombs, bucketTombQ, bucketEvents}
+)
+
+// ticketRec is a ticket as stored. Its deadline is on the boot-time clock of
+// the boot it was written in (SPEC §4.4); wall times are for display only.
+type ticketRec struct {
+	V            int           `json:"v"`
+	ID           string        `json:"id"`
+	Limit        string        `json:"limit"`
+	State        store.State   `json:"state"`
+	Fence        uint64        `json:"fence"`
+	Slot         int           `json:"slot"`
+	TTL          time.Duration `json:"ttl_ns"`
+	DeadlineBoot string        `json:"deadline_boot"`
+	DeadlineMono time.Duration `json:"deadline_mono_ns"`
+	Created      time.Time     `json:"created"`
+	Admitted     time.Time     `json:"admitted,omitzero"`
+	Renewed      time.Time     `json:"renewed,omitzero"`
+	Holder       store.Holder  `json:"holder"`
+}
+
+type limitRec struct {
+	V       int       `json:"v"`
+	Slots   int       `json:"slots"`
+	Created time.Time `json:"created"`
+}
+
+type idRec struct {
+	V     int    `json:"v"`
+	Limit string `json:"limit"`
+	Fence uint64 `json:"fence"`
+}
+
+type tombRec struct {
+	V      int           `json:"v"`
+	Reason store.Reason  `json:"reason"`
+	Wall   time.Time     `json:"wall"`
+	Boot   string        `json:"boot"`
+	Mono   time.Duration `json:"mono_ns"`
+}
+
+// Event is one entry of the store's event log.
+type Event struct {
+	V        int       `json:"v"`
+	Seq      uint64    `json:"seq"`
+	Time     time.Time `json:"time"`
+	Kind     string    `json:"kind"` // admitted, released, cancelled, reaped, force-released
+	Limit    string    `json:"limit"`
+	Ticket   string    `json:"ticket"`
+	Fence    uint64    `json:"fence"`
+	Slot     int       `json:"slot"`
+	Host     string    `json:"host,omitempty"`
+	Pid      int       `json:"pid,omitempty"`
+	User     string    `json:"user,omitempty"`
+	Command  string    `json:"command,omitempty"`
+	Evidence string    `json:"evidence,omitempty"`
+}
+
+// record is what every stored value is: versioned JSON.
+type record interface {
+	version() int
+}
+
+func (r *ticketRec) version() int { return r.V }
+func (r *limitRec) version() int  { return r.V }
+func (r *idRec) version() int     { return r.V }
+func (r *tombRec) version() int   { return r.V }
+func (r *Event) version() int     { return r.V }
+
+// decode parses a stored value; anything it cannot read exactly is ErrCorrupt.
+func decode(b []byte, r record) error {
+	if err := json.Unmarshal(b, r); err != nil {
+		return fmt.Errorf("%w: undecodable record: %v", store.ErrCorrupt, err)
+	}
+	if v := r.version(); v != formatVersion {
+		return fmt.Errorf("%w: record format version %d, this slotctl reads %d", store.ErrCorrupt, v, formatVersion)
+	}
+	return nil
+}
+
+func encode(r any) []byte {
+	b, err := json.Marshal(r)
+	if err != nil {
+		panic(err) // only plain structs are encoded
+	}
+	return b
+}
+
+func u64key(n uint64) []byte {
+	var k [8]byte
+	binary.BigEndian.PutUint64(k[:], n)
+	return k[:]
+}
+
+func keyU64(k []byte) (uint64, error) {
+	if len(k) != 8 {
+		return 0, fmt.Errorf("%w: key of %d bytes where 8 were expected", store.ErrCorrupt, len(k))
+	}
+	return binary.BigEndian.Uint64(k), nil
+}

@@ -1,0 +1,438 @@
+package boltstore
+
+import (
+	"bytes"
+	"fmt"
+	"regexp"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/slotctl/slotctl/store"
+)
+
+// Retention of the bounded logs.
+const (
+	maxEvents     = 10000
+	maxTombstones = 100000
+	tombstoneAge  = 24 * time.Hour
+	pruneBatch    = 64 // at most this many old entries pruned per transaction
+)
+
+// txn is one transaction's view: the clock reading taken under the lock,
+// and what to do after the commit.
+type txn struct {
+	s      *Store
+	tx     *bolt.Tx // nil when the store file does not exist yet (reads only)
+	now    Instant
+	rings  []string // tickets promoted: wake their waiters after the commit
+	unbell []string // tickets removed: delete their bells after the commit
+}
+
+// init creates the buckets of a new file and checks the format of an old one.
+func (x *txn) init() error {
+	for _, name := range allBucketKey {
+		if _, err := x.tx.CreateBucketIfNotExists(name); err != nil {
+			return err
+		}
+	}
+	meta := x.tx.Bucket(bucketMeta)
+	if meta.Get(keyFormat) == nil {
+		return meta.Put(keyFormat, []byte(fmt.Sprint(formatVersion)))
+	}
+	return x.checkFormat()
+}
+
+func (x *txn) checkFormat() error {
+	if x.tx == nil {
+		return nil
+	}
+	meta := x.tx.Bucket(bucketMeta)
+	if meta == nil {
+		for _, name := range allBucketKey {
+			if x.tx.Bucket(name) != nil {
+				return fmt.Errorf("%w: no meta bucket", store.ErrCorrupt)
+			}
+		}
+		return nil // created by a reader-less open; empty
+	}
+	if v := meta.Get(keyFormat); !bytes.Equal(v, []byte(fmt.Sprint(formatVersion))) {
+		return fmt.Errorf("%w: store format %q, this slotctl reads %d", store.ErrCorrupt, v, formatVersion)
+	}
+	return nil
+}
+
+func (x *txn) bucket(name []byte) *bolt.Bucket {
+	if x.tx == nil {
+		return nil
+	}
+	return x.tx.Bucket(name)
+}
+
+// next increments a counter in the meta bucket and returns its new value.
+func (x *txn) next(key []byte) (uint64, error) {
+	meta := x.bucket(bucketMeta)
+	var n uint64
+	if v := meta.Get(key); v != nil {
+		var err error
+		if n, err = keyU64(v); err != nil {
+			return 0, err
+		}
+	}
+	n++
+	return n, meta.Put(key, u64key(n))
+}
+
+// --- limits ---
+
+func (x *txn) limit(name string) (limitRec, bool, error) {
+	b := x.bucket(bucketLimits)
+	if b == nil {
+		return limitRec{}, false, nil
+	}
+	v := b.Get([]byte(name))
+	if v == nil {
+		return limitRec{}, false, nil
+	}
+	var r limitRec
+	if err := decode(v, &r); err != nil {
+		return r, false, fmt.Errorf("limit %q: %w", name, err)
+	}
+	return r, true, nil
+}
+
+func (x *txn) putLimit(name string, r limitRec) error {
+	r.V = formatVersion
+	return x.bucket(bucketLimits).Put([]byte(name), encode(&r))
+}
+
+// --- tickets ---
+
+// queue returns the limit's queue bucket, creating it when create is set.
+func (x *txn) queue(limit string, create bool) (*bolt.Bucket, error) {
+	q := x.bucket(bucketQueue)
+	if q == nil {
+		return nil, nil
+	}
+	if b := q.Bucket([]byte(limit)); b != nil || !create {
+		return b, nil
+	}
+	return q.CreateBucket([]byte(limit))
+}
+
+// tickets reads a limit's queue in order (fence order is FIFO order).
+func (x *txn) tickets(limit string) ([]ticketRec, error) {
+	b, err := x.queue(limit, false)
+	if err != nil || b == nil {
+		return nil, err
+	}
+	var out []ticketRec
+	err = b.ForEach(func(k, v []byte) error {
+		var r ticketRec
+		if err := decode(v, &r); err != nil {
+			return fmt.Errorf("ticket %x of limit %q: %w", k, limit, err)
+		}
+		out = append(out, r)
+		return nil
+	})
+	return out, err
+}
+
+func (x *txn) putTicket(r ticketRec) error {
+	b, err := x.queue(r.Limit, true)
+	if err != nil {
+		return err
+	}
+	r.V = formatVersion
+	return b.Put(u64key(r.Fence), encode(&r))
+}
+
+// lookup finds a live ticket by id.
+func (x *txn) lookup(id string) (ticketRec, bool, error) {
+	ids := x.bucket(bucketIDs)
+	if ids == nil {
+		return ticketRec{}, false, nil
+	}
+	v := ids.Get([]byte(id))
+	if v == nil {
+		return ticketRec{}, false, nil
+	}
+	var ir idRec
+	if err := decode(v, &ir); err != nil {
+		return ticketRec{}, false, fmt.Errorf("ticket id %s: %w", id, err)
+	}
+	b, err := x.queue(ir.Limit, false)
+	if err != nil {
+		return ticketRec{}, false, err
+	}
+	var tv []byte
+	if b != nil {
+		tv = b.Get(u64key(ir.Fence))
+	}
+	if tv == nil {
+		return ticketRec{}, false, fmt.Errorf("%w: ticket id %s points to missing ticket %d of limit %q", store.ErrCorrupt, id, ir.Fence, ir.Limit)
+	}
+	var r ticketRec
+	if err := decode(tv, &r); err != nil {
+		return r, false, fmt.Errorf("ticket %s: %w", id, err)
+	}
+	return r, true, nil
+}
+
+// tombstone returns why a removed id was removed, if it was.
+func (x *txn) tombstone(id string) (tombRec, bool, error) {
+	b := x.bucket(bucketTombs)
+	if b == nil {
+		return tombRec{}, false, nil
+	}
+	v := b.Get([]byte(id))
+	if v == nil {
+		return tombRec{}, false, nil
+	}
+	var t tombRec
+	if err := decode(v, &t); err != nil {
+		return t, false, fmt.Errorf("tombstone %s: %w", id, err)
+	}
+	return t, true, nil
+}
+
+// verdict judges a ticket by the store's clock and the proof of death.
+func (x *txn) verdict(r ticketRec, withDeath bool) (string, bool) {
+	if r.DeadlineBoot != x.now.Boot {
+		return "previous boot", true
+	}
+	if late := x.now.Mono - r.DeadlineMono; late >= 0 {
+		return "expired " + roundAgo(late) + " ago", true
+	}
+	if withDeath && x.s.dead != nil {
+		if ev, dead := x.s.dead(r.Holder); dead {
+			return ev, true
+		}
+	}
+	return "", false
+}
+
+func roundAgo(d time.Duration) string {
+	switch {
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	default:
+		return d.Round(time.Second).String()
+	}
+}
+
+// remove deletes a live ticket, tombstones its id and logs why. It is the
+// only way a ticket leaves the store, and so the only thing that frees a slot.
+func (x *txn) remove(r ticketRec, why store.Reason, evidence string) error {
+	b, err := x.queue(r.Limit, false)
+	if err != nil {
+		return err
+	}
+	if b == nil || b.Get(u64key(r.Fence)) == nil {
+		return fmt.Errorf("%w: removing ticket %s that is not in limit %q", store.ErrCorrupt, r.ID, r.Limit)
+	}
+	if err := b.Delete(u64key(r.Fence)); err != nil {
+		return err
+	}
+	if err := x.bucket(bucketIDs).Delete([]byte(r.ID)); err != nil {
+		return err
+	}
+	if err := x.addTombstone(r.ID, why); err != nil {
+		return err
+	}
+	x.unbell = append(x.unbell, r.ID)
+	return x.event(string(why), r, evidence)
+}
+
+func (x *txn) addTombstone(id string, why store.Reason) error {
+	t := tombRec{V: formatVersion, Reason: why, Wall: x.now.Wall, Boot: x.now.Boot, Mono: x.now.Mono}
+	if err := x.bucket(bucketTombs).Put([]byte(id), encode(&t)); err != nil {
+		return err
+	}
+	n, err := x.next(keyTombSeq)
+	if err != nil {
+		return err
+	}
+	if err := x.bucket(bucketTombQ).Put(u64key(n), []byte(id)); err != nil {
+		return err
+	}
+	return x.pruneTombstones(n)
+}
+
+// pruneTombstones drops tombstones older than a day, or past the newest
+// maxTombstones. A late write is bounded by --store-timeout, so a day is ample.
+func (x *txn) pruneTombstones(last uint64) error {
+	q, tombs := x.bucket(bucketTombQ), x.bucket(bucketTombs)
+	c := q.Cursor()
+	for i := 0; i < pruneBatch; i++ {
+		k, id := c.First()
+		if k == nil {
+			return nil
+		}
+		n, err := keyU64(k)
+		if err != nil {
+			return err
+		}
+		old := last-n >= maxTombstones
+		if !old {
+			t, ok, err := x.tombstone(string(id))
+			if err != nil {
+				return err
+			}
+			old = !ok || t.Boot != x.now.Boot || x.now.Mono-t.Mono > tombstoneAge
+		}
+		if !old {
+			return nil
+		}
+		if err := tombs.Delete(id); err != nil {
+			return err
+		}
+		if err := c.Delete(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (x *txn) event(kind string, r ticketRec, evidence string) error {
+	n, err := x.next(keyEventSeq)
+	if err != nil {
+		return err
+	}
+	e := Event{V: formatVersion, Seq: n, Time: x.now.Wall, Kind: kind, Limit: r.Limit, Ticket: r.ID,
+		Fence: r.Fence, Slot: r.Slot, Host: r.Holder.Host, Pid: r.Holder.Pid, User: r.Holder.User,
+		Command: r.Holder.Command(), Evidence: evidence}
+	b := x.bucket(bucketEvents)
+	if err := b.Put(u64key(n), encode(&e)); err != nil {
+		return err
+	}
+	c := b.Cursor()
+	for i := 0; i < pruneBatch; i++ {
+		k, _ := c.First()
+		if k == nil {
+			break
+		}
+		first, err := keyU64(k)
+		if err != nil {
+			return err
+		}
+		if n-first < maxEvents {
+			break
+		}
+		if err := c.Delete(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sweep removes the limit's expired and proven-dead tickets, judged now in
+// this transaction (a list made earlier is never trusted), and returns the
+// tickets that remain, in order.
+func (x *txn) sweep(limit string, recs []ticketRec) ([]ticketRec, []store.Removal, error) {
+	live := recs[:0:0]
+	var removed []store.Removal
+	for _, r := range recs {
+		ev, gone := x.verdict(r, true)
+		if !gone {
+			live = append(live, r)
+			continue
+		}
+		if err := x.remove(r, store.Reaped, ev); err != nil {
+			return nil, nil, err
+		}
+		removed = append(removed, store.Removal{Ticket: x.view(r, 0), Reason: store.Reaped, Evidence: ev})
+	}
+	return live, removed, nil
+}
+
+// promote admits waiters in fence order while fewer than slots are held. A
+// waiter is never passed over: FIFO is strict. Each admitted ticket takes the
+// lowest free slot index. recs is updated in place.
+func (x *txn) promote(limit string, slots int, recs []ticketRec) error {
+	held := 0
+	used := map[int]bool{}
+	for _, r := range recs {
+		if r.State == store.Held {
+			held++
+			used[r.Slot] = true
+		}
+	}
+	next := 0
+	for i := range recs {
+		if held >= slots {
+			break
+		}
+		if recs[i].State != store.Waiting {
+			continue
+		}
+		for used[next] {
+			next++
+		}
+		recs[i].State, recs[i].Slot, recs[i].Admitted = store.Held, next, x.now.Wall
+		used[next] = true
+		held++
+		if err := x.putTicket(recs[i]); err != nil {
+			return err
+		}
+		if err := x.event("admitted", recs[i], ""); err != nil {
+			return err
+		}
+		x.rings = append(x.rings, recs[i].ID)
+	}
+	return nil
+}
+
+// settle sweeps a limit and promotes its waiters: the step every write that
+// can free or add capacity ends with.
+func (x *txn) settle(limit string) ([]ticketRec, []store.Removal, error) {
+	lim, ok, err := x.limit(limit)
+	if err != nil || !ok {
+		return nil, nil, err
+	}
+	recs, err := x.tickets(limit)
+	if err != nil {
+		return nil, nil, err
+	}
+	recs, removed, err := x.sweep(limit, recs)
+	if err != nil {
+		return nil, nil, err
+	}
+	return recs, removed, x.promote(limit, lim.Slots, recs)
+}
+
+// view turns a record into the caller's Ticket; position is 1-based among waiters.
+func (x *txn) view(r ticketRec, position int) store.Ticket {
+	t := store.Ticket{ID: r.ID, Limit: r.Limit, State: r.State, Fence: r.Fence, Slot: r.Slot,
+		TTL: r.TTL, Holder: r.Holder, Created: r.Created, Admitted: r.Admitted, Renewed: r.Renewed}
+	if r.State == store.Waiting {
+		t.Slot, t.Position = -1, position
+	}
+	if r.DeadlineBoot == x.now.Boot {
+		t.Remaining = r.DeadlineMono - x.now.Mono
+	}
+	return t
+}
+
+// viewIn returns the ticket with its queue position among recs.
+func (x *txn) viewIn(recs []ticketRec, id string) (store.Ticket, bool) {
+	pos := 0
+	for _, r := range recs {
+		if r.State == store.Waiting {
+			pos++
+		}
+		if r.ID == id {
+			return x.view(r, pos), true
+		}
+	}
+	return store.Ticket{}, false
+}
+
+var idRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+func checkID(id string) error {
+	if !idRE.MatchString(id) {
+		return fmt.Errorf("%w: ticket id %q: want 1-64 characters of [A-Za-z0-9_-]", store.ErrInvalid, id)
+	}
+	return nil
+}

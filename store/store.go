@@ -1,0 +1,227 @@
+// Package store holds admission tickets for named concurrency limits.
+//
+// A Store admits at most Limit.Slots held tickets per limit, in the order the
+// tickets were enqueued. The ticket is the slot: there is no counter beside the
+// tickets, and only the operation that actually removes a ticket frees its slot.
+// Every method is one atomic step on the store's current state.
+//
+// Expiry is judged by the store's clock (the host's boot-time clock for the
+// embedded bbolt store, the server's leases for etcd), never by the caller's.
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+)
+
+// State is a ticket's place in its limit: waiting in the queue, or holding a slot.
+type State string
+
+// The two states of a live ticket.
+const (
+	Waiting State = "waiting"
+	Held    State = "held"
+)
+
+// Holder identifies the process that owns a ticket. On the ticket's own host
+// it is the evidence that lets a reaper prove the holder dead (boot id, pid
+// namespace, pid and start time, child process group); elsewhere it is for display.
+type Holder struct {
+	Host      string   `json:"host"`
+	User      string   `json:"user,omitempty"`
+	BootID    string   `json:"boot_id,omitempty"`
+	PidNS     uint64   `json:"pidns,omitempty"`
+	Pid       int      `json:"pid"`
+	PidStart  uint64   `json:"pid_start,omitempty"`  // clock ticks after boot, /proc/PID/stat field 22
+	Pgid      int      `json:"pgid,omitempty"`       // the child's process group, once it runs
+	PgidStart uint64   `json:"pgid_start,omitempty"` // start time of the group leader
+	Argv      []string `json:"argv,omitempty"`
+	Label     string   `json:"label,omitempty"`
+}
+
+// Command is what to show for the holder: its label, else its command line.
+func (h Holder) Command() string {
+	if h.Label != "" {
+		return h.Label
+	}
+	return shellJoin(h.Argv)
+}
+
+// A Ticket is one job's admission record: waiting in its limit's queue or
+// holding one of its slots.
+type Ticket struct {
+	ID        string        `json:"id"`
+	Limit     string        `json:"limit"`
+	State     State         `json:"state"`
+	Fence     uint64        `json:"fence"`    // strictly increasing per store; also the queue order
+	Slot      int           `json:"slot"`     // 0..slots-1 when held, -1 while waiting
+	Position  int           `json:"position"` // 1-based place among the waiters; 0 when held
+	TTL       time.Duration `json:"ttl"`
+	Holder    Holder        `json:"holder"`
+	Created   time.Time     `json:"created"`           // wall clock, display only
+	Admitted  time.Time     `json:"admitted,omitzero"` // wall clock, display only
+	Renewed   time.Time     `json:"renewed,omitzero"`  // wall clock, display only
+	Remaining time.Duration `json:"remaining"`         // lease left by the store's clock when read; <= 0 is expired
+}
+
+// Expired reports whether the store judged the lease over when the ticket was read.
+func (t Ticket) Expired() bool { return t.Remaining <= 0 }
+
+// A Limit is a named pool of slots. Slots == 0 pauses admission.
+type Limit struct {
+	Name    string    `json:"name"`
+	Slots   int       `json:"slots"`
+	Held    int       `json:"held"`
+	Waiting int       `json:"waiting"`
+	Created time.Time `json:"created"`
+}
+
+// Snapshot is a consistent read of limits and their tickets. Tickets are
+// ordered by limit, then held before waiting, then by fence.
+type Snapshot struct {
+	Now     time.Time `json:"now"`
+	Limits  []Limit   `json:"limits"`
+	Tickets []Ticket  `json:"tickets"`
+}
+
+// EnqueueRequest asks for a ticket in a limit. ID is minted by the caller
+// before the request, so that a retry is idempotent and a cancel can refuse a
+// late create.
+type EnqueueRequest struct {
+	ID    string
+	Limit string
+	// Slots is the size the limit is created with when it does not exist.
+	Slots int
+	// CheckSlots refuses the request with a *SlotsConflictError when the limit
+	// exists with another size.
+	CheckSlots bool
+	TTL        time.Duration
+	Holder     Holder
+}
+
+// Reason says why a ticket left the live set.
+type Reason string
+
+// Reasons a ticket is removed.
+const (
+	Released      Reason = "released"       // its holder let go after the child exited
+	Cancelled     Reason = "cancelled"      // its holder gave up waiting
+	Reaped        Reason = "reaped"         // expired or proven dead, removed by a sweep
+	ForceReleased Reason = "force-released" // an operator removed it
+)
+
+// Removal records one ticket removed by a sweep, with the evidence.
+type Removal struct {
+	Ticket   Ticket `json:"ticket"`
+	Reason   Reason `json:"reason"`
+	Evidence string `json:"evidence"` // e.g. "expired 41s ago", "previous boot"
+}
+
+// Store is the contract every backend meets; storetest checks it.
+type Store interface {
+	// Enqueue writes a waiting ticket, creating the limit if needed, sweeps
+	// the limit and promotes waiters in FIFO order, all in one step. The
+	// returned ticket may already be held. Enqueueing an id that is live
+	// returns that ticket unchanged; an id that was ever removed is refused
+	// with ErrRemoved.
+	Enqueue(ctx context.Context, req EnqueueRequest) (Ticket, error)
+
+	// Get returns the live ticket with this id, or an error wrapping ErrNotFound.
+	Get(ctx context.Context, id string) (Ticket, error)
+
+	// Renew moves t's lease to now+ttl by the store's clock. A ticket that is
+	// gone, belongs to another fence, or has expired is not renewed: the error
+	// wraps ErrLost and is final. The result tells whether t is now held.
+	Renew(ctx context.Context, t Ticket, ttl time.Duration) (Ticket, error)
+
+	// Release removes t if the stored ticket still has t's id and fence (any
+	// fence when t.Fence is 0), and promotes the next waiters. It reports
+	// whether this call removed it; a ticket already gone is not an error and
+	// frees nothing. An id never seen is tombstoned, so that a create still in
+	// flight (cancel before create) is refused when it lands.
+	Release(ctx context.Context, t Ticket, why Reason) (bool, error)
+
+	// Snapshot reads the named limits (all when none) and their tickets.
+	Snapshot(ctx context.Context, limits ...string) (Snapshot, error)
+
+	// SetLimit creates or resizes a limit. Shrinking evicts nobody; growing
+	// promotes waiters.
+	SetLimit(ctx context.Context, name string, slots int) (Limit, error)
+
+	// RemoveLimit deletes an empty limit; with force, its tickets too.
+	// A missing limit wraps ErrLimitNotFound; one with tickets, ErrLimitInUse.
+	RemoveLimit(ctx context.Context, name string, force bool) error
+
+	// Watch returns a Bell that rings when the ticket with this id may have
+	// changed (promoted or removed). Call it before Enqueue so that no ring is
+	// lost. A ring is a hint: the caller confirms with Get.
+	Watch(ctx context.Context, id string) (Bell, error)
+
+	// String is the store's canonical URL, the same for every path that names it.
+	String() string
+}
+
+// A Bell delivers wake-ups for one ticket. C never closes.
+type Bell interface {
+	C() <-chan struct{}
+	Close() error
+}
+
+// Errors of the Store contract.
+var (
+	// ErrNotFound: no live ticket has this id.
+	ErrNotFound = errors.New("ticket not found")
+	// ErrLost: the ticket is gone, expired or replaced; renewing it again cannot help.
+	ErrLost = errors.New("lease lost")
+	// ErrRemoved: the ticket id was released, reaped or cancelled before and may not be created again.
+	ErrRemoved = errors.New("ticket id was removed before")
+	// ErrLimitNotFound: no limit has this name.
+	ErrLimitNotFound = errors.New("no such limit")
+	// ErrLimitInUse: the limit still has tickets.
+	ErrLimitInUse = errors.New("limit has tickets")
+	// ErrUnavailable: the store cannot be opened or reached (locked, missing permission, down).
+	ErrUnavailable = errors.New("store unavailable")
+	// ErrCorrupt: the store holds a record this version cannot decode.
+	ErrCorrupt = errors.New("store is corrupt or of an unknown format")
+	// ErrInvalid: the request itself is malformed (bad name, slot count, ttl).
+	ErrInvalid = errors.New("invalid request")
+)
+
+// SlotsConflictError refuses a request whose slot count disagrees with the existing limit.
+type SlotsConflictError struct {
+	Limit string
+	Have  int
+	Want  int
+}
+
+func (e *SlotsConflictError) Error() string {
+	return fmt.Sprintf("limit %q has %d slots, not %d", e.Limit, e.Have, e.Want)
+}
+
+// MaxSlots is the largest size a limit may have.
+const MaxSlots = 65535
+
+var limitNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$`)
+
+// ValidLimitName reports whether name is a valid limit name:
+// [A-Za-z0-9][A-Za-z0-9._:-]{0,127}.
+func ValidLimitName(name string) bool { return limitNameRE.MatchString(name) }
+
+// CheckLimitName returns an error wrapping ErrInvalid that names a bad limit name.
+func CheckLimitName(name string) error {
+	if !ValidLimitName(name) {
+		return fmt.Errorf("%w: limit name %q: want 1-128 characters of [A-Za-z0-9._:-], starting with a letter or digit", ErrInvalid, name)
+	}
+	return nil
+}
+
+// CheckSlots returns an error wrapping ErrInvalid for a slot count outside 0..MaxSlots.
+func CheckSlots(n int) error {
+	if n < 0 || n > MaxSlots {
+		return fmt.Errorf("%w: slot count %d: want 0..%d (0 pauses the limit)", ErrInvalid, n, MaxSlots)
+	}
+	return nil
+}

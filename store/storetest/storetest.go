@@ -1,0 +1,1315 @@
+package storetest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"reflect"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/slotctl/slotctl/store"
+)
+
+// Backend is one fresh, empty store plus control of its clock.
+type Backend struct {
+	Store store.Store
+	// Advance moves the store's clock forward by d: a fake clock for bbolt, a real sleep for etcd.
+	Advance func(d time.Duration)
+	// Reopen, if not nil, returns a new handle on the same data (a restart of
+	// the process); the old handle is not used again.
+	Reopen func() store.Store
+}
+
+// Harness makes the stores the suite runs against.
+type Harness struct {
+	// New returns a new empty store on each call; cleanup goes through t.Cleanup.
+	New func(t *testing.T) Backend
+	// TTL is the lease TTL of every ticket the suite writes (bbolt: 10s on a
+	// fake clock; etcd: 2s real).
+	TTL time.Duration
+}
+
+// Run runs every case of the contract as a subtest of t, each on a new store.
+func Run(t *testing.T, h Harness) {
+	t.Helper()
+	if h.New == nil {
+		t.Fatal("storetest: Harness.New is nil")
+	}
+	if h.TTL <= 0 {
+		t.Fatalf("storetest: Harness.TTL is %v, want > 0", h.TTL)
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) { c.run(newSuite(t, h)) })
+	}
+}
+
+var cases = []struct {
+	name string
+	run  func(*suite)
+}{
+	{"LimitCreatedOnceWithFirstSize", testLimitCreatedOnce},
+	{"SlotsConflict", testSlotsConflict},
+	{"FIFOPromotion", testFIFO},
+	{"HeldAtMostSlots", testHeldAtMostSlots},
+	{"SlotIndexesUniqueLowestFirst", testSlotIndexes},
+	{"DoubleReleaseFreesOneSlot", testDoubleRelease},
+	{"ReleaseMissingIsNoop", testReleaseMissing},
+	{"ReleaseWrongFenceRemovesNothing", testReleaseWrongFence},
+	{"RenewExpiredIsLost", testRenewExpired},
+	{"RenewBeforeExpiryExtends", testRenewExtends},
+	{"RenewReleasedIsLost", testRenewReleased},
+	{"RemovedIDCannotReturn", testRemovedIDRefused},
+	{"EnqueueIdempotent", testEnqueueIdempotent},
+	{"FencesIncrease", testFencesIncrease},
+	{"ExpiredHolderSweptByEnqueue", testExpiredHolderSwept},
+	{"WaitersAreLeased", testWaitersLeased},
+	{"Resize", testResize},
+	{"Pause", testPause},
+	{"RemoveLimit", testRemoveLimit},
+	{"Snapshot", testSnapshot},
+	{"GetTicket", testGet},
+	{"WatchRings", testWatch},
+	{"InvalidInput", testInvalid},
+	{"Reopen", testReopen},
+	{"Concurrent", testConcurrent},
+}
+
+// suite is one case's store and helpers. Its helpers stop the case on the
+// first broken expectation, naming the ticket by its letter and id.
+type suite struct {
+	*testing.T
+	h      Harness
+	b      Backend
+	st     store.Store
+	ctx    context.Context
+	prefix string
+	n      int
+	names  map[string]string // id -> letter, for messages
+}
+
+func newSuite(t *testing.T, h Harness) *suite {
+	t.Helper()
+	b := h.New(t)
+	if b.Store == nil {
+		t.Fatal("storetest: Harness.New returned a Backend without a Store")
+	}
+	if b.Advance == nil {
+		t.Fatal("storetest: Harness.New returned a Backend without Advance")
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	t.Cleanup(cancel)
+	var p [3]byte
+	if _, err := rand.Read(p[:]); err != nil {
+		t.Fatal(err)
+	}
+	return &suite{T: t, h: h, b: b, st: b.Store, ctx: ctx, prefix: hex.EncodeToString(p[:]), names: map[string]string{}}
+}
+
+// id mints a new ticket id (lower-case hex, unique across runs) for the ticket called name.
+func (s *suite) id(name string) string {
+	id := fmt.Sprintf("%s%04x", s.prefix, s.n)
+	s.n++
+	s.names[id] = name
+	return id
+}
+
+// who names a ticket id in messages.
+func (s *suite) who(id string) string {
+	if n, ok := s.names[id]; ok {
+		return fmt.Sprintf("%s (%s)", n, id)
+	}
+	return fmt.Sprintf("%q", id)
+}
+
+// holder is a holder on another host, whose death no backend can prove.
+func holder(name string) store.Holder {
+	return store.Holder{
+		Host:  "storetest.invalid",
+		User:  "storetest",
+		Pid:   4242,
+		Argv:  []string{"storetest", name},
+		Label: "storetest " + name,
+	}
+}
+
+// pastTTL is an advance that expires every lease not renewed since.
+func (s *suite) pastTTL() time.Duration { return s.h.TTL + s.h.TTL/2 }
+
+// part is 0.6·TTL: two of them expire a lease, one does not.
+func (s *suite) part() time.Duration { return s.h.TTL * 6 / 10 }
+
+func (s *suite) advance(d time.Duration) { s.b.Advance(d) }
+
+func (s *suite) req(name, limit string, slots int) store.EnqueueRequest {
+	return store.EnqueueRequest{ID: s.id(name), Limit: limit, Slots: slots, TTL: s.h.TTL, Holder: holder(name)}
+}
+
+// enq enqueues a new ticket called name.
+func (s *suite) enq(name, limit string, slots int) store.Ticket {
+	s.Helper()
+	return s.enqReq(s.req(name, limit, slots))
+}
+
+func (s *suite) enqReq(r store.EnqueueRequest) store.Ticket {
+	s.Helper()
+	tk, err := s.st.Enqueue(s.ctx, r)
+	if err != nil {
+		s.Fatalf("Enqueue %s into %q (slots %d): %v", s.who(r.ID), r.Limit, r.Slots, err)
+	}
+	if tk.ID != r.ID || tk.Limit != r.Limit {
+		s.Fatalf("Enqueue %s into %q returned ticket %q in limit %q", s.who(r.ID), r.Limit, tk.ID, tk.Limit)
+	}
+	s.checkShape("Enqueue", tk)
+	return tk
+}
+
+// checkShape checks the fields of a ticket that must agree with its state.
+func (s *suite) checkShape(op string, tk store.Ticket) {
+	s.Helper()
+	switch tk.State {
+	case store.Held:
+		if tk.Slot < 0 || tk.Position != 0 {
+			s.Fatalf("%s %s: held with slot %d, position %d; want slot >= 0, position 0", op, s.who(tk.ID), tk.Slot, tk.Position)
+		}
+	case store.Waiting:
+		if tk.Slot != -1 || tk.Position < 1 {
+			s.Fatalf("%s %s: waiting with slot %d, position %d; want slot -1, position >= 1", op, s.who(tk.ID), tk.Slot, tk.Position)
+		}
+	default:
+		s.Fatalf("%s %s: state %q, want %q or %q", op, s.who(tk.ID), tk.State, store.Held, store.Waiting)
+	}
+}
+
+// get reads tk back; it must be there with tk's limit and fence.
+func (s *suite) get(tk store.Ticket) store.Ticket {
+	s.Helper()
+	got, err := s.st.Get(s.ctx, tk.ID)
+	if err != nil {
+		s.Fatalf("Get %s: %v", s.who(tk.ID), err)
+	}
+	if got.ID != tk.ID || got.Limit != tk.Limit || got.Fence != tk.Fence {
+		s.Fatalf("Get %s: got id %q limit %q fence %d, want limit %q fence %d", s.who(tk.ID), got.ID, got.Limit, got.Fence, tk.Limit, tk.Fence)
+	}
+	s.checkShape("Get", got)
+	return got
+}
+
+// wantHeld checks that tk is live and held, in slot (any slot when slot < 0).
+func (s *suite) wantHeld(tk store.Ticket, slot int) store.Ticket {
+	s.Helper()
+	got := s.get(tk)
+	if got.State != store.Held {
+		s.Fatalf("%s is %s at position %d, want held", s.who(tk.ID), got.State, got.Position)
+	}
+	if slot >= 0 && got.Slot != slot {
+		s.Fatalf("%s holds slot %d, want slot %d", s.who(tk.ID), got.Slot, slot)
+	}
+	if got.Expired() {
+		s.Fatalf("%s is held but expired (remaining %v)", s.who(tk.ID), got.Remaining)
+	}
+	return got
+}
+
+// wantWaiting checks that tk is live and waiting at position pos.
+func (s *suite) wantWaiting(tk store.Ticket, pos int) store.Ticket {
+	s.Helper()
+	got := s.get(tk)
+	if got.State != store.Waiting {
+		s.Fatalf("%s is held in slot %d, want waiting at position %d", s.who(tk.ID), got.Slot, pos)
+	}
+	if got.Position != pos {
+		s.Fatalf("%s waits at position %d, want %d", s.who(tk.ID), got.Position, pos)
+	}
+	if got.Expired() {
+		s.Fatalf("%s is waiting but expired (remaining %v)", s.who(tk.ID), got.Remaining)
+	}
+	return got
+}
+
+// wantGone checks that no live ticket has tk's id.
+func (s *suite) wantGone(tk store.Ticket) {
+	s.Helper()
+	got, err := s.st.Get(s.ctx, tk.ID)
+	if err == nil {
+		s.Fatalf("Get %s: found it (%s, slot %d, position %d, fence %d, remaining %v), want ErrNotFound",
+			s.who(tk.ID), got.State, got.Slot, got.Position, got.Fence, got.Remaining)
+	}
+	if !errors.Is(err, store.ErrNotFound) {
+		s.Fatalf("Get %s: %v, want an error wrapping ErrNotFound", s.who(tk.ID), err)
+	}
+}
+
+// wantNotLive checks that tk is gone, or still stored but judged expired.
+func (s *suite) wantNotLive(tk store.Ticket) {
+	s.Helper()
+	got, err := s.st.Get(s.ctx, tk.ID)
+	switch {
+	case err == nil && !got.Expired():
+		s.Fatalf("Get %s: live again (%s, remaining %v) after its lease expired", s.who(tk.ID), got.State, got.Remaining)
+	case err != nil && !errors.Is(err, store.ErrNotFound):
+		s.Fatalf("Get %s: %v, want an expired ticket or ErrNotFound", s.who(tk.ID), err)
+	}
+}
+
+func (s *suite) release(tk store.Ticket, want bool) {
+	s.Helper()
+	s.releaseWhy(tk, store.Released, want)
+}
+
+func (s *suite) releaseWhy(tk store.Ticket, why store.Reason, want bool) {
+	s.Helper()
+	ok, err := s.st.Release(s.ctx, tk, why)
+	if err != nil {
+		s.Fatalf("Release %s (fence %d, %s): %v", s.who(tk.ID), tk.Fence, why, err)
+	}
+	if ok != want {
+		s.Fatalf("Release %s (fence %d, %s) = %v, want %v", s.who(tk.ID), tk.Fence, why, ok, want)
+	}
+}
+
+func (s *suite) renew(tk store.Ticket) store.Ticket {
+	s.Helper()
+	got, err := s.st.Renew(s.ctx, tk, s.h.TTL)
+	if err != nil {
+		s.Fatalf("Renew %s: %v", s.who(tk.ID), err)
+	}
+	if got.ID != tk.ID || got.Fence != tk.Fence {
+		s.Fatalf("Renew %s: returned id %q fence %d, want fence %d", s.who(tk.ID), got.ID, got.Fence, tk.Fence)
+	}
+	s.checkShape("Renew", got)
+	if got.Remaining <= s.h.TTL/2 {
+		s.Fatalf("Renew %s: remaining %v right after renewing for %v", s.who(tk.ID), got.Remaining, s.h.TTL)
+	}
+	return got
+}
+
+func (s *suite) wantLost(tk store.Ticket) {
+	s.Helper()
+	got, err := s.st.Renew(s.ctx, tk, s.h.TTL)
+	if err == nil {
+		s.Fatalf("Renew %s (fence %d): renewed (%s, remaining %v), want ErrLost", s.who(tk.ID), tk.Fence, got.State, got.Remaining)
+	}
+	if !errors.Is(err, store.ErrLost) {
+		s.Fatalf("Renew %s (fence %d): %v, want an error wrapping ErrLost", s.who(tk.ID), tk.Fence, err)
+	}
+}
+
+func (s *suite) setLimit(name string, slots int) store.Limit {
+	s.Helper()
+	l, err := s.st.SetLimit(s.ctx, name, slots)
+	if err != nil {
+		s.Fatalf("SetLimit(%q, %d): %v", name, slots, err)
+	}
+	if l.Name != name || l.Slots != slots {
+		s.Fatalf("SetLimit(%q, %d) returned limit %q with %d slots", name, slots, l.Name, l.Slots)
+	}
+	return l
+}
+
+func (s *suite) removeLimit(name string, force bool, want error) {
+	s.Helper()
+	err := s.st.RemoveLimit(s.ctx, name, force)
+	if want == nil && err != nil || want != nil && !errors.Is(err, want) {
+		s.Fatalf("RemoveLimit(%q, force=%v): %v, want %v", name, force, err, want)
+	}
+}
+
+// snap reads a snapshot and checks what every snapshot must satisfy: ticket
+// order, counts that match the tickets, unique slot indexes among holders,
+// and waiter positions 1..n in fence order.
+func (s *suite) snap(limits ...string) store.Snapshot {
+	s.Helper()
+	sn, err := s.st.Snapshot(s.ctx, limits...)
+	if err != nil {
+		s.Fatalf("Snapshot(%q): %v", limits, err)
+	}
+	if sn.Now.IsZero() {
+		s.Errorf("Snapshot(%q): Now is zero", limits)
+	}
+	byName := map[string]store.Limit{}
+	for _, l := range sn.Limits {
+		if _, dup := byName[l.Name]; dup {
+			s.Fatalf("Snapshot(%q): limit %q listed twice", limits, l.Name)
+		}
+		byName[l.Name] = l
+	}
+	type count struct{ held, waiting int }
+	counts := map[string]*count{}
+	slotsUsed := map[string]map[int]string{}
+	for i, tk := range sn.Tickets {
+		if _, ok := byName[tk.Limit]; !ok {
+			s.Fatalf("Snapshot(%q): ticket %s is in limit %q, which the snapshot does not list", limits, s.who(tk.ID), tk.Limit)
+		}
+		s.checkShape("Snapshot", tk)
+		if i > 0 {
+			p := sn.Tickets[i-1]
+			if !ticketLess(p, tk) {
+				s.Fatalf("Snapshot(%q): ticket %s (%s %s fence %d) listed before %s (%s %s fence %d); want by limit, held first, then by fence",
+					limits, s.who(p.ID), p.Limit, p.State, p.Fence, s.who(tk.ID), tk.Limit, tk.State, tk.Fence)
+			}
+		}
+		c := counts[tk.Limit]
+		if c == nil {
+			c = &count{}
+			counts[tk.Limit] = c
+			slotsUsed[tk.Limit] = map[int]string{}
+		}
+		if tk.State == store.Held {
+			c.held++
+			if other, dup := slotsUsed[tk.Limit][tk.Slot]; dup {
+				s.Fatalf("Snapshot(%q): %s and %s both hold slot %d of %q", limits, s.who(other), s.who(tk.ID), tk.Slot, tk.Limit)
+			}
+			slotsUsed[tk.Limit][tk.Slot] = tk.ID
+		} else {
+			c.waiting++
+			if tk.Position != c.waiting {
+				s.Fatalf("Snapshot(%q): %s is waiter %d of %q in fence order but reports position %d", limits, s.who(tk.ID), c.waiting, tk.Limit, tk.Position)
+			}
+		}
+	}
+	for _, l := range sn.Limits {
+		c := counts[l.Name]
+		if c == nil {
+			c = &count{}
+		}
+		if l.Held != c.held || l.Waiting != c.waiting {
+			s.Fatalf("Snapshot(%q): limit %q reports %d held, %d waiting; its tickets are %d held, %d waiting", limits, l.Name, l.Held, l.Waiting, c.held, c.waiting)
+		}
+	}
+	return sn
+}
+
+func ticketLess(a, b store.Ticket) bool {
+	if a.Limit != b.Limit {
+		return a.Limit < b.Limit
+	}
+	if a.State != b.State {
+		return a.State == store.Held
+	}
+	return a.Fence < b.Fence
+}
+
+func findLimit(sn store.Snapshot, name string) (store.Limit, bool) {
+	for _, l := range sn.Limits {
+		if l.Name == name {
+			return l, true
+		}
+	}
+	return store.Limit{}, false
+}
+
+// checkLimit checks a limit's size and counts through a snapshot of it.
+func (s *suite) checkLimit(name string, slots, held, waiting int) {
+	s.Helper()
+	sn := s.snap(name)
+	l, ok := findLimit(sn, name)
+	if !ok {
+		s.Fatalf("Snapshot(%q): limit missing", name)
+	}
+	if l.Slots != slots || l.Held != held || l.Waiting != waiting {
+		s.Fatalf("limit %q: %d slots, %d held, %d waiting; want %d slots, %d held, %d waiting", name, l.Slots, l.Held, l.Waiting, slots, held, waiting)
+	}
+}
+
+func (s *suite) wantNoLimit(name string) {
+	s.Helper()
+	if l, ok := findLimit(s.snap(), name); ok {
+		s.Fatalf("limit %q exists (%d slots, %d held, %d waiting), want none", name, l.Slots, l.Held, l.Waiting)
+	}
+}
+
+// slotsOf returns the slot indexes the given tickets hold, in order.
+func (s *suite) slotsOf(tks ...store.Ticket) []int {
+	s.Helper()
+	var out []int
+	for _, tk := range tks {
+		out = append(out, s.wantHeld(tk, -1).Slot)
+	}
+	sort.Ints(out)
+	return out
+}
+
+func (s *suite) wantSlots(want []int, tks ...store.Ticket) {
+	s.Helper()
+	if got := s.slotsOf(tks...); !slices.Equal(got, want) {
+		s.Fatalf("holders hold slots %v, want %v", got, want)
+	}
+}
+
+// --- cases ---
+
+// The first Enqueue creates the limit with its Slots; later ones do not resize it.
+func testLimitCreatedOnce(s *suite) {
+	s.wantNoLimit("build")
+	a := s.enq("A", "build", 2)
+	s.wantHeld(a, 0)
+	s.checkLimit("build", 2, 1, 0)
+	b := s.enq("B", "build", 5)
+	s.wantHeld(b, 1)
+	s.checkLimit("build", 2, 2, 0)
+	c := s.enq("C", "build", 7)
+	if c.State != store.Waiting {
+		s.Fatalf("C (slots 7) was admitted as a third holder of a 2-slot limit: the limit took a later request's size")
+	}
+	s.checkLimit("build", 2, 2, 1)
+}
+
+// CheckSlots refuses another size; without it the request is admitted as usual.
+func testSlotsConflict(s *suite) {
+	s.enq("A", "build", 2)
+	r := s.req("B", "build", 3)
+	r.CheckSlots = true
+	tk, err := s.st.Enqueue(s.ctx, r)
+	var sc *store.SlotsConflictError
+	if !errors.As(err, &sc) {
+		s.Fatalf("Enqueue B with CheckSlots, 3 slots into a 2-slot limit: ticket %+v, err %v; want *store.SlotsConflictError", tk, err)
+	}
+	if sc.Limit != "build" || sc.Have != 2 || sc.Want != 3 {
+		s.Errorf("SlotsConflictError = %+v, want Limit build, Have 2, Want 3", *sc)
+	}
+	s.wantGone(store.Ticket{ID: r.ID})
+	s.checkLimit("build", 2, 1, 0)
+
+	same := s.req("C", "build", 2)
+	same.CheckSlots = true
+	c := s.enqReq(same)
+	s.wantHeld(c, 1)
+
+	d := s.enq("D", "build", 3) // no CheckSlots: another size is fine
+	s.wantWaiting(d, 1)
+	s.checkLimit("build", 2, 2, 1)
+
+	// The refused request created nothing, so its id is still free.
+	r.Slots = 2
+	b := s.enqReq(r)
+	s.wantWaiting(b, 2)
+}
+
+// Waiters are admitted in the order they were enqueued.
+func testFIFO(s *suite) {
+	a := s.enq("A", "q", 1)
+	b := s.enq("B", "q", 1)
+	c := s.enq("C", "q", 1)
+	s.wantHeld(a, 0)
+	s.wantWaiting(b, 1)
+	s.wantWaiting(c, 2)
+	s.release(a, true)
+	s.wantGone(a)
+	s.wantHeld(b, 0)
+	s.wantWaiting(c, 1)
+	s.release(b, true)
+	s.wantHeld(c, 0)
+	s.checkLimit("q", 1, 1, 0)
+}
+
+func testHeldAtMostSlots(s *suite) {
+	var tks []store.Ticket
+	for i := range 5 {
+		tks = append(tks, s.enq(string(rune('A'+i)), "q", 2))
+	}
+	s.wantSlots([]int{0, 1}, tks[0], tks[1])
+	for i, tk := range tks[2:] {
+		s.wantWaiting(tk, i+1)
+	}
+	s.checkLimit("q", 2, 2, 3)
+}
+
+// Slot indexes are unique among holders and a freed index is reused lowest first.
+func testSlotIndexes(s *suite) {
+	a := s.enq("A", "q", 3)
+	b := s.enq("B", "q", 3)
+	c := s.enq("C", "q", 3)
+	s.wantHeld(a, 0)
+	s.wantHeld(b, 1)
+	s.wantHeld(c, 2)
+	s.release(a, true) // frees 0
+	s.release(c, true) // frees 2, last
+	d := s.enq("D", "q", 3)
+	s.wantHeld(d, 0)
+	e := s.enq("E", "q", 3)
+	s.wantHeld(e, 2)
+	s.wantSlots([]int{0, 1, 2}, b, d, e)
+	f := s.enq("F", "q", 3)
+	s.wantWaiting(f, 1)
+	s.release(b, true) // frees 1: F is promoted into it
+	s.wantHeld(f, 1)
+	s.wantSlots([]int{0, 1, 2}, d, e, f)
+	s.checkLimit("q", 3, 3, 0)
+}
+
+// Two releases of one ticket free one slot.
+func testDoubleRelease(s *suite) {
+	a := s.enq("A", "q", 1)
+	b := s.enq("B", "q", 1)
+	c := s.enq("C", "q", 1)
+	s.release(a, true)
+	s.release(a, false)
+	s.releaseWhy(a, store.Reaped, false)
+	s.wantHeld(b, 0)
+	s.wantWaiting(c, 1)
+	s.checkLimit("q", 1, 1, 1)
+}
+
+// Releasing a ticket that is not there changes nothing.
+func testReleaseMissing(s *suite) {
+	ghost := store.Ticket{ID: s.id("ghost"), Limit: "nolimit", State: store.Held, Fence: 1, Slot: 0}
+	s.release(ghost, false)
+	s.wantNoLimit("nolimit")
+
+	a := s.enq("A", "q", 1)
+	b := s.enq("B", "q", 1)
+	other := store.Ticket{ID: s.id("other"), Limit: "q", State: store.Held, Fence: a.Fence, Slot: 0}
+	s.release(other, false)
+	s.wantHeld(a, 0)
+	s.wantWaiting(b, 1)
+	s.checkLimit("q", 1, 1, 1)
+}
+
+// Release and Renew compare the fence: a stale copy of a ticket touches nothing.
+func testReleaseWrongFence(s *suite) {
+	a := s.enq("A", "q", 1)
+	b := s.enq("B", "q", 1)
+	for _, f := range []uint64{a.Fence + 1000, b.Fence, a.Fence ^ 1<<40} {
+		stale := a
+		stale.Fence = f
+		s.release(stale, false)
+		s.wantHeld(a, 0)
+		s.wantWaiting(b, 1)
+		s.wantLost(stale)
+	}
+	s.checkLimit("q", 1, 1, 1)
+	s.renew(a)
+	s.release(a, true)
+	s.wantHeld(b, 0)
+}
+
+// Expiry is monotone: an expired ticket is not renewed and does not come back.
+func testRenewExpired(s *suite) {
+	a := s.enq("A", "q", 1)
+	s.advance(s.pastTTL())
+	s.wantLost(a)
+	s.wantNotLive(a)
+	s.wantLost(a)
+	b := s.enq("B", "q", 1) // sweeps A
+	if b.State != store.Held {
+		s.Fatalf("B is waiting at position %d behind A, whose lease expired: the Enqueue did not sweep it", b.Position)
+	}
+	s.wantGone(a)
+	s.wantLost(a)
+	s.release(a, false)
+	s.checkLimit("q", 1, 1, 0)
+}
+
+// A renewal moves the lease to now+TTL, for holders and waiters alike.
+func testRenewExtends(s *suite) {
+	a := s.enq("A", "q", 1)
+	s.advance(s.part())
+	a = s.renew(a)
+	if a.State != store.Held {
+		s.Fatalf("Renew A: state %s, want held", a.State)
+	}
+	s.advance(s.part()) // 1.2 TTL after Enqueue, 0.6 after the renewal
+	s.wantHeld(a, 0)
+	b := s.enq("B", "q", 1)
+	if b.State != store.Waiting {
+		s.Fatalf("B was admitted while A holds the only slot on a renewed lease: A's renewal did not extend its lease")
+	}
+	s.wantHeld(a, 0)
+	s.advance(s.part()) // 1.2 TTL after A's renewal
+	s.wantLost(a)
+	c := s.enq("C", "q", 1) // sweeps A; B was enqueued 0.6 TTL ago
+	s.wantHeld(b, 0)
+	s.wantWaiting(c, 1)
+}
+
+func testRenewReleased(s *suite) {
+	a := s.enq("A", "q", 1)
+	s.release(a, true)
+	s.wantLost(a)
+	s.wantGone(a)
+	s.wantLost(store.Ticket{ID: s.id("ghost"), Limit: "q", Fence: a.Fence, State: store.Held})
+	s.wantNoLimitTicket("q")
+}
+
+// wantNoLimitTicket checks that limit has no tickets.
+func (s *suite) wantNoLimitTicket(limit string) {
+	s.Helper()
+	for _, tk := range s.snap().Tickets {
+		if tk.Limit == limit {
+			s.Fatalf("limit %q still has ticket %s (%s)", limit, s.who(tk.ID), tk.State)
+		}
+	}
+}
+
+// A removed id is tombstoned: a retried create never brings it back.
+func testRemovedIDRefused(s *suite) {
+	again := func(tk store.Ticket, limit, how string) {
+		s.Helper()
+		r := store.EnqueueRequest{ID: tk.ID, Limit: limit, Slots: 1, TTL: s.h.TTL, Holder: holder(s.names[tk.ID])}
+		got, err := s.st.Enqueue(s.ctx, r)
+		if !errors.Is(err, store.ErrRemoved) {
+			s.Fatalf("Enqueue %s into %q after it was %s: ticket (%s, fence %d), err %v; want ErrRemoved", s.who(tk.ID), limit, how, got.State, got.Fence, err)
+		}
+		s.wantGone(tk)
+	}
+
+	a := s.enq("A", "q", 1)
+	s.release(a, true)
+	again(a, "q", "released")
+	again(a, "other", "released")
+
+	b := s.enq("B", "q", 1)
+	c := s.enq("C", "q", 1)
+	s.releaseWhy(c, store.Cancelled, true)
+	again(c, "q", "cancelled")
+	s.wantHeld(b, 0)
+
+	d := s.enq("D", "r", 1)
+	s.advance(s.pastTTL())
+	e := s.enq("E", "r", 1) // sweeps D
+	s.wantHeld(e, 0)
+	again(d, "r", "swept as expired")
+
+	// Expired, not yet swept: the retry may sweep it or return it expired,
+	// never a live ticket.
+	f := s.enq("F", "s", 1)
+	s.advance(s.pastTTL())
+	got, err := s.st.Enqueue(s.ctx, store.EnqueueRequest{ID: f.ID, Limit: "s", Slots: 1, TTL: s.h.TTL, Holder: holder("F")})
+	switch {
+	case errors.Is(err, store.ErrRemoved):
+	case err != nil:
+		s.Fatalf("Enqueue F again after its lease expired: %v, want ErrRemoved or the expired ticket", err)
+	case got.Fence != f.Fence || !got.Expired():
+		s.Fatalf("Enqueue F again after its lease expired: a live ticket (%s, fence %d, remaining %v) came back", got.State, got.Fence, got.Remaining)
+	}
+	s.wantLost(f)
+	s.wantNotLive(f)
+}
+
+// Enqueueing a live id again returns the same ticket and adds none.
+func testEnqueueIdempotent(s *suite) {
+	ra := s.req("A", "q", 1)
+	a := s.enqReq(ra)
+	rb := s.req("B", "q", 1)
+	b := s.enqReq(rb)
+	for range 2 {
+		a2 := s.enqReq(ra)
+		if a2.Fence != a.Fence || a2.State != store.Held || a2.Slot != a.Slot {
+			s.Fatalf("Enqueue A again: (%s, slot %d, fence %d), want the same ticket (%s, slot %d, fence %d)", a2.State, a2.Slot, a2.Fence, a.State, a.Slot, a.Fence)
+		}
+		b2 := s.enqReq(rb)
+		if b2.Fence != b.Fence || b2.State != store.Waiting || b2.Position != 1 {
+			s.Fatalf("Enqueue B again: (%s, position %d, fence %d), want the same ticket (waiting, position 1, fence %d)", b2.State, b2.Position, b2.Fence, b.Fence)
+		}
+	}
+	c := s.enq("C", "q", 1)
+	s.wantWaiting(b, 1) // the retry did not send B to the back
+	s.wantWaiting(c, 2)
+	sn := s.snap()
+	if len(sn.Tickets) != 3 {
+		s.Fatalf("Snapshot: %d tickets, want 3 (A, B, C once each)", len(sn.Tickets))
+	}
+	s.checkLimit("q", 1, 1, 2)
+	s.release(a, true)
+	s.wantHeld(b, 0)
+}
+
+// Fences strictly increase with every new ticket, whatever limit and whatever was released.
+func testFencesIncrease(s *suite) {
+	var last store.Ticket
+	step := func(tk store.Ticket) {
+		s.Helper()
+		if last.ID != "" && tk.Fence <= last.Fence {
+			s.Fatalf("%s got fence %d, not above %s's fence %d", s.who(tk.ID), tk.Fence, s.who(last.ID), last.Fence)
+		}
+		last = tk
+	}
+	a := s.enq("A", "a", 1)
+	step(a)
+	b := s.enq("B", "b", 2)
+	step(b)
+	c := s.enq("C", "a", 1)
+	step(c)
+	s.release(a, true) // C promoted: it keeps its fence
+	s.wantHeld(c, 0)
+	step(s.enq("D", "b", 2))
+	s.release(c, true)
+	s.release(b, true)
+	step(s.enq("E", "a", 1))
+	s.setLimit("c", 1)
+	step(s.enq("F", "c", 1))
+	s.removeLimit("c", true, nil)
+	step(s.enq("G", "c", 1))
+	s.advance(s.pastTTL())
+	step(s.enq("H", "a", 1)) // after a sweep of E
+	fences := map[uint64]string{}
+	for _, tk := range s.snap().Tickets {
+		if other, dup := fences[tk.Fence]; dup {
+			s.Fatalf("%s and %s share fence %d", s.who(other), s.who(tk.ID), tk.Fence)
+		}
+		fences[tk.Fence] = tk.ID
+	}
+}
+
+// Every Enqueue sweeps its limit: expired holders go, their slots go to the next waiters.
+func testExpiredHolderSwept(s *suite) {
+	a := s.enq("A", "q", 2)
+	b := s.enq("B", "q", 2)
+	s.advance(s.part())
+	c := s.enq("C", "q", 2)
+	d := s.enq("D", "q", 2)
+	e := s.enq("E", "q", 2)
+	s.advance(s.part()) // A, B expired; C, D, E at 0.6 TTL
+	if l, _ := findLimit(s.snap("q"), "q"); l.Held > 2 {
+		s.Fatalf("limit q: %d held, more than its 2 slots", l.Held)
+	}
+	f := s.enq("F", "q", 2)
+	if f.State != store.Waiting || f.Position != 2 {
+		s.Fatalf("F: %s at position %d, want waiting at position 2 (behind E)", f.State, f.Position)
+	}
+	s.wantGone(a)
+	s.wantGone(b)
+	s.wantLost(a)
+	s.release(b, false)
+	s.wantSlots([]int{0, 1}, c, d)
+	s.wantWaiting(e, 1)
+	s.wantWaiting(f, 2)
+	s.checkLimit("q", 2, 2, 2)
+}
+
+// A waiter holds a lease like a holder: unrenewed it expires and is swept; renewed it keeps its place.
+func testWaitersLeased(s *suite) {
+	a := s.enq("A", "q", 1)
+	b := s.enq("B", "q", 1)
+	c := s.enq("C", "q", 1)
+	s.advance(s.part())
+	a = s.renew(a)
+	c = s.renew(c)
+	if c.State != store.Waiting {
+		s.Fatalf("Renew C: %s, want waiting", c.State)
+	}
+	s.advance(s.part()) // B expired; A, C renewed 0.6 TTL ago
+	d := s.enq("D", "q", 1)
+	s.wantGone(b)
+	s.wantLost(b)
+	s.wantHeld(a, 0)
+	s.wantWaiting(c, 1)
+	s.wantWaiting(d, 2)
+	s.release(a, true)
+	s.wantHeld(c, 0)
+	s.wantWaiting(d, 1)
+}
+
+// Growing a limit admits waiters; shrinking evicts nobody and admits nobody until held < slots.
+func testResize(s *suite) {
+	a := s.enq("A", "q", 1)
+	var w []store.Ticket
+	for _, n := range []string{"B", "C", "D", "E"} {
+		w = append(w, s.enq(n, "q", 1))
+	}
+	b, c, d, e := w[0], w[1], w[2], w[3]
+	s.setLimit("q", 3)
+	s.wantSlots([]int{0, 1, 2}, a, b, c)
+	s.wantWaiting(d, 1)
+	s.wantWaiting(e, 2)
+	s.checkLimit("q", 3, 3, 2)
+
+	s.setLimit("q", 1)
+	s.wantSlots([]int{0, 1, 2}, a, b, c)
+	s.checkLimit("q", 1, 3, 2)
+	s.release(a, true)
+	s.wantWaiting(d, 1)
+	s.checkLimit("q", 1, 2, 2)
+	f := s.enq("F", "q", 1)
+	s.wantWaiting(f, 3)
+	s.release(b, true)
+	s.wantWaiting(d, 1)
+	s.checkLimit("q", 1, 1, 3)
+	s.release(c, true)
+	s.wantHeld(d, 0)
+	s.wantWaiting(e, 1)
+	s.checkLimit("q", 1, 1, 2)
+
+	s.setLimit("new", 2)
+	s.checkLimit("new", 2, 0, 0)
+}
+
+// 0 slots pauses admission; giving slots back admits the first waiters.
+func testPause(s *suite) {
+	a := s.enq("A", "p", 0)
+	b := s.enq("B", "p", 0)
+	s.wantWaiting(a, 1)
+	s.wantWaiting(b, 2)
+	s.checkLimit("p", 0, 0, 2)
+	s.setLimit("p", 1)
+	s.wantHeld(a, 0)
+	s.wantWaiting(b, 1)
+	s.setLimit("p", 0)
+	s.wantHeld(a, 0) // pausing evicts nobody
+	s.release(a, true)
+	s.wantWaiting(b, 1)
+	c := s.enq("C", "p", 0)
+	s.wantWaiting(c, 2)
+	s.checkLimit("p", 0, 0, 2)
+	s.setLimit("p", 1)
+	s.wantHeld(b, 0)
+	s.wantWaiting(c, 1)
+}
+
+func testRemoveLimit(s *suite) {
+	a := s.enq("A", "r", 1)
+	b := s.enq("B", "r", 1)
+	s.removeLimit("r", false, store.ErrLimitInUse)
+	s.wantHeld(a, 0)
+	s.wantWaiting(b, 1)
+	s.checkLimit("r", 1, 1, 1)
+	s.removeLimit("r", true, nil)
+	s.wantGone(a)
+	s.wantGone(b)
+	s.wantLost(a)
+	s.release(b, false)
+	s.wantNoLimit("r")
+	s.removeLimit("r", false, store.ErrLimitNotFound)
+	s.removeLimit("r", true, store.ErrLimitNotFound)
+	s.removeLimit("missing", false, store.ErrLimitNotFound)
+
+	s.setLimit("empty", 2)
+	s.removeLimit("empty", false, nil)
+	s.wantNoLimit("empty")
+
+	// Force-released ids are removed ids.
+	_, err := s.st.Enqueue(s.ctx, store.EnqueueRequest{ID: a.ID, Limit: "r", Slots: 1, TTL: s.h.TTL, Holder: holder("A")})
+	if !errors.Is(err, store.ErrRemoved) {
+		s.Errorf("Enqueue A again after RemoveLimit(force) removed it: err %v, want ErrRemoved", err)
+	}
+	c := s.enq("C", "x", 2)
+	s.wantHeld(c, 0)
+	s.checkLimit("x", 2, 1, 0)
+}
+
+func testSnapshot(s *suite) {
+	a1 := s.enq("A1", "a", 2)
+	a2 := s.enq("A2", "a", 2)
+	a3 := s.enq("A3", "a", 2)
+	s.enq("B1", "b", 1)
+	s.enq("B2", "b", 1)
+	s.setLimit("c", 1)
+
+	ids := func(sn store.Snapshot) []string {
+		var out []string
+		for _, tk := range sn.Tickets {
+			out = append(out, s.names[tk.ID])
+		}
+		return out
+	}
+	limitsOf := func(sn store.Snapshot) []string {
+		var out []string
+		for _, l := range sn.Limits {
+			out = append(out, fmt.Sprintf("%s %d/%d+%d", l.Name, l.Held, l.Slots, l.Waiting))
+		}
+		sort.Strings(out)
+		return out
+	}
+
+	sn := s.snap("a", "c")
+	if got, want := limitsOf(sn), []string{"a 2/2+1", "c 0/1+0"}; !slices.Equal(got, want) {
+		s.Fatalf(`Snapshot("a", "c") limits (held/slots+waiting) %q, want %q`, got, want)
+	}
+	if got, want := ids(sn), []string{"A1", "A2", "A3"}; !slices.Equal(got, want) {
+		s.Fatalf(`Snapshot("a", "c") tickets %q, want %q`, got, want)
+	}
+
+	sn = s.snap("b")
+	if got, want := ids(sn), []string{"B1", "B2"}; !slices.Equal(got, want) {
+		s.Fatalf(`Snapshot("b") tickets %q, want %q`, got, want)
+	}
+
+	sn = s.snap()
+	if got, want := limitsOf(sn), []string{"a 2/2+1", "b 1/1+1", "c 0/1+0"}; !slices.Equal(got, want) {
+		s.Fatalf("Snapshot() limits (held/slots+waiting) %q, want %q", got, want)
+	}
+	if got, want := ids(sn), []string{"A1", "A2", "A3", "B1", "B2"}; !slices.Equal(got, want) {
+		s.Fatalf("Snapshot() tickets %q, want %q", got, want)
+	}
+	for _, tk := range sn.Tickets {
+		if tk.Expired() {
+			s.Errorf("Snapshot: %s expired (remaining %v) right after Enqueue", s.who(tk.ID), tk.Remaining)
+		}
+	}
+
+	// After a promotion the held ticket is listed first.
+	s.release(a1, true)
+	sn = s.snap("a")
+	if got, want := ids(sn), []string{"A2", "A3"}; !slices.Equal(got, want) {
+		s.Fatalf(`Snapshot("a") after releasing A1: tickets %q, want %q`, got, want)
+	}
+	s.wantSlots([]int{0, 1}, a2, a3)
+}
+
+// Get returns the whole ticket.
+func testGet(s *suite) {
+	ra := s.req("A", "g", 2)
+	a := s.enqReq(ra)
+	got := s.wantHeld(a, 0)
+	if got.Position != 0 || got.TTL != s.h.TTL {
+		s.Errorf("Get A: position %d, TTL %v; want 0, %v", got.Position, got.TTL, s.h.TTL)
+	}
+	if got.Remaining <= 0 || got.Remaining > s.h.TTL+time.Second {
+		s.Errorf("Get A: remaining %v, want in (0, %v]", got.Remaining, s.h.TTL)
+	}
+	if !reflect.DeepEqual(got.Holder, ra.Holder) {
+		s.Errorf("Get A: holder %+v, want %+v", got.Holder, ra.Holder)
+	}
+	if got.Created.IsZero() || got.Admitted.IsZero() {
+		s.Errorf("Get A (held): created %v, admitted %v; want both set", got.Created, got.Admitted)
+	}
+	b := s.enq("B", "g", 2)
+	s.wantHeld(b, 1)
+	c := s.enq("C", "g", 2)
+	w := s.wantWaiting(c, 1)
+	if w.Slot != -1 || w.Created.IsZero() {
+		s.Errorf("Get C (waiting): slot %d, created %v; want slot -1, created set", w.Slot, w.Created)
+	}
+	if _, err := s.st.Get(s.ctx, s.id("ghost")); !errors.Is(err, store.ErrNotFound) {
+		s.Errorf("Get of an id never enqueued: %v, want ErrNotFound", err)
+	}
+}
+
+// drain empties a bell of rings already delivered.
+func drain(b store.Bell) {
+	for {
+		select {
+		case <-b.C():
+		default:
+			return
+		}
+	}
+}
+
+// A Bell obtained before Enqueue rings when the ticket is promoted or removed.
+func testWatch(s *suite) {
+	const ringWait = 5 * time.Second
+	watch := func(id string) store.Bell {
+		s.Helper()
+		bell, err := s.st.Watch(s.ctx, id)
+		if err != nil {
+			s.Fatalf("Watch %s: %v", s.who(id), err)
+		}
+		s.Cleanup(func() { _ = bell.Close() })
+		return bell
+	}
+	ring := func(bell store.Bell, what string) {
+		s.Helper()
+		select {
+		case <-bell.C():
+		case <-time.After(ringWait):
+			s.Fatalf("the bell did not ring within %v after %s", ringWait, what)
+		}
+	}
+	settle := func(bell store.Bell) {
+		time.Sleep(50 * time.Millisecond) // let the rings of the Enqueue arrive, then forget them
+		drain(bell)
+	}
+
+	a := s.enq("A", "w", 1)
+	rb := s.req("B", "w", 1)
+	bellB := watch(rb.ID)
+	b := s.enqReq(rb)
+	s.wantWaiting(b, 1)
+	settle(bellB)
+	s.release(a, true)
+	ring(bellB, "B was promoted by A's release")
+	s.wantHeld(b, 0)
+
+	rc := s.req("C", "w", 1)
+	bellC := watch(rc.ID)
+	c := s.enqReq(rc)
+	s.wantWaiting(c, 1)
+	settle(bellC)
+	s.releaseWhy(c, store.ForceReleased, true)
+	ring(bellC, "C was force-released")
+	s.wantGone(c)
+
+	if err := bellB.Close(); err != nil {
+		s.Errorf("Bell.Close: %v", err)
+	}
+}
+
+// Malformed requests wrap ErrInvalid and change nothing.
+func testInvalid(s *suite) {
+	wantInvalid := func(what string, err error) {
+		s.Helper()
+		if !errors.Is(err, store.ErrInvalid) {
+			s.Errorf("%s: %v, want an error wrapping ErrInvalid", what, err)
+		}
+	}
+	badNames := []string{"", "-x", ".x", "_x", ":x", "a b", "a/b", "x\n", "ä", strings.Repeat("n", 129)}
+	for _, name := range badNames {
+		_, err := s.st.Enqueue(s.ctx, s.req("bad", name, 1))
+		wantInvalid(fmt.Sprintf("Enqueue into limit %q", name), err)
+		_, err = s.st.SetLimit(s.ctx, name, 1)
+		wantInvalid(fmt.Sprintf("SetLimit(%q, 1)", name), err)
+	}
+	for _, n := range []int{-1, store.MaxSlots + 1, -1 << 40} {
+		_, err := s.st.Enqueue(s.ctx, s.req("bad", "n", n))
+		wantInvalid(fmt.Sprintf("Enqueue with %d slots", n), err)
+		_, err = s.st.SetLimit(s.ctx, "n", n)
+		wantInvalid(fmt.Sprintf("SetLimit(n, %d)", n), err)
+	}
+	for _, ttl := range []time.Duration{0, -time.Second} {
+		r := s.req("bad", "n", 1)
+		r.TTL = ttl
+		_, err := s.st.Enqueue(s.ctx, r)
+		wantInvalid(fmt.Sprintf("Enqueue with TTL %v", ttl), err)
+	}
+	noID := s.req("bad", "n", 1)
+	noID.ID = ""
+	_, err := s.st.Enqueue(s.ctx, noID)
+	wantInvalid("Enqueue with an empty id", err)
+	if s.Failed() {
+		s.FailNow()
+	}
+	sn := s.snap()
+	if len(sn.Limits) != 0 || len(sn.Tickets) != 0 {
+		s.Fatalf("invalid requests left %d limits and %d tickets, want none", len(sn.Limits), len(sn.Tickets))
+	}
+
+	// The bounds themselves are valid.
+	long := strings.Repeat("n", 128)
+	a := s.enq("A", long, store.MaxSlots)
+	s.wantHeld(a, 0)
+	s.checkLimit(long, store.MaxSlots, 1, 0)
+	s.setLimit("Z9._:-z", 0)
+
+	// An id refused with a bad ttl was not created, so it is not tombstoned.
+	r := s.req("B", "n", 1)
+	r.TTL = 0
+	if _, err := s.st.Enqueue(s.ctx, r); !errors.Is(err, store.ErrInvalid) {
+		s.Fatalf("Enqueue with TTL 0: %v, want ErrInvalid", err)
+	}
+	r.TTL = s.h.TTL
+	s.wantHeld(s.enqReq(r), 0)
+
+	for _, ttl := range []time.Duration{0, -time.Second} {
+		_, err := s.st.Renew(s.ctx, a, ttl)
+		wantInvalid(fmt.Sprintf("Renew with TTL %v", ttl), err)
+	}
+	s.wantHeld(a, 0)
+	s.renew(a)
+}
+
+// A restart loses nothing: tickets, fences, limits and tombstones survive.
+func testReopen(s *suite) {
+	if s.b.Reopen == nil {
+		s.Skip("backend has no Reopen")
+	}
+	a := s.enq("A", "a", 2)
+	b := s.enq("B", "a", 2)
+	c := s.enq("C", "a", 2)
+	x := s.enq("X", "x", 1)
+	s.release(x, true)
+	s.setLimit("empty", 3)
+	before := s.snap()
+
+	s.st = s.b.Reopen()
+	if s.st == nil {
+		s.Fatal("Reopen returned nil")
+	}
+	after := s.snap()
+	if !reflect.DeepEqual(limitKeys(before), limitKeys(after)) {
+		s.Fatalf("limits before reopen %v, after %v", limitKeys(before), limitKeys(after))
+	}
+	if !reflect.DeepEqual(ticketKeys(before), ticketKeys(after)) {
+		s.Fatalf("tickets before reopen %v, after %v", ticketKeys(before), ticketKeys(after))
+	}
+	for i, tk := range after.Tickets {
+		if !reflect.DeepEqual(tk.Holder, before.Tickets[i].Holder) {
+			s.Fatalf("%s: holder %+v after reopen, %+v before", s.who(tk.ID), tk.Holder, before.Tickets[i].Holder)
+		}
+	}
+
+	s.advance(s.part())
+	a = s.renew(a)
+	b = s.renew(b)
+	c = s.renew(c)
+	if c.State != store.Waiting {
+		s.Fatalf("Renew C after reopen: %s, want waiting", c.State)
+	}
+	_, err := s.st.Enqueue(s.ctx, store.EnqueueRequest{ID: x.ID, Limit: "x", Slots: 1, TTL: s.h.TTL, Holder: holder("X")})
+	if !errors.Is(err, store.ErrRemoved) {
+		s.Fatalf("Enqueue X after reopen, X released before: %v, want ErrRemoved", err)
+	}
+	d := s.enq("D", "a", 2)
+	if d.Fence <= c.Fence || d.Fence <= x.Fence {
+		s.Fatalf("D's fence %d after reopen is not above the fences before it (C %d, X %d)", d.Fence, c.Fence, x.Fence)
+	}
+	s.wantWaiting(d, 2)
+	s.release(a, true)
+	s.wantHeld(c, a.Slot)
+	s.wantHeld(b, b.Slot)
+	s.wantWaiting(d, 1)
+	s.checkLimit("empty", 3, 0, 0)
+}
+
+func limitKeys(sn store.Snapshot) []string {
+	var out []string
+	for _, l := range sn.Limits {
+		out = append(out, fmt.Sprintf("%s slots=%d held=%d waiting=%d", l.Name, l.Slots, l.Held, l.Waiting))
+	}
+	sort.Strings(out)
+	return out
+}
+
+func ticketKeys(sn store.Snapshot) []string {
+	var out []string
+	for _, tk := range sn.Tickets {
+		out = append(out, fmt.Sprintf("%s %s %s fence=%d slot=%d pos=%d ttl=%v", tk.ID, tk.Limit, tk.State, tk.Fence, tk.Slot, tk.Position, tk.TTL))
+	}
+	return out
+}
+
+// Many clients on one store: never more holders than slots, in the store or in fact.
+func testConcurrent(s *suite) {
+	const (
+		workers = 8
+		iters   = 20
+		slots   = 3
+		limit   = "conc"
+	)
+	s.setLimit(limit, slots)
+	ids := make([][]string, workers)
+	for w := range ids {
+		for i := range iters {
+			ids[w] = append(ids[w], s.id(fmt.Sprintf("W%d.%d", w, i)))
+		}
+	}
+	var (
+		holders  atomic.Int32 // clients that believe they hold a slot right now
+		peak     atomic.Int32
+		slotUsed [slots]atomic.Bool
+		stop     atomic.Bool
+		wg       sync.WaitGroup
+	)
+	deadline := time.Now().Add(60 * time.Second)
+	fail := func(format string, args ...any) {
+		stop.Store(true)
+		s.Errorf(format, args...)
+	}
+
+	// one is a client's whole life with one ticket. It reports false to stop the worker.
+	one := func(id, name string) bool {
+		ctx := s.ctx
+		bell, err := s.st.Watch(ctx, id)
+		if err != nil {
+			fail("%s: Watch: %v", name, err)
+			return false
+		}
+		defer func() { _ = bell.Close() }()
+		tk, err := s.st.Enqueue(ctx, store.EnqueueRequest{ID: id, Limit: limit, Slots: slots, TTL: s.h.TTL, Holder: holder(name)})
+		if err != nil {
+			fail("%s: Enqueue: %v", name, err)
+			return false
+		}
+		held := false
+		defer func() {
+			// Whatever happened, let go, so the other clients are not blocked.
+			if !held {
+				_, _ = s.st.Release(context.WithoutCancel(ctx), tk, store.Cancelled)
+			}
+		}()
+		renewed := time.Now()
+		for tk.State != store.Held {
+			if stop.Load() {
+				return false
+			}
+			if time.Now().After(deadline) {
+				fail("%s: not admitted before the deadline (position %d)", name, tk.Position)
+				return false
+			}
+			select {
+			case <-bell.C():
+			case <-time.After(25 * time.Millisecond):
+			case <-ctx.Done():
+				fail("%s: %v", name, ctx.Err())
+				return false
+			}
+			if time.Since(renewed) > s.h.TTL/4 { // a real clock (etcd) would expire us
+				tk, err = s.st.Renew(ctx, tk, s.h.TTL)
+				if err != nil {
+					fail("%s: Renew while waiting: %v", name, err)
+					return false
+				}
+				renewed = time.Now()
+				continue
+			}
+			got, err := s.st.Get(ctx, id)
+			if err != nil {
+				fail("%s: Get while waiting: %v", name, err)
+				return false
+			}
+			tk = got
+		}
+		held = true
+
+		n := holders.Add(1)
+		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+		}
+		if n > slots {
+			fail("%s: %d clients hold slots of a %d-slot limit at once", name, n, slots)
+		}
+		if tk.Slot < 0 || tk.Slot >= slots {
+			fail("%s: holds slot %d of a %d-slot limit", name, tk.Slot, slots)
+		} else if !slotUsed[tk.Slot].CompareAndSwap(false, true) {
+			fail("%s: holds slot %d, which another client holds", name, tk.Slot)
+		}
+		sn, err := s.st.Snapshot(ctx, limit)
+		if err != nil {
+			fail("%s: Snapshot: %v", name, err)
+		} else {
+			inStore := 0
+			for _, t := range sn.Tickets {
+				if t.Limit == limit && t.State == store.Held {
+					inStore++
+				}
+			}
+			l, _ := findLimit(sn, limit)
+			if inStore > slots || l.Held > slots {
+				fail("%s: snapshot shows %d held tickets (limit says %d) in a %d-slot limit", name, inStore, l.Held, slots)
+			}
+		}
+		if tk.Slot >= 0 && tk.Slot < slots {
+			slotUsed[tk.Slot].Store(false)
+		}
+		holders.Add(-1)
+		ok, err := s.st.Release(ctx, tk, store.Released)
+		if err != nil || !ok {
+			fail("%s: Release = %v, %v; want true, nil", name, ok, err)
+			return false
+		}
+		return !stop.Load()
+	}
+
+	for w := range workers {
+		wg.Go(func() {
+			for i, id := range ids[w] {
+				if !one(id, fmt.Sprintf("W%d.%d (%s)", w, i, id)) {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if s.Failed() {
+		return
+	}
+	s.checkLimit(limit, slots, 0, 0)
+	s.Logf("%d clients × %d tickets on a %d-slot limit: at most %d held at once", workers, iters, slots, peak.Load())
+}
