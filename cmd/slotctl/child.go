@@ -93,6 +93,7 @@ func startChild(f *Factory, path string, argv, env []string) (*child, error) {
 	}
 	fg := foregroundTTY()
 	cmd.SysProcAttr = childAttr(!fg)
+	becomeSubreaper()
 	if err := cmd.Start(); err != nil {
 		return nil, startError(argv[0], err)
 	}
@@ -252,14 +253,14 @@ func (c *child) supervise(ctx context.Context, log *logger, sigs *signals, keepe
 // stop with SIGTERM, then SIGKILL after killAfter. The slot is only released
 // once the whole job is gone (LEASES rule 8).
 func (c *child) drainGroup(log *logger, killAfter time.Duration) {
-	if c.pgid <= 0 || !groupAlive(c.pgid) {
+	if reapOrphans(); c.pgid <= 0 || !groupAlive(c.pgid) {
 		return
 	}
 	log.verbose("process group %d outlived its leader: stopping it", c.pgid)
 	_ = syscall.Kill(-c.pgid, syscall.SIGTERM)
 	deadline := time.Now().Add(killAfter)
 	killed := false
-	for groupAlive(c.pgid) {
+	for reapOrphans(); groupAlive(c.pgid); reapOrphans() {
 		if !killed && time.Now().After(deadline) {
 			_ = syscall.Kill(-c.pgid, syscall.SIGKILL)
 			killed = true

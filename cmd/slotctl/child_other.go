@@ -9,3 +9,7 @@ import "syscall"
 func childAttr(ownGroup bool) *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Setpgid: ownGroup}
 }
+
+func becomeSubreaper() {}
+
+func reapOrphans() {}

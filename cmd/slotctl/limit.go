@@ -16,14 +16,20 @@ func newLimitCmd(f *Factory, g *globalOptions) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "limit",
 		Short: "Create, resize, list and remove limits",
-		Args:  cobra.NoArgs,
+		Args:  cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return cmd.Help()
+			}
+			return errArgs(cmd, "unknown command %q for %q: want set, ls or rm", args[0], cmd.CommandPath())
+		},
 	}
 	cmd.AddCommand(newLimitSetCmd(f, g), newLimitLsCmd(f, g), newLimitRmCmd(f, g))
 	return cmd
 }
 
 func newLimitSetCmd(f *Factory, g *globalOptions) *cobra.Command {
-	return &cobra.Command{
+	cmd := &cobra.Command{
 		Use:   "set NAME SLOTS",
 		Short: "Create a limit or change its number of slots",
 		Long: `Create a limit or change its number of slots.
@@ -65,6 +71,8 @@ EXIT STATUS
 			return nil
 		},
 	}
+	cmd.Flags().SetInterspersed(false) // "limit set build -1" is a bad count, not a flag
+	return cmd
 }
 
 func newLimitLsCmd(f *Factory, g *globalOptions) *cobra.Command {

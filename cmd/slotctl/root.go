@@ -2,10 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // globalOptions are the flags every command takes (SPEC §2).
@@ -29,6 +32,11 @@ func Main(ctx context.Context, args []string, f *Factory) (code int) {
 	root := newRootCmd(f)
 	root.SetArgs(args)
 	err := root.ExecuteContext(ctx)
+	var ee *ExitError
+	if err != nil && !errors.As(err, &ee) && strings.HasPrefix(err.Error(), "unknown command ") {
+		// cobra's own argument errors: a typo in a cron line must not pass as success or as a bug.
+		err = &ExitError{Code: exitUsage, Err: err, Hint: "see 'slotctl --help'"}
+	}
 	if err != nil {
 		printError(f.IO.ErrOut, err)
 	}
@@ -66,6 +74,11 @@ job, its wrapper or its whole machine dies, the slot still comes back.`,
 	root.SetErr(f.IO.ErrOut)
 	root.SetVersionTemplate("{{.Version}}\n")
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
+		var inv *pflag.InvalidValueError
+		if errors.As(err, &inv) {
+			// pflag names the input; say what would be accepted instead of its parser's words.
+			err = fmt.Errorf("--%s %q: %s", inv.GetFlag().Name, inv.GetValue(), acceptedFor(inv.GetFlag()))
+		}
 		return &ExitError{Code: exitUsage, Err: err, Hint: fmt.Sprintf("see '%s --help'", cmd.CommandPath())}
 	})
 	pf := root.PersistentFlags()

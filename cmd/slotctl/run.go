@@ -154,6 +154,9 @@ func (o *RunOptions) resolve(f *Factory, cmd *cobra.Command, wait string, noWait
 			return err
 		}
 	}
+	if err := (renew.Options{TTL: o.TTL, Every: o.RenewEvery}).Validate(); err != nil {
+		return usageError("--renew-every %s with --ttl %s: want a period well inside the ttl (at most ttl/2)", o.RenewEvery, o.TTL)
+	}
 	if o.OnLost != "kill" && o.OnLost != "continue" {
 		return usageError("--on-lost %q: want kill or continue", o.OnLost)
 	}
@@ -201,7 +204,7 @@ func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) er
 	defer entry.Close()
 	keeper := renew.Start(context.WithoutCancel(ctx), st, entry.Ticket(), sentAt, renew.Options{
 		TTL: o.TTL, Every: o.RenewEvery, Now: renewClock,
-		Logf: func(format string, args ...any) { log.verbose("renew: "+format, args...) },
+		Logf: log.info,
 	})
 	stopKeeper := sync1(keeper.Stop)
 	defer stopKeeper()
@@ -344,7 +347,7 @@ func waitAdmitted(ctx context.Context, f *Factory, log *logger, st store.Store, 
 	return t, err
 }
 
-// busyError says why a run was not admitted; quiet when --busy-exit-code is 0.
+// busyError says why a run was not admitted (printed even with --busy-exit-code 0, unless -q).
 func busyError(ctx context.Context, st store.Store, limit string, noWait bool) error {
 	held, slots := "?", "?"
 	if snap, err := st.Snapshot(ctx, limit); err == nil && len(snap.Limits) == 1 {

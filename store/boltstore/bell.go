@@ -40,6 +40,11 @@ func (s *Store) Watch(ctx context.Context, id string) (store.Bell, error) {
 		dirMode = 0o770
 	}
 	if err := os.Mkdir(dir, dirMode); err == nil {
+		if st, err := os.Stat(dir); err == nil {
+			// Inherited from a setgid store directory: keep it, so that every
+			// bell gets the shared group and any member can ring it.
+			dirMode |= st.Mode() & fs.ModeSetgid
+		}
 		_ = os.Chmod(dir, dirMode)
 	} else if !errors.Is(err, fs.ErrExist) {
 		return nil, fmt.Errorf("%w: bell directory %s: %v", store.ErrUnavailable, dir, unwrapPath(err))

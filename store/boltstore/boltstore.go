@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"time"
 
@@ -119,16 +120,39 @@ func (s *Store) open(ctx context.Context, write bool) (*bolt.DB, func(), error) 
 	unlock, err := lockFile(ctx, s.path+".lock", s.mode, write, timeout)
 	if err != nil {
 		if errors.Is(err, errLockTimeout) {
-			return nil, nil, fmt.Errorf("%w: store %s stayed locked by another process for %s (--store-timeout)", store.ErrUnavailable, s.path, s.timeout)
+			return nil, nil, fmt.Errorf("%w: store %s stayed locked by another process for %s (--store-timeout)", store.ErrUnavailable, s.path, timeout.Round(time.Millisecond))
 		}
 		return nil, nil, fmt.Errorf("%w: lock store %s: %v", store.ErrUnavailable, s.path, unwrapPath(err))
 	}
 	_, statErr := os.Stat(s.path)
 	created := errors.Is(statErr, fs.ErrNotExist)
-	left := max(timeout-time.Since(start), 10*time.Millisecond)
-	db, err := bolt.Open(s.path, s.mode, &bolt.Options{Timeout: left, ReadOnly: !write, NoSync: s.noSync})
-	if err != nil {
+	if err := checkFileSize(s.path); err != nil {
 		unlock()
+		return nil, nil, err
+	}
+	left := max(timeout-time.Since(start), 10*time.Millisecond)
+	// bbolt reads the freelist while opening: open under guard too, and keep
+	// its file so that a fault there does not leave the file locked.
+	var f *os.File
+	opts := &bolt.Options{Timeout: left, ReadOnly: !write, NoSync: s.noSync,
+		OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
+			var err error
+			f, err = os.OpenFile(name, flag, perm)
+			return f, err
+		}}
+	var db *bolt.DB
+	err = s.guard(func() (err error) {
+		db, err = bolt.Open(s.path, s.mode, opts)
+		return err
+	})
+	if err != nil {
+		if f != nil {
+			f.Close() // bbolt closed it already, unless it faulted
+		}
+		unlock()
+		if errors.Is(err, store.ErrCorrupt) {
+			return nil, nil, err
+		}
 		return nil, nil, s.openError(err)
 	}
 	if created {
@@ -214,6 +238,10 @@ func (s *Store) view(ctx context.Context, fn func(x *txn) error) error {
 // guard turns a panic inside bbolt (it panics on some damaged pages) into
 // an error that names the file, and names the file in decoding errors.
 func (s *Store) guard(fn func() error) (err error) {
+	// bbolt follows page ids read from the file into its memory map: a damaged
+	// page can point outside the mapping, and that fault is fatal unless the
+	// goroutine asked for a panic instead.
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("%w: %s: %v", store.ErrCorrupt, s.path, r)

@@ -18,7 +18,12 @@ var errLockTimeout = errors.New("lock timeout")
 // previous one lets go. The blocking call runs in a goroutine so that the
 // timeout and ctx still bound the wait.
 func lockFile(ctx context.Context, path string, mode fs.FileMode, exclusive bool, timeout time.Duration) (func(), error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, mode)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, mode)
+	if err == nil {
+		_ = f.Chmod(mode) // the umask narrowed it; a shared store's lock must stay group-writable
+	} else if errors.Is(err, fs.ErrExist) {
+		f, err = os.OpenFile(path, os.O_RDWR, 0)
+	}
 	if err != nil && !exclusive && errors.Is(err, fs.ErrPermission) {
 		f, err = os.OpenFile(path, os.O_RDONLY, 0) // a reader without write access may still lock shared
 	}

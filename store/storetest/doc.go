@@ -27,6 +27,11 @@
 // snapshots, watches, input validation, durability across a reopen, and
 // concurrent use.
 //
+// The suite's own tests (mem_test.go) run it against an in-memory reference
+// store, which must pass, and against that store with one planted bug at a
+// time (a counter beside the tickets, no tombstones, renewal of expired
+// leases, a check-then-act race, ...), each of which must fail its case.
+//
 // The tickets the suite writes name a holder on another host
 // ("storetest.invalid") with no boot id, so no backend can prove them dead:
 // they leave only by release or by expiry.
