@@ -110,7 +110,38 @@ const (
 	Cancelled     Reason = "cancelled"      // its holder gave up waiting
 	Reaped        Reason = "reaped"         // expired or proven dead, removed by a sweep
 	ForceReleased Reason = "force-released" // an operator removed it
+	// Lost: the holder presumed its lease lost and stopped (or, with
+	// --on-lost continue, did not stop) its child. Releasing with it removes
+	// the ticket if the store still has it, and logs a "lost" event either way.
+	Lost Reason = "lost"
 )
+
+// An Event is one entry of a store's event log: admitted, released,
+// cancelled, reaped (with the evidence), force-released, lost.
+type Event struct {
+	Seq      uint64    `json:"seq"`
+	Time     time.Time `json:"time"` // wall clock, display only
+	Kind     string    `json:"kind"`
+	Limit    string    `json:"limit"`
+	Ticket   string    `json:"ticket"`
+	Fence    uint64    `json:"fence"`
+	Slot     int       `json:"slot"`
+	Host     string    `json:"host,omitempty"`
+	Pid      int       `json:"pid,omitempty"`
+	User     string    `json:"user,omitempty"`
+	Command  string    `json:"command,omitempty"`
+	Evidence string    `json:"evidence,omitempty"`
+}
+
+// MaxEvents is how many of the newest events a store keeps.
+const MaxEvents = 10000
+
+// A Judge proves a ticket's holder dead on this host (SPEC §4.3) and says
+// how; anything it cannot prove is left to the TTL. A holder whose
+// supervisor is dead but whose job still runs is orphaned: unleased work.
+// With act set the judge may stop that work (and then call it dead); without
+// (a dry run) it only says what it would do.
+type Judge func(t Ticket, act bool) (evidence string, dead bool)
 
 // Removal records one ticket removed by a sweep, with the evidence.
 type Removal struct {
@@ -142,6 +173,21 @@ type Store interface {
 	// frees nothing. An id never seen is tombstoned, so that a create still in
 	// flight (cancel before create) is refused when it lands.
 	Release(ctx context.Context, t Ticket, why Reason) (bool, error)
+
+	// SetChild records the process group the holder's child runs in (and the
+	// start time of its leader), the evidence that proves the job gone once
+	// its supervisor dies. A ticket that is gone wraps ErrLost.
+	SetChild(ctx context.Context, t Ticket, pgid int, pgidStart uint64) (Ticket, error)
+
+	// Reap removes the expired and proven-dead tickets of the named limits
+	// (all when none), judged on the current state inside the step that
+	// removes them, and promotes the waiters this frees. With dryRun it
+	// removes nothing and reports what it would remove.
+	Reap(ctx context.Context, dryRun bool, limits ...string) ([]Removal, error)
+
+	// Events returns the newest n events (of one limit, or of all when limit
+	// is ""), oldest first.
+	Events(ctx context.Context, limit string, n int) ([]Event, error)
 
 	// Snapshot reads the named limits (all when none) and their tickets.
 	Snapshot(ctx context.Context, limits ...string) (Snapshot, error)

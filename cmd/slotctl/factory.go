@@ -40,6 +40,8 @@ type Factory struct {
 	// StoreClock is the bbolt store's clock; nil is the host's boot-time
 	// clock. Tests of the built binary shift it to test expiry without sleeping.
 	StoreClock boltstore.Clock
+	// TermWidth is the width of the terminal on stdout, 0 if unknown.
+	TermWidth func() int
 
 	viper *viper.Viper // made fresh for each Main
 	cfg   *config      // resolved by the root command before any RunE
@@ -47,5 +49,12 @@ type Factory struct {
 
 // NewFactory returns the production factory.
 func NewFactory(version, commit, date string) *Factory {
-	return &Factory{Version: version, Commit: commit, Date: date, IO: SystemIO(), Getenv: os.Getenv, Now: time.Now}
+	return &Factory{Version: version, Commit: commit, Date: date, IO: SystemIO(), Getenv: os.Getenv, Now: time.Now,
+		TermWidth: func() int {
+			w, _, err := term.GetSize(int(os.Stdout.Fd()))
+			if err != nil {
+				return 0
+			}
+			return w
+		}}
 }

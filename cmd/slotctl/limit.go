@@ -1,11 +1,8 @@
 package main
 
 import (
-	"encoding/json"
-	"fmt"
 	"io"
 	"strconv"
-	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
@@ -88,6 +85,7 @@ EXIT STATUS
   69   the store cannot be opened or reached`,
 		Example: `  slotctl limit ls
   slotctl limit ls -o json | jq '.limits[] | select(.waiting > 0) | .name'`,
+		ValidArgsFunction: f.completeLimits,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if output != "table" && output != "json" {
 				return usageError("-o %q: want table or json", output)
@@ -103,7 +101,7 @@ EXIT STATUS
 			if output == "json" {
 				return writeLimitsJSON(f.IO.Out, snap)
 			}
-			return writeLimitsTable(f.IO.Out, snap.Limits)
+			return drawLimits(f.tableOut(), snap.Limits)
 		},
 	}
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
@@ -145,19 +143,6 @@ EXIT STATUS
 	return cmd
 }
 
-func writeLimitsTable(w io.Writer, limits []store.Limit) error {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "LIMIT\tSLOTS\tHELD\tWAITING\tPAUSED")
-	for _, l := range limits {
-		paused := "no"
-		if l.Slots == 0 {
-			paused = "yes"
-		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\n", l.Name, l.Slots, l.Held, l.Waiting, paused)
-	}
-	return tw.Flush()
-}
-
 // limitsJSON is the schema of limit ls -o json.
 type limitsJSON struct {
 	SchemaVersion int          `json:"schema_version"`
@@ -173,13 +158,14 @@ type limitEntry struct {
 	Created string `json:"created"`
 }
 
+func limitEntryOf(l store.Limit) limitEntry {
+	return limitEntry{Name: l.Name, Slots: l.Slots, Held: l.Held, Waiting: l.Waiting, Paused: l.Slots == 0, Created: rfc3339(l.Created)}
+}
+
 func writeLimitsJSON(w io.Writer, snap store.Snapshot) error {
 	out := limitsJSON{SchemaVersion: 1, Limits: []limitEntry{}}
 	for _, l := range snap.Limits {
-		out.Limits = append(out.Limits, limitEntry{Name: l.Name, Slots: l.Slots, Held: l.Held, Waiting: l.Waiting,
-			Paused: l.Slots == 0, Created: l.Created.UTC().Format("2006-01-02T15:04:05Z07:00")})
+		out.Limits = append(out.Limits, limitEntryOf(l))
 	}
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(out)
+	return writeJSON(w, out)
 }

@@ -88,7 +88,7 @@ job, its wrapper or its whole machine dies, the slot still comes back.`,
 	pf.BoolVarP(&g.Quiet, "quiet", "q", false, "print only errors")
 	pf.BoolVarP(&g.Verbose, "verbose", "v", false, "say more about what happens")
 
-	root.AddCommand(newRunCmd(f, g, nil), newLimitCmd(f, g), newVersionCmd(f))
+	root.AddCommand(newRunCmd(f, g, nil), newLsCmd(f, g), newLimitCmd(f, g), newReapCmd(f, g), newReleaseCmd(f, g), newLogCmd(f, g), newVersionCmd(f))
 	return root
 }
 

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/user"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -108,6 +109,7 @@ EXIT STATUS
 	fl.DurationVar(&opts.KillAfter, "kill-after", defaultKillAfter, "after stopping COMMAND with a signal, SIGKILL its process group after this long")
 	fl.DurationVar(&opts.MaxHold, "max-hold", 0, "stop COMMAND and free the slot after this long (exit 124; default: no bound)")
 	fl.StringVar(&opts.Label, "label", "", "text shown instead of the command line in ls (command lines can carry secrets)")
+	_ = cmd.RegisterFlagCompletionFunc("limit", f.completeLimits)
 	_ = cmd.RegisterFlagCompletionFunc("on-lost", cobra.FixedCompletions([]string{"kill", "continue"}, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
 }
@@ -238,13 +240,18 @@ func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) er
 	if err != nil {
 		res = result{err: err}
 	} else {
+		recordChild(ctx, log, st, t, c)
 		res = c.supervise(ctx, log, sigs, keeper, o)
 	}
 	// Drain before release: the child and its group are gone; no renewal is in flight after Stop.
 	stopKeeper()
+	why := store.Released
+	if keeper.Err() != nil {
+		why = store.Lost
+	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
-	removed, err := entry.Leave(rctx, store.Released)
+	removed, err := entry.Leave(rctx, why)
 	switch {
 	case err != nil:
 		log.warn("could not release ticket %s: %v (the slot comes back when its lease expires, within %s)", short(t.ID), err, o.TTL)
@@ -252,6 +259,22 @@ func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) er
 		log.warn("ticket %s was already gone (reaped or released by an operator): this run was not protected by the limit for part of its life", short(t.ID))
 	}
 	return res.exitErr()
+}
+
+// recordChild writes the child's process group into the ticket: with it, a
+// reaper on this host can prove the job gone once slotctl dies (SPEC §4.3).
+// Without it the TTL decides, so a failure here is only a warning.
+func recordChild(ctx context.Context, log *logger, st store.Store, t store.Ticket, c *child) {
+	pgid := c.pgid
+	if pgid == 0 {
+		pgid = syscall.Getpgrp() // the child shares slotctl's (the terminal job's) group
+	}
+	start, _ := proc.StartTime(pgid)
+	sctx, cancel := context.WithTimeout(ctx, releaseTimeout)
+	defer cancel()
+	if _, err := st.SetChild(sctx, t, pgid, start); err != nil && !errors.Is(err, store.ErrLost) {
+		log.info("could not record the child's process group in ticket %s: %v", short(t.ID), err)
+	}
 }
 
 // sync1 makes f safe to call more than once.

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/slotctl/slotctl/internal/proc"
 	"github.com/slotctl/slotctl/store"
 	"github.com/slotctl/slotctl/store/boltstore"
 )
@@ -51,5 +52,5 @@ func (f *Factory) openStore(g *globalOptions) (store.Store, error) {
 	if path == "" {
 		return nil, usageError("store %q: empty path: want PATH, bolt://PATH or etcd://HOST:PORT[/PREFIX]", url)
 	}
-	return boltstore.New(path, boltstore.Options{Timeout: g.StoreTimeout, Clock: f.StoreClock})
+	return boltstore.New(path, boltstore.Options{Timeout: g.StoreTimeout, Clock: f.StoreClock, Dead: proc.Dead})
 }

@@ -2,7 +2,9 @@ package proc
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"strconv"
 	"strings"
@@ -42,28 +44,217 @@ func PidNS() uint64 {
 	return st.Ino
 }
 
+// stat is what slotctl reads of /proc/PID/stat.
+type stat struct {
+	State byte   // field 3: R, S, D, Z (zombie), X (dead), ...
+	Pgrp  int    // field 5
+	Start uint64 // field 22, clock ticks after boot
+}
+
+func readStat(pid int) (stat, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return stat{}, err
+	}
+	return parseStat(b)
+}
+
 // StartTime is the start time of process pid in clock ticks after boot
 // (/proc/PID/stat field 22); with the boot id and pid it names one process
 // for good, even after its pid is reused.
 func StartTime(pid int) (uint64, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, err
-	}
-	return parseStatStart(b)
+	st, err := readStat(pid)
+	return st.Start, err
 }
 
-// parseStatStart takes field 22 of a /proc/PID/stat line; the command name
-// (field 2) may hold spaces and parentheses, so fields count from the last ')'.
+// parseStatStart takes field 22 of a /proc/PID/stat line.
 func parseStatStart(b []byte) (uint64, error) {
+	st, err := parseStat(b)
+	return st.Start, err
+}
+
+// parseStat reads a /proc/PID/stat line; the command name (field 2) may
+// hold spaces and parentheses, so fields count from the last ')'.
+func parseStat(b []byte) (stat, error) {
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
-		return 0, fmt.Errorf("malformed stat line")
+		return stat{}, fmt.Errorf("malformed stat line")
 	}
 	f := strings.Fields(string(b[i+1:]))
-	// f[0] is field 3 (state); field 22 is f[19].
-	if len(f) < 20 {
-		return 0, fmt.Errorf("malformed stat line: %d fields", len(f)+2)
+	// f[0] is field 3 (state); field 5 is f[2]; field 22 is f[19].
+	if len(f) < 20 || len(f[0]) != 1 {
+		return stat{}, fmt.Errorf("malformed stat line: %d fields", len(f)+2)
 	}
-	return strconv.ParseUint(f[19], 10, 64)
+	pgrp, err := strconv.Atoi(f[2])
+	if err != nil {
+		return stat{}, fmt.Errorf("malformed stat line: pgrp %q", f[2])
+	}
+	start, err := strconv.ParseUint(f[19], 10, 64)
+	if err != nil {
+		return stat{}, fmt.Errorf("malformed stat line: start time %q", f[19])
+	}
+	return stat{State: f[0][0], Pgrp: pgrp, Start: start}, nil
+}
+
+// Liveness is what a probe can say of one process identity.
+type Liveness int
+
+// The answers of Identify.
+const (
+	Alive  Liveness = iota // running (or stopped), or cannot be told apart from running
+	Gone                   // no such process, or it has exited (a zombie)
+	Reused                 // the pid belongs to another process now: start times differ
+)
+
+// Identify probes the process (pid, start) on this host. EPERM means alive:
+// a process we may not signal still exists. A pid whose start time differs
+// is another process (the pid was reused), never a reason to signal it.
+func Identify(pid int, start uint64) Liveness {
+	if pid <= 0 {
+		return Gone
+	}
+	if err := unix.Kill(pid, 0); errors.Is(err, unix.ESRCH) {
+		return Gone
+	}
+	st, err := readStat(pid)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		// It existed a moment ago; gone now, or hidden (hidepid): not proof.
+		if unix.Kill(pid, 0) == unix.ESRCH {
+			return Gone
+		}
+		return Alive
+	case err != nil:
+		return Alive
+	case start != 0 && st.Start != start:
+		return Reused
+	case exited(pid, st):
+		return Gone
+	}
+	return Alive
+}
+
+// GroupEmpty reports whether process group pgid has no running member. A
+// group of only zombies (exited, not yet reaped by a parent that may never
+// do it) is empty. A member we may not signal, or cannot see, keeps it
+// non-empty: only what can be proven counts.
+func GroupEmpty(pgid int) bool {
+	if pgid <= 0 {
+		return false
+	}
+	err := unix.Kill(-pgid, 0)
+	if errors.Is(err, unix.ESRCH) {
+		return true
+	}
+	if err != nil {
+		return false // EPERM: a member exists that is not ours
+	}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return false
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		st, err := readStat(pid)
+		if err != nil {
+			continue
+		}
+		if st.Pgrp == pgid && !exited(pid, st) {
+			return false
+		}
+	}
+	return true
+}
+
+// sameGroup reports whether process group pgid is still the group whose
+// leader started at start: its leader is that process, or has exited (a
+// group's id is not handed out again while any member lives).
+func sameGroup(pgid int, start uint64) bool {
+	st, err := readStat(pgid)
+	if errors.Is(err, fs.ErrNotExist) {
+		return true
+	}
+	if err != nil {
+		return false
+	}
+	return start == 0 || st.Start == start
+}
+
+// KillGroup sends SIGKILL to process group pgid and waits up to wait for
+// it to have no running member. It reports false when the group could not
+// be signalled (not ours to kill) or did not empty in time.
+func KillGroup(pgid int, wait time.Duration) bool {
+	if err := unix.Kill(-pgid, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
+		return false
+	}
+	for deadline := time.Now().Add(wait); ; time.Sleep(5 * time.Millisecond) {
+		if GroupEmpty(pgid) {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+}
+
+// exited: a zombie ('Z'/'X') with no live thread. A leader that called
+// pthread_exit shows 'Z' while its other threads run.
+func exited(pid int, st stat) bool {
+	if st.State != 'Z' && st.State != 'X' {
+		return false
+	}
+	dir := "/proc/" + strconv.Itoa(pid) + "/task/"
+	tasks, err := os.ReadDir(dir)
+	if err != nil {
+		return errors.Is(err, fs.ErrNotExist)
+	}
+	for _, e := range tasks {
+		if e.Name() == strconv.Itoa(pid) {
+			continue
+		}
+		b, err := os.ReadFile(dir + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		if ts, err := parseStat(b); err != nil || (ts.State != 'Z' && ts.State != 'X') {
+			return false
+		}
+	}
+	return true
+}
+
+// jobGroup reports whether every running member of process group pgid
+// carries SLOTCTL_TICKET=ticket in its environment: the job of that ticket
+// and nothing else. A group id is handed out again once its group empties,
+// and on a terminal the job shares the shell's group; a member that cannot
+// be read, or does not carry the ticket, is not the reaper's to kill.
+func jobGroup(pgid int, ticket string) bool {
+	if pgid <= 0 || ticket == "" {
+		return false
+	}
+	want := []byte("\x00SLOTCTL_TICKET=" + ticket + "\x00")
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return false
+	}
+	n := 0
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		st, err := readStat(pid)
+		if err != nil || st.Pgrp != pgid || exited(pid, st) {
+			continue
+		}
+		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
+		if err != nil || !bytes.Contains(append([]byte{0}, env...), want) {
+			return false
+		}
+		n++
+	}
+	return n > 0
 }

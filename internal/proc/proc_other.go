@@ -19,3 +19,26 @@ func PidNS() uint64 { return 0 }
 
 // StartTime is not known elsewhere than Linux.
 func StartTime(pid int) (uint64, error) { return 0, errors.ErrUnsupported }
+
+// Liveness is what a probe can say of one process identity.
+type Liveness int
+
+// The answers of Identify.
+const (
+	Alive Liveness = iota
+	Gone
+	Reused
+)
+
+// Identify cannot prove anything here: every holder is alive until its TTL.
+func Identify(pid int, start uint64) Liveness { return Alive }
+
+// GroupEmpty cannot prove anything here.
+func GroupEmpty(pgid int) bool { return false }
+
+func sameGroup(pgid int, start uint64) bool { return false }
+
+// KillGroup is not attempted here.
+func KillGroup(pgid int, wait time.Duration) bool { return false }
+
+func jobGroup(pgid int, ticket string) bool { return false }

@@ -26,9 +26,10 @@ type Options struct {
 	Clock Clock
 	// Timeout bounds the wait for the file lock of one operation; 0 means DefaultTimeout.
 	Timeout time.Duration
-	// Dead, if set, proves a holder dead on this host (SPEC §4.3); it returns the evidence.
-	// Expiry and tickets from an earlier boot are judged without it.
-	Dead func(h store.Holder) (evidence string, dead bool)
+	// Dead, if set, proves a ticket's holder dead on this host (SPEC §4.3)
+	// and gives the evidence. Expiry and tickets from an earlier boot are
+	// judged without it.
+	Dead store.Judge
 	// NoSync skips fsync at commit. Only for tests and benchmarks.
 	NoSync bool
 }
@@ -41,7 +42,7 @@ type Store struct {
 	mode    fs.FileMode
 	clock   Clock
 	timeout time.Duration
-	dead    func(store.Holder) (string, bool)
+	dead    store.Judge
 	noSync  bool
 }
 

@@ -100,12 +100,12 @@ func rawView(t testing.TB, path string, fn func(tx *bolt.Tx) error) {
 }
 
 // events reads the event log in order.
-func events(t testing.TB, path string) []Event {
+func events(t testing.TB, path string) []eventRec {
 	t.Helper()
-	var out []Event
+	var out []eventRec
 	rawView(t, path, func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketEvents).ForEach(func(k, v []byte) error {
-			var e Event
+			var e eventRec
 			if err := decode(v, &e); err != nil {
 				return err
 			}
@@ -829,7 +829,7 @@ func prefillEvents(t *testing.T, path string, n int) {
 	rawUpdate(t, path, func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketEvents)
 		for i := uint64(1); i <= uint64(n); i++ {
-			e := Event{V: formatVersion, Seq: i, Kind: "admitted", Limit: "x", Ticket: fmt.Sprintf("pre%d", i), Fence: i}
+			e := eventRec{V: formatVersion, Event: store.Event{Seq: i, Kind: "admitted", Limit: "x", Ticket: fmt.Sprintf("pre%d", i), Fence: i}}
 			if err := b.Put(u64key(i), encode(&e)); err != nil {
 				return err
 			}
@@ -856,15 +856,15 @@ func TestEventLogBounded(t *testing.T) {
 	}
 	const total = pre + 2*pairs
 	evs := events(t, path)
-	if len(evs) != maxEvents {
-		t.Errorf("event log holds %d events after %d were logged, want the newest %d", len(evs), total, maxEvents)
+	if len(evs) != store.MaxEvents {
+		t.Errorf("event log holds %d events after %d were logged, want the newest %d", len(evs), total, store.MaxEvents)
 	}
 	newest := evs[len(evs)-1]
 	if newest.Ticket != last || newest.Kind != string(store.Released) || newest.Seq != total {
 		t.Errorf("newest event = %+v, want the release of %s with seq %d", newest, last, total)
 	}
-	if first := evs[0]; first.Seq != total-maxEvents+1 {
-		t.Errorf("oldest kept event has seq %d, want %d", first.Seq, total-maxEvents+1)
+	if first := evs[0]; first.Seq != total-store.MaxEvents+1 {
+		t.Errorf("oldest kept event has seq %d, want %d", first.Seq, total-store.MaxEvents+1)
 	}
 }
 
@@ -876,7 +876,7 @@ func TestEventLogOverBoundShrinks(t *testing.T) {
 	if _, err := s.SetLimit(ctx, "x", 1); err != nil {
 		t.Fatal(err)
 	}
-	const pre = maxEvents + 150
+	const pre = store.MaxEvents + 150
 	prefillEvents(t, path, pre)
 	for i := range 4 { // 8 events, each pruning up to pruneBatch
 		tk := mustEnqueue(t, s, req(fmt.Sprintf("e%d", i), "x", 1))
@@ -885,8 +885,8 @@ func TestEventLogOverBoundShrinks(t *testing.T) {
 		}
 	}
 	evs := events(t, path)
-	if len(evs) != maxEvents {
-		t.Errorf("event log holds %d events, want %d", len(evs), maxEvents)
+	if len(evs) != store.MaxEvents {
+		t.Errorf("event log holds %d events, want %d", len(evs), store.MaxEvents)
 	}
 	if evs[len(evs)-1].Seq != pre+8 {
 		t.Errorf("newest event seq %d, want %d", evs[len(evs)-1].Seq, pre+8)

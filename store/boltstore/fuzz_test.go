@@ -32,8 +32,8 @@ func seedRecords() []record {
 		&limitRec{V: formatVersion, Slots: 2, Created: fuzzWall},
 		&idRec{V: formatVersion, Limit: "x", Fence: 2},
 		&tombRec{V: formatVersion, Reason: store.Cancelled, Wall: fuzzWall, Boot: "b1", Mono: time.Hour},
-		&Event{V: formatVersion, Seq: 9, Time: fuzzWall, Kind: "reaped", Limit: "x", Ticket: "b", Fence: 2,
-			Slot: 0, Host: "h", Pid: 42, Command: "make", Evidence: "expired 3s ago"},
+		&eventRec{V: formatVersion, Event: store.Event{Seq: 9, Time: fuzzWall, Kind: "reaped", Limit: "x", Ticket: "b", Fence: 2,
+			Slot: 0, Host: "h", Pid: 42, Command: "make", Evidence: "expired 3s ago"}},
 	}
 }
 
@@ -109,7 +109,7 @@ func FuzzDecodeRecords(f *testing.F) {
 		case 2:
 			r = &tombRec{}
 		default:
-			r = &Event{}
+			r = &eventRec{}
 		}
 		checkDecode(t, b, r)
 	})

@@ -73,7 +73,7 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 		if err := x.bucket(bucketIDs).Put([]byte(req.ID), encode(&ir)); err != nil {
 			return err
 		}
-		recs, _, err := x.settle(req.Limit)
+		recs, _, err := x.settle(req.Limit, false)
 		if err != nil {
 			return err
 		}
@@ -135,13 +135,13 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 			lost = fmt.Errorf("%w: ticket %s has fence %d, not %d", store.ErrLost, t.ID, r.Fence, t.Fence)
 			return nil
 		}
-		// The renewer is alive by definition, so only the clock judges it here.
-		if ev, gone := x.verdict(r, false); gone {
+		// The renewer is alive by definition: only the clock judges it here.
+		if ev, gone := x.verdict(r, false, true); gone {
 			if err := x.remove(r, store.Reaped, ev); err != nil {
 				return err
 			}
 			lost = fmt.Errorf("%w: ticket %s %s", store.ErrLost, t.ID, ev)
-			_, _, err := x.settle(r.Limit)
+			_, _, err := x.settle(r.Limit, false)
 			return err
 		}
 		r.DeadlineMono, r.TTL, r.Renewed = x.now.Mono+ttl, ttl, x.now.Wall
@@ -150,7 +150,7 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 		}
 		var recs []ticketRec
 		if r.State == store.Waiting {
-			if recs, _, err = x.settle(r.Limit); err != nil {
+			if recs, _, err = x.settle(r.Limit, false); err != nil {
 				return err
 			}
 		} else if recs, err = x.tickets(r.Limit); err != nil {
@@ -180,6 +180,13 @@ func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (
 			return err
 		}
 		if !ok {
+			if why == store.Lost && t.Limit != "" {
+				// Reaped or released by someone else: log that its holder
+				// noticed, for "when did it go away".
+				if err := x.event(string(store.Lost), recordOf(t), "holder presumed its lease lost"); err != nil {
+					return err
+				}
+			}
 			if _, dead, err := x.tombstone(t.ID); err != nil || dead {
 				return err
 			}
@@ -192,7 +199,7 @@ func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (
 			return err
 		}
 		removed = true
-		_, _, err = x.settle(r.Limit)
+		_, _, err = x.settle(r.Limit, false)
 		return err
 	})
 	return removed, err
@@ -211,6 +218,8 @@ func (s *Store) Snapshot(ctx context.Context, limits ...string) (store.Snapshot,
 				}
 			}
 		}
+		slices.Sort(names)
+		names = slices.Compact(names)
 		for _, name := range names {
 			lim, ok, err := x.limit(name)
 			if err != nil {
@@ -263,7 +272,7 @@ func (s *Store) SetLimit(ctx context.Context, name string, slots int) (store.Lim
 		if err := x.putLimit(name, lim); err != nil {
 			return err
 		}
-		recs, _, err := x.settle(name)
+		recs, _, err := x.settle(name, false)
 		if err != nil {
 			return err
 		}
@@ -310,4 +319,137 @@ func (s *Store) RemoveLimit(ctx context.Context, name string, force bool) error 
 		}
 		return x.bucket(bucketLimits).Delete([]byte(name))
 	})
+}
+
+// recordOf is the record form of a caller's ticket, for logging only.
+func recordOf(t store.Ticket) ticketRec {
+	return ticketRec{ID: t.ID, Limit: t.Limit, State: t.State, Fence: t.Fence, Slot: t.Slot, Holder: t.Holder}
+}
+
+// SetChild implements [store.Store].
+func (s *Store) SetChild(ctx context.Context, t store.Ticket, pgid int, pgidStart uint64) (store.Ticket, error) {
+	var out store.Ticket
+	var lost error
+	err := s.update(ctx, func(x *txn) error {
+		r, ok, err := x.lookup(t.ID)
+		if err != nil {
+			return err
+		}
+		if !ok || r.Fence != t.Fence {
+			lost = fmt.Errorf("%w: ticket %s is gone", store.ErrLost, t.ID)
+			return nil
+		}
+		if r.DeadlineBoot != x.now.Boot || x.now.Mono >= r.DeadlineMono {
+			lost = fmt.Errorf("%w: ticket %s expired", store.ErrLost, t.ID)
+			return nil
+		}
+		r.Holder.Pgid, r.Holder.PgidStart = pgid, pgidStart
+		if err := x.putTicket(r); err != nil {
+			return err
+		}
+		recs, err := x.tickets(r.Limit)
+		if err != nil {
+			return err
+		}
+		out, _ = x.viewIn(recs, r.ID)
+		return nil
+	})
+	if err == nil {
+		err = lost
+	}
+	return out, err
+}
+
+// Reap implements [store.Store].
+func (s *Store) Reap(ctx context.Context, dryRun bool, limits ...string) ([]store.Removal, error) {
+	for _, l := range limits {
+		if err := store.CheckLimitName(l); err != nil {
+			return nil, err
+		}
+	}
+	removed := []store.Removal{}
+	each := func(x *txn, fn func(name string) error) error {
+		names := slices.Clone(limits)
+		if len(names) == 0 {
+			if b := x.bucket(bucketLimits); b != nil {
+				if err := b.ForEach(func(k, _ []byte) error { names = append(names, string(k)); return nil }); err != nil {
+					return err
+				}
+			}
+		}
+		slices.Sort(names)
+		names = slices.Compact(names)
+		for _, name := range names {
+			if _, ok, err := x.limit(name); err != nil {
+				return err
+			} else if !ok {
+				return fmt.Errorf("%w: %q", store.ErrLimitNotFound, name)
+			}
+			if err := fn(name); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if dryRun {
+		err := s.view(ctx, func(x *txn) error {
+			return each(x, func(name string) error {
+				recs, err := x.tickets(name)
+				if err != nil {
+					return err
+				}
+				for _, r := range recs {
+					if ev, gone := x.verdict(r, true, false); gone {
+						removed = append(removed, store.Removal{Ticket: x.view(r, 0), Reason: store.Reaped, Evidence: ev})
+					}
+				}
+				return nil
+			})
+		})
+		if err != nil {
+			return nil, err
+		}
+		return removed, nil
+	}
+	err := s.update(ctx, func(x *txn) error {
+		removed = removed[:0]
+		return each(x, func(name string) error {
+			_, r, err := x.settle(name, true)
+			removed = append(removed, r...)
+			return err
+		})
+	})
+	if err != nil {
+		return nil, err // rolled back: nothing was removed
+	}
+	return removed, nil
+}
+
+// Events implements [store.Store].
+func (s *Store) Events(ctx context.Context, limit string, n int) ([]store.Event, error) {
+	if limit != "" {
+		if err := store.CheckLimitName(limit); err != nil {
+			return nil, err
+		}
+	}
+	out := []store.Event{}
+	err := s.view(ctx, func(x *txn) error {
+		b := x.bucket(bucketEvents)
+		if b == nil || n <= 0 {
+			return nil
+		}
+		c := b.Cursor()
+		for k, v := c.Last(); k != nil && len(out) < n; k, v = c.Prev() {
+			var e eventRec
+			if err := decode(v, &e); err != nil {
+				return fmt.Errorf("event %x: %w", k, err)
+			}
+			if limit == "" || e.Limit == limit {
+				out = append(out, e.Event)
+			}
+		}
+		slices.Reverse(out)
+		return nil
+	})
+	return out, err
 }

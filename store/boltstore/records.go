@@ -69,21 +69,10 @@ type tombRec struct {
 	Mono   time.Duration `json:"mono_ns"`
 }
 
-// Event is one entry of the store's event log.
-type Event struct {
-	V        int       `json:"v"`
-	Seq      uint64    `json:"seq"`
-	Time     time.Time `json:"time"`
-	Kind     string    `json:"kind"` // admitted, released, cancelled, reaped, force-released
-	Limit    string    `json:"limit"`
-	Ticket   string    `json:"ticket"`
-	Fence    uint64    `json:"fence"`
-	Slot     int       `json:"slot"`
-	Host     string    `json:"host,omitempty"`
-	Pid      int       `json:"pid,omitempty"`
-	User     string    `json:"user,omitempty"`
-	Command  string    `json:"command,omitempty"`
-	Evidence string    `json:"evidence,omitempty"`
+// eventRec is a store.Event as stored.
+type eventRec struct {
+	V int `json:"v"`
+	store.Event
 }
 
 // record is what every stored value is: versioned JSON.
@@ -95,7 +84,7 @@ func (r *ticketRec) version() int { return r.V }
 func (r *limitRec) version() int  { return r.V }
 func (r *idRec) version() int     { return r.V }
 func (r *tombRec) version() int   { return r.V }
-func (r *Event) version() int     { return r.V }
+func (r *eventRec) version() int  { return r.V }
 
 // decode parses a stored value; anything it cannot read exactly is ErrCorrupt.
 func decode(b []byte, r record) error {

@@ -12,7 +12,6 @@ import (
 
 // Retention of the bounded logs.
 const (
-	maxEvents     = 10000
 	maxTombstones = 100000
 	tombstoneAge  = 24 * time.Hour
 	pruneBatch    = 64 // at most this many old entries pruned per transaction
@@ -195,20 +194,27 @@ func (x *txn) tombstone(id string) (tombRec, bool, error) {
 	return t, true, nil
 }
 
-// verdict judges a ticket by the store's clock and the proof of death.
-func (x *txn) verdict(r ticketRec, withDeath bool) (string, bool) {
+// verdict judges a ticket by the store's clock and, if withDeath, by the
+// proof of death on this host. act lets the judge stop an orphaned job (a
+// dry run does not). An expired ticket is also shown to the judge when one is
+// set: its removal frees the slot, so a job left running by a dead
+// supervisor must be stopped before someone else is admitted beside it.
+func (x *txn) verdict(r ticketRec, withDeath, act bool) (string, bool) {
+	expired := ""
 	if r.DeadlineBoot != x.now.Boot {
-		return "previous boot", true
+		expired = "previous boot"
+	} else if late := x.now.Mono - r.DeadlineMono; late >= 0 {
+		expired = "expired " + roundAgo(late) + " ago"
 	}
-	if late := x.now.Mono - r.DeadlineMono; late >= 0 {
-		return "expired " + roundAgo(late) + " ago", true
-	}
-	if withDeath && x.s.dead != nil {
-		if ev, dead := x.s.dead(r.Holder); dead {
+	if (withDeath || expired != "") && x.s.dead != nil {
+		if ev, dead := x.s.dead(x.view(r, 0), act); dead {
+			if expired != "" && expired != ev {
+				ev = expired + "; " + ev
+			}
 			return ev, true
 		}
 	}
-	return "", false
+	return expired, expired != ""
 }
 
 func roundAgo(d time.Duration) string {
@@ -298,9 +304,9 @@ func (x *txn) event(kind string, r ticketRec, evidence string) error {
 	if err != nil {
 		return err
 	}
-	e := Event{V: formatVersion, Seq: n, Time: x.now.Wall, Kind: kind, Limit: r.Limit, Ticket: r.ID,
+	e := eventRec{V: formatVersion, Event: store.Event{Seq: n, Time: x.now.Wall, Kind: kind, Limit: r.Limit, Ticket: r.ID,
 		Fence: r.Fence, Slot: r.Slot, Host: r.Holder.Host, Pid: r.Holder.Pid, User: r.Holder.User,
-		Command: r.Holder.Command(), Evidence: evidence}
+		Command: r.Holder.Command(), Evidence: evidence}}
 	b := x.bucket(bucketEvents)
 	if err := b.Put(u64key(n), encode(&e)); err != nil {
 		return err
@@ -315,7 +321,7 @@ func (x *txn) event(kind string, r ticketRec, evidence string) error {
 		if err != nil {
 			return err
 		}
-		if n-first < maxEvents {
+		if n-first < store.MaxEvents {
 			break
 		}
 		if err := c.Delete(); err != nil {
@@ -327,13 +333,31 @@ func (x *txn) event(kind string, r ticketRec, evidence string) error {
 
 // sweep removes the limit's expired and proven-dead tickets, judged now in
 // this transaction (a list made earlier is never trusted), and returns the
-// tickets that remain, in order.
-func (x *txn) sweep(limit string, recs []ticketRec) ([]ticketRec, []store.Removal, error) {
+// tickets that remain, in order. Expiry is judged for every ticket. Death is
+// judged for every ticket when all is set (reap), else only when somebody
+// waits for a full limit, and then for the holders and the waiters next in
+// line: a dead ticket further back blocks nobody, and the TTL or reap will
+// take it. That keeps an uncontended admission free of process probes.
+func (x *txn) sweep(recs []ticketRec, slots int, all bool) ([]ticketRec, []store.Removal, error) {
+	held, waiting := 0, 0
+	for _, r := range recs {
+		if r.State == store.Held {
+			held++
+		} else {
+			waiting++
+		}
+	}
+	contended := waiting > 0 && held >= slots
 	live := recs[:0:0]
 	var removed []store.Removal
+	ahead := 0 // waiters kept so far
 	for _, r := range recs {
-		ev, gone := x.verdict(r, true)
+		probe := all || (contended && (r.State == store.Held || ahead < slots))
+		ev, gone := x.verdict(r, probe, true)
 		if !gone {
+			if r.State == store.Waiting {
+				ahead++
+			}
 			live = append(live, r)
 			continue
 		}
@@ -383,8 +407,8 @@ func (x *txn) promote(limit string, slots int, recs []ticketRec) error {
 }
 
 // settle sweeps a limit and promotes its waiters: the step every write that
-// can free or add capacity ends with.
-func (x *txn) settle(limit string) ([]ticketRec, []store.Removal, error) {
+// can free or add capacity ends with. all: judge every ticket (reap).
+func (x *txn) settle(limit string, all bool) ([]ticketRec, []store.Removal, error) {
 	lim, ok, err := x.limit(limit)
 	if err != nil || !ok {
 		return nil, nil, err
@@ -393,7 +417,7 @@ func (x *txn) settle(limit string) ([]ticketRec, []store.Removal, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	recs, removed, err := x.sweep(limit, recs)
+	recs, removed, err := x.sweep(recs, lim.Slots, all)
 	if err != nil {
 		return nil, nil, err
 	}

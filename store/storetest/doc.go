@@ -5,14 +5,15 @@
 //	func TestConformance(t *testing.T) {
 //		storetest.Run(t, storetest.Harness{
 //			TTL: 10 * time.Second,
-//			New: func(t *testing.T) storetest.Backend {
-//				clock := boltstore.NewFakeClock(...)
-//				st, err := boltstore.New(filepath.Join(t.TempDir(), "slots.db"), boltstore.Options{Clock: clock})
-//				...
-//				return storetest.Backend{Store: st, Advance: clock.Advance, Reopen: ...}
-//			},
+//			New: func(t *testing.T) storetest.Backend { return newBackend(t, nil) },
+//			NewWithJudge: newBackend, // func(t *testing.T, j store.Judge) storetest.Backend
 //		})
 //	}
+//
+// where newBackend opens boltstore.New(path, boltstore.Options{Clock: clock,
+// Dead: j}) on a fake clock and returns storetest.Backend{Store: st, Advance:
+// clock.Advance, Reopen: ..., Skewed: ...}, Skewed opening the same path
+// with a clock that reads the fake clock plus an offset.
 //
 // Time only moves through [Backend.Advance]: a fake clock for the embedded
 // bbolt store, a real sleep for a store whose clock is a server's (etcd). The
@@ -27,12 +28,30 @@
 // snapshots, watches, input validation, durability across a reopen, and
 // concurrent use.
 //
+// The reaper's cases follow LEASES-CATALOGUE.md §3: a renewal that lands
+// between a reaper's scan and its reap wins (A1, RenewAfterScanWins; it
+// needs [Backend.Skewed], a second handle whose clock reads ahead); two
+// reapers free a slot once (A2, TwoReapersFreeOnce); a release racing a reap
+// removes once in every order (A3, ReleaseRacingReap); a release after a reap
+// frees nothing (A4, ReleaseAfterReap); a late renewal re-creates nothing
+// (A7, LateRenewAfterRelease, LateRenewAfterReap). Then what Reap means
+// (ReapNamedLimitsOnly, ReapDryRunMatchesReap, ReapFreesAndPromotes), proof
+// of death (DeadHolderReapedAtOnce, DeadHolderSweptOnAdmission,
+// LiveHolderKeptUntilTTL; they need [Harness.NewWithJudge]), SetChild, and
+// the event log (Events). Races go through the Store interface only: two
+// goroutines started together at a few offsets, and a dry run standing for
+// a reaper's scan.
+//
 // The suite's own tests (mem_test.go) run it against an in-memory reference
 // store, which must pass, and against that store with one planted bug at a
 // time (a counter beside the tickets, no tombstones, renewal of expired
-// leases, a check-then-act race, ...), each of which must fail its case.
+// leases, a check-then-act race, a reaper that trusts its scan, a release
+// that frees a slot it read before a reaper removed it, ...), each of which
+// must fail its case.
 //
 // The tickets the suite writes name a holder on another host
 // ("storetest.invalid") with no boot id, so no backend can prove them dead:
-// they leave only by release or by expiry.
+// they leave only by release or by expiry, except in the cases of death,
+// where the suite's own judge (installed through [Harness.NewWithJudge])
+// declares chosen tickets dead with [DeadEvidence].
 package storetest

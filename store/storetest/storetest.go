@@ -26,16 +26,30 @@ type Backend struct {
 	// Reopen, if not nil, returns a new handle on the same data (a restart of
 	// the process); the old handle is not used again.
 	Reopen func() store.Store
+	// Skewed, if not nil, returns another handle on the same data, used beside
+	// Store, whose clock reads d ahead of Store's: a second reaper (another
+	// process) whose reading of the store's clock is ahead. Skewed(0) is a
+	// second handle with the same clock. Nil skips RenewAfterScanWins and
+	// runs the other multi-reaper cases on Store alone.
+	Skewed func(d time.Duration) store.Store
 }
 
 // Harness makes the stores the suite runs against.
 type Harness struct {
 	// New returns a new empty store on each call; cleanup goes through t.Cleanup.
 	New func(t *testing.T) Backend
+	// NewWithJudge, if not nil, is New for a store that proves holders dead
+	// with j (bbolt: Options.Dead), so that the suite can declare tickets dead
+	// (see [DeadEvidence]). Nil skips the cases of death.
+	NewWithJudge func(t *testing.T, j store.Judge) Backend
 	// TTL is the lease TTL of every ticket the suite writes (bbolt: 10s on a
 	// fake clock; etcd: 2s real).
 	TTL time.Duration
 }
+
+// DeadEvidence is the evidence the suite's judge gives for the tickets it
+// declares dead; every other ticket it leaves to the TTL.
+const DeadEvidence = "storetest: holder declared dead by the test judge"
 
 // Run runs every case of the contract as a subtest of t, each on a new store.
 func Run(t *testing.T, h Harness) {
@@ -47,39 +61,59 @@ func Run(t *testing.T, h Harness) {
 		t.Fatalf("storetest: Harness.TTL is %v, want > 0", h.TTL)
 	}
 	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) { c.run(newSuite(t, h)) })
+		t.Run(c.name, func(t *testing.T) {
+			if c.judge && h.NewWithJudge == nil {
+				t.Skip("backend has no judge hook (Harness.NewWithJudge)")
+			}
+			c.run(newSuite(t, h, c.judge))
+		})
 	}
 }
 
 var cases = []struct {
-	name string
-	run  func(*suite)
+	name  string
+	run   func(*suite)
+	judge bool // runs on Harness.NewWithJudge with the suite's judge
 }{
-	{"LimitCreatedOnceWithFirstSize", testLimitCreatedOnce},
-	{"SlotsConflict", testSlotsConflict},
-	{"FIFOPromotion", testFIFO},
-	{"HeldAtMostSlots", testHeldAtMostSlots},
-	{"SlotIndexesUniqueLowestFirst", testSlotIndexes},
-	{"DoubleReleaseFreesOneSlot", testDoubleRelease},
-	{"ReleaseMissingIsNoop", testReleaseMissing},
-	{"ReleaseWrongFenceRemovesNothing", testReleaseWrongFence},
-	{"RenewExpiredIsLost", testRenewExpired},
-	{"RenewBeforeExpiryExtends", testRenewExtends},
-	{"RenewReleasedIsLost", testRenewReleased},
-	{"RemovedIDCannotReturn", testRemovedIDRefused},
-	{"EnqueueIdempotent", testEnqueueIdempotent},
-	{"FencesIncrease", testFencesIncrease},
-	{"ExpiredHolderSweptByEnqueue", testExpiredHolderSwept},
-	{"WaitersAreLeased", testWaitersLeased},
-	{"Resize", testResize},
-	{"Pause", testPause},
-	{"RemoveLimit", testRemoveLimit},
-	{"Snapshot", testSnapshot},
-	{"GetTicket", testGet},
-	{"WatchRings", testWatch},
-	{"InvalidInput", testInvalid},
-	{"Reopen", testReopen},
-	{"Concurrent", testConcurrent},
+	{"LimitCreatedOnceWithFirstSize", testLimitCreatedOnce, false},
+	{"SlotsConflict", testSlotsConflict, false},
+	{"FIFOPromotion", testFIFO, false},
+	{"HeldAtMostSlots", testHeldAtMostSlots, false},
+	{"SlotIndexesUniqueLowestFirst", testSlotIndexes, false},
+	{"DoubleReleaseFreesOneSlot", testDoubleRelease, false},
+	{"ReleaseMissingIsNoop", testReleaseMissing, false},
+	{"ReleaseWrongFenceRemovesNothing", testReleaseWrongFence, false},
+	{"RenewExpiredIsLost", testRenewExpired, false},
+	{"RenewBeforeExpiryExtends", testRenewExtends, false},
+	{"RenewReleasedIsLost", testRenewReleased, false},
+	{"RemovedIDCannotReturn", testRemovedIDRefused, false},
+	{"EnqueueIdempotent", testEnqueueIdempotent, false},
+	{"FencesIncrease", testFencesIncrease, false},
+	{"ExpiredHolderSweptByEnqueue", testExpiredHolderSwept, false},
+	{"WaitersAreLeased", testWaitersLeased, false},
+	{"Resize", testResize, false},
+	{"Pause", testPause, false},
+	{"RemoveLimit", testRemoveLimit, false},
+	{"Snapshot", testSnapshot, false},
+	{"GetTicket", testGet, false},
+	{"WatchRings", testWatch, false},
+	{"InvalidInput", testInvalid, false},
+	{"Reopen", testReopen, false},
+	{"Concurrent", testConcurrent, false},
+	{"RenewAfterScanWins", testRenewAfterScan, false},
+	{"TwoReapersFreeOnce", testTwoReapers, false},
+	{"ReleaseRacingReap", testReleaseRacingReap, false},
+	{"ReleaseAfterReap", testReleaseAfterReap, false},
+	{"LateRenewAfterRelease", testLateRenewAfterRelease, false},
+	{"LateRenewAfterReap", testLateRenewAfterReap, false},
+	{"ReapNamedLimitsOnly", testReapNamedLimits, false},
+	{"ReapDryRunMatchesReap", testReapDryRun, false},
+	{"ReapFreesAndPromotes", testReapFrees, false},
+	{"DeadHolderReapedAtOnce", testDeadHolderReaped, true},
+	{"DeadHolderSweptOnAdmission", testDeadHolderSwept, true},
+	{"LiveHolderKeptUntilTTL", testLiveHolderKept, true},
+	{"SetChild", testSetChild, false},
+	{"Events", testEvents, false},
 }
 
 // suite is one case's store and helpers. Its helpers stop the case on the
@@ -93,11 +127,21 @@ type suite struct {
 	prefix string
 	n      int
 	names  map[string]string // id -> letter, for messages
+
+	deadMu sync.Mutex
+	dead   map[string]bool // ids the suite's judge declares dead
+	acted  []string        // ids the judge was asked to act on (act set)
 }
 
-func newSuite(t *testing.T, h Harness) *suite {
+func newSuite(t *testing.T, h Harness, judge bool) *suite {
 	t.Helper()
-	b := h.New(t)
+	s := &suite{T: t, h: h, names: map[string]string{}, dead: map[string]bool{}}
+	var b Backend
+	if judge {
+		b = h.NewWithJudge(t, s.judge)
+	} else {
+		b = h.New(t)
+	}
 	if b.Store == nil {
 		t.Fatal("storetest: Harness.New returned a Backend without a Store")
 	}
@@ -110,7 +154,37 @@ func newSuite(t *testing.T, h Harness) *suite {
 	if _, err := rand.Read(p[:]); err != nil {
 		t.Fatal(err)
 	}
-	return &suite{T: t, h: h, b: b, st: b.Store, ctx: ctx, prefix: hex.EncodeToString(p[:]), names: map[string]string{}}
+	s.b, s.st, s.ctx, s.prefix = b, b.Store, ctx, hex.EncodeToString(p[:])
+	return s
+}
+
+// judge is the proof of death the suite installs through NewWithJudge.
+func (s *suite) judge(tk store.Ticket, act bool) (string, bool) {
+	s.deadMu.Lock()
+	defer s.deadMu.Unlock()
+	if act {
+		s.acted = append(s.acted, tk.ID)
+	}
+	if s.dead[tk.ID] {
+		return DeadEvidence, true
+	}
+	return "", false
+}
+
+// judgeActed returns the ids the judge was asked to act on since the last call.
+func (s *suite) judgeActed() []string {
+	s.deadMu.Lock()
+	defer s.deadMu.Unlock()
+	a := s.acted
+	s.acted = nil
+	return a
+}
+
+// kill makes the suite's judge declare tk's holder dead from now on.
+func (s *suite) kill(tk store.Ticket) {
+	s.deadMu.Lock()
+	defer s.deadMu.Unlock()
+	s.dead[tk.ID] = true
 }
 
 // id mints a new ticket id (lower-case hex, unique across runs) for the ticket called name.
@@ -1314,4 +1388,780 @@ func testConcurrent(s *suite) {
 	}
 	s.checkLimit(limit, slots, 0, 0)
 	s.Logf("%d clients × %d tickets on a %d-slot limit: at most %d held at once", workers, iters, slots, peak.Load())
+}
+
+// --- reaping, death, child groups and the event log ---
+
+// other is a second handle on the store, as a second reaper process has one;
+// the store itself when the backend has no Skewed.
+func (s *suite) other() store.Store {
+	s.Helper()
+	if s.b.Skewed == nil {
+		return s.st
+	}
+	st := s.b.Skewed(0)
+	if st == nil {
+		s.Fatal("Backend.Skewed(0) returned nil")
+	}
+	return st
+}
+
+// reapOn runs Reap on st and checks the shape of its removals; who names the reaper in messages.
+func (s *suite) reapOn(st store.Store, who string, dry bool, limits ...string) []store.Removal {
+	s.Helper()
+	op := fmt.Sprintf("%sReap(dryRun=%v, %q)", who, dry, limits)
+	rm, err := st.Reap(s.ctx, dry, limits...)
+	if err != nil {
+		s.Fatalf("%s: %v", op, err)
+	}
+	s.checkRemovals(op, rm)
+	return rm
+}
+
+func (s *suite) reap(dry bool, limits ...string) []store.Removal {
+	s.Helper()
+	return s.reapOn(s.st, "", dry, limits...)
+}
+
+// checkRemovals checks what every removal must carry: the ticket, the
+// reason, the evidence, and each ticket once.
+func (s *suite) checkRemovals(op string, rm []store.Removal) {
+	s.Helper()
+	seen := map[string]bool{}
+	for _, r := range rm {
+		switch {
+		case r.Ticket.ID == "" || r.Ticket.Limit == "":
+			s.Fatalf("%s: a removal without a ticket id or limit: %+v", op, r)
+		case seen[r.Ticket.ID]:
+			s.Fatalf("%s: lists %s twice", op, s.who(r.Ticket.ID))
+		case r.Reason != store.Reaped:
+			s.Fatalf("%s: %s removed as %q, want %q", op, s.who(r.Ticket.ID), r.Reason, store.Reaped)
+		case r.Evidence == "":
+			s.Fatalf("%s: %s removed without evidence", op, s.who(r.Ticket.ID))
+		}
+		seen[r.Ticket.ID] = true
+	}
+}
+
+// removed names the tickets of rm, sorted.
+func (s *suite) removed(rm []store.Removal) []string {
+	out := []string{}
+	for _, r := range rm {
+		out = append(out, s.who(r.Ticket.ID))
+	}
+	sort.Strings(out)
+	return out
+}
+
+// wantRemoved checks that rm lists exactly tks, with their limits and fences.
+func (s *suite) wantRemoved(op string, rm []store.Removal, tks ...store.Ticket) {
+	s.Helper()
+	want := []string{}
+	for _, tk := range tks {
+		want = append(want, s.who(tk.ID))
+	}
+	sort.Strings(want)
+	if got := s.removed(rm); !slices.Equal(got, want) {
+		s.Fatalf("%s removed %v, want %v", op, got, want)
+	}
+	for _, r := range rm {
+		for _, tk := range tks {
+			if r.Ticket.ID == tk.ID && (r.Ticket.Limit != tk.Limit || r.Ticket.Fence != tk.Fence) {
+				s.Fatalf("%s: %s removed as of limit %q fence %d, want limit %q fence %d", op, s.who(tk.ID), r.Ticket.Limit, r.Ticket.Fence, tk.Limit, tk.Fence)
+			}
+		}
+	}
+}
+
+// wantKept checks that tk is still stored, expired or not: no reap removed it.
+func (s *suite) wantKept(tk store.Ticket, why string) {
+	s.Helper()
+	got, err := s.st.Get(s.ctx, tk.ID)
+	if err != nil {
+		s.Fatalf("Get %s: %v; want it still stored (%s)", s.who(tk.ID), err, why)
+	}
+	if got.Fence != tk.Fence {
+		s.Fatalf("Get %s: fence %d, want %d", s.who(tk.ID), got.Fence, tk.Fence)
+	}
+}
+
+// eventKinds are the kinds of event the contract names.
+var eventKinds = []string{"admitted", string(store.Released), string(store.Cancelled), string(store.Reaped), string(store.ForceReleased), string(store.Lost)}
+
+// events reads the newest n events of limit and checks what every read must
+// satisfy: at most n (and MaxEvents), of that limit only, oldest first.
+func (s *suite) events(limit string, n int) []store.Event {
+	s.Helper()
+	ev, err := s.st.Events(s.ctx, limit, n)
+	if err != nil {
+		s.Fatalf("Events(%q, %d): %v", limit, n, err)
+	}
+	if len(ev) > max(n, 0) || len(ev) > store.MaxEvents {
+		s.Fatalf("Events(%q, %d): %d events, want at most %d (and at most MaxEvents %d)", limit, n, len(ev), n, store.MaxEvents)
+	}
+	for i, e := range ev {
+		if limit != "" && e.Limit != limit {
+			s.Fatalf("Events(%q, %d): event %d (%s of %s) is of limit %q", limit, n, i, e.Kind, s.who(e.Ticket), e.Limit)
+		}
+		if i > 0 && e.Seq <= ev[i-1].Seq {
+			s.Fatalf("Events(%q, %d): event %d has seq %d after seq %d: want oldest first, seq increasing", limit, n, i, e.Seq, ev[i-1].Seq)
+		}
+	}
+	return ev
+}
+
+// kindsOf returns the kinds of tk's events in its limit's log, oldest first.
+func (s *suite) kindsOf(tk store.Ticket) []string {
+	s.Helper()
+	out := []string{}
+	for _, e := range s.events(tk.Limit, store.MaxEvents) {
+		if e.Ticket == tk.ID {
+			out = append(out, e.Kind)
+		}
+	}
+	return out
+}
+
+func count(xs []string, x string) int {
+	n := 0
+	for _, y := range xs {
+		if y == x {
+			n++
+		}
+	}
+	return n
+}
+
+// trio is a 1-slot limit whose holder T reaches its deadline while B and C
+// wait on renewed leases.
+type trio struct {
+	limit   string
+	t, b, c store.Ticket
+}
+
+// trios sets up one trio per limit and moves the clock to the T's deadline
+// exactly (Remaining 0: expired) with B and C 0.4·TTL from theirs.
+func (s *suite) trios(limits ...string) []*trio {
+	s.Helper()
+	out := []*trio{}
+	for _, l := range limits {
+		tr := &trio{limit: l, t: s.enq("T@"+l, l, 1), b: s.enq("B@"+l, l, 1), c: s.enq("C@"+l, l, 1)}
+		s.wantHeld(tr.t, 0)
+		s.wantWaiting(tr.b, 1)
+		s.wantWaiting(tr.c, 2)
+		out = append(out, tr)
+	}
+	s.advance(s.part())
+	for _, tr := range out {
+		tr.b = s.renew(tr.b)
+		tr.c = s.renew(tr.c)
+	}
+	s.advance(s.h.TTL - s.part())
+	return out
+}
+
+// wantSucceeded checks a trio once T was removed: T is gone for good, B holds
+// T's slot and was admitted once, C still waits, one ticket is held.
+func (s *suite) wantSucceeded(tr *trio) store.Ticket {
+	s.Helper()
+	s.wantGone(tr.t)
+	s.wantLost(tr.t)
+	b := s.wantHeld(tr.b, tr.t.Slot)
+	s.wantWaiting(tr.c, 1)
+	s.checkLimit(tr.limit, 1, 1, 1)
+	if k := s.kindsOf(tr.b); count(k, "admitted") != 1 {
+		s.Fatalf("%s: events %v, want admitted exactly once", s.who(tr.b.ID), k)
+	}
+	if k := s.kindsOf(tr.c); count(k, "admitted") != 0 {
+		s.Fatalf("%s: events %v, want no admission: it waits behind B in a 1-slot limit", s.who(tr.c.ID), k)
+	}
+	return b
+}
+
+// A reaper's scan is a hint: the removal is decided on the state current in
+// the step that removes, so a renewal that lands between the scan and the
+// reap wins (LEASES-CATALOGUE A1, scenario 1). The reaper's clock reads ahead
+// of the renewer's, so that it sees T expired while T can still renew.
+func testRenewAfterScan(s *suite) {
+	if s.b.Skewed == nil {
+		s.Skip("backend has no Skewed handle")
+	}
+	eps, skew := s.h.TTL/100, s.h.TTL/10
+	reaper := s.b.Skewed(skew)
+	if reaper == nil {
+		s.Fatal("Backend.Skewed returned nil")
+	}
+	t := s.enq("T", "a1", 1)
+	s.advance(s.h.TTL - eps) // T has ε left; by the reaper's clock it expired skew−ε ago
+	if got := s.get(t); got.Expired() {
+		s.Fatalf("T is expired (remaining %v) %v before its deadline", got.Remaining, eps)
+	}
+	s.wantRemoved("the reaper's dry run, its clock 0.1·TTL ahead, at T's deadline − ε", s.reapOn(reaper, "reaper: ", true, "a1"), t)
+	t = s.renew(t) // lands between the reaper's scan and its reap
+	if rm := s.reapOn(reaper, "reaper: ", false, "a1"); len(rm) != 0 {
+		s.Fatalf("the reaper removed %v after T renewed to a deadline %v ahead even of the reaper's clock: its earlier scan decided", s.removed(rm), s.h.TTL-skew)
+	}
+	t = s.wantHeld(t, 0)
+	b := s.enq("B", "a1", 1) // B acquires after the reaper's pass: it waits
+	s.wantWaiting(b, 1)
+	s.advance(s.part())
+	b = s.renew(b)
+	s.advance(s.h.TTL - s.part()) // T's renewed deadline passes
+	s.wantRemoved("Reap at T's renewed deadline", s.reap(false, "a1"), t)
+	s.wantHeld(b, 0)
+	s.wantLost(t)
+	if rm := s.reap(false); len(rm) != 0 {
+		s.Fatalf("a second Reap removed %v, want nothing", s.removed(rm))
+	}
+	if rm := s.reapOn(reaper, "reaper: ", false); len(rm) != 0 {
+		s.Fatalf("the reaper's Reap removed %v, want nothing", s.removed(rm))
+	}
+	if k := s.kindsOf(t); count(k, string(store.Reaped)) != 1 {
+		s.Fatalf("T: events %v, want reaped exactly once", k)
+	}
+	s.checkLimit("a1", 1, 1, 0)
+}
+
+// Two reapers that both saw T expired free its slot once: only the step
+// that removes T frees it (LEASES-CATALOGUE A2, scenario 2).
+func testTwoReapers(s *suite) {
+	const rounds = 6
+	limits := []string{"a2"}
+	for i := range rounds {
+		limits = append(limits, fmt.Sprintf("a2c%d", i))
+	}
+	trs := s.trios(limits...)
+	r1, r2 := s.st, s.other()
+
+	// In turn: both scan, then both reap; later reaps find nothing.
+	tr := trs[0]
+	s.wantRemoved("reaper 1's dry run", s.reapOn(r1, "reaper 1: ", true, tr.limit), tr.t)
+	s.wantRemoved("reaper 2's dry run", s.reapOn(r2, "reaper 2: ", true, tr.limit), tr.t)
+	s.wantRemoved("reaper 1's Reap", s.reapOn(r1, "reaper 1: ", false, tr.limit), tr.t)
+	b := s.wantHeld(tr.b, 0)
+	for i, st := range []store.Store{r2, s.st, r1, r2} {
+		if rm := s.reapOn(st, "", false, tr.limit); len(rm) != 0 {
+			s.Fatalf("Reap %d, after reaper 1 removed T and B was admitted, removed %v; want nothing", i+2, s.removed(rm))
+		}
+	}
+	if got := s.wantSucceeded(tr); got.Slot != b.Slot || got.Fence != b.Fence {
+		s.Fatalf("B changed: slot %d fence %d, was slot %d fence %d", got.Slot, got.Fence, b.Slot, b.Fence)
+	}
+
+	// At once, the second reaper starting up to 0.5 ms after the first.
+	for i, tr := range trs[1:] {
+		var (
+			rms   [2][]store.Removal
+			errs  [2]error
+			wg    sync.WaitGroup
+			start = make(chan struct{})
+		)
+		for k, st := range []store.Store{r1, r2} {
+			wg.Go(func() {
+				<-start
+				if k == 1 {
+					time.Sleep(time.Duration(i) * 100 * time.Microsecond)
+				}
+				rms[k], errs[k] = st.Reap(s.ctx, false, tr.limit)
+			})
+		}
+		close(start)
+		wg.Wait()
+		n := 0
+		for k := range rms {
+			op := fmt.Sprintf("reaper %d: Reap(%q) at once with reaper %d", k+1, tr.limit, 2-k)
+			if errs[k] != nil {
+				s.Fatalf("%s: %v", op, errs[k])
+			}
+			s.checkRemovals(op, rms[k])
+			for _, r := range rms[k] {
+				if r.Ticket.ID != tr.t.ID {
+					s.Fatalf("%s removed %s, want only T", op, s.who(r.Ticket.ID))
+				}
+				n++
+			}
+		}
+		if n != 1 {
+			s.Fatalf("two reapers at once on %q removed T %d times (reaper 1 %v, reaper 2 %v), want once", tr.limit, n, s.removed(rms[0]), s.removed(rms[1]))
+		}
+		s.wantSucceeded(tr)
+	}
+	if rm := s.reap(false); len(rm) != 0 {
+		s.Fatalf("a last Reap removed %v, want nothing", s.removed(rm))
+	}
+}
+
+// T's deadline passes as its child exits: its release and a reap race, in
+// either order or at once, and T is removed once (LEASES-CATALOGUE A3, scenario 3).
+func testReleaseRacingReap(s *suite) {
+	const rounds = 8
+	limits := []string{"a3a", "a3b"}
+	for i := range rounds {
+		limits = append(limits, fmt.Sprintf("a3c%d", i))
+	}
+	trs := s.trios(limits...)
+
+	// Release, then Reap.
+	tr := trs[0]
+	s.release(tr.t, true)
+	if rm := s.reap(false, tr.limit); len(rm) != 0 {
+		s.Fatalf("Reap after T was released removed %v, want nothing", s.removed(rm))
+	}
+	s.wantSucceeded(tr)
+
+	// Reap, then Release.
+	tr = trs[1]
+	s.wantRemoved("Reap at T's deadline", s.reap(false, tr.limit), tr.t)
+	s.release(tr.t, false)
+	s.wantSucceeded(tr)
+
+	// At once: the release first in even rounds, the reap in odd ones, the
+	// other starting 0, 0.25, 0.5, 0.75 ms later.
+	reaper := s.other()
+	for i, tr := range trs[2:] {
+		var (
+			released         bool
+			rm               []store.Removal
+			relErr, reapErr  error
+			wg               sync.WaitGroup
+			start            = make(chan struct{})
+			delay            = time.Duration(i/2) * 250 * time.Microsecond
+			release, reapNow = func() { released, relErr = s.st.Release(s.ctx, tr.t, store.Released) },
+				func() { rm, reapErr = reaper.Reap(s.ctx, false, tr.limit) }
+		)
+		first, second := release, reapNow
+		if i%2 == 1 {
+			first, second = reapNow, release
+		}
+		wg.Go(func() { <-start; first() })
+		wg.Go(func() { <-start; time.Sleep(delay); second() })
+		close(start)
+		wg.Wait()
+		if relErr != nil || reapErr != nil {
+			s.Fatalf("%q: Release and Reap at once: Release err %v, Reap err %v", tr.limit, relErr, reapErr)
+		}
+		op := fmt.Sprintf("Reap(%q) at once with T's Release", tr.limit)
+		s.checkRemovals(op, rm)
+		n := 0
+		if released {
+			n++
+		}
+		for _, r := range rm {
+			if r.Ticket.ID != tr.t.ID {
+				s.Fatalf("%s removed %s, want at most T", op, s.who(r.Ticket.ID))
+			}
+			n++
+		}
+		if n != 1 {
+			s.Fatalf("%q: Release and Reap at once removed T %d times (Release = %v, Reap removed %v), want once", tr.limit, n, released, s.removed(rm))
+		}
+		s.wantSucceeded(tr)
+	}
+}
+
+// A holder that releases after its ticket was reaped frees nothing: its slot
+// is already B's (LEASES-CATALOGUE A4, scenario 4). With store.Lost the
+// release is logged.
+func testReleaseAfterReap(s *suite) {
+	tr := s.trios("a4")[0]
+	s.wantRemoved("Reap at T's deadline", s.reap(false, tr.limit), tr.t)
+	b := s.wantSucceeded(tr)
+	s.release(tr.t, false)
+	if got := s.wantSucceeded(tr); got.Slot != b.Slot || got.Fence != b.Fence {
+		s.Fatalf("B changed: slot %d fence %d, was slot %d fence %d", got.Slot, got.Fence, b.Slot, b.Fence)
+	}
+	if k := s.kindsOf(tr.t); count(k, string(store.Released)) != 0 || count(k, string(store.Reaped)) != 1 {
+		s.Fatalf("T: events %v after its holder released it late, want reaped once and never released", k)
+	}
+	s.releaseWhy(tr.t, store.Lost, false)
+	s.wantSucceeded(tr)
+	if k := s.kindsOf(tr.t); count(k, string(store.Lost)) != 1 || count(k, string(store.Released)) != 0 {
+		s.Fatalf("T: events %v after its holder released it as lost, want one %q event and no %q", k, store.Lost, store.Released)
+	}
+}
+
+// A renewal delayed past the ticket's release is refused and re-creates
+// nothing (LEASES-CATALOGUE A7, scenario 12).
+func testLateRenewAfterRelease(s *suite) {
+	a := s.enq("A", "l", 1)
+	b := s.enq("B", "l", 1)
+	s.advance(s.part())
+	late := s.renew(a) // the ticket as a delayed renewal carries it
+	b = s.renew(b)
+	s.release(a, true)
+	b = s.wantHeld(b, 0)
+	s.wantLost(late)
+	s.wantLost(a)
+	s.wantGone(a)
+	if got := s.wantHeld(b, 0); got.Fence != b.Fence {
+		s.Fatalf("B's fence changed from %d to %d", b.Fence, got.Fence)
+	}
+	s.checkLimit("l", 1, 1, 0)
+	c := s.enq("C", "l", 1)
+	s.wantWaiting(c, 1)
+	s.wantLost(late)
+	s.checkLimit("l", 1, 1, 1)
+}
+
+// A renewal delayed past the ticket's reap is refused and re-creates nothing;
+// the next holder keeps its fence and slot (LEASES-CATALOGUE A7, scenario 13).
+func testLateRenewAfterReap(s *suite) {
+	a := s.enq("A", "l", 1)
+	b := s.enq("B", "l", 1)
+	s.advance(s.part())
+	b = s.renew(b)
+	s.advance(s.part()) // A expired; B renewed 0.6 TTL ago
+	s.wantRemoved("Reap", s.reap(false, "l"), a)
+	b = s.wantHeld(b, 0)
+	for range 2 {
+		s.wantLost(a)
+		s.wantGone(a)
+		if got := s.wantHeld(b, 0); got.Fence != b.Fence {
+			s.Fatalf("B's fence changed from %d to %d", b.Fence, got.Fence)
+		}
+		s.checkLimit("l", 1, 1, 0)
+	}
+	if rm := s.reap(false); len(rm) != 0 {
+		s.Fatalf("Reap after A's late renewal removed %v, want nothing", s.removed(rm))
+	}
+}
+
+// Reap removes the expired tickets of the limits it names, of every limit
+// when it names none; a limit that does not exist is an error, and the
+// Reap then removes nothing.
+func testReapNamedLimits(s *suite) {
+	type pair struct{ h, w store.Ticket }
+	ls := []string{"ra", "rb", "rc"}
+	p := map[string]*pair{}
+	for _, l := range ls {
+		p[l] = &pair{h: s.enq("H@"+l, l, 1), w: s.enq("W@"+l, l, 1)}
+	}
+	s.advance(s.part())
+	for _, l := range ls {
+		p[l].w = s.renew(p[l].w)
+	}
+	s.advance(s.part()) // every H expired, every W renewed 0.6 TTL ago
+
+	s.wantRemoved(`Reap("ra")`, s.reap(false, "ra"), p["ra"].h)
+	s.wantHeld(p["ra"].w, 0)
+	for _, l := range []string{"rb", "rc"} {
+		s.wantKept(p[l].h, `Reap("ra") does not touch limit `+l)
+		s.wantWaiting(p[l].w, 1)
+	}
+	for _, bad := range [][]string{{"missing"}, {"rb", "missing"}, {"missing", "rb"}} {
+		for _, dry := range []bool{true, false} {
+			rm, err := s.st.Reap(s.ctx, dry, bad...)
+			if !errors.Is(err, store.ErrLimitNotFound) {
+				s.Fatalf("Reap(dryRun=%v, %q): removed %v, err %v; want ErrLimitNotFound", dry, bad, s.removed(rm), err)
+			}
+		}
+	}
+	s.wantKept(p["rb"].h, "a Reap that failed removes nothing")
+	s.wantWaiting(p["rb"].w, 1)
+	s.wantRemoved(`Reap("rb", "rc")`, s.reap(false, "rb", "rc"), p["rb"].h, p["rc"].h)
+	s.wantHeld(p["rb"].w, 0)
+	s.wantHeld(p["rc"].w, 0)
+
+	s.advance(s.pastTTL())
+	x := s.enq("X", "rx", 1)
+	s.wantRemoved("Reap() of every limit", s.reap(false), p["ra"].w, p["rb"].w, p["rc"].w)
+	s.wantHeld(x, 0)
+	for _, l := range ls {
+		s.checkLimit(l, 1, 0, 0)
+	}
+	if rm := s.reap(false); len(rm) != 0 {
+		s.Fatalf("a second Reap() removed %v, want nothing", s.removed(rm))
+	}
+}
+
+// A dry run removes nothing, promotes nobody, and lists what a Reap then removes.
+func testReapDryRun(s *suite) {
+	h1 := s.enq("H1", "da", 1)
+	w1 := s.enq("W1", "da", 1)
+	w2 := s.enq("W2", "da", 1)
+	h2 := s.enq("H2", "db", 2)
+	h3 := s.enq("H3", "db", 2)
+	s.advance(s.part())
+	w2 = s.renew(w2)
+	h3 = s.renew(h3)
+	s.advance(s.part()) // H1, W1, H2 expired; W2, H3 renewed 0.6 TTL ago
+	before := ticketKeys(s.snap())
+	for range 2 {
+		s.wantRemoved("Reap(dryRun)", s.reap(true), h1, w1, h2)
+		s.wantRemoved(`Reap(dryRun, "da")`, s.reap(true, "da"), h1, w1)
+		if after := ticketKeys(s.snap()); !slices.Equal(before, after) {
+			s.Fatalf("a dry run changed the store: tickets before %v, after %v", before, after)
+		}
+	}
+	s.wantRemoved("Reap after the dry runs", s.reap(false), h1, w1, h2)
+	s.wantHeld(w2, 0)
+	s.wantHeld(h3, -1)
+	s.checkLimit("da", 1, 1, 0)
+	s.checkLimit("db", 2, 1, 0)
+	if rm := s.reap(true); len(rm) != 0 {
+		s.Fatalf("a dry run after the Reap lists %v, want nothing", s.removed(rm))
+	}
+}
+
+// A Reap frees the slots of the expired holders, says why, and admits the
+// next waiters in FIFO order.
+func testReapFrees(s *suite) {
+	a := s.enq("A", "rf", 2)
+	b := s.enq("B", "rf", 2)
+	c := s.enq("C", "rf", 2)
+	d := s.enq("D", "rf", 2)
+	e := s.enq("E", "rf", 2)
+	s.advance(s.part())
+	c, d, e = s.renew(c), s.renew(d), s.renew(e)
+	s.advance(s.part()) // A, B expired
+	rm := s.reap(false, "rf")
+	s.wantRemoved(`Reap("rf")`, rm, a, b)
+	for _, r := range rm {
+		if !strings.Contains(strings.ToLower(r.Evidence), "expired") {
+			s.Fatalf("Reap: %s removed with evidence %q, want it to say it expired", s.who(r.Ticket.ID), r.Evidence)
+		}
+		if r.Ticket.State != store.Held {
+			s.Fatalf("Reap: %s removed as %s, but it held a slot", s.who(r.Ticket.ID), r.Ticket.State)
+		}
+	}
+	s.wantSlots([]int{0, 1}, c, d)
+	s.wantWaiting(e, 1)
+	s.checkLimit("rf", 2, 2, 1)
+	s.wantLost(a)
+	s.wantLost(b)
+}
+
+// A holder the judge proves dead is reaped at once, long before its TTL,
+// with the judge's evidence; its slot goes to the next waiter (LEASES.md rule 9).
+func testDeadHolderReaped(s *suite) {
+	a := s.enq("A", "dd", 1)
+	b := s.enq("B", "dd", 1)
+	x := s.enq("X", "dx", 1)
+	s.advance(s.h.TTL / 10)
+	s.kill(a)
+	for _, dry := range []bool{true, false} {
+		s.judgeActed()
+		rm := s.reap(dry)
+		s.wantRemoved(fmt.Sprintf("Reap(dryRun=%v) with A's holder dead", dry), rm, a)
+		if rm[0].Evidence != DeadEvidence {
+			s.Fatalf("Reap(dryRun=%v): A removed with evidence %q, want the judge's %q", dry, rm[0].Evidence, DeadEvidence)
+		}
+		acted := s.judgeActed()
+		if dry && len(acted) > 0 {
+			s.Fatalf("Reap(dryRun=true) let the judge act (stop the work of) %v: a dry run only asks", acted)
+		}
+		if !dry && !slices.Contains(acted, a.ID) {
+			s.Fatalf("Reap removed A without letting the judge act on it (the judge acted on %v)", acted)
+		}
+	}
+	s.wantGone(a)
+	s.wantLost(a)
+	s.wantHeld(b, 0)
+	s.wantHeld(x, 0)
+	if rm := s.reap(false); len(rm) != 0 {
+		s.Fatalf("a second Reap removed %v, want nothing", s.removed(rm))
+	}
+}
+
+// An admission into a full limit with waiters sweeps a holder proven dead at
+// once and admits the next waiter.
+func testDeadHolderSwept(s *suite) {
+	a := s.enq("A", "ds", 1)
+	b := s.enq("B", "ds", 1)
+	s.kill(a)
+	c := s.enq("C", "ds", 1)
+	if c.State != store.Waiting || c.Position != 1 {
+		s.Fatalf("C: %s at position %d, want waiting at position 1 behind B, who takes dead A's slot", c.State, c.Position)
+	}
+	s.wantGone(a)
+	s.wantHeld(b, 0)
+	s.wantWaiting(c, 1)
+	var ev []string
+	for _, e := range s.events("ds", store.MaxEvents) {
+		if e.Ticket == a.ID && e.Kind == string(store.Reaped) {
+			ev = append(ev, e.Evidence)
+		}
+	}
+	if len(ev) != 1 || ev[0] != DeadEvidence {
+		s.Fatalf("A's reaped events have evidence %q, want one with the judge's %q", ev, DeadEvidence)
+	}
+}
+
+// A holder the judge does not declare dead stays until its TTL, judge or not.
+func testLiveHolderKept(s *suite) {
+	eps := s.h.TTL / 100
+	a := s.enq("A", "dl", 1)
+	b := s.enq("B", "dl", 1)
+	s.advance(s.part())
+	b = s.renew(b)
+	s.advance(s.h.TTL - s.part() - eps) // A has ε left
+	for _, dry := range []bool{true, false} {
+		if rm := s.reap(dry); len(rm) != 0 {
+			s.Fatalf("Reap(dryRun=%v) removed %v before their TTL; the judge declares nobody dead", dry, s.removed(rm))
+		}
+	}
+	c := s.enq("C", "dl", 1)
+	s.wantHeld(a, 0)
+	s.wantWaiting(b, 1)
+	s.wantWaiting(c, 2)
+	s.advance(eps)
+	rm := s.reap(false)
+	s.wantRemoved("Reap at A's deadline", rm, a)
+	if ev := rm[0].Evidence; ev == DeadEvidence || !strings.Contains(strings.ToLower(ev), "expired") {
+		s.Fatalf("Reap: A removed with evidence %q, want it to say it expired", ev)
+	}
+	s.wantHeld(b, 0)
+	s.wantWaiting(c, 1)
+}
+
+// SetChild records the child's process group on the live ticket and nothing
+// else changes: not the lease, the state, the slot or the fence. A ticket
+// that is gone, or another fence, is lost.
+func testSetChild(s *suite) {
+	a := s.enq("A", "sc", 1)
+	b := s.enq("B", "sc", 1)
+	s.advance(s.part())
+	b = s.renew(b)
+	before := s.wantHeld(a, 0)
+	const pgid, start = 4321, 987654321
+	want := before.Holder
+	want.Pgid, want.PgidStart = pgid, start
+	check := func(op string, tk store.Ticket) {
+		s.Helper()
+		if !reflect.DeepEqual(tk.Holder, want) {
+			s.Fatalf("%s: holder %+v, want %+v", op, tk.Holder, want)
+		}
+		if tk.ID != a.ID || tk.Fence != a.Fence || tk.State != store.Held || tk.Slot != before.Slot {
+			s.Fatalf("%s: %q %s slot %d fence %d, want %s held in slot %d, fence %d", op, tk.ID, tk.State, tk.Slot, tk.Fence, s.who(a.ID), before.Slot, a.Fence)
+		}
+		if tk.Remaining > before.Remaining {
+			s.Fatalf("%s: remaining %v, more than the %v before SetChild: SetChild extended the lease", op, tk.Remaining, before.Remaining)
+		}
+	}
+	got, err := s.st.SetChild(s.ctx, a, pgid, start)
+	if err != nil {
+		s.Fatalf("SetChild A: %v", err)
+	}
+	check("SetChild A", got)
+	check("Get A", s.wantHeld(a, 0))
+	found := false
+	for _, tk := range s.snap("sc").Tickets {
+		if tk.ID == a.ID {
+			check("Snapshot", tk)
+			found = true
+		}
+	}
+	if !found {
+		s.Fatal("Snapshot: A missing")
+	}
+	s.wantWaiting(b, 1)
+
+	stale := a
+	stale.Fence += 1000
+	if got, err := s.st.SetChild(s.ctx, stale, 1, 1); !errors.Is(err, store.ErrLost) {
+		s.Fatalf("SetChild A with another fence: %+v, %v; want ErrLost", got.Holder, err)
+	}
+	check("Get A after a SetChild with another fence", s.wantHeld(a, 0))
+
+	s.advance(s.part()) // 1.2 TTL after A's Enqueue
+	s.wantLost(a)
+	s.wantNotLive(a)
+	c := s.enq("C", "sc", 1) // sweeps A
+	s.wantHeld(b, 0)
+	s.wantWaiting(c, 1)
+	if got, err := s.st.SetChild(s.ctx, a, pgid, start); !errors.Is(err, store.ErrLost) {
+		s.Fatalf("SetChild A after it expired and was swept: %+v, %v; want ErrLost", got.Holder, err)
+	}
+	s.wantGone(a)
+	s.release(b, true)
+	if got, err := s.st.SetChild(s.ctx, b, pgid, start); !errors.Is(err, store.ErrLost) {
+		s.Fatalf("SetChild B after its release: %+v, %v; want ErrLost", got.Holder, err)
+	}
+	s.wantGone(b)
+	s.wantHeld(c, 0)
+}
+
+// The event log records each admission and removal, with the reason; Events
+// returns the newest n, oldest first, of one limit or of all.
+func testEvents(s *suite) {
+	a := s.enq("A", "e1", 1)
+	b := s.enq("B", "e1", 1)
+	x := s.enq("X", "e2", 1)
+	s.release(a, true) // released A, admitted B
+	c := s.enq("C", "e1", 1)
+	s.releaseWhy(c, store.Cancelled, true)
+	d := s.enq("D", "e1", 1)
+	s.releaseWhy(d, store.ForceReleased, true)
+	s.releaseWhy(x, store.Lost, true)
+	s.advance(s.pastTTL())
+	s.wantRemoved(`Reap("e1")`, s.reap(false, "e1"), b)
+
+	type ev struct {
+		kind string
+		tk   store.Ticket
+	}
+	check := func(limit string, want []ev) []store.Event {
+		s.Helper()
+		got := s.events(limit, 1000)
+		var known []store.Event
+		for _, e := range got {
+			if slices.Contains(eventKinds, e.Kind) {
+				known = append(known, e)
+			}
+		}
+		show := func() string {
+			var out []string
+			for _, e := range known {
+				out = append(out, e.Kind+" "+s.who(e.Ticket))
+			}
+			return strings.Join(out, ", ")
+		}
+		if len(known) != len(want) {
+			s.Fatalf("Events(%q): %s; want %d events", limit, show(), len(want))
+		}
+		for i, w := range want {
+			e := known[i]
+			if e.Kind != w.kind || e.Ticket != w.tk.ID || e.Limit != w.tk.Limit || e.Fence != w.tk.Fence {
+				s.Fatalf("Events(%q) event %d: %s of %s in %q fence %d, want %s of %s in %q fence %d (all: %s)",
+					limit, i, e.Kind, s.who(e.Ticket), e.Limit, e.Fence, w.kind, s.who(w.tk.ID), w.tk.Limit, w.tk.Fence, show())
+			}
+			if e.Time.IsZero() {
+				s.Errorf("Events(%q) event %d (%s of %s): no time", limit, i, e.Kind, s.who(e.Ticket))
+			}
+			if e.Kind == "admitted" && e.Slot != 0 {
+				s.Errorf("Events(%q) event %d: %s admitted into slot %d, want 0", limit, i, s.who(e.Ticket), e.Slot)
+			}
+			if e.Kind == string(store.Reaped) && e.Evidence == "" {
+				s.Errorf("Events(%q) event %d: %s reaped without evidence", limit, i, s.who(e.Ticket))
+			}
+		}
+		return got
+	}
+	e1 := check("e1", []ev{{"admitted", a}, {"released", a}, {"admitted", b}, {"cancelled", c}, {"force-released", d}, {"reaped", b}})
+	check("e2", []ev{{"admitted", x}, {"lost", x}})
+	all := check("", []ev{{"admitted", a}, {"admitted", x}, {"released", a}, {"admitted", b}, {"cancelled", c},
+		{"force-released", d}, {"lost", x}, {"reaped", b}})
+
+	seqs := func(evs []store.Event) []uint64 {
+		var out []uint64
+		for _, e := range evs {
+			out = append(out, e.Seq)
+		}
+		return out
+	}
+	for _, n := range []int{1, 2, 3} {
+		for _, l := range []struct {
+			name string
+			full []store.Event
+		}{{"e1", e1}, {"", all}} {
+			got, want := seqs(s.events(l.name, n)), seqs(l.full[len(l.full)-n:])
+			if !slices.Equal(got, want) {
+				s.Fatalf("Events(%q, %d): seqs %v, want the newest %d, oldest first: %v", l.name, n, got, n, want)
+			}
+		}
+	}
+	if got := s.events("e1", 0); len(got) != 0 {
+		s.Fatalf("Events(e1, 0): %d events, want none", len(got))
+	}
+	s.events("", store.MaxEvents+1) // never more than MaxEvents
 }

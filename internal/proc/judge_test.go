@@ -1,0 +1,598 @@
+//go:build linux
+
+package proc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/slotctl/slotctl/store"
+)
+
+// These tests use real processes. Every process started is killed (with its
+// group, when it leads one) and waited for in t.Cleanup, and every wait on
+// the kernel is bounded.
+
+const settle = 5 * time.Second // bound on any wait for the kernel to catch up
+
+// kid is a real child process of the test.
+type kid struct {
+	cmd    *exec.Cmd
+	pid    int
+	start  uint64
+	group  bool // leads its own process group (pgid == pid)
+	once   sync.Once
+	waited atomic.Bool
+	err    error
+}
+
+// spawn starts name args, in its own process group when group is set, and
+// registers its killing and reaping.
+func spawn(t *testing.T, group bool, name string, args ...string) *kid {
+	t.Helper()
+	return spawnEnv(t, group, nil, name, args...)
+}
+
+// spawnEnv is spawn with extra environment variables.
+func spawnEnv(t *testing.T, group bool, env []string, name string, args ...string) *kid {
+	t.Helper()
+	cmd := exec.Command(name, args...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
+	if group {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	k := &kid{cmd: cmd, pid: cmd.Process.Pid, group: group}
+	t.Cleanup(func() {
+		if !k.waited.Load() { // not reaped: the pid (and group id) are still ours
+			if group {
+				_ = unix.Kill(-k.pid, unix.SIGKILL)
+			}
+			_ = cmd.Process.Kill()
+		}
+		k.wait()
+	})
+	st, err := StartTime(k.pid)
+	if err != nil || st == 0 {
+		t.Fatalf("StartTime(%d) = %d, %v", k.pid, st, err)
+	}
+	k.start = st
+	return k
+}
+
+// wait reaps the child (once).
+func (k *kid) wait() error {
+	k.once.Do(func() { k.err = k.cmd.Wait(); k.waited.Store(true) })
+	return k.err
+}
+
+// gonePid returns the pid of a process that has exited and been reaped,
+// with the start time it had.
+func gonePid(t *testing.T) (int, uint64) {
+	t.Helper()
+	k := spawn(t, false, "sleep", "30")
+	_ = k.cmd.Process.Kill()
+	_ = k.wait()
+	return k.pid, k.start
+}
+
+// goneGroup returns the id (and leader start time) of a process group whose
+// only member exited and was reaped: an empty group.
+func goneGroup(t *testing.T) (int, uint64) {
+	t.Helper()
+	k := spawn(t, true, "sleep", "30")
+	_ = unix.Kill(-k.pid, unix.SIGKILL)
+	_ = k.wait()
+	return k.pid, k.start
+}
+
+// waitState waits until pid's state is one of states.
+func waitState(t *testing.T, pid int, states string) {
+	t.Helper()
+	for deadline := time.Now().Add(settle); ; time.Sleep(2 * time.Millisecond) {
+		st, err := readStat(pid)
+		if err == nil && strings.IndexByte(states, st.State) >= 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pid %d: state %q (err %v) after %v, want one of %q", pid, st.State, err, settle, states)
+		}
+	}
+}
+
+// groupMembers lists the live (non-zombie) members of process group pgid.
+func groupMembers(pgid int) []int {
+	var out []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		var pid int
+		if _, err := fmt.Sscan(e.Name(), &pid); err != nil {
+			continue
+		}
+		if st, err := readStat(pid); err == nil && st.Pgrp == pgid && st.State != 'Z' && st.State != 'X' {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// orphanJob starts a job the way slotctl runs a child, in its own process
+// group and with the ticket's id in its environment, with a grandchild
+// (sh -c 'sleep 30 & wait'), and waits until both run. Its "supervisor" is
+// not this test: the ticket names a gone pid.
+func orphanJob(t *testing.T) *kid {
+	t.Helper()
+	if err := subreaper(); err != nil {
+		t.Logf("PR_SET_CHILD_SUBREAPER: %v (killed grandchildren stay zombies)", err)
+	}
+	k := spawnEnv(t, true, []string{"SLOTCTL_TICKET=" + ticketID}, "sh", "-c", "sleep 30 & wait")
+	for deadline := time.Now().Add(settle); len(groupMembers(k.pid)) < 2; time.Sleep(2 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("group %d: members %v after %v, want sh and sleep", k.pid, groupMembers(k.pid), settle)
+		}
+	}
+	var grandkids []int
+	for _, m := range groupMembers(k.pid) {
+		if m != k.pid {
+			grandkids = append(grandkids, m)
+		}
+	}
+	t.Cleanup(func() { // runs before spawn's: kill the group, then reap all of it
+		if !k.waited.Load() {
+			_ = unix.Kill(-k.pid, unix.SIGKILL)
+		}
+		_ = k.wait() // sh has exited: its children are ours now (subreaper)
+		for _, g := range grandkids {
+			reapOrphan(g)
+		}
+	})
+	return k
+}
+
+// subreaper makes the test process adopt its orphaned grandchildren, so
+// that the members of a killed job are reaped, not left as zombies.
+var subreaper = sync.OnceValue(func() error { return unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) })
+
+// reapOrphan reaps grandchild pid, adopted by this (subreaper) process once
+// its parent exited; it gives up when pid is not its child (reaped by its
+// own parent already) or after settle.
+func reapOrphan(pid int) {
+	for deadline := time.Now().Add(settle); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if wpid, err := unix.Wait4(pid, nil, unix.WNOHANG, nil); wpid == pid || err != nil {
+			return
+		}
+	}
+}
+
+const ticketID = "t1"
+
+// ticket is a ticket held on this host, boot and pid namespace.
+func ticket(state store.State, pid int, start uint64, pgid int, pgidStart uint64) store.Ticket {
+	return store.Ticket{ID: ticketID, Limit: "x", State: state, Fence: 1, TTL: time.Hour,
+		Holder: store.Holder{Host: hostname(), BootID: BootID(), PidNS: PidNS(),
+			Pid: pid, PidStart: start, Pgid: pgid, PgidStart: pgidStart}}
+}
+
+func TestIdentify(t *testing.T) {
+	live := spawn(t, false, "sleep", "30")
+	if got := Identify(live.pid, live.start); got != Alive {
+		t.Errorf("Identify(running %d, its start) = %v, want Alive", live.pid, got)
+	}
+	if got := Identify(live.pid, 0); got != Alive {
+		t.Errorf("Identify(running %d, start unknown) = %v, want Alive", live.pid, got)
+	}
+	if got := Identify(os.Getpid(), mustStart(t, os.Getpid())); got != Alive {
+		t.Errorf("Identify(self) = %v, want Alive", got)
+	}
+	// E1: the pid names another process now (its start time differs).
+	if got := Identify(live.pid, live.start+1); got != Reused {
+		t.Errorf("Identify(running %d, start+1) = %v, want Reused", live.pid, got)
+	}
+	if got := Identify(live.pid, live.start-1); got != Reused {
+		t.Errorf("Identify(running %d, start-1) = %v, want Reused", live.pid, got)
+	}
+	if pid, start := gonePid(t); Identify(pid, start) != Gone {
+		t.Errorf("Identify(exited and reaped %d) = %v, want Gone", pid, Identify(pid, start))
+	}
+	for _, pid := range []int{0, -1, -os.Getpid()} {
+		if got := Identify(pid, 0); got != Gone {
+			t.Errorf("Identify(%d) = %v, want Gone", pid, got)
+		}
+	}
+	if got := Identify(1<<30, 0); got != Gone {
+		t.Errorf("Identify(pid that cannot exist) = %v, want Gone", got)
+	}
+}
+
+func TestIdentifyZombieIsGone(t *testing.T) {
+	z := spawn(t, false, "sh", "-c", "exit 0")
+	waitState(t, z.pid, "Z") // exited, not yet waited for: a zombie
+	if got := Identify(z.pid, z.start); got != Gone {
+		t.Errorf("Identify(zombie %d) = %v, want Gone", z.pid, got)
+	}
+	if err := z.wait(); err != nil {
+		t.Fatalf("wait zombie: %v", err)
+	}
+	if got := Identify(z.pid, z.start); got != Gone {
+		t.Errorf("Identify(reaped %d) = %v, want Gone", z.pid, got)
+	}
+}
+
+func TestGroupEmpty(t *testing.T) {
+	g := spawn(t, true, "sleep", "30")
+	if GroupEmpty(g.pid) {
+		t.Errorf("GroupEmpty(%d) with a running member = true", g.pid)
+	}
+	_ = unix.Kill(-g.pid, unix.SIGKILL)
+	_ = g.wait()
+	if !GroupEmpty(g.pid) {
+		t.Errorf("GroupEmpty(%d) after its only member exited and was reaped = false", g.pid)
+	}
+	// A group whose members do not include the leader any more, but run.
+	job := orphanJob(t)
+	if GroupEmpty(job.pid) {
+		t.Errorf("GroupEmpty(%d) of a running job = true", job.pid)
+	}
+	for _, pgid := range []int{0, -1} {
+		if GroupEmpty(pgid) {
+			t.Errorf("GroupEmpty(%d) = true: not a group, nothing proven", pgid)
+		}
+	}
+}
+
+func TestGroupEmptyOnlyZombie(t *testing.T) {
+	z := spawn(t, true, "sh", "-c", "exit 0")
+	waitState(t, z.pid, "Z")
+	if err := unix.Kill(-z.pid, 0); err != nil {
+		t.Logf("kill(-%d, 0) of a zombie-only group: %v", z.pid, err)
+	}
+	if !GroupEmpty(z.pid) {
+		t.Errorf("GroupEmpty(%d) whose only member is a zombie = false, want true", z.pid)
+	}
+}
+
+func TestSameGroup(t *testing.T) {
+	job := orphanJob(t)
+	if !sameGroup(job.pid, job.start) {
+		t.Errorf("sameGroup(%d, its leader's start) = false", job.pid)
+	}
+	if !sameGroup(job.pid, 0) {
+		t.Errorf("sameGroup(%d, start unknown) = false", job.pid)
+	}
+	if sameGroup(job.pid, job.start+1) {
+		t.Errorf("sameGroup(%d, another start) = true: its leader is another process", job.pid)
+	}
+	if pgid, start := goneGroup(t); !sameGroup(pgid, start) {
+		t.Errorf("sameGroup(%d) with its leader gone = false", pgid)
+	}
+}
+
+func TestKillGroup(t *testing.T) {
+	job := orphanJob(t)
+	if !KillGroup(job.pid, settle) {
+		t.Fatalf("KillGroup(%d) = false", job.pid)
+	}
+	if !GroupEmpty(job.pid) || len(groupMembers(job.pid)) != 0 {
+		t.Errorf("group %d after KillGroup: members %v", job.pid, groupMembers(job.pid))
+	}
+	if pgid, _ := goneGroup(t); !KillGroup(pgid, settle) {
+		t.Errorf("KillGroup(%d) of an empty group = false, want true (nothing to kill)", pgid)
+	}
+}
+
+func mustStart(t *testing.T, pid int) uint64 {
+	t.Helper()
+	st, err := StartTime(pid)
+	if err != nil {
+		t.Fatalf("StartTime(%d): %v", pid, err)
+	}
+	return st
+}
+
+func TestDeadLiveSupervisor(t *testing.T) {
+	sup := spawn(t, false, "sleep", "30")
+	empty, emptyStart := goneGroup(t)
+	job := orphanJob(t)
+	for _, tk := range []store.Ticket{
+		ticket(store.Held, sup.pid, sup.start, 0, 0),
+		ticket(store.Held, sup.pid, sup.start, empty, emptyStart),
+		ticket(store.Held, sup.pid, sup.start, job.pid, job.start),
+		ticket(store.Waiting, sup.pid, sup.start, 0, 0),
+		ticket(store.Held, os.Getpid(), mustStart(t, os.Getpid()), empty, emptyStart),
+	} {
+		for _, act := range []bool{false, true} {
+			if ev, dead := Dead(tk, act); dead {
+				t.Errorf("Dead(live supervisor %+v, act=%v) = %q, true", tk.Holder, act, ev)
+			}
+		}
+	}
+	if Identify(sup.pid, sup.start) != Alive || GroupEmpty(job.pid) {
+		t.Errorf("a live holder's processes were touched")
+	}
+}
+
+// E1: the supervisor's pid now names an unrelated process. The ticket's
+// holder is dead; the unrelated process is never signalled.
+func TestDeadE1PidReused(t *testing.T) {
+	other := spawn(t, false, "sleep", "30")
+	pgid, pgidStart := goneGroup(t)
+	for _, act := range []bool{false, true} {
+		ev, dead := Dead(ticket(store.Held, other.pid, other.start+1, pgid, pgidStart), act)
+		want := fmt.Sprintf("supervisor %d gone (pid reused by another process), process group %d empty", other.pid, pgid)
+		if !dead || ev != want || !strings.Contains(ev, "pid reused") {
+			t.Errorf("Dead(reused pid, act=%v) = %q, %v; want %q, true", act, ev, dead, want)
+		}
+	}
+	// A waiting ticket whose supervisor pid was reused: no child started.
+	ev, dead := Dead(ticket(store.Waiting, other.pid, other.start+1, 0, 0), true)
+	if !dead || !strings.Contains(ev, "pid reused") || !strings.Contains(ev, "no child started") {
+		t.Errorf("Dead(waiting, reused pid) = %q, %v", ev, dead)
+	}
+	if got := Identify(other.pid, other.start); got != Alive {
+		t.Errorf("the process that reused the pid: %v, want Alive (never signalled)", got)
+	}
+}
+
+// E1 with an orphaned job: the job's group is killed, the process that
+// reused the supervisor's pid is not.
+func TestDeadE1OrphanKilledImpostorSpared(t *testing.T) {
+	other := spawn(t, false, "sleep", "30")
+	job := orphanJob(t)
+	ev, dead := Dead(ticket(store.Held, other.pid, other.start+1, job.pid, job.start), true)
+	if !dead || !strings.Contains(ev, "pid reused") || !strings.Contains(ev, "killed") {
+		t.Errorf("Dead(reused pid, orphaned job, act) = %q, %v", ev, dead)
+	}
+	if !GroupEmpty(job.pid) {
+		t.Errorf("orphaned group %d still has members %v", job.pid, groupMembers(job.pid))
+	}
+	if got := Identify(other.pid, other.start); got != Alive {
+		t.Errorf("the process that reused the pid: %v, want Alive (never signalled)", got)
+	}
+}
+
+func TestDeadSupervisorGoneGroupEmpty(t *testing.T) {
+	pid, start := gonePid(t)
+	pgid, pgidStart := goneGroup(t)
+	for _, state := range []store.State{store.Held, store.Waiting} {
+		for _, act := range []bool{false, true} {
+			ev, dead := Dead(ticket(state, pid, start, pgid, pgidStart), act)
+			want := fmt.Sprintf("supervisor %d gone, process group %d empty", pid, pgid)
+			if !dead || ev != want {
+				t.Errorf("Dead(%s, act=%v) = %q, %v; want %q, true", state, act, ev, dead, want)
+			}
+		}
+	}
+	// A zombie supervisor (exited, its parent not yet waiting) is gone too.
+	z := spawn(t, false, "sh", "-c", "exit 0")
+	waitState(t, z.pid, "Z")
+	if ev, dead := Dead(ticket(store.Held, z.pid, z.start, pgid, pgidStart), true); !dead {
+		t.Errorf("Dead(zombie supervisor) = %q, false", ev)
+	}
+}
+
+func TestDeadNoChildStarted(t *testing.T) {
+	pid, start := gonePid(t)
+	ev, dead := Dead(ticket(store.Waiting, pid, start, 0, 0), true)
+	if want := fmt.Sprintf("supervisor %d gone, no child started", pid); !dead || ev != want {
+		t.Errorf("Dead(waiting, no child) = %q, %v; want %q, true", ev, dead, want)
+	}
+	// Held without a recorded group: the child may run; the TTL decides.
+	for _, act := range []bool{false, true} {
+		if ev, dead := Dead(ticket(store.Held, pid, start, 0, 0), act); dead {
+			t.Errorf("Dead(held, no group recorded, act=%v) = %q, true; want the TTL to decide", act, ev)
+		}
+	}
+}
+
+func TestDeadPreviousBoot(t *testing.T) {
+	pid, start := gonePid(t)
+	tk := ticket(store.Held, os.Getpid(), mustStart(t, os.Getpid()), 0, 0) // alive here, but not that boot's process
+	tk.Holder.BootID = "other-boot"
+	if ev, dead := Dead(tk, false); !dead || ev != "previous boot" {
+		t.Errorf("Dead(other boot, this host) = %q, %v; want %q, true", ev, dead, "previous boot")
+	}
+	for _, host := range []string{hostname() + "-other", ""} {
+		tk := ticket(store.Held, pid, start, 0, 0)
+		tk.Holder.BootID, tk.Holder.Host = "other-boot", host
+		if ev, dead := Dead(tk, true); dead {
+			t.Errorf("Dead(other boot, host %q) = %q, true; want the TTL to decide", host, ev)
+		}
+	}
+	tk = ticket(store.Waiting, pid, start, 0, 0)
+	tk.Holder.BootID = ""
+	if ev, dead := Dead(tk, true); dead {
+		t.Errorf("Dead(no boot id) = %q, true", ev)
+	}
+}
+
+func TestDeadOtherPidNamespace(t *testing.T) {
+	pid, start := gonePid(t)
+	pgid, pgidStart := goneGroup(t)
+	for _, ns := range []uint64{PidNS() + 1, 0} {
+		for _, state := range []store.State{store.Held, store.Waiting} {
+			tk := ticket(state, pid, start, pgid, pgidStart)
+			tk.Holder.PidNS = ns
+			if ev, dead := Dead(tk, true); dead {
+				t.Errorf("Dead(pid namespace %d, %s) = %q, true; want the TTL to decide", ns, state, ev)
+			}
+		}
+	}
+	tk := ticket(store.Waiting, 0, 0, 0, 0)
+	if ev, dead := Dead(tk, true); dead {
+		t.Errorf("Dead(pid 0) = %q, true", ev)
+	}
+	tk.Holder.Pid = -1
+	if ev, dead := Dead(tk, true); dead {
+		t.Errorf("Dead(pid -1) = %q, true", ev)
+	}
+}
+
+// C8: the supervisor died, its job's process group runs on.
+func TestDeadOrphanedJob(t *testing.T) {
+	pid, start := gonePid(t)
+	job := orphanJob(t)
+	members := groupMembers(job.pid)
+	tk := ticket(store.Held, pid, start, job.pid, job.start)
+
+	ev, dead := Dead(tk, false)
+	want := fmt.Sprintf("supervisor %d gone, orphaned process group %d still running: would be killed", pid, job.pid)
+	if !dead || ev != want {
+		t.Errorf("Dead(orphan, dry run) = %q, %v; want %q, true", ev, dead, want)
+	}
+	if GroupEmpty(job.pid) || len(groupMembers(job.pid)) != len(members) {
+		t.Fatalf("dry run touched the group: members %v, were %v", groupMembers(job.pid), members)
+	}
+	if Identify(job.pid, job.start) != Alive {
+		t.Fatalf("dry run touched the group leader")
+	}
+
+	ev, dead = Dead(tk, true)
+	want = fmt.Sprintf("supervisor %d gone, orphaned process group %d killed", pid, job.pid)
+	if !dead || ev != want {
+		t.Errorf("Dead(orphan, act) = %q, %v; want %q, true", ev, dead, want)
+	}
+	if !GroupEmpty(job.pid) {
+		t.Errorf("group %d after the kill: members %v", job.pid, groupMembers(job.pid))
+	}
+	for _, m := range members {
+		if st, err := readStat(m); err == nil && st.State != 'Z' && st.State != 'X' {
+			t.Errorf("member %d of the killed group: state %q", m, st.State)
+		}
+	}
+	if err := job.wait(); err == nil {
+		t.Errorf("killed job exited cleanly")
+	} else if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
+		if ws := ee.Sys().(syscall.WaitStatus); !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+			t.Errorf("job leader exit: %v, want killed by SIGKILL", err)
+		}
+	}
+	// Now the group is empty: the same ticket is dead without any kill.
+	ev, dead = Dead(tk, true)
+	if want := fmt.Sprintf("supervisor %d gone, process group %d empty", pid, job.pid); !dead || ev != want {
+		t.Errorf("Dead(after the kill) = %q, %v; want %q", ev, dead, want)
+	}
+}
+
+// S11: a group id whose leader pid names a process with another start time is
+// not the job's group: nothing is signalled and nothing is proven.
+func TestDeadSameGroupIdentity(t *testing.T) {
+	pid, start := gonePid(t)
+	job := orphanJob(t)
+	members := groupMembers(job.pid)
+	tk := ticket(store.Held, pid, start, job.pid, job.start+1)
+	for _, act := range []bool{false, true} {
+		if ev, dead := Dead(tk, act); dead {
+			t.Errorf("Dead(group leader with another start, act=%v) = %q, true", act, ev)
+		}
+	}
+	if got := groupMembers(job.pid); len(got) != len(members) || Identify(job.pid, job.start) != Alive {
+		t.Errorf("a group that is not the job's was signalled: members %v, were %v", got, members)
+	}
+}
+
+// A process whose main thread exited (pthread_exit) while its other threads
+// run shows as a zombie ('Z') in /proc/PID/stat: it is running, and its
+// group is not empty. (Product bug: GroupEmpty and Identify read 'Z' alone.)
+func TestLeaderThreadExitedIsRunning(t *testing.T) {
+	cc, err := exec.LookPath("cc")
+	if err != nil {
+		t.Skip("no C compiler to build a program whose main thread exits first")
+	}
+	dir := t.TempDir()
+	src, bin := dir+"/lt.c", dir+"/lt"
+	prog := "#include <pthread.h>\n#include <unistd.h>\n" +
+		"static void *run(void *a) { sleep(30); return 0; }\n" +
+		"int main(void) { pthread_t t; pthread_create(&t, 0, run, 0); pthread_exit(0); }\n"
+	if err := os.WriteFile(src, []byte(prog), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(cc, "-pthread", "-o", bin, src).CombinedOutput(); err != nil {
+		t.Skipf("cc: %v\n%s", err, out)
+	}
+	k := spawnEnv(t, true, []string{"SLOTCTL_TICKET=" + ticketID}, bin)
+	waitState(t, k.pid, "Z") // the main thread is gone ...
+	if tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", k.pid)); len(tasks) < 2 {
+		t.Fatalf("pid %d: %d threads, want the sleeping thread alive", k.pid, len(tasks))
+	}
+	// ... and the process runs on.
+	if GroupEmpty(k.pid) {
+		t.Errorf("GroupEmpty(%d) = true while its member runs (main thread exited, another thread alive)", k.pid)
+	}
+	if got := Identify(k.pid, k.start); got != Alive {
+		t.Errorf("Identify(%d) = %v while it runs, want Alive", k.pid, got)
+	}
+	pid, start := gonePid(t)
+	if ev, dead := Dead(ticket(store.Held, pid, start, k.pid, k.start), false); strings.Contains(ev, "empty") {
+		t.Errorf("Dead(orphaned job still running) = %q, %v: its group is not empty", ev, dead)
+	}
+}
+
+// S11: once the job's group emptied, its id can be reused by an unrelated
+// group, whose own leader may exit too (a daemon's double fork). That group
+// is not the job's: it must not be killed. Reproduced in a private pid
+// namespace (root, unshare), where ns_last_pid hands out the old id.
+func TestDeadReusedGroupIDNotKilled(t *testing.T) {
+	const marker = "SLOTCTL_TEST_PRIVATE_PIDNS"
+	if os.Getenv(marker) == "" {
+		if os.Getuid() != 0 {
+			t.Skip("needs root for a private pid namespace")
+		}
+		unshare, err := exec.LookPath("unshare")
+		if err != nil {
+			t.Skip("needs unshare(1)")
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, unshare, "--pid", "--fork", "--kill-child", "--mount-proc",
+			os.Args[0], "-test.run=^TestDeadReusedGroupIDNotKilled$", "-test.v", "-test.count=1")
+		cmd.Env = append(os.Environ(), marker+"=1")
+		out, err := cmd.CombinedOutput()
+		switch {
+		case !strings.Contains(string(out), "=== RUN"):
+			t.Skipf("no private pid namespace here: %v\n%s", err, out)
+		case strings.Contains(string(out), "--- SKIP"):
+			t.Skipf("in the private pid namespace:\n%s", out)
+		case err != nil:
+			t.Errorf("in a private pid namespace: %v\n%s", err, out)
+		}
+		return
+	}
+	pid, start := gonePid(t)
+	job := spawnEnv(t, true, []string{"SLOTCTL_TICKET=" + ticketID}, "sleep", "30")
+	_ = unix.Kill(-job.pid, unix.SIGKILL)
+	_ = job.wait() // the job is over: its group is empty, its id free
+	if err := os.WriteFile("/proc/sys/kernel/ns_last_pid", []byte(fmt.Sprint(job.pid-1)), 0); err != nil {
+		t.Skipf("ns_last_pid: %v", err)
+	}
+	// An unrelated group takes the id; its leader starts a child and exits.
+	other := spawn(t, true, "sh", "-c", "sleep 30 & exit 0")
+	if other.pid != job.pid {
+		t.Skipf("the new process got pid %d, not the job's old %d", other.pid, job.pid)
+	}
+	_ = other.wait()
+	members := groupMembers(job.pid)
+	if len(members) != 1 {
+		t.Fatalf("unrelated group %d: members %v, want its one child", job.pid, members)
+	}
+	if ev, dead := Dead(ticket(store.Held, pid, start, job.pid, job.start), true); dead && strings.Contains(ev, "killed") {
+		t.Errorf("Dead = %q: the unrelated group that reused the job's group id was killed", ev)
+	}
+	if got := groupMembers(job.pid); len(got) != 1 {
+		t.Errorf("unrelated group %d after Dead: members %v, were %v", job.pid, got, members)
+	}
+}
