@@ -90,6 +90,9 @@ func (e *Entry) Wait(ctx context.Context, timeout time.Duration, update func(sto
 	}
 	poll := time.NewTimer(e.pollPeriod())
 	defer poll.Stop()
+	expiry := time.NewTimer(time.Hour)
+	expiry.Stop()
+	defer expiry.Stop()
 	for {
 		if e.t.State == store.Held {
 			return e.t, nil
@@ -97,6 +100,7 @@ func (e *Entry) Wait(ctx context.Context, timeout time.Duration, update func(sto
 		if timeout == 0 {
 			return e.t, ErrBusy
 		}
+		e.watchExpiry(ctx, expiry)
 		select {
 		case <-ctx.Done():
 			return e.t, context.Cause(ctx)
@@ -110,6 +114,10 @@ func (e *Entry) Wait(ctx context.Context, timeout time.Duration, update func(sto
 		case <-e.bell.C():
 		case <-poll.C:
 			poll.Reset(e.pollPeriod())
+		case <-expiry.C:
+			// A holder's lease ran out: sweep now rather than at the next
+			// write, so a dead holder's slot comes back within its TTL.
+			_, _ = e.g.Store.Reap(ctx, false, e.t.Limit)
 		}
 		t, err := e.g.Store.Get(ctx, e.t.ID)
 		switch {
@@ -123,6 +131,35 @@ func (e *Entry) Wait(ctx context.Context, timeout time.Duration, update func(sto
 			update(t)
 		}
 	}
+}
+
+// watchExpiry arms the expiry timer for the moment the first holder's lease
+// runs out, when this ticket is next in line. Only the head of the queue
+// watches, so a long queue costs one read per wake-up, not one per waiter.
+func (e *Entry) watchExpiry(ctx context.Context, expiry *time.Timer) {
+	if e.t.Position != 1 {
+		return
+	}
+	snap, err := e.g.Store.Snapshot(ctx, e.t.Limit)
+	if err != nil {
+		return
+	}
+	first := time.Duration(-1)
+	for _, t := range snap.Tickets {
+		if t.State == store.Held && (first < 0 || t.Remaining < first) {
+			first = t.Remaining
+		}
+	}
+	if first < 0 {
+		return
+	}
+	// A few ms past the deadline, so that the store's clock agrees it passed;
+	// no sooner than 50 ms after an expired lease, so that a sweep that
+	// failed (a locked store) is not retried in a hot loop.
+	if first <= 0 {
+		first = 50 * time.Millisecond
+	}
+	expiry.Reset(first + 5*time.Millisecond)
 }
 
 func (e *Entry) pollPeriod() time.Duration {

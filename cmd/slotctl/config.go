@@ -110,8 +110,8 @@ func (f *Factory) loadConfig(cmd *cobra.Command) error {
 		}
 	}
 	for key, env := range envSettings {
-		if err := v.BindEnv(key, env); err != nil {
-			return err
+		if val := f.Getenv(env); val != "" {
+			v.Set(key, val) // the factory's environment, not the process's
 		}
 	}
 	var fillErr error

@@ -47,6 +47,11 @@ EXIT STATUS
 		ValidArgsFunction: f.completeLimits,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.Limits = args
+			if cmd.Flags().Changed("watch") && len(args) > 0 {
+				if _, err := time.ParseDuration(args[0]); err == nil {
+					return usageError("ls %s: write the interval with =: --watch=%s", args[0], args[0])
+				}
+			}
 			if o.Output != "table" && o.Output != "wide" && o.Output != "json" {
 				return usageError("-o %q: want table, wide or json", o.Output)
 			}
@@ -142,14 +147,23 @@ func drawTickets(out tableOut, snap store.Snapshot, wide bool) error {
 			t.Holder.Host, strconv.Itoa(t.Holder.Pid), t.Holder.User, human(snap.Now.Sub(t.Created)), human(t.Remaining),
 			t.Holder.Command()})
 	}
-	fit := len(ticketHeaders) - 1
+	headers, fit := ticketHeaders, len(ticketHeaders)-1
+	cols := make([]int, len(ticketHeaders)) // the columns shown: all but on a narrow terminal
+	for i := range cols {
+		cols[i] = i
+	}
 	if wide {
 		fit = -1
+	} else if out.width > 0 {
+		// Least needed first: FENCE, PID, HOST, USER, SLOT.
+		cols = narrowColumns(ticketHeaders, rows, out.width, []int{4, 6, 5, 7, 2})
+		headers, rows = project(ticketHeaders, rows, cols)
+		fit = len(cols) - 1
 	}
 	tickets := snap.Tickets
-	return out.draw(ticketHeaders, rows, fit, func(row, col int) string {
+	return out.draw(headers, rows, fit, func(row, col int) string {
 		t := tickets[row]
-		switch col {
+		switch cols[col] {
 		case 1:
 			switch ticketState(t) {
 			case "held":

@@ -128,6 +128,9 @@ func provablyAlive(t store.Ticket) (bool, string) {
 		return false, ""
 	}
 	if proc.Identify(h.Pid, h.PidStart) != proc.Alive {
+		if proc.JobRunning(t) {
+			return true, fmt.Sprintf("its supervisor (pid %d) is gone but its job still runs in process group %d; slotctl reap stops it and frees the slot", h.Pid, h.Pgid)
+		}
 		return false, ""
 	}
 	return true, fmt.Sprintf("its holder %s (pid %d) is alive on this host", h.Command(), h.Pid)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"strings"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/charmbracelet/lipgloss"
 	"github.com/charmbracelet/lipgloss/table"
+	"github.com/charmbracelet/x/ansi"
 	"github.com/mattn/go-runewidth"
 )
 
@@ -48,7 +50,24 @@ const (
 func (t tableOut) draw(headers []string, rows [][]string, fit int, style cellStyle) error {
 	if fit >= 0 && t.width > 0 {
 		fitColumn(headers, rows, fit, t.width-2*len(headers))
+		// The other columns alone may be wider than the terminal: cut the lines.
+		var b bytes.Buffer
+		t2 := t
+		t2.w = &b
+		if err := t2.drawAll(headers, rows, style); err != nil {
+			return err
+		}
+		for line := range strings.SplitSeq(strings.TrimSuffix(b.String(), "\n"), "\n") {
+			if _, err := fmt.Fprintln(t.w, ansi.Truncate(line, t.width, "…")); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
+	return t.drawAll(headers, rows, style)
+}
+
+func (t tableOut) drawAll(headers []string, rows [][]string, style cellStyle) error {
 	if !t.color {
 		tw := tabwriter.NewWriter(t.w, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, strings.Join(headers, "\t"))
@@ -104,4 +123,60 @@ func fitColumn(headers []string, rows [][]string, col, width int) {
 			r[col] = runewidth.Truncate(r[col], room, "…")
 		}
 	}
+}
+
+// narrowColumns picks the columns to show on a terminal width columns wide:
+// all, unless the others would leave the last column (fitted with an
+// ellipsis) less than 8 columns; then it drops columns in the given order
+// until they do not. It returns the indices kept, in order.
+func narrowColumns(headers []string, rows [][]string, width int, order []int) []int {
+	widths := make([]int, len(headers))
+	for i, h := range headers {
+		widths[i] = runewidth.StringWidth(h)
+	}
+	for _, r := range rows {
+		for i, c := range r {
+			widths[i] = max(widths[i], runewidth.StringWidth(c))
+		}
+	}
+	last := len(headers) - 1
+	dropped := map[int]bool{}
+	need := func() int {
+		n := max(runewidth.StringWidth(headers[last]), 8) + 2
+		for i, w := range widths[:last] {
+			if !dropped[i] {
+				n += w + 2
+			}
+		}
+		return n
+	}
+	for _, c := range order {
+		if need() <= width {
+			break
+		}
+		dropped[c] = true
+	}
+	var keep []int
+	for i := range headers {
+		if !dropped[i] {
+			keep = append(keep, i)
+		}
+	}
+	return keep
+}
+
+// project keeps the columns cols of headers and rows.
+func project(headers []string, rows [][]string, cols []int) ([]string, [][]string) {
+	h := make([]string, len(cols))
+	for i, c := range cols {
+		h[i] = headers[c]
+	}
+	out := make([][]string, len(rows))
+	for r, row := range rows {
+		out[r] = make([]string, len(cols))
+		for i, c := range cols {
+			out[r][i] = row[c]
+		}
+	}
+	return h, out
 }

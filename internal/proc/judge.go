@@ -71,3 +71,15 @@ func Dead(t store.Ticket, act bool) (string, bool) {
 		return "", false
 	}
 }
+
+// JobRunning reports whether a ticket's job provably still runs on this host
+// although its supervisor is gone: an orphaned job, which reap would stop
+// before freeing its slot.
+func JobRunning(t store.Ticket) bool {
+	h := t.Holder
+	if h.BootID != BootID() || h.PidNS == 0 || h.PidNS != PidNS() || h.Pgid <= 0 {
+		return false
+	}
+	return Identify(h.Pid, h.PidStart) != Alive && !GroupEmpty(h.Pgid) &&
+		sameGroup(h.Pgid, h.PgidStart) && jobGroup(h.Pgid, t.ID)
+}
