@@ -13,7 +13,18 @@ func newLimitCmd(f *Factory, g *globalOptions) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "limit",
 		Short: "Create, resize, list and remove limits",
-		Args:  cobra.ArbitraryArgs,
+		Long: `Create, resize, list and remove limits. A limit is a named pool of slots;
+slotctl run also creates the limits it is asked for (with --slots, else the
+config file's limits.NAME, else 1 slot).
+
+EXIT STATUS
+  0    done
+  64   unknown subcommand, bad name or slot count, or no such limit
+  69   the store cannot be opened or reached`,
+		Example: `  slotctl limit set build 2
+  slotctl limit ls
+  slotctl limit rm old-build`,
+		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return cmd.Help()

@@ -2,6 +2,13 @@
 // concurrency limits.
 package main
 
+// The checked-in completion scripts and man pages come from the command tree;
+// CI fails when they are stale. Run go generate ./... after changing any help.
+//go:generate go run . completion bash -o ../../completions/slotctl.bash
+//go:generate go run . completion zsh -o ../../completions/slotctl.zsh
+//go:generate go run . completion fish -o ../../completions/slotctl.fish
+//go:generate go run . man --dir ../../man
+
 import (
 	"context"
 	"os"

@@ -51,7 +51,19 @@ func newRootCmd(f *Factory) *cobra.Command {
 		Long: `slotctl gates shell jobs, cron jobs and CI steps behind named concurrency limits.
 
 A job asks for a slot, waits its turn, runs, and gives the slot back. When the
-job, its wrapper or its whole machine dies, the slot still comes back.`,
+job, its wrapper or its whole machine dies, the slot still comes back.
+
+EXIT STATUS
+  0    success
+  64   usage error: bad flag, bad limit name, --slots disagrees with the limit
+  69   the store cannot be opened or reached
+  70   internal error (a bug)
+  75   run: not admitted within --wait (--busy-exit-code changes it)
+  76   run: the lease was lost while COMMAND ran, and COMMAND was stopped
+  124  run: --max-hold ran out and COMMAND was stopped
+  126  run: COMMAND is not executable
+  127  run: COMMAND was not found
+  Otherwise run exits with COMMAND's exit status, or 128+N if it was killed by signal N.`,
 		Example: `  slotctl run --limit build --slots 2 -- make -j8
   slotctl limit set backup 1
   slotctl limit ls`,
@@ -88,7 +100,7 @@ job, its wrapper or its whole machine dies, the slot still comes back.`,
 	pf.BoolVarP(&g.Quiet, "quiet", "q", false, "print only errors")
 	pf.BoolVarP(&g.Verbose, "verbose", "v", false, "say more about what happens")
 
-	root.AddCommand(newRunCmd(f, g, nil), newLsCmd(f, g), newLimitCmd(f, g), newReapCmd(f, g), newReleaseCmd(f, g), newLogCmd(f, g), newVersionCmd(f))
+	root.AddCommand(newRunCmd(f, g, nil), newLsCmd(f, g), newLimitCmd(f, g), newReapCmd(f, g), newReleaseCmd(f, g), newLogCmd(f, g), newVersionCmd(f), newCompletionCmd(f), newManCmd())
 	return root
 }
 

@@ -46,7 +46,16 @@ func newVersionCmd(f *Factory) *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
 		Short: "Print slotctl's version, commit, build date and Go version",
-		Args:  cobra.NoArgs,
+		Long: `Print slotctl's version, the commit it was built from, the build date and
+the Go version, as slotctl --version does. A release build has them stamped
+in; a binary built with go install reports the module version and what the
+Go toolchain recorded.
+
+EXIT STATUS
+  0    printed`,
+		Example: `  slotctl version
+  slotctl --version`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			fmt.Fprintln(f.IO.Out, f.versionString())
 			return nil
