@@ -77,6 +77,8 @@ type child struct {
 	pgid int  // its own process group, 0 when it shares slotctl's (terminal foreground)
 	fg   bool // shares slotctl's process group on a terminal
 	done chan error
+	// exited is closed once the child has been waited for.
+	exited chan struct{}
 }
 
 // startChild starts COMMAND with env added to slotctl's environment. On a
@@ -97,11 +99,14 @@ func startChild(f *Factory, path string, argv, env []string) (*child, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, startError(argv[0], err)
 	}
-	c := &child{cmd: cmd, fg: fg, done: make(chan error, 1)}
+	c := &child{cmd: cmd, fg: fg, done: make(chan error, 1), exited: make(chan struct{})}
 	if !fg {
 		c.pgid = cmd.Process.Pid
 	}
-	go func() { c.done <- cmd.Wait() }()
+	go func() {
+		c.done <- cmd.Wait()
+		close(c.exited)
+	}()
 	return c, nil
 }
 

@@ -7,7 +7,7 @@ package main
 //go:generate go run . completion bash -o ../../completions/slotctl.bash
 //go:generate go run . completion zsh -o ../../completions/slotctl.zsh
 //go:generate go run . completion fish -o ../../completions/slotctl.fish
-//go:generate go run . man --dir ../../man
+//go:generate go run -tags gendocs . man --dir ../../man
 
 import (
 	"context"

@@ -100,7 +100,8 @@ EXIT STATUS
 	pf.BoolVarP(&g.Quiet, "quiet", "q", false, "print only errors")
 	pf.BoolVarP(&g.Verbose, "verbose", "v", false, "say more about what happens")
 
-	root.AddCommand(newRunCmd(f, g, nil), newLsCmd(f, g), newLimitCmd(f, g), newReapCmd(f, g), newReleaseCmd(f, g), newLogCmd(f, g), newVersionCmd(f), newCompletionCmd(f), newManCmd())
+	root.AddCommand(newRunCmd(f, g, nil), newLsCmd(f, g), newLimitCmd(f, g), newReapCmd(f, g), newReleaseCmd(f, g), newLogCmd(f, g), newVersionCmd(f), newCompletionCmd(f))
+	root.AddCommand(extraCommands()...)
 	return root
 }
 

@@ -40,6 +40,7 @@ const (
 	minTTL           = time.Second
 	maxTTL           = 24 * time.Hour
 	releaseTimeout   = 5 * time.Second
+	childRecordDelay = 50 * time.Millisecond
 )
 
 func newRunCmd(f *Factory, g *globalOptions, runF func(*RunOptions) error) *cobra.Command {
@@ -240,8 +241,23 @@ func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) er
 	if err != nil {
 		res = result{err: err}
 	} else {
-		recordChild(ctx, log, st, t, c)
+		// Record the child's group once it has run for a moment: a job that
+		// is over by then needs no proof of death, and the common short job
+		// saves a store write. A supervisor killed within that moment leaves
+		// a ticket that its TTL frees (and its child dies with it).
+		recorded := make(chan struct{})
+		go func() {
+			defer close(recorded)
+			delay := time.NewTimer(childRecordDelay)
+			defer delay.Stop()
+			select {
+			case <-delay.C:
+				recordChild(ctx, log, st, t, c)
+			case <-c.exited:
+			}
+		}()
 		res = c.supervise(ctx, log, sigs, keeper, o)
+		<-recorded
 	}
 	// Drain before release: the child and its group are gone; no renewal is in flight after Stop.
 	stopKeeper()
