@@ -108,12 +108,52 @@ type Keeper struct {
 	done     chan struct{}
 	stopOnce sync.Once
 
-	mu       sync.Mutex
-	ticket   store.Ticket
-	lastSent time.Duration // send time of the last acknowledged renewal
-	deadline time.Duration // lastSent + TTL - Margin
-	lastErr  error         // last transient failure since the last ack
-	err      error         // set once, with lost closed
+	mu      sync.Mutex
+	ticket  store.Ticket
+	lease   Lease // the local deadline
+	lastErr error // last transient failure since the last ack
+	err     error // set once, with lost closed
+}
+
+// A Lease is the holder's side of a lease, as pure arithmetic on a monotonic
+// clock: no goroutines, no timers. Its local deadline is the send time of the
+// last acknowledged renewal + TTL − Margin. The Keeper keeps one; the
+// simulation (gate/sim) drives one directly, step by step, so that its
+// holders decide loss with this same code.
+type Lease struct {
+	ttl, margin time.Duration
+	sent        time.Duration // send time of the last acknowledged renewal
+	deadline    time.Duration // sent + ttl − margin
+}
+
+// NewLease starts a lease whose first write (the enqueue, which counts as the
+// first acknowledged renewal) was sent at sent.
+func NewLease(sent, ttl, margin time.Duration) Lease {
+	return Lease{ttl: ttl, margin: margin, sent: sent, deadline: sent + ttl - margin}
+}
+
+// Sent is the send time of the last acknowledged renewal.
+func (l Lease) Sent() time.Duration { return l.sent }
+
+// Deadline is the local deadline: Sent + TTL − Margin.
+func (l Lease) Deadline() time.Duration { return l.deadline }
+
+// Expired reports whether the lease must be presumed lost at now: now is at
+// or past the deadline.
+func (l Lease) Expired(now time.Duration) bool { return now >= l.deadline }
+
+// Acked records the acknowledgement, received at now, of a renewal sent at
+// sent. An ack that arrives once the lease has expired changes nothing and
+// reports false: the holder may already have been told it is lost, and that
+// verdict is final. Otherwise the deadline moves to sent + TTL − Margin and
+// Acked reports whether the lease is alive at now (the ack itself may have
+// taken longer than TTL − Margin).
+func (l *Lease) Acked(sent, now time.Duration) bool {
+	if l.Expired(now) {
+		return false
+	}
+	l.sent, l.deadline = sent, sent+l.ttl-l.margin
+	return !l.Expired(now)
 }
 
 // Start begins renewing t at once in a goroutine. sentAt is the Now() reading
@@ -129,16 +169,15 @@ func Start(ctx context.Context, r Renewer, t store.Ticket, sentAt time.Duration,
 	}
 	o := opts.withDefaults()
 	k := &Keeper{
-		r:        r,
-		o:        o,
-		cap:      o.Every / 2,
-		base:     min(max(o.Every/10, 100*time.Millisecond), o.Every/2),
-		lost:     make(chan struct{}),
-		stop:     make(chan struct{}),
-		done:     make(chan struct{}),
-		ticket:   t,
-		lastSent: sentAt,
-		deadline: sentAt + o.TTL - o.Margin,
+		r:      r,
+		o:      o,
+		cap:    o.Every / 2,
+		base:   min(max(o.Every/10, 100*time.Millisecond), o.Every/2),
+		lost:   make(chan struct{}),
+		stop:   make(chan struct{}),
+		done:   make(chan struct{}),
+		ticket: t,
+		lease:  NewLease(sentAt, o.TTL, o.Margin),
 	}
 	k.expired(o.Now()) // a slow enqueue may have used up the lease already
 	go k.run(ctx)
@@ -161,7 +200,7 @@ func (k *Keeper) Err() error {
 func (k *Keeper) Deadline() time.Duration {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	return k.deadline
+	return k.lease.Deadline()
 }
 
 // Ticket is the latest ticket the store returned (t until the first ack).
@@ -193,9 +232,9 @@ func (k *Keeper) expired(now time.Duration) bool {
 }
 
 func (k *Keeper) expiredLocked(now time.Duration) bool {
-	if k.err == nil && now >= k.deadline {
+	if k.err == nil && k.lease.Expired(now) {
 		err := fmt.Errorf("%w: last acknowledged renewal sent %v ago (ttl %v, margin %v)",
-			ErrDeadline, (now - k.lastSent).Round(time.Millisecond), k.o.TTL, k.o.Margin)
+			ErrDeadline, (now - k.lease.Sent()).Round(time.Millisecond), k.o.TTL, k.o.Margin)
 		if k.lastErr != nil {
 			err = fmt.Errorf("%w; last error: %v", err, k.lastErr)
 		}
@@ -226,9 +265,8 @@ func (k *Keeper) ack(t store.Ticket, sent, now time.Duration) bool {
 	if k.expiredLocked(now) {
 		return false
 	}
+	k.lease.Acked(sent, now)
 	k.ticket = t
-	k.lastSent = sent
-	k.deadline = sent + k.o.TTL - k.o.Margin
 	k.lastErr = nil
 	return !k.expiredLocked(now) // the ack itself may have taken longer than TTL − Margin
 }
@@ -274,7 +312,7 @@ func (k *Keeper) run(ctx context.Context) {
 
 	now := k.o.Now()
 	k.mu.Lock()
-	first, deadline := k.lastSent+k.jitter(k.o.Every), k.deadline
+	first, deadline := k.lease.Sent()+k.jitter(k.o.Every), k.lease.Deadline()
 	k.mu.Unlock()
 	next := time.NewTimer(max(first-now, 0))
 	defer next.Stop()
@@ -312,7 +350,7 @@ func (k *Keeper) run(ctx context.Context) {
 				continue // the ctxDone case stops renewing
 			}
 			k.mu.Lock()
-			t, left := k.ticket, k.deadline-sent
+			t, left := k.ticket, k.lease.Deadline()-sent
 			k.mu.Unlock()
 			callCtx, cancel := context.WithTimeout(ctx, left)
 			cancelCall, inflight = cancel, true
@@ -352,7 +390,7 @@ func (k *Keeper) run(ctx context.Context) {
 				failures++
 				k.mu.Lock()
 				k.lastErr = res.err
-				left := k.deadline - now
+				left := k.lease.Deadline() - now
 				k.mu.Unlock()
 				d := k.backoff(failures)
 				k.o.Logf("renew: ticket %s: %v; retry %d in %v (lease presumed lost in %v)",

@@ -9,11 +9,13 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"strings"
+	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 
+	"github.com/slotctl/slotctl/internal/mutation"
 	"github.com/slotctl/slotctl/store"
 )
 
@@ -32,6 +34,9 @@ type Options struct {
 	Dead store.Judge
 	// NoSync skips fsync at commit. Only for tests and benchmarks.
 	NoSync bool
+	// Mutations is test-only: it re-introduces known bugs so that the
+	// simulation (gate/sim) can prove it catches them. nil in production.
+	Mutations mutation.Set
 }
 
 // Store is the embedded bbolt store. It holds no file open between
@@ -44,6 +49,10 @@ type Store struct {
 	timeout time.Duration
 	dead    store.Judge
 	noSync  bool
+
+	mut     mutation.Set // test-only, nil in production
+	mutMu   sync.Mutex   // guards mutScan
+	mutScan mutScan      // what this handle's last dry-run reap read (mutations only)
 }
 
 var _ store.Store = (*Store)(nil)
@@ -78,7 +87,7 @@ func New(path string, opts Options) (*Store, error) {
 	if st.Mode().Perm()&0o020 != 0 {
 		mode = 0o660
 	}
-	s := &Store{path: abs, mode: mode, clock: opts.Clock, timeout: opts.Timeout, dead: opts.Dead, noSync: opts.NoSync}
+	s := &Store{path: abs, mode: mode, clock: opts.Clock, timeout: opts.Timeout, dead: opts.Dead, noSync: opts.NoSync, mut: opts.Mutations}
 	if s.clock == nil {
 		s.clock = SystemClock{}
 	}
@@ -188,7 +197,7 @@ func (s *Store) update(ctx context.Context, fn func(x *txn) error) (err error) {
 		return err
 	}
 	defer closeDB()
-	x := &txn{s: s, now: s.clock.Now()}
+	x := &txn{s: s, now: s.now()}
 	err = s.guard(func() error {
 		return db.Update(func(tx *bolt.Tx) error {
 			x.tx = tx
@@ -211,6 +220,15 @@ func (s *Store) update(ctx context.Context, fn func(x *txn) error) (err error) {
 	return nil
 }
 
+// now reads the store's clock for one transaction.
+func (s *Store) now() Instant {
+	i := s.clock.Now()
+	if s.mut.Has(mutation.WallClock) { // mutation (test-only): judge deadlines on the wall clock (D2)
+		i.Mono = time.Duration(i.Wall.UnixNano())
+	}
+	return i
+}
+
 // view runs fn in one read transaction. A missing store file reads as empty.
 func (s *Store) view(ctx context.Context, fn func(x *txn) error) error {
 	if err := ctx.Err(); err != nil {
@@ -218,13 +236,13 @@ func (s *Store) view(ctx context.Context, fn func(x *txn) error) error {
 	}
 	db, closeDB, err := s.open(ctx, false)
 	if errors.Is(err, errNoFile) {
-		return fn(&txn{s: s, now: s.clock.Now()})
+		return fn(&txn{s: s, now: s.now()})
 	}
 	if err != nil {
 		return err
 	}
 	defer closeDB()
-	x := &txn{s: s, now: s.clock.Now()}
+	x := &txn{s: s, now: s.now()}
 	return s.guard(func() error {
 		return db.View(func(tx *bolt.Tx) error {
 			x.tx = tx

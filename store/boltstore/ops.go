@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/slotctl/slotctl/internal/mutation"
 	"github.com/slotctl/slotctl/store"
 )
 
@@ -136,7 +137,11 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 			return nil
 		}
 		// The renewer is alive by definition: only the clock judges it here.
-		if ev, gone := x.verdict(r, false, true); gone {
+		ev, gone := x.verdict(r, false, true)
+		if x.s.mut.Has(mutation.RenewExpired) { // mutation (test-only): renew an expired, unswept ticket (A7)
+			gone = false
+		}
+		if gone {
 			if err := x.remove(r, store.Reaped, ev); err != nil {
 				return err
 			}
@@ -158,7 +163,10 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 		}
 		var found bool
 		if out, found = x.viewIn(recs, t.ID); !found {
-			return fmt.Errorf("%w: renewed ticket %s vanished from limit %q", store.ErrCorrupt, t.ID, r.Limit)
+			// The sweep judged this very holder dead (a late request from a
+			// process that has since died): its removal stands, and the
+			// renewal is lost like any other.
+			lost = fmt.Errorf("%w: ticket %s was reaped: its holder is dead", store.ErrLost, t.ID)
 		}
 		return nil
 	})
@@ -180,6 +188,16 @@ func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (
 			return err
 		}
 		if !ok {
+			if x.s.mut.Has(mutation.ReleaseCounter) { // mutation (test-only): a missing ticket still frees a slot (A4)
+				if err := x.mutFreeOne(t.Limit); err != nil {
+					return err
+				}
+			}
+			if x.s.mut.Has(mutation.ReleaseNoCompare) { // mutation (test-only): remove whoever holds t's slot now (A10)
+				if err := x.mutReleaseSlot(t, why); err != nil {
+					return err
+				}
+			}
 			if why == store.Lost && t.Limit != "" {
 				// Reaped or released by someone else: log that its holder
 				// noticed, for "when did it go away".
@@ -392,6 +410,9 @@ func (s *Store) Reap(ctx context.Context, dryRun bool, limits ...string) ([]stor
 		return nil
 	}
 	if dryRun {
+		if s.mut.Has(mutation.BlindReap) || s.mut.Has(mutation.StaleVerdict) { // mutation (test-only): remember this scan
+			s.mutResetScan()
+		}
 		err := s.view(ctx, func(x *txn) error {
 			return each(x, func(name string) error {
 				recs, err := x.tickets(name)
@@ -399,7 +420,11 @@ func (s *Store) Reap(ctx context.Context, dryRun bool, limits ...string) ([]stor
 					return err
 				}
 				for _, r := range recs {
-					if ev, gone := x.verdict(r, true, false); gone {
+					ev, gone := x.verdict(r, true, false)
+					if s.mut.Has(mutation.BlindReap) || s.mut.Has(mutation.StaleVerdict) { // mutation (test-only): remember this scan
+						s.mutNoteScan(r, gone)
+					}
+					if gone {
 						removed = append(removed, store.Removal{Ticket: x.view(r, 0), Reason: store.Reaped, Evidence: ev})
 					}
 				}
@@ -416,6 +441,9 @@ func (s *Store) Reap(ctx context.Context, dryRun bool, limits ...string) ([]stor
 		return each(x, func(name string) error {
 			_, r, err := x.settle(name, true)
 			removed = append(removed, r...)
+			if err == nil && x.s.mut.Has(mutation.BlindReap) { // mutation (test-only): free a slot per ticket the scan listed (A2)
+				err = x.mutBlindReap(name, r)
+			}
 			return err
 		})
 	})

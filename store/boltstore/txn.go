@@ -3,10 +3,12 @@ package boltstore
 import (
 	"bytes"
 	"fmt"
+	"slices"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/slotctl/slotctl/internal/mutation"
 	"github.com/slotctl/slotctl/store"
 )
 
@@ -250,6 +252,9 @@ func (x *txn) remove(r ticketRec, why store.Reason, evidence string) error {
 }
 
 func (x *txn) addTombstone(id string, why store.Reason) error {
+	if x.s.mut.Has(mutation.NoTombstone) { // mutation (test-only): forget removed ids (C5, S7)
+		return nil
+	}
 	t := tombRec{V: formatVersion, Reason: why, Wall: x.now.Wall, Boot: x.now.Boot, Mono: x.now.Mono}
 	if err := x.bucket(bucketTombs).Put([]byte(id), encode(&t)); err != nil {
 		return err
@@ -354,6 +359,9 @@ func (x *txn) sweep(recs []ticketRec, slots int, all bool) ([]ticketRec, []store
 	for _, r := range recs {
 		probe := all || (contended && (r.State == store.Held || ahead < slots))
 		ev, gone := x.verdict(r, probe, true)
+		if x.s.mut.Has(mutation.StaleVerdict) { // mutation (test-only): judge on the deadline an earlier scan read (A1)
+			ev, gone = x.mutStaleVerdict(r, ev, gone)
+		}
 		if !gone {
 			if r.State == store.Waiting {
 				ahead++
@@ -460,6 +468,120 @@ func checkID(id string) error {
 	}
 	if !ok {
 		return fmt.Errorf("%w: ticket id %q: want 1-64 characters of [A-Za-z0-9_-]", store.ErrInvalid, id)
+	}
+	return nil
+}
+
+// --- Test-only mutations (internal/mutation). Each re-introduces a bug of
+// LEASES.md so that gate/sim can prove it catches it; with a nil
+// Options.Mutations none of this runs.
+
+// mutScan is what a store handle's last dry-run reap read: the tickets it
+// listed as removable (a reap "job queue") and every deadline it saw.
+type mutScan struct {
+	listed    map[string]string // ticket id -> limit
+	deadlines map[string]ticketRec
+}
+
+func (s *Store) mutResetScan() {
+	s.mutMu.Lock()
+	defer s.mutMu.Unlock()
+	s.mutScan = mutScan{listed: map[string]string{}, deadlines: map[string]ticketRec{}}
+}
+
+func (s *Store) mutNoteScan(r ticketRec, gone bool) {
+	s.mutMu.Lock()
+	defer s.mutMu.Unlock()
+	s.mutScan.deadlines[r.ID] = r
+	if gone {
+		s.mutScan.listed[r.ID] = r.Limit
+	}
+}
+
+// mutStaleVerdict (StaleVerdict) judges expiry on the deadline the last scan
+// read, when it read one, instead of on the record of this transaction.
+func (x *txn) mutStaleVerdict(r ticketRec, ev string, gone bool) (string, bool) {
+	x.s.mutMu.Lock()
+	old, ok := x.s.mutScan.deadlines[r.ID]
+	x.s.mutMu.Unlock()
+	if !ok {
+		return ev, gone
+	}
+	if old.DeadlineBoot != x.now.Boot || x.now.Mono >= old.DeadlineMono {
+		return "expired (as scanned)", true
+	}
+	return "", false
+}
+
+// mutFreeOne (ReleaseCounter) admits one waiter beyond the held count of the
+// limit: what decrementing a counter for a ticket that is not there does.
+func (x *txn) mutFreeOne(limit string) error {
+	lim, ok, err := x.limit(limit)
+	if err != nil || !ok {
+		return err
+	}
+	recs, err := x.tickets(limit)
+	if err != nil {
+		return err
+	}
+	held := 0
+	for _, r := range recs {
+		if r.State == store.Held {
+			held++
+		}
+	}
+	return x.promote(limit, max(held+1, lim.Slots), recs)
+}
+
+// mutReleaseSlot (ReleaseNoCompare) removes whichever ticket holds the slot
+// t held: a release keyed by the slot, not by the caller's own ticket.
+func (x *txn) mutReleaseSlot(t store.Ticket, why store.Reason) error {
+	if t.State != store.Held || t.Limit == "" {
+		return nil
+	}
+	recs, err := x.tickets(t.Limit)
+	if err != nil {
+		return err
+	}
+	for _, r := range recs {
+		if r.State == store.Held && r.Slot == t.Slot {
+			if err := x.remove(r, why, ""); err != nil {
+				return err
+			}
+			_, _, err := x.settle(t.Limit, false)
+			return err
+		}
+	}
+	return nil
+}
+
+// mutBlindReap (BlindReap) frees one more slot for each ticket of limit that
+// the last scan listed and that this reap did not delete: another reaper or
+// its holder removed it already, and its slot is freed a second time.
+func (x *txn) mutBlindReap(limit string, removed []store.Removal) error {
+	x.s.mutMu.Lock()
+	var listed []string
+	for id, l := range x.s.mutScan.listed {
+		if l == limit {
+			listed = append(listed, id)
+			delete(x.s.mutScan.listed, id) // a reap job runs once
+		}
+	}
+	x.s.mutMu.Unlock()
+	slices.Sort(listed)
+	for _, id := range listed {
+		if slices.ContainsFunc(removed, func(r store.Removal) bool { return r.Ticket.ID == id }) {
+			continue
+		}
+		if _, live, err := x.lookup(id); err != nil || live {
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		if err := x.mutFreeOne(limit); err != nil {
+			return err
+		}
 	}
 	return nil
 }

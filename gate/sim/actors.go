@@ -1,0 +1,135 @@
+package sim
+
+import (
+	"time"
+
+	"github.com/slotctl/slotctl/store"
+)
+
+// A reaper is `slotctl reap` from a timer: it scans (a dry run, what
+// `slotctl reap --dry-run` prints), and reaps a while later. The correct
+// store judges again inside the reaping transaction; the scan is a hint.
+type reaper struct {
+	s       *sim
+	n       int
+	c       *conn
+	next    time.Duration // next scan
+	scanned bool
+	reapAt  time.Duration
+}
+
+func (r *reaper) wake() time.Duration {
+	if r.scanned {
+		return r.reapAt
+	}
+	return r.next
+}
+
+func (r *reaper) act() {
+	s := r.s
+	now := s.now().Mono
+	if !r.scanned {
+		list, err := r.c.Reap(s.ctx, true)
+		r.scanned, r.reapAt = true, now+s.between(0, reapGapMax)
+		s.tracef("reaper%d scans: %d expired %s", r.n, len(list), errString(err))
+		return
+	}
+	list, err := r.c.Reap(s.ctx, false)
+	r.scanned = false
+	r.next = now + s.jitter(reapEvery)
+	s.stats.Reaped += len(list)
+	if s.cfg.Trace {
+		var ids []string
+		for _, x := range list {
+			ids = append(ids, short(x.Ticket.ID)+" ("+x.Evidence+")")
+		}
+		s.tracef("reaper%d reaps %v %s", r.n, ids, errString(err))
+	}
+}
+
+// crash: the reaper process dies; the timer starts a new one, which knows
+// nothing of the old one's scan.
+func (r *reaper) crash() {
+	s := r.s
+	r.scanned = false
+	r.next = s.now().Mono + s.jitter(reapEvery)
+	st, err := s.be.Open()
+	if err != nil {
+		s.fail("setup", "open: %v", err)
+		return
+	}
+	r.c.st = st
+	s.tracef("reaper%d crashes; the timer starts a new one", r.n)
+}
+
+// The operator lists tickets and releases one by hand (after a while: what
+// it read may be stale by then), and resizes or pauses limits. In the
+// quiescent phase it puts every limit back to its size.
+type operator struct {
+	s       *sim
+	c       *conn
+	pending *pendingRelease
+}
+
+type pendingRelease struct {
+	at time.Duration
+	t  store.Ticket
+}
+
+func (o *operator) wake() time.Duration {
+	if o.pending != nil {
+		return o.pending.at
+	}
+	return never
+}
+
+func (o *operator) act() {
+	s := o.s
+	p := o.pending
+	o.pending = nil
+	removed, err := o.c.Release(s.ctx, p.t, store.ForceReleased)
+	s.tracef("operator releases %s (read %v ago): removed=%v %s", short(p.t.ID), s.now().Mono-(p.at), removed, errString(err))
+}
+
+// act1 is one operator action of the random phase; false if none applies.
+func (o *operator) act1() bool {
+	s := o.s
+	rel, resize := s.cfg.Faults.Has(OpRelease) && o.pending == nil, s.cfg.Faults.Has(OpResize)
+	switch {
+	case rel && (!resize || s.chance(0.5)):
+		snap, err := o.c.Snapshot(s.ctx)
+		if err != nil || len(snap.Tickets) == 0 {
+			s.tracef("operator lists tickets: %d %s", len(snap.Tickets), errString(err))
+			return true
+		}
+		t := snap.Tickets[s.rng.IntN(len(snap.Tickets))]
+		if h := s.byPid[t.Holder.Pid]; h != nil && h.live() && !s.chance(0.15) {
+			// slotctl release refuses a provably alive holder without --force.
+			s.tracef("operator would release %s of live %s: refused without --force", short(t.ID), h.name)
+			return true
+		}
+		o.pending = &pendingRelease{at: s.now().Mono + s.between(0, 8*time.Second), t: t}
+		s.tracef("operator picks %s (%s) to release", short(t.ID), t.State)
+		return true
+	case resize:
+		l := s.limits[s.rng.IntN(len(s.limits))]
+		n := s.rng.IntN(5)
+		lim, err := o.c.SetLimit(s.ctx, l.name, n)
+		s.tracef("operator sets %s to %d slots (held %d, waiting %d) %s", l.name, n, lim.Held, lim.Waiting, errString(err))
+		return true
+	}
+	return false
+}
+
+// restore puts one limit back to its configured size; false when all are.
+func (o *operator) restore() bool {
+	s := o.s
+	for _, l := range s.limits {
+		if ml := s.m.limits[l.name]; ml != nil && ml.slots != l.slots {
+			lim, err := o.c.SetLimit(s.ctx, l.name, l.slots)
+			s.tracef("operator restores %s to %d slots (held %d, waiting %d) %s", l.name, l.slots, lim.Held, lim.Waiting, errString(err))
+			return true
+		}
+	}
+	return false
+}

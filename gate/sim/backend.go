@@ -1,0 +1,90 @@
+package sim
+
+import (
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/slotctl/slotctl/internal/mutation"
+	"github.com/slotctl/slotctl/store"
+	"github.com/slotctl/slotctl/store/boltstore"
+)
+
+// An Instant is a reading of the store's clock: the boot, the boot-time
+// clock within it, and the wall clock (display only, unless a bug judges by it).
+type Instant struct {
+	Boot string
+	Mono time.Duration
+	Wall time.Time
+}
+
+// A Backend is the store under test and the clock that judges its leases.
+// The holders' monotonic clocks read the same boot-time clock (one host).
+type Backend interface {
+	// Open returns a new handle on the store, as another process opening it
+	// would: every actor has its own, and a restart replaces them all.
+	Open() (store.Store, error)
+	// Now reads the store's clock.
+	Now() Instant
+	// Advance lets d pass on every clock.
+	Advance(d time.Duration)
+	// StepWall steps the wall clock alone by d; false if the backend cannot.
+	StepWall(d time.Duration) bool
+	// Reboot starts a new boot (new boot id, boot clock near zero); false
+	// if the backend cannot.
+	Reboot() bool
+}
+
+// NewBackend makes the backend of one run. judge proves holders dead the
+// way the host would (the simulation knows which processes are gone); mut
+// is the set of store-side bugs switched on.
+type NewBackend func(dir string, judge store.Judge, mut mutation.Set) (Backend, error)
+
+// Bolt is the bbolt store on a real file, judged by a FakeClock the
+// simulation owns, without fsync (the simulation kills processes, not the
+// host's page cache).
+type Bolt struct {
+	path  string
+	opts  boltstore.Options
+	clock *boltstore.FakeClock
+	boots int
+}
+
+// simEpoch is the wall time a run starts at; fixed, so that runs replay.
+var simEpoch = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// NewBolt is the NewBackend of the bbolt store.
+func NewBolt(dir string, judge store.Judge, mut mutation.Set) (Backend, error) {
+	b := &Bolt{path: filepath.Join(dir, "slots.db"), boots: 1}
+	b.clock = boltstore.NewFakeClock(boltstore.Instant{Boot: "boot-1", Mono: time.Hour, Wall: simEpoch})
+	b.opts = boltstore.Options{Clock: b.clock, NoSync: true, Dead: judge, Mutations: mut, Timeout: time.Second}
+	return b, nil
+}
+
+// Open implements Backend.
+func (b *Bolt) Open() (store.Store, error) { return boltstore.New(b.path, b.opts) }
+
+// Now implements Backend.
+func (b *Bolt) Now() Instant {
+	i := b.clock.Now()
+	return Instant{Boot: i.Boot, Mono: i.Mono, Wall: i.Wall}
+}
+
+// Advance implements Backend.
+func (b *Bolt) Advance(d time.Duration) { b.clock.Advance(d) }
+
+// StepWall implements Backend.
+func (b *Bolt) StepWall(d time.Duration) bool {
+	i := b.clock.Now()
+	i.Wall = i.Wall.Add(d)
+	b.clock.Set(i)
+	return true
+}
+
+// Reboot implements Backend.
+func (b *Bolt) Reboot() bool {
+	i := b.clock.Now()
+	b.boots++
+	b.clock.Set(boltstore.Instant{Boot: fmt.Sprintf("boot-%d", b.boots), Mono: 20 * time.Second, Wall: i.Wall.Add(30 * time.Second)})
+	return true
+}

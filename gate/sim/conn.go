@@ -1,0 +1,217 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/slotctl/slotctl/store"
+)
+
+// An op is one real store call made in this step, with its real answer:
+// what the model learns the store did.
+type op struct {
+	who   string
+	owner *holder // the holder whose request this is, if any
+	kind  string  // enqueue renew release get setchild reap scan setlimit snapshot
+	req   store.EnqueueRequest
+	t     store.Ticket
+	ttl   time.Duration
+	why   store.Reason
+	name  string
+	slots int
+	lims  []string // a reap's limits; none means all
+
+	res      store.Ticket
+	removed  bool
+	removals []store.Removal
+	err      error
+}
+
+// errReplyLost is the answer a caller gets when the store's reply is lost
+// (or the call failed before it reached the store): the outcome is unknown.
+var errReplyLost = fmt.Errorf("%w: sim: no reply", store.ErrUnavailable)
+
+// A conn is one actor's store handle, as a process holds it. It records
+// every real call in the step's log, and injects the faults its actor is
+// told to suffer. It implements store.Store, so the gate runs on it.
+type conn struct {
+	s     *sim
+	st    store.Store
+	who   string
+	owner *holder
+
+	// Fault for the next Enqueue: 0 none, 1 not executed, 2 reply lost.
+	enqFault int
+	// oneShot, if set, is called after a Get: it ends one Entry.Wait poll.
+	oneShot  func()
+	bell     *simBell
+	lastSnap *store.Snapshot // the last Snapshot read (gate's watchExpiry)
+}
+
+var _ store.Store = (*conn)(nil)
+
+func (s *sim) newConn(who string, owner *holder) *conn {
+	st, err := s.be.Open()
+	if err != nil {
+		s.fail("setup", "open: %v", err)
+	}
+	c := &conn{s: s, st: st, who: who, owner: owner}
+	s.conns = append(s.conns, c)
+	return c
+}
+
+// errDead is what a crashed process's calls get: they are never made.
+var errDead = errors.New("sim: the caller crashed")
+
+// dead: the actor crashed. A request it sent before still travels: those
+// go through the simulation's network handle.
+func (c *conn) dead() bool { return c.owner != nil && c.owner.crashed && c != c.s.netConn }
+
+func (c *conn) record(o *op) {
+	if errors.Is(o.err, context.Canceled) {
+		return // the store checks the context first: nothing ran
+	}
+	o.who, o.owner = c.who, c.owner
+	c.s.log = append(c.s.log, o)
+	if h := c.owner; h != nil && h.crashAfterCall && c != c.s.netConn {
+		c.s.tracef("%s crashes before it reads the answer", h.name)
+		h.crash() // its next calls are never made
+	}
+}
+
+// Enqueue implements store.Store.
+func (c *conn) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ticket, error) {
+	if c.dead() {
+		return store.Ticket{}, errDead
+	}
+	if c != c.s.netConn {
+		c.s.remember(request{kind: "enqueue", req: req, owner: c.owner, who: c.who})
+	}
+	f := c.enqFault
+	c.enqFault = 0
+	if f == 1 {
+		return store.Ticket{}, errReplyLost
+	}
+	t, err := c.st.Enqueue(ctx, req)
+	c.record(&op{kind: "enqueue", req: req, res: t, err: err})
+	if f == 2 {
+		return store.Ticket{}, errReplyLost
+	}
+	return t, err
+}
+
+// Get implements store.Store.
+func (c *conn) Get(ctx context.Context, id string) (store.Ticket, error) {
+	if c.oneShot != nil {
+		defer c.oneShot()
+	}
+	if c.dead() {
+		return store.Ticket{}, errDead
+	}
+	t, err := c.st.Get(ctx, id)
+	c.record(&op{kind: "get", t: store.Ticket{ID: id}, res: t, err: err})
+	return t, err
+}
+
+// Renew implements store.Store.
+func (c *conn) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (store.Ticket, error) {
+	if c.dead() {
+		return store.Ticket{}, errDead
+	}
+	nt, err := c.st.Renew(ctx, t, ttl)
+	c.record(&op{kind: "renew", t: t, ttl: ttl, res: nt, err: err})
+	return nt, err
+}
+
+// Release implements store.Store.
+func (c *conn) Release(ctx context.Context, t store.Ticket, why store.Reason) (bool, error) {
+	if c.dead() {
+		return false, errDead
+	}
+	if c != c.s.netConn {
+		c.s.remember(request{kind: "release", t: t, why: why, owner: c.owner, who: c.who})
+	}
+	removed, err := c.st.Release(ctx, t, why)
+	c.record(&op{kind: "release", t: t, why: why, removed: removed, err: err})
+	return removed, err
+}
+
+// SetChild implements store.Store.
+func (c *conn) SetChild(ctx context.Context, t store.Ticket, pgid int, pgidStart uint64) (store.Ticket, error) {
+	if c.dead() {
+		return store.Ticket{}, errDead
+	}
+	nt, err := c.st.SetChild(ctx, t, pgid, pgidStart)
+	c.record(&op{kind: "setchild", t: t, res: nt, err: err})
+	return nt, err
+}
+
+// Reap implements store.Store.
+func (c *conn) Reap(ctx context.Context, dryRun bool, limits ...string) ([]store.Removal, error) {
+	if c.dead() {
+		return nil, errDead
+	}
+	r, err := c.st.Reap(ctx, dryRun, limits...)
+	kind := "reap"
+	if dryRun {
+		kind = "scan"
+	}
+	c.record(&op{kind: kind, removals: r, err: err, lims: limits})
+	return r, err
+}
+
+// Events implements store.Store.
+func (c *conn) Events(ctx context.Context, limit string, n int) ([]store.Event, error) {
+	return c.st.Events(ctx, limit, n)
+}
+
+// Snapshot implements store.Store.
+func (c *conn) Snapshot(ctx context.Context, limits ...string) (store.Snapshot, error) {
+	if c.dead() {
+		return store.Snapshot{}, errDead
+	}
+	snap, err := c.st.Snapshot(ctx, limits...)
+	c.record(&op{kind: "snapshot", err: err})
+	if err == nil {
+		c.lastSnap = &snap
+	}
+	return snap, err
+}
+
+// SetLimit implements store.Store.
+func (c *conn) SetLimit(ctx context.Context, name string, slots int) (store.Limit, error) {
+	l, err := c.st.SetLimit(ctx, name, slots)
+	c.record(&op{kind: "setlimit", name: name, slots: slots, err: err})
+	return l, err
+}
+
+// RemoveLimit implements store.Store; the simulation never removes limits.
+func (c *conn) RemoveLimit(ctx context.Context, name string, force bool) error {
+	return errors.New("sim: RemoveLimit is not simulated")
+}
+
+// Watch implements store.Store with a bell the simulation rings: a real
+// bell is a named pipe and a goroutine, which a step-driven run cannot
+// order. The holder rings it before each poll; the promotion it stands for
+// is what the model sees in the snapshot.
+func (c *conn) Watch(ctx context.Context, id string) (store.Bell, error) {
+	c.bell = &simBell{c: make(chan struct{}, 1)}
+	return c.bell, nil
+}
+
+// String implements store.Store.
+func (c *conn) String() string { return c.st.String() }
+
+type simBell struct{ c chan struct{} }
+
+func (b *simBell) C() <-chan struct{} { return b.c }
+func (b *simBell) Close() error       { return nil }
+
+func (b *simBell) ring() {
+	select {
+	case b.c <- struct{}{}:
+	default:
+	}
+}

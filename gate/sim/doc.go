@@ -1,0 +1,105 @@
+// Package sim is a deterministic simulation of the slot protocol: the real
+// gate, renew and store code (the bbolt backend on a real file) driven by a
+// seeded scheduler under a simulated clock, checked after every step against
+// an independent model of what must be true (LEASES-CATALOGUE.md §2). Only
+// tests import it.
+//
+// # Steps
+//
+// The simulation is single-threaded. Each step picks one actor and performs
+// one action, at most a few real store calls at one instant of the simulated
+// clock, so a seed replays exactly: go test ./gate/sim -run TestSim -seed N.
+// Time moves only in "tick" steps, and never past a moment at which a
+// responsive actor must act (a renewal or poll due, a local deadline, a
+// child's exit, a kill escalation, a reaper's turn): timers fire on time
+// unless a fault says otherwise.
+//
+// # Actors
+//
+//   - Holders follow cmd/slotctl/run.go step by step: mint an id, gate.Join
+//     (bell, then enqueue; cancel when the outcome is unknown), renew from the
+//     first write, wait (gate's Entry.Wait, one poll per step), check the local
+//     deadline, start a simulated child, record its group (SetChild),
+//     supervise it (renewals; at the local deadline, an ErrLost or a SIGTERM:
+//     stop the child, SIGKILL after the kill grace), drain (the child is gone
+//     and any renewal in flight has returned) and release. The lease
+//     arithmetic is renew.Lease, the Keeper's own; the renewal cadence and
+//     retry backoff copy the Keeper's (its goroutines and timers cannot run
+//     step by step). Two protocol steps live only in cmd/slotctl, renewing
+//     while waiting and draining before release: the holder implements them
+//     here, with the switches mutation.WaiterNotRenewed and
+//     mutation.ReleaseBeforeExit.
+//   - A child runs from its start until its holder observes that it exited
+//     or killed it. A crashed holder's child dies with it (parent-death
+//     signal); a paused holder's child runs on.
+//   - Reapers scan (a dry-run Reap) and reap a while later; they are cron
+//     jobs, so a crashed reaper only loses what it had read.
+//   - Operators release tickets (a stale read, then Release; --force only
+//     rarely for a live holder), resize limits and pause them (0 slots).
+//
+// # Faults
+//
+// crash (an actor stops for good, between steps or right after a store
+// call whose answer it never sees), pause (a supervisor is stopped for up to
+// 3 TTLs, then resumes and checks its lease first, as on SIGCONT), renewal
+// delays and failures (before or after the store ran them, and outages),
+// restart (every store handle is dropped and opened again; the bbolt store
+// opens its file for every operation anyway), wall-clock steps of up to ±2 h,
+// reboot (every process dies, new boot id), late duplicates of earlier
+// enqueue, renew and release requests (a retried request), lost enqueue
+// answers, and SIGTERM to a supervisor. A late renewal may arrive from a
+// holder that reapers have since proven dead: it is lost (see
+// TestRenewOfDeadWaiter, the bug the simulation found there).
+//
+// # Model and invariants
+//
+// The model is its own record of the live tickets (fence, state, slot,
+// deadline on the store's clock), the removed and refused ids, the limits,
+// and each holder's child, built only from the calls' answers and the
+// actors' observations, never from the store's internals. After every step
+// that called the store, a Snapshot is compared with it. The rules checked
+// (names as in LEASES-CATALOGUE.md §2):
+//
+//	S1  held ≤ slots outside a shrink; a grant only below the limit; slot
+//	    indexes unique and below the limit
+//	S2  every running child is leased, or its holder lost the ticket at most
+//	    margin + kill grace ago (past its local deadline or the store's
+//	    expiry, whichever is first), or its holder is or just was paused
+//	S3  a limit's held and waiting counts are its tickets'
+//	S4  a ticket is removed only by its holder, an operator, or a sweep that
+//	    finds it expired or its holder dead
+//	S5  every ticket leaves the live set exactly once
+//	S6  a ticket renewed on time is never reaped, nor listed by a scan
+//	S7  no removed id comes back; an expired ticket is not renewed
+//	S8  fences strictly increase and never change
+//	S9  a holder's local deadline + margin ≤ the store's deadline; a child is
+//	    stopped within the kill grace of its local deadline, a lost lease or
+//	    a SIGTERM
+//	S10 a holder releases only after its child is gone
+//	S12 the store answers (no corrupt or failed calls)
+//	S13 the store judges on one clock (remaining lease = deadline − now)
+//	S14 a retried enqueue returns the same ticket; only removed ids are refused
+//	L1  a reap leaves no expired ticket of its limits; none outlives three
+//	    reaper periods
+//	L3  no waiter waits while a slot is free
+//	L4  waiters are admitted in FIFO order
+//	L2  at quiescence every holder has finished and no ticket is left
+//
+// Slot indexes are unique. Overlap that the design cannot prevent (a paused
+// supervisor's child running on beside a newly admitted one) is measured and
+// reported, not failed.
+//
+// # Mutations
+//
+// Each bug class of LEASES.md that the design prevents can be switched back
+// on (internal/mutation; store-side ones in store/boltstore at their real
+// location). TestMutationsCaught asserts that the simulation finds each
+// within a bounded budget of seeds and steps.
+//
+// # Other stores
+//
+// The harness runs over store.Store and a Backend (handles plus the clock
+// that judges the leases). A store whose clock cannot be driven, such as
+// etcd, gives a randomized run that is no longer replayable; its Backend
+// says which faults it supports.
+package sim

@@ -1,0 +1,706 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/slotctl/slotctl/internal/mutation"
+	"github.com/slotctl/slotctl/store"
+)
+
+// A Fault is one kind of trouble (or optional behaviour) the scheduler may
+// inject. Every kind can be switched off, which is how a failing run is
+// reduced to fewer kinds.
+type Fault string
+
+// The faults, and the optional actors the scheduler may drop.
+const (
+	Crash      Fault = "crash"       // an actor stops for good
+	Pause      Fault = "pause"       // a supervisor is stopped, then resumes
+	RenewDelay Fault = "renew-delay" // a renewal's request or answer is late
+	RenewFail  Fault = "renew-fail"  // a renewal fails, before or after the store ran it; outages
+	Restart    Fault = "restart"     // every store handle is dropped and opened again
+	WallJump   Fault = "wall-jump"   // the wall clock steps forward or back
+	Retry      Fault = "retry"       // a late duplicate of an earlier request
+	LostReply  Fault = "lost-reply"  // an enqueue fails with an unknown outcome
+	Reboot     Fault = "reboot"      // every process dies; new boot id
+	Signal     Fault = "signal"      // SIGTERM to a supervisor
+	OpRelease  Fault = "op-release"  // an operator releases a ticket by hand
+	OpResize   Fault = "op-resize"   // an operator resizes or pauses a limit
+	Judge      Fault = "judge"       // reapers may prove a holder dead (else only the TTL frees)
+)
+
+// AllFaults lists every Fault.
+func AllFaults() []Fault {
+	return []Fault{Crash, Pause, RenewDelay, RenewFail, Restart, WallJump, Retry, LostReply, Reboot, Signal, OpRelease, OpResize, Judge}
+}
+
+// A FaultSet is the kinds switched on; nil means all.
+type FaultSet map[Fault]bool
+
+// Has reports whether f is on.
+func (s FaultSet) Has(f Fault) bool { return s == nil || s[f] }
+
+// String lists the kinds on, comma-separated.
+func (s FaultSet) String() string {
+	var out []string
+	for _, f := range AllFaults() {
+		if s.Has(f) {
+			out = append(out, string(f))
+		}
+	}
+	return strings.Join(out, ",")
+}
+
+// ParseFaults reads a comma-separated list of fault kinds; "all" or "" is all.
+func ParseFaults(list string) (FaultSet, error) {
+	if list == "" || list == "all" {
+		return nil, nil
+	}
+	s := FaultSet{}
+	if list == "none" {
+		return s, nil
+	}
+	for _, name := range strings.Split(list, ",") {
+		f := Fault(strings.TrimSpace(name))
+		if !slices.Contains(AllFaults(), f) {
+			return nil, fmt.Errorf("fault %q: want some of %v, all or none", f, AllFaults())
+		}
+		s[f] = true
+	}
+	return s, nil
+}
+
+// Config is one run.
+type Config struct {
+	Seed  uint64
+	Steps int // steps of the random phase; a quiescent phase follows
+	// Faults switched on; nil means all.
+	Faults FaultSet
+	// Mutations switched on: the store's (passed to the backend) and the
+	// holder's. nil in a correct run.
+	Mutations mutation.Set
+	// Dir holds the store file.
+	Dir string
+	// Backend makes the store; nil means NewBolt.
+	Backend NewBackend
+	// Trace records one line per step in Result.Trace.
+	Trace bool
+	// Ignore lists rules whose violations are counted, not reported, and
+	// the run goes on: to show which other rules catch a bug.
+	Ignore []string
+}
+
+// A Violation is the first rule a run broke.
+type Violation struct {
+	Step int
+	Rule string // S1..S14, L1..L4
+	Msg  string
+}
+
+func (v *Violation) Error() string { return fmt.Sprintf("step %d: %s: %s", v.Step, v.Rule, v.Msg) }
+
+// Stats sum up a run.
+type Stats struct {
+	Steps, StoreCalls                 int
+	Holders, Admitted, Finished, Lost int
+	Crashes, Pauses, Reaped           int
+	Faults                            int
+	Ignored                           int // violations of Config.Ignore rules
+	// PauseOverlap is the longest time a paused (or just resumed) holder's
+	// child ran without a lease beside a full limit: what fencing is for.
+	PauseOverlap time.Duration
+}
+
+// Result is what a run found.
+type Result struct {
+	Config    Config
+	Violation *Violation
+	Stats     Stats
+	Trace     []string
+}
+
+// Timing of the simulated protocol.
+const (
+	reapEvery   = 4 * time.Second
+	reapGapMax  = 6 * time.Second // between a reaper's scan and its reap
+	pollEvery   = 2 * time.Second // gate.DefaultPoll
+	maxTick     = 3 * time.Second
+	retryWithin = time.Hour // a late request is at most this late (tombstones live a day)
+	// reclaimBound: an expired ticket is gone within this (L1).
+	reclaimBound = reapEvery*6/5 + reapGapMax + time.Millisecond
+)
+
+var ttls = []time.Duration{5 * time.Second, 8 * time.Second, 12 * time.Second}
+
+type limitCfg struct {
+	name  string
+	slots int
+}
+
+type sim struct {
+	cfg   Config
+	rng   *rand.Rand
+	be    Backend
+	ctx   context.Context
+	step  int
+	quiet bool // the quiescent phase: no faults, no arrivals
+	start time.Duration
+
+	limits  []limitCfg
+	holders []*holder
+	byPid   map[int]*holder
+	reapers []*reaper
+	ops     *operator
+	netConn *conn // late duplicates travel on their own handle
+	checker store.Store
+	conns   []*conn
+
+	maxHolders int
+	judgeOn    bool
+	rebootAt   time.Duration // the boot clock at the last reboot
+
+	// this step
+	log    []*op
+	judged map[string]bool
+
+	history []request // recent requests, for late duplicates
+
+	m     *model
+	viol  *Violation
+	stats Stats
+	trace []string
+	desc  string // what this step did, when tracing
+}
+
+const never = time.Duration(math.MaxInt64)
+
+// Run runs one simulation.
+func Run(cfg Config) (res Result) {
+	s := &sim{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x5107c71)), ctx: context.Background(),
+		byPid: map[int]*holder{}, judged: map[string]bool{}}
+	res.Config = cfg
+	defer func() {
+		res.Violation, res.Stats, res.Trace = s.viol, s.stats, s.trace
+	}()
+	nb := cfg.Backend
+	if nb == nil {
+		nb = NewBolt
+	}
+	be, err := nb(cfg.Dir, s.judge, storeBugs(cfg.Mutations))
+	if err != nil {
+		s.fail("setup", "backend: %v", err)
+		return res
+	}
+	s.be = be
+	s.setup()
+	if s.viol != nil {
+		return res
+	}
+	for s.step = 1; s.step <= cfg.Steps && s.viol == nil; s.step++ {
+		s.doStep()
+	}
+	if s.viol == nil {
+		s.quiesce()
+	}
+	s.stats.Steps = s.step - 1
+	if s.viol != nil {
+		s.stats.Steps = s.viol.Step
+	}
+	return res
+}
+
+func storeBugs(set mutation.Set) mutation.Set {
+	out := mutation.Set{}
+	for b := range set {
+		if b.InStore() && set[b] {
+			out[b] = true
+		}
+	}
+	return out
+}
+
+func (s *sim) setup() {
+	r := s.rng
+	s.m = newModel(s)
+	n := 1 + r.IntN(2)
+	for i := range n {
+		s.limits = append(s.limits, limitCfg{name: fmt.Sprintf("L%d", i), slots: 1 + r.IntN(3)})
+	}
+	s.maxHolders = 2 + r.IntN(7)
+	s.judgeOn = s.cfg.Faults.Has(Judge) && r.IntN(2) == 0
+	var err error
+	if s.checker, err = s.be.Open(); err != nil {
+		s.fail("setup", "open: %v", err)
+		return
+	}
+	s.netConn = s.newConn("net", nil)
+	for i := range 2 {
+		rp := &reaper{s: s, n: i}
+		rp.c = s.newConn(fmt.Sprintf("reaper%d", i), nil)
+		rp.next = s.now().Mono + s.jitter(reapEvery)
+		s.reapers = append(s.reapers, rp)
+	}
+	s.ops = &operator{s: s}
+	s.ops.c = s.newConn("operator", nil)
+	s.start = s.now().Mono
+}
+
+func (s *sim) now() Instant { return s.be.Now() }
+
+// jitter spreads d over d·(1 ± 0.2), as the Keeper does.
+func (s *sim) jitter(d time.Duration) time.Duration {
+	return time.Duration(float64(d) * (1 + 0.2*(2*s.rng.Float64()-1)))
+}
+
+// between is a uniform duration in [a, b].
+func (s *sim) between(a, b time.Duration) time.Duration {
+	if b <= a {
+		return a
+	}
+	return a + time.Duration(s.rng.Int64N(int64(b-a)+1))
+}
+
+func (s *sim) chance(p float64) bool { return s.rng.Float64() < p }
+
+func (s *sim) tracef(format string, args ...any) {
+	if s.cfg.Trace {
+		if s.desc != "" {
+			s.desc += "; "
+		}
+		s.desc += fmt.Sprintf(format, args...)
+	}
+}
+
+func (s *sim) fail(rule, format string, args ...any) {
+	if slices.Contains(s.cfg.Ignore, rule) {
+		s.stats.Ignored++
+		return
+	}
+	if s.viol == nil {
+		s.viol = &Violation{Step: s.step, Rule: rule, Msg: fmt.Sprintf(format, args...)}
+	}
+}
+
+// doStep runs one step and checks the model after it.
+func (s *sim) doStep() {
+	s.log = s.log[:0]
+	clear(s.judged)
+	s.desc = ""
+	before := s.now()
+	s.pick()
+	if s.viol == nil {
+		s.m.check()
+	}
+	s.stats.StoreCalls += len(s.log)
+	if s.cfg.Trace {
+		now := s.now()
+		t := fmt.Sprintf("%s+%.3fs", now.Boot, (now.Mono - s.start).Seconds())
+		if now.Boot != before.Boot {
+			t = fmt.Sprintf("%s+%.3fs", now.Boot, now.Mono.Seconds())
+		}
+		line := fmt.Sprintf("%5d %-16s %s", s.step, t, s.desc)
+		if s.viol != nil {
+			line += "\n      !! " + s.viol.Error()
+		}
+		s.trace = append(s.trace, line)
+	}
+}
+
+// An actor is anything that must act at a time: a holder, a reaper, a
+// renewal in flight, an operator's pending release.
+type actor interface {
+	wake() time.Duration // when it must act next; never if it need not
+	act()
+}
+
+func (s *sim) actors() []actor {
+	var out []actor
+	for _, h := range s.holders {
+		if h.live() {
+			out = append(out, h)
+		}
+		if c := h.inflight; c != nil && !c.delivered {
+			out = append(out, c)
+		}
+	}
+	for _, r := range s.reapers {
+		out = append(out, r)
+	}
+	if s.ops.pending != nil {
+		out = append(out, s.ops)
+	}
+	return out
+}
+
+// pick chooses this step's action: sometimes a fault, an operator or a new
+// holder; else one actor that is due, at random; else time moves on to the
+// next moment someone must act.
+func (s *sim) pick() {
+	if !s.quiet {
+		r := s.rng.Float64()
+		switch {
+		case r < 0.05:
+			if s.inject() {
+				s.stats.Faults++
+				return
+			}
+		case r < 0.08:
+			if s.ops.act1() {
+				return
+			}
+		case r < 0.16:
+			if s.arrive() {
+				return
+			}
+		}
+	}
+	if s.quiet && s.ops.restore() {
+		return
+	}
+	now := s.now().Mono
+	var due []actor
+	next := never
+	for _, a := range s.actors() {
+		w := a.wake()
+		if w <= now {
+			due = append(due, a)
+		}
+		next = min(next, w)
+	}
+	if len(due) > 0 {
+		due[s.rng.IntN(len(due))].act()
+		return
+	}
+	// Time moves to the next moment someone must act, or part of the way,
+	// or by a hair: so that actions land on, just before and just after
+	// each other's deadlines.
+	until := min(maxTick, next-now) // next > now: nothing is due
+	var dt time.Duration
+	switch r := s.rng.IntN(4); {
+	case r < 2:
+		dt = until
+	case r < 3:
+		dt = min(until, s.between(time.Microsecond, until))
+	default:
+		dt = min(until, s.between(time.Microsecond, 200*time.Millisecond))
+	}
+	s.be.Advance(dt)
+	s.tracef("tick %v", dt)
+}
+
+// arrive starts a new holder, if there is room for one.
+func (s *sim) arrive() bool {
+	active := 0
+	for _, h := range s.holders {
+		if h.live() {
+			active++
+		}
+	}
+	if active >= s.maxHolders {
+		return false
+	}
+	h := newHolder(s, len(s.holders))
+	s.holders = append(s.holders, h)
+	s.byPid[h.pid] = h
+	s.stats.Holders++
+	wait := "without bound"
+	if h.waitFor >= 0 {
+		wait = h.waitFor.Round(time.Millisecond).String()
+	}
+	s.tracef("%s arrives (limit %s, ttl %v, wait %s, job %v)", h.name, h.limit, h.ttl, wait, h.runFor.Round(time.Millisecond))
+	return true
+}
+
+// inject applies one fault of a kind switched on.
+func (s *sim) inject() bool {
+	type choice struct {
+		f Fault
+		w float64
+	}
+	var cs []choice
+	for _, c := range []choice{{Crash, 2}, {Pause, 2}, {RenewFail, 1}, {Restart, 1}, {WallJump, 1},
+		{Retry, 3}, {Reboot, 0.2}, {Signal, 1.5}} {
+		if s.cfg.Faults.Has(c.f) {
+			cs = append(cs, c)
+		}
+	}
+	if len(cs) == 0 {
+		return false
+	}
+	total := 0.0
+	for _, c := range cs {
+		total += c.w
+	}
+	r := s.rng.Float64() * total
+	f := cs[len(cs)-1].f
+	for _, c := range cs {
+		if r < c.w {
+			f = c.f
+			break
+		}
+		r -= c.w
+	}
+	switch f {
+	case Crash:
+		return s.crashOne()
+	case Pause:
+		h := s.anyHolder(func(h *holder) bool { return !h.paused && h.phase >= hWait })
+		if h == nil {
+			return false
+		}
+		h.pause(s.between(h.ttl/5, 3*h.ttl))
+		return true
+	case RenewFail:
+		h := s.anyHolder(func(h *holder) bool { return h.phase >= hWait && h.outageUntil < s.now().Mono })
+		if h == nil {
+			return false
+		}
+		h.outageUntil = s.now().Mono + s.between(h.ttl/10, 3*h.ttl/2)
+		s.tracef("%s: store unreachable for its renewals until +%v", h.name, h.outageUntil-s.now().Mono)
+		return true
+	case Restart:
+		s.restart()
+		return true
+	case WallJump:
+		d := s.between(time.Minute, 2*time.Hour)
+		if s.chance(0.5) {
+			d = -d
+		}
+		if !s.be.StepWall(d) {
+			return false
+		}
+		s.tracef("wall clock stepped %+v", d)
+		return true
+	case Retry:
+		return s.retry()
+	case Reboot:
+		return s.reboot()
+	case Signal:
+		h := s.anyHolder(func(h *holder) bool { return h.phase >= hWait && h.phase <= hRun && !h.sigterm })
+		if h == nil {
+			return false
+		}
+		h.sigterm = true
+		s.tracef("SIGTERM to %s", h.name)
+		return true
+	}
+	return false
+}
+
+// anyHolder picks a live holder that ok accepts, at random.
+func (s *sim) anyHolder(ok func(*holder) bool) *holder {
+	var hs []*holder
+	for _, h := range s.holders {
+		if h.live() && ok(h) {
+			hs = append(hs, h)
+		}
+	}
+	if len(hs) == 0 {
+		return nil
+	}
+	return hs[s.rng.IntN(len(hs))]
+}
+
+func (s *sim) crashOne() bool {
+	if s.chance(0.15) {
+		r := s.reapers[s.rng.IntN(len(s.reapers))]
+		r.crash()
+		return true
+	}
+	h := s.anyHolder(func(h *holder) bool { return true })
+	if h == nil {
+		return false
+	}
+	if s.chance(0.5) {
+		h.crashAfterCall = true // dies right after its next store call, answer unseen
+		s.tracef("%s will crash after its next store call", h.name)
+		return true
+	}
+	h.crash()
+	return true
+}
+
+// restart drops every store handle and opens new ones.
+func (s *sim) restart() {
+	for _, c := range s.conns {
+		st, err := s.be.Open()
+		if err != nil {
+			s.fail("setup", "reopen: %v", err)
+			return
+		}
+		c.st = st
+	}
+	var err error
+	if s.checker, err = s.be.Open(); err != nil {
+		s.fail("setup", "reopen: %v", err)
+	}
+	s.tracef("store handles reopened")
+}
+
+func (s *sim) reboot() bool {
+	if !s.be.Reboot() {
+		return false
+	}
+	for _, h := range s.holders {
+		if h.live() {
+			h.crash()
+		}
+		if h.inflight != nil && !h.inflight.delivered {
+			h.inflight = nil // the request died with its process
+		}
+	}
+	s.rebootAt = s.now().Mono
+	s.history = nil
+	for _, r := range s.reapers {
+		r.crash()
+		r.next = s.rebootAt + s.jitter(reapEvery)
+	}
+	s.ops.pending = nil
+	s.restart()
+	s.tracef("host rebooted: %s", s.now().Boot)
+	return true
+}
+
+// A request is an earlier call that the network may deliver again.
+type request struct {
+	at    time.Duration
+	boot  string
+	kind  string // enqueue, renew, release
+	req   store.EnqueueRequest
+	t     store.Ticket
+	ttl   time.Duration
+	why   store.Reason
+	owner *holder
+	who   string
+}
+
+func (s *sim) remember(r request) {
+	now := s.now()
+	r.at, r.boot = now.Mono, now.Boot
+	s.history = append(s.history, r)
+	if len(s.history) > 256 {
+		s.history = slices.Delete(s.history, 0, len(s.history)-192)
+	}
+}
+
+// retry delivers a late duplicate of a recent request; nobody reads the answer.
+func (s *sim) retry() bool {
+	now := s.now()
+	var recent []request
+	for _, r := range s.history {
+		if r.boot == now.Boot && now.Mono-r.at <= retryWithin {
+			recent = append(recent, r)
+		}
+	}
+	if len(recent) == 0 {
+		return false
+	}
+	r := recent[s.rng.IntN(len(recent))]
+	c := s.netConn
+	c.who, c.owner = "late "+r.who, r.owner
+	defer func() { c.who, c.owner = "net", nil }()
+	switch r.kind {
+	case "enqueue":
+		t, err := c.Enqueue(s.ctx, r.req)
+		s.tracef("late duplicate of %s's enqueue %s: %s", r.who, short(r.req.ID), result(t, err))
+	case "renew":
+		t, err := c.Renew(s.ctx, r.t, r.ttl)
+		s.tracef("late duplicate of %s's renewal of %s: %s", r.who, short(r.t.ID), result(t, err))
+	case "release":
+		removed, err := c.Release(s.ctx, r.t, r.why)
+		s.tracef("late duplicate of %s's release of %s: removed=%v err=%v", r.who, short(r.t.ID), removed, err)
+	}
+	return true
+}
+
+// quiesce stops the faults and arrivals, lets the operator restore the
+// limits and everyone finish, and checks that they did (L2).
+func (s *sim) quiesce() {
+	s.quiet = true
+	for _, h := range s.holders {
+		h.outageUntil = 0
+	}
+	qStart := s.now().Mono
+	limit := qStart + 40*ttls[len(ttls)-1]
+	for ; ; s.step++ {
+		if s.done() {
+			return
+		}
+		if s.now().Mono > limit || s.step > s.cfg.Steps+100000 {
+			s.step-- // found after the last step
+			s.failLiveness(s.now().Mono - qStart)
+			return
+		}
+		s.doStep()
+		if s.viol != nil {
+			return
+		}
+	}
+}
+
+// done: every holder finished or crashed, nothing in flight, no ticket left.
+func (s *sim) done() bool {
+	for _, h := range s.holders {
+		if h.live() || h.inflight != nil && !h.inflight.delivered {
+			return false
+		}
+	}
+	return len(s.m.live) == 0
+}
+
+func (s *sim) failLiveness(after time.Duration) {
+	var left []string
+	for _, h := range s.holders {
+		if h.live() {
+			left = append(left, fmt.Sprintf("%s in %s", h.name, h.phase))
+		}
+	}
+	for _, t := range s.m.sorted() {
+		left = append(left, fmt.Sprintf("ticket %s of %s (%s)", short(t.id), ownerName(t.owner), t.state))
+	}
+	s.fail("L2", "not quiescent %v after the faults stopped: %s", after, strings.Join(left, ", "))
+}
+
+// judge proves a holder dead as the host would: its supervisor's process
+// is gone (crashed or exited), and its child with it.
+func (s *sim) judge(t store.Ticket, act bool) (string, bool) {
+	if !s.judgeOn {
+		return "", false
+	}
+	h := s.byPid[t.Holder.Pid]
+	if h == nil || h.live() {
+		return "", false
+	}
+	s.judged[t.ID] = true
+	return "supervisor gone, process group empty", true
+}
+
+func short(id string) string {
+	if len(id) > 6 {
+		return id[:6]
+	}
+	return id
+}
+
+func result(t store.Ticket, err error) string {
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	if t.State == store.Held {
+		return fmt.Sprintf("held slot %d fence %d", t.Slot, t.Fence)
+	}
+	return fmt.Sprintf("waiting #%d fence %d", t.Position, t.Fence)
+}
+
+func ownerName(h *holder) string {
+	if h == nil {
+		return "?"
+	}
+	return h.name
+}

@@ -1,0 +1,343 @@
+package sim_test
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/slotctl/slotctl/gate/sim"
+	"github.com/slotctl/slotctl/internal/mutation"
+	"github.com/slotctl/slotctl/renew"
+	"github.com/slotctl/slotctl/store"
+	"github.com/slotctl/slotctl/store/boltstore"
+)
+
+var (
+	flagSeed   = flag.Uint64("seed", 0, "TestSim: run only this seed (replay)")
+	flagSteps  = flag.Int("steps", 0, "TestSim: random-phase steps per seed (default 500, env SLOTCTL_SIM_STEPS)")
+	flagSeeds  = flag.Int("seeds", 0, "TestSim: how many seeds (default 250, env SLOTCTL_SIM_SEEDS)")
+	flagFaults = flag.String("faults", "all", "TestSim: fault kinds, comma-separated, or all or none")
+	flagMut    = flag.String("mutations", "", "TestSim: bugs to switch on, comma-separated (see internal/mutation)")
+	flagTrace  = flag.Bool("simtrace", false, "TestSim: print every step of a -seed run")
+)
+
+// Defaults: go test ./... runs this many steps (at least 100,000).
+const (
+	defaultSeeds = 250
+	defaultSteps = 500
+)
+
+func envInt(t *testing.T, name string, def int) int {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		t.Fatalf("%s=%q: want a positive number", name, v)
+	}
+	return n
+}
+
+func config(t *testing.T) sim.Config {
+	faults, err := sim.ParseFaults(*flagFaults)
+	if err != nil {
+		t.Fatal(err)
+	}
+	muts, err := mutation.Parse(*flagMut)
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps := *flagSteps
+	if steps == 0 {
+		steps = envInt(t, "SLOTCTL_SIM_STEPS", defaultSteps)
+	}
+	return sim.Config{Steps: steps, Faults: faults, Mutations: muts}
+}
+
+// dirs hands out store directories under one temp dir: t.TempDir per run
+// would cost a directory listing per cleanup.
+type dirs struct {
+	mu   sync.Mutex
+	root string
+	n    int
+}
+
+func (d *dirs) next() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.n++
+	p := filepath.Join(d.root, strconv.Itoa(d.n))
+	if err := os.Mkdir(p, 0o700); err != nil {
+		panic(err)
+	}
+	return p
+}
+
+// TestSim runs the simulation over many seeds (or replays one with -seed)
+// and fails with the first violation, reduced, with its replay command.
+//
+// Soak: SLOTCTL_SIM_SEEDS=4000 SLOTCTL_SIM_STEPS=500 go test ./gate/sim -run 'TestSim$' -timeout 30m
+// (SLOTCTL_SIM_SEED0 picks the first seed; -v prints the figures.)
+func TestSim(t *testing.T) {
+	d := &dirs{root: t.TempDir()}
+	base := config(t)
+	if *flagSeed != 0 {
+		c := base
+		c.Seed, c.Dir, c.Trace = *flagSeed, d.next(), true
+		r := sim.Run(c)
+		if *flagTrace || r.Violation != nil {
+			for _, l := range r.Trace {
+				t.Log(l)
+			}
+		}
+		t.Logf("seed %d: %+v", c.Seed, r.Stats)
+		if r.Violation != nil {
+			t.Fatalf("seed %d: %v\nreplay: %s", c.Seed, r.Violation, sim.Replay(r.Config))
+		}
+		return
+	}
+	seeds := *flagSeeds
+	if seeds == 0 {
+		seeds = envInt(t, "SLOTCTL_SIM_SEEDS", defaultSeeds)
+	}
+	seed0 := uint64(envInt(t, "SLOTCTL_SIM_SEED0", 1))
+	if testing.Short() && os.Getenv("SLOTCTL_SIM_SEEDS") == "" && *flagSeeds == 0 {
+		seeds = 40
+	}
+
+	start := time.Now()
+	results := make([]sim.Result, seeds)
+	var next sync.Mutex
+	i := 0
+	var wg sync.WaitGroup
+	for range runtime.GOMAXPROCS(0) {
+		wg.Go(func() {
+			for {
+				next.Lock()
+				k := i
+				i++
+				next.Unlock()
+				if k >= seeds {
+					return
+				}
+				c := base
+				c.Seed, c.Dir = seed0+uint64(k), d.next()
+				results[k] = sim.Run(c)
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+
+	var total sim.Stats
+	var failed []sim.Result
+	for _, r := range results {
+		s := r.Stats
+		total.Steps += s.Steps
+		total.StoreCalls += s.StoreCalls
+		total.Holders += s.Holders
+		total.Admitted += s.Admitted
+		total.Lost += s.Lost
+		total.Crashes += s.Crashes
+		total.Pauses += s.Pauses
+		total.Reaped += s.Reaped
+		total.Faults += s.Faults
+		total.PauseOverlap = max(total.PauseOverlap, s.PauseOverlap)
+		if r.Violation != nil {
+			failed = append(failed, r)
+		}
+	}
+	t.Logf("%d seeds (from %d) × %d steps: %d steps, %d store calls in %v (%.0f steps/s, %.0f store calls/s on %d CPUs)",
+		seeds, seed0, base.Steps, total.Steps, total.StoreCalls, elapsed.Round(time.Millisecond),
+		float64(total.Steps)/elapsed.Seconds(), float64(total.StoreCalls)/elapsed.Seconds(), runtime.GOMAXPROCS(0))
+	t.Logf("%d holders, %d admitted, %d leases lost, %d crashes, %d pauses, %d faults, %d reaped; "+
+		"longest overlap behind a paused supervisor %v; %d violations",
+		total.Holders, total.Admitted, total.Lost, total.Crashes, total.Pauses, total.Faults, total.Reaped,
+		total.PauseOverlap.Round(time.Millisecond), len(failed))
+	if len(failed) > 0 {
+		r := failed[0]
+		red := sim.Reduce(r, d.next)
+		t.Fatalf("%d of %d seeds failed; the first:\n%s", len(failed), seeds, sim.Report(r, red, 80))
+	}
+	if seeds*base.Steps >= defaultSeeds*defaultSteps && total.Steps < 100000 {
+		t.Errorf("only %d steps ran; the budget is at least 100,000", total.Steps)
+	}
+}
+
+// Budget for finding each mutation.
+const (
+	mutSeeds = 200
+	mutSteps = 500
+)
+
+// TestMutationsCaught switches each known bug back on and asserts that the
+// simulation finds it within mutSeeds seeds of mutSteps steps, and that the
+// failing run replays to the same violation.
+func TestMutationsCaught(t *testing.T) {
+	for _, bug := range mutation.All() {
+		t.Run(string(bug), func(t *testing.T) {
+			t.Parallel()
+			d := &dirs{root: t.TempDir()}
+			steps := 0
+			for seed := uint64(1); seed <= mutSeeds; seed++ {
+				c := sim.Config{Seed: seed, Steps: mutSteps, Mutations: mutation.Of(bug), Dir: d.next()}
+				r := sim.Run(c)
+				steps += r.Stats.Steps
+				v := r.Violation
+				if v == nil {
+					continue
+				}
+				t.Logf("%s caught at seed %d, step %d (%d steps searched): %v", bug, seed, v.Step, steps, v)
+				c.Steps, c.Dir = v.Step, d.next()
+				again := sim.Run(c)
+				if again.Violation == nil || *again.Violation != *v {
+					t.Errorf("replay with -steps %d found %v, not the same violation", v.Step, again.Violation)
+				}
+				return
+			}
+			t.Errorf("%s: not caught in %d seeds × %d steps (%d steps)", bug, mutSeeds, mutSteps, steps)
+		})
+	}
+}
+
+// TestReduce checks the failure report: the reduced run breaks the same
+// rule, in no more steps, and its command replays it.
+func TestReduce(t *testing.T) {
+	d := &dirs{root: t.TempDir()}
+	var r sim.Result
+	for seed := uint64(1); seed <= mutSeeds && r.Violation == nil; seed++ {
+		r = sim.Run(sim.Config{Seed: seed, Steps: mutSteps, Mutations: mutation.Of(mutation.ReleaseNoCompare), Dir: d.next()})
+	}
+	if r.Violation == nil {
+		t.Fatal("release-no-compare not caught")
+	}
+	red := sim.Reduce(r, d.next)
+	if red.Violation == nil || red.Violation.Rule != r.Violation.Rule {
+		t.Fatalf("reduced run: %v, want a %s violation", red.Violation, r.Violation.Rule)
+	}
+	if red.Config.Steps > r.Violation.Step || len(red.Trace) != red.Violation.Step {
+		t.Errorf("reduced to %d steps (trace %d lines), more than the original violation's step %d", red.Config.Steps, len(red.Trace), r.Violation.Step)
+	}
+	c := red.Config
+	c.Dir, c.Trace = d.next(), false
+	if again := sim.Run(c); again.Violation == nil || *again.Violation != *red.Violation {
+		t.Errorf("the replay command's config found %v, not %v", again.Violation, red.Violation)
+	}
+	t.Logf("\n%s", sim.Report(r, red, 30))
+}
+
+// TestDeterministic: a seed replays step for step.
+func TestDeterministic(t *testing.T) {
+	d := &dirs{root: t.TempDir()}
+	for seed := uint64(1); seed <= 3; seed++ {
+		c := sim.Config{Seed: seed, Steps: 400, Trace: true}
+		c.Dir = d.next()
+		a := sim.Run(c)
+		c.Dir = d.next()
+		b := sim.Run(c)
+		if len(a.Trace) != len(b.Trace) {
+			t.Fatalf("seed %d: %d steps, then %d", seed, len(a.Trace), len(b.Trace))
+		}
+		for i := range a.Trace {
+			if a.Trace[i] != b.Trace[i] {
+				t.Fatalf("seed %d differs at step %d:\n%s\n%s", seed, i+1, a.Trace[i], b.Trace[i])
+			}
+		}
+	}
+}
+
+// TestLease pins renew.Lease, the arithmetic the holders decide loss with.
+func TestLease(t *testing.T) {
+	const ttl, margin = 10 * time.Second, time.Second
+	l := renew.NewLease(100*time.Second, ttl, margin)
+	if l.Deadline() != 109*time.Second || l.Sent() != 100*time.Second {
+		t.Fatalf("deadline %v sent %v", l.Deadline(), l.Sent())
+	}
+	if l.Expired(109*time.Second-1) || !l.Expired(109*time.Second) {
+		t.Fatal("expiry is not at the deadline")
+	}
+	// An ack moves the deadline to its send time + TTL − margin, however late it arrives.
+	if !l.Acked(103*time.Second, 108*time.Second) || l.Deadline() != 112*time.Second {
+		t.Fatalf("ack: deadline %v", l.Deadline())
+	}
+	// An ack that took longer than TTL − margin moves the deadline behind it: lost.
+	if l.Acked(102*time.Second, 111500*time.Millisecond) || l.Deadline() != 111*time.Second {
+		t.Fatalf("slow ack: deadline %v, want 111s and lost", l.Deadline())
+	}
+	// An ack after the deadline changes nothing: the verdict is final.
+	if l.Acked(112*time.Second, 114*time.Second) || l.Deadline() != 111*time.Second {
+		t.Fatalf("late ack revived the lease: deadline %v", l.Deadline())
+	}
+}
+
+// TestRenewOfDeadWaiter is a bug the simulation found in the bbolt store:
+// renewing a waiting ticket whose holder the judge proves dead made the
+// renewal's own sweep remove it, and Renew answered ErrCorrupt ("renewed
+// ticket vanished") instead of ErrLost. A late duplicate of a renewal from a
+// process that has since died reaches it; the answer must be ErrLost.
+func TestRenewOfDeadWaiter(t *testing.T) {
+	clock := boltstore.NewFakeClock(boltstore.Instant{Boot: "b1", Mono: time.Hour, Wall: time.Now()})
+	dead := func(tk store.Ticket, act bool) (string, bool) { return "gone", tk.Holder.Pid == 2 }
+	st, err := boltstore.New(filepath.Join(t.TempDir(), "slots.db"), boltstore.Options{Clock: clock, NoSync: true, Dead: dead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := st.Enqueue(ctx, store.EnqueueRequest{ID: "a", Limit: "x", Slots: 1, TTL: 10 * time.Second, Holder: store.Holder{Pid: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := st.Enqueue(ctx, store.EnqueueRequest{ID: "b", Limit: "x", Slots: 1, TTL: 10 * time.Second, Holder: store.Holder{Pid: 3}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// b's holder dies; a late renewal of b arrives.
+	b.Holder.Pid = 2
+	dead = func(tk store.Ticket, act bool) (string, bool) { return "gone", tk.ID == "b" }
+	st, _ = boltstore.New(filepath.Join(filepath.Dir(st.Path()), "slots.db"), boltstore.Options{Clock: clock, NoSync: true, Dead: dead})
+	_, err = st.Renew(ctx, b, 10*time.Second)
+	switch {
+	case errors.Is(err, store.ErrLost):
+	default:
+		t.Fatalf("Renew of a waiter proven dead: %v, want ErrLost", err)
+	}
+}
+
+// TestMutationConsequences: the supervisor-side bugs are caught by a rule
+// about the holder itself (S9: its deadline; S10: release after exit). With
+// that rule ignored, the simulation still finds what the bug does: a child
+// running without a lease (S2).
+func TestMutationConsequences(t *testing.T) {
+	for _, c := range []struct {
+		bug    mutation.Bug
+		ignore string
+	}{
+		{mutation.WaiterNotRenewed, "S9"},
+		{mutation.ReleaseBeforeExit, "S10"},
+	} {
+		t.Run(string(c.bug), func(t *testing.T) {
+			t.Parallel()
+			d := &dirs{root: t.TempDir()}
+			steps := 0
+			for seed := uint64(1); seed <= mutSeeds; seed++ {
+				r := sim.Run(sim.Config{Seed: seed, Steps: mutSteps, Mutations: mutation.Of(c.bug), Ignore: []string{c.ignore}, Dir: d.next()})
+				steps += r.Stats.Steps
+				if v := r.Violation; v != nil {
+					t.Logf("with %s ignored: caught at seed %d, step %d (%d steps searched): %v", c.ignore, seed, v.Step, steps, v)
+					if v.Rule != "S2" {
+						t.Errorf("caught by %s, want S2", v.Rule)
+					}
+					return
+				}
+			}
+			t.Errorf("with %s ignored: not caught in %d seeds × %d steps", c.ignore, mutSeeds, mutSteps)
+		})
+	}
+}
