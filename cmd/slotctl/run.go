@@ -132,13 +132,9 @@ func (o *RunOptions) resolve(f *Factory, cmd *cobra.Command, wait string, noWait
 			o.Slots = n
 		}
 	}
-	o.Wait = -1
-	if wait != "" {
-		d, err := time.ParseDuration(wait)
-		if err != nil || d < 0 {
-			return usageError("--wait %q: want a duration such as 0, 30s or 10m", wait)
-		}
-		o.Wait = d
+	var err error
+	if o.Wait, err = parseWait(wait); err != nil {
+		return err
 	}
 	if noWait {
 		if wait != "" && o.Wait != 0 {
@@ -170,6 +166,18 @@ func (o *RunOptions) resolve(f *Factory, cmd *cobra.Command, wait string, noWait
 		return err
 	}
 	return nil
+}
+
+// parseWait reads --wait: "" waits without bound (-1), else a duration >= 0.
+func parseWait(wait string) (time.Duration, error) {
+	if wait == "" {
+		return -1, nil
+	}
+	d, err := time.ParseDuration(wait)
+	if err != nil || d < 0 {
+		return 0, usageError("--wait %q: want a duration such as 0, 30s or 10m", wait)
+	}
+	return d, nil
 }
 
 // runRun is slotctl run: admit, run, release (DESIGN: the supervisor).
