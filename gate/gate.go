@@ -15,7 +15,7 @@ import (
 // DefaultPoll is the fallback poll period of a waiter (jittered ±20%): it
 // only matters when a wake-up was lost, e.g. its promoter died between
 // commit and ring.
-const DefaultPoll = 2 * time.Second
+const DefaultPoll = 5 * time.Second
 
 // ErrBusy is returned by Wait when the ticket was not admitted in time.
 var ErrBusy = errors.New("not admitted in time")

@@ -31,6 +31,10 @@ type Options struct {
 	// means 1s. Go timers stop during suspend, so this bounds how late a
 	// loss is noticed after a resume.
 	Watchdog time.Duration
+	// WatchdogOnHold starts the watchdog only once Hold is called: a waiting
+	// ticket is then checked at its renewals and its deadline alone, so that
+	// hundreds of queued jobs do not each wake every second for nothing.
+	WatchdogOnHold bool
 	// Now is a monotonic clock that counts through suspend; nil means
 	// proc.Boottime. It is called from several goroutines.
 	Now func() time.Duration
@@ -107,6 +111,10 @@ type Keeper struct {
 	stop     chan struct{}
 	done     chan struct{}
 	stopOnce sync.Once
+	hold     chan struct{} // closed by Hold
+	holdOnce sync.Once
+
+	stopWatch func() // stops the watchdog's ticker; used by the renewing goroutine only
 
 	mu      sync.Mutex
 	ticket  store.Ticket
@@ -176,6 +184,7 @@ func Start(ctx context.Context, r Renewer, t store.Ticket, sentAt time.Duration,
 		lost:   make(chan struct{}),
 		stop:   make(chan struct{}),
 		done:   make(chan struct{}),
+		hold:   make(chan struct{}),
 		ticket: t,
 		lease:  NewLease(sentAt, o.TTL, o.Margin),
 	}
@@ -213,6 +222,10 @@ func (k *Keeper) Ticket() store.Ticket {
 // Check checks the local deadline now, in the caller's goroutine, so that
 // after a process stop (SIGCONT) the loss is known before the job runs on.
 func (k *Keeper) Check() { k.expired(k.o.Now()) }
+
+// Hold tells the Keeper that the ticket is held and a job runs: with
+// WatchdogOnHold, the watchdog starts now. Idempotent.
+func (k *Keeper) Hold() { k.holdOnce.Do(func() { close(k.hold) }) }
 
 // Stop stops renewing and waits until the renewing goroutine and any store
 // call have returned; the caller may release the ticket after it. It cancels
@@ -318,8 +331,22 @@ func (k *Keeper) run(ctx context.Context) {
 	defer next.Stop()
 	deadT := time.NewTimer(max(deadline-now, 0))
 	defer deadT.Stop()
-	watch := time.NewTicker(k.o.Watchdog)
-	defer watch.Stop()
+	var watchC <-chan time.Time // nil until the watchdog runs
+	holdC := k.hold
+	startWatch := func() {
+		w := time.NewTicker(k.o.Watchdog)
+		watchC = w.C
+		k.stopWatch = w.Stop
+	}
+	if !k.o.WatchdogOnHold {
+		holdC = nil
+		startWatch()
+	}
+	defer func() {
+		if k.stopWatch != nil {
+			k.stopWatch()
+		}
+	}()
 
 	ctxDone := ctx.Done() // nil once cancelled, and for a context that never is
 	renewing := true
@@ -334,7 +361,11 @@ func (k *Keeper) run(ctx context.Context) {
 			ctxDone, renewing = nil, false
 			next.Stop() // renew no more; keep watching the deadline
 			continue
-		case <-watch.C:
+		case <-holdC:
+			holdC = nil
+			startWatch()
+			continue
+		case <-watchC:
 		case <-deadT.C:
 		case <-next.C:
 			sent := k.o.Now()

@@ -601,6 +601,34 @@ func TestWatchdogAfterSuspend(t *testing.T) {
 	})
 }
 
+// With WatchdogOnHold a waiting ticket is not checked every watchdog period
+// (hundreds of waiters would each wake every second); once held, it is.
+func TestWatchdogOnHold(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		now, jump := bubbleClock()
+		f := newFake(now)
+		o := opts(now)
+		o.Watchdog = 200 * time.Millisecond
+		o.WatchdogOnHold = true
+		k := Start(t.Context(), f, waiting(), now(), o)
+		defer k.Stop()
+
+		sleepUntil(now, 1500*time.Millisecond)
+		jump(10 * time.Second) // suspended: Now counted on, Go timers did not
+		time.Sleep(300 * time.Millisecond) // past a watchdog period, before the next renewal (at 2s)
+		if closed(k.Lost()) {
+			t.Fatalf("a waiting ticket was checked by the watchdog before Hold")
+		}
+		k.Hold()
+		held := now()
+		at := lostAt(t, k, now)
+		if at-held > o.Watchdog {
+			t.Errorf("loss noticed %v after Hold, want within the watchdog period %v", at-held, o.Watchdog)
+		}
+		k.Hold() // idempotent
+	})
+}
+
 func TestStopJoins(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		now, _ := bubbleClock()

@@ -214,7 +214,7 @@ func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) er
 	}
 	defer entry.Close()
 	keeper := renew.Start(context.WithoutCancel(ctx), st, entry.Ticket(), sentAt, renew.Options{
-		TTL: o.TTL, Every: o.RenewEvery, Now: renewClock,
+		TTL: o.TTL, Every: o.RenewEvery, Now: renewClock, WatchdogOnHold: true,
 		Logf: log.info,
 	})
 	stopKeeper := sync1(keeper.Stop)
@@ -235,6 +235,7 @@ func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) er
 		stopKeeper()
 		return &ExitError{Code: exitLost, Err: fmt.Errorf("lease of ticket %s lost before %s could start", short(t.ID), o.Argv[0])}
 	}
+	keeper.Hold() // a job runs from now on: check the lease every second too (suspend)
 	log.verbose("admitted to %q: slot %d, ticket %s, fence %d", o.Limit, t.Slot, short(t.ID), t.Fence)
 
 	env := []string{

@@ -42,11 +42,11 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 			return err
 		} else if ok {
 			// A retry of a create that committed: the same ticket, unchanged.
-			recs, err := x.tickets(r.Limit)
+			pos, err := x.position(r)
 			if err != nil {
 				return err
 			}
-			out, _ = x.viewIn(recs, r.ID)
+			out = x.view(r, pos)
 			return nil
 		}
 		lim, ok, err := x.limit(req.Limit)
@@ -95,11 +95,11 @@ func (s *Store) Get(ctx context.Context, id string) (store.Ticket, error) {
 		if !ok {
 			return x.notFound(id)
 		}
-		recs, err := x.tickets(r.Limit)
+		pos, err := x.position(r)
 		if err != nil {
 			return err
 		}
-		out, _ = x.viewIn(recs, id)
+		out = x.view(r, pos)
 		return nil
 	})
 	return out, err
@@ -153,12 +153,25 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 		if err := x.putTicket(r); err != nil {
 			return err
 		}
-		var recs []ticketRec
-		if r.State == store.Waiting {
-			if recs, _, err = x.settle(r.Limit, false); err != nil {
+		if r.State == store.Held {
+			out = x.view(r, 0) // held: no queue position to count
+			return nil
+		}
+		// A waiter's renewal also settles its limit, so that waiters free a
+		// dead holder's slot within its TTL even when nothing else happens;
+		// most of the time there is nothing to settle, and that is cheap to see.
+		if quiet, err := x.quiet(r.Limit); err != nil {
+			return err
+		} else if quiet {
+			pos, err := x.position(r)
+			if err != nil {
 				return err
 			}
-		} else if recs, err = x.tickets(r.Limit); err != nil {
+			out = x.view(r, pos)
+			return nil
+		}
+		recs, _, err := x.settle(r.Limit, false)
+		if err != nil {
 			return err
 		}
 		var found bool
@@ -365,11 +378,11 @@ func (s *Store) SetChild(ctx context.Context, t store.Ticket, pgid int, pgidStar
 		if err := x.putTicket(r); err != nil {
 			return err
 		}
-		recs, err := x.tickets(r.Limit)
+		pos, err := x.position(r)
 		if err != nil {
 			return err
 		}
-		out, _ = x.viewIn(recs, r.ID)
+		out = x.view(r, pos)
 		return nil
 	})
 	if err == nil {

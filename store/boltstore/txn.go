@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -443,6 +444,176 @@ func (x *txn) view(r ticketRec, position int) store.Ticket {
 		t.Remaining = r.DeadlineMono - x.now.Mono
 	}
 	return t
+}
+
+// position is a waiting ticket's 1-based place among its limit's waiters (0
+// for a held one). It counts the waiting tickets queued before it without
+// decoding them (see fastState): a waiter's poll must not cost a decode of the
+// whole queue, or a long queue polls in quadratic time.
+func (x *txn) position(r ticketRec) (int, error) {
+	if r.State != store.Waiting {
+		return 0, nil
+	}
+	b, err := x.queue(r.Limit, false)
+	if err != nil || b == nil {
+		return 0, err
+	}
+	pos := 1
+	c := b.Cursor()
+	mine := u64key(r.Fence)
+	for k, v := c.First(); k != nil && bytes.Compare(k, mine) < 0; k, v = c.Next() {
+		state, ok := fastState(v)
+		if !ok {
+			var full ticketRec
+			if err := decode(v, &full); err != nil {
+				return 0, fmt.Errorf("ticket %x of limit %q: %w", k, r.Limit, err)
+			}
+			state = full.State
+		}
+		if state == store.Waiting {
+			pos++
+		}
+	}
+	return pos, nil
+}
+
+// fastState reads a stored ticket's state without decoding it. Records are
+// written by encoding/json from ticketRec, whose only fields before "state"
+// are the version, the id and the limit name: none can hold a quote, so the
+// first "state":" is the field. Anything else falls back to a full decode.
+func fastState(v []byte) (store.State, bool) {
+	const key = `"state":"`
+	i := bytes.Index(v, []byte(key))
+	if i < 0 {
+		return "", false
+	}
+	rest := v[i+len(key):]
+	switch {
+	case bytes.HasPrefix(rest, []byte(`held"`)):
+		return store.Held, true
+	case bytes.HasPrefix(rest, []byte(`waiting"`)):
+		return store.Waiting, true
+	}
+	return "", false
+}
+
+// quiet reports whether a limit's settle would change nothing: no ticket has
+// expired, no slot is free for a waiter, and (when someone waits for a full
+// limit) no holder or next-in-line waiter is proven dead. It reads the
+// queue's fixed fields without decoding the records (see fastFields), and
+// decodes only the few tickets it must show the judge. A waiter's renewal
+// asks it first: hundreds of queued waiters renew a full limit all the time,
+// and each full settle would decode the whole queue.
+func (x *txn) quiet(limit string) (bool, error) {
+	lim, ok, err := x.limit(limit)
+	if err != nil || !ok {
+		return false, err
+	}
+	b, err := x.queue(limit, false)
+	if err != nil || b == nil {
+		return false, err
+	}
+	held, waiting := 0, 0
+	var probe [][]byte // held tickets and the waiters next in line
+	err = b.ForEach(func(_, v []byte) error {
+		f, ok := fastFields(v)
+		if !ok || f.boot != x.now.Boot || x.now.Mono >= f.deadline {
+			return errNotQuiet
+		}
+		if f.state == store.Held {
+			held++
+			probe = append(probe, v)
+		} else {
+			if waiting < lim.Slots {
+				probe = append(probe, v)
+			}
+			waiting++
+		}
+		return nil
+	})
+	if err == errNotQuiet {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if waiting > 0 && held < lim.Slots {
+		return false, nil // a promotion is due
+	}
+	if waiting > 0 && x.s.dead != nil {
+		for _, v := range probe {
+			var r ticketRec
+			if err := decode(v, &r); err != nil {
+				return false, nil // let the full settle report it
+			}
+			if _, dead := x.s.dead(x.view(r, 0), true); dead {
+				return false, nil
+			}
+		}
+	}
+	return true, nil
+}
+
+var errNotQuiet = fmt.Errorf("not quiet")
+
+// fixed is what fastFields reads of a stored ticket.
+type fixed struct {
+	state    store.State
+	boot     string
+	deadline time.Duration
+}
+
+// fastFields reads a stored ticket's state and deadline without decoding it.
+// encoding/json writes ticketRec's fields in order, and every field before
+// the holder is ours (version, id, limit name, state, numbers, boot id): none
+// can hold a quote, so the first occurrence of each key is the field. A
+// record that does not read this way gets ok = false and a full decode.
+func fastFields(v []byte) (fixed, bool) {
+	var f fixed
+	var ok bool
+	if f.state, ok = fastState(v); !ok {
+		return f, false
+	}
+	if i := bytes.Index(v, []byte(`"holder":`)); i >= 0 {
+		v = v[:i] // nothing after here is read without decoding
+	}
+	boot, ok := fastString(v, `"deadline_boot":"`)
+	if !ok {
+		return f, false
+	}
+	mono, ok := fastInt(v, `"deadline_mono_ns":`)
+	if !ok {
+		return f, false
+	}
+	f.boot, f.deadline = boot, time.Duration(mono)
+	return f, true
+}
+
+func fastString(v []byte, key string) (string, bool) {
+	i := bytes.Index(v, []byte(key))
+	if i < 0 {
+		return "", false
+	}
+	rest := v[i+len(key):]
+	j := bytes.IndexByte(rest, '"')
+	if j < 0 || bytes.IndexByte(rest[:j], '\\') >= 0 {
+		return "", false
+	}
+	return string(rest[:j]), true
+}
+
+func fastInt(v []byte, key string) (int64, bool) {
+	i := bytes.Index(v, []byte(key))
+	if i < 0 {
+		return 0, false
+	}
+	rest := v[i+len(key):]
+	j := 0
+	for j < len(rest) && (rest[j] == '-' || rest[j] >= '0' && rest[j] <= '9') {
+		j++
+	}
+	n, err := strconv.ParseInt(string(rest[:j]), 10, 64)
+	return n, err == nil
 }
 
 // viewIn returns the ticket with its queue position among recs.
