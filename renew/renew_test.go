@@ -614,7 +614,7 @@ func TestWatchdogOnHold(t *testing.T) {
 		defer k.Stop()
 
 		sleepUntil(now, 1500*time.Millisecond)
-		jump(10 * time.Second) // suspended: Now counted on, Go timers did not
+		jump(10 * time.Second)             // suspended: Now counted on, Go timers did not
 		time.Sleep(300 * time.Millisecond) // past a watchdog period, before the next renewal (at 2s)
 		if closed(k.Lost()) {
 			t.Fatalf("a waiting ticket was checked by the watchdog before Hold")
