@@ -20,8 +20,9 @@ import (
 // config is what the configuration file and SLOTCTL_* environment decided,
 // after flags took precedence.
 type config struct {
-	File   string         // the file read, "" if none
-	Limits map[string]int // sizes for limits created by run
+	File      string          // the file read, "" if none
+	Limits    map[string]int  // sizes for limits created by run
+	EtcdFlags map[string]bool // the --etcd-* flags given (by setting name)
 }
 
 // knownSettings are the config file's top-level keys; anything else is a
@@ -87,7 +88,7 @@ func unwrapPathError(err error) error {
 func (f *Factory) loadConfig(cmd *cobra.Command) error {
 	v := viper.New()
 	f.viper = v
-	f.cfg = &config{Limits: map[string]int{}}
+	f.cfg = &config{Limits: map[string]int{}, EtcdFlags: map[string]bool{}}
 	file, err := f.configFile(cmd)
 	if err != nil {
 		return err
@@ -100,9 +101,14 @@ func (f *Factory) loadConfig(cmd *cobra.Command) error {
 			return usageError("config file %s: %s", file, oneLine(err.Error()))
 		}
 		for _, k := range v.AllKeys() {
-			top, _, _ := strings.Cut(k, ".")
+			top, sub, _ := strings.Cut(k, ".")
 			if !slices.Contains(knownSettings, top) {
 				return usageError("config file %s: unknown setting %q (known: %s)", file, top, strings.Join(knownSettings, ", "))
+			}
+			if top == "etcd" {
+				if err := checkEtcdSetting(file, sub); err != nil {
+					return err
+				}
 			}
 		}
 		if err := f.readLimits(file); err != nil {
@@ -112,6 +118,13 @@ func (f *Factory) loadConfig(cmd *cobra.Command) error {
 	for key, env := range envSettings {
 		if val := f.Getenv(env); val != "" {
 			v.Set(key, val) // the factory's environment, not the process's
+		}
+	}
+	for _, fl := range etcdFlags {
+		// --etcd-* flags, where the command has them, win over both.
+		if pf := cmd.Flags().Lookup("etcd-" + fl.name); pf != nil && pf.Changed {
+			v.Set("etcd."+fl.name, pf.Value.String())
+			f.cfg.EtcdFlags[fl.name] = true
 		}
 	}
 	var fillErr error
@@ -193,4 +206,79 @@ func checkDuration(name string, d time.Duration, min, max time.Duration) error {
 		return usageError("--%s %s: want a duration of at least %s", name, d, min)
 	}
 	return nil
+}
+
+// checkEtcdSetting refuses an unknown etcd.* key of the config file (a typo
+// would otherwise be ignored), and a password: it does not belong in a
+// file that many can read.
+func checkEtcdSetting(file, key string) error {
+	if key == "password" {
+		return usageError("config file %s: etcd.password: the password is not read from the config file; set SLOTCTL_ETCD_PASSWORD or etcd.password-file", file)
+	}
+	for _, fl := range etcdFlags {
+		if key == fl.name {
+			return nil
+		}
+	}
+	var known []string
+	for _, fl := range etcdFlags {
+		known = append(known, "etcd."+fl.name)
+	}
+	return usageError("config file %s: unknown setting %q (known: %s)", file, "etcd."+key, strings.Join(known, ", "))
+}
+
+// etcdSettings are the etcd.* settings, resolved: flag > SLOTCTL_ETCD_* >
+// config file > defaults (the timeouts default to --store-timeout).
+type etcdSettings struct {
+	DialTimeout, RequestTimeout time.Duration
+	CACert, Cert, Key           string
+	Username, Password          string
+
+	f *Factory
+}
+
+// source names where an etcd setting came from, for error messages.
+func (es etcdSettings) source(key string) string {
+	if es.f.cfg != nil && es.f.cfg.EtcdFlags[key] {
+		return "flag --etcd-" + key
+	}
+	return es.f.settingSource("etcd." + key)
+}
+
+func (f *Factory) etcdSettings(g *globalOptions) (etcdSettings, error) {
+	es := etcdSettings{DialTimeout: g.StoreTimeout, RequestTimeout: g.StoreTimeout, f: f}
+	v := f.viper
+	if v == nil {
+		return es, nil
+	}
+	for _, d := range []struct {
+		key string
+		to  *time.Duration
+	}{{"dial-timeout", &es.DialTimeout}, {"request-timeout", &es.RequestTimeout}} {
+		s := v.GetString("etcd." + d.key)
+		if s == "" {
+			continue
+		}
+		t, err := time.ParseDuration(s)
+		if err != nil || t < 10*time.Millisecond || t > 10*time.Minute {
+			return es, usageError("%s: etcd.%s %q: want a duration from 10ms to 10m", es.source(d.key), d.key, s)
+		}
+		*d.to = t
+	}
+	es.CACert, es.Cert, es.Key = v.GetString("etcd.cacert"), v.GetString("etcd.cert"), v.GetString("etcd.key")
+	es.Username, es.Password = v.GetString("etcd.username"), v.GetString("etcd.password")
+	if pf := v.GetString("etcd.password-file"); pf != "" && es.Password == "" {
+		b, err := os.ReadFile(pf)
+		if err != nil {
+			return es, usageError("%s: etcd.password-file %s: %v", es.source("password-file"), pf, unwrapPathError(err))
+		}
+		es.Password = strings.TrimRight(string(b), "\r\n")
+	}
+	if es.Password != "" && es.Username == "" {
+		return es, usageError("an etcd password is set but no user: set etcd.username (or SLOTCTL_ETCD_USERNAME)")
+	}
+	if es.Username != "" && es.Password == "" {
+		return es, usageError("etcd user %q has no password: set SLOTCTL_ETCD_PASSWORD or etcd.password-file", es.Username)
+	}
+	return es, nil
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/viper"
 	"golang.org/x/term"
 
+	"github.com/slotctl/slotctl/store"
 	"github.com/slotctl/slotctl/store/boltstore"
 )
 
@@ -42,6 +43,10 @@ type Factory struct {
 	StoreClock boltstore.Clock
 	// TermWidth is the width of the terminal on stdout, 0 if unknown.
 	TermWidth func() int
+	// Identity, if not nil, replaces the holder identity that run records
+	// (host, boot id, pid namespace, pid, user): tests make one machine
+	// look like several hosts sharing a store. Nil is the real one.
+	Identity func() store.Holder
 
 	viper *viper.Viper // made fresh for each Main
 	cfg   *config      // resolved by the root command before any RunE

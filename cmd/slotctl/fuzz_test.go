@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/slotctl/slotctl/store/etcdstore"
 )
 
 // fuzzMain runs slotctl in-process with args and a private environment, and
@@ -108,6 +110,26 @@ func FuzzParseWait(f *testing.F) {
 			}
 		case s == "" && d != -1, s != "" && d < 0:
 			t.Fatalf("parseWait(%q) = %v", s, d)
+		}
+	})
+}
+
+// FuzzEtcdURL: an etcd://HOST:PORT[,...][/PREFIX] store URL parses into
+// endpoints and a prefix, or is refused with one line that names it.
+func FuzzEtcdURL(f *testing.F) {
+	for _, seed := range []string{"etcd://127.0.0.1:2379", "etcd://a:1,b:2/team", "etcd://", "etcd://:0", "etcd://h:99999", "etcd://h:1//x", "etcd://[::1]:2379/p"} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, url string) {
+		endpoints, prefix, err := etcdstore.ParseURL(url)
+		if err != nil {
+			if strings.Contains(err.Error(), "\n") {
+				t.Fatalf("ParseURL(%q): a multi-line error: %v", url, err)
+			}
+			return
+		}
+		if len(endpoints) == 0 || !strings.HasPrefix(prefix, "/") {
+			t.Fatalf("ParseURL(%q) = %q, %q: accepted without endpoints or an absolute prefix", url, endpoints, prefix)
 		}
 	})
 }

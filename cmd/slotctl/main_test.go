@@ -9,6 +9,7 @@ import (
 	"github.com/rogpeppe/go-internal/testscript"
 
 	"github.com/slotctl/slotctl/internal/proc"
+	"github.com/slotctl/slotctl/store"
 	"github.com/slotctl/slotctl/store/boltstore"
 )
 
@@ -20,6 +21,10 @@ func TestMain(m *testing.M) {
 			f := NewFactory("v0.0.0-test", "testcommit", "2026-01-01T00:00:00Z")
 			if off, err := time.ParseDuration(os.Getenv("SLOTCTLTEST_CLOCK_OFFSET")); err == nil {
 				f.StoreClock = offsetClock(off)
+			}
+			if host := os.Getenv("SLOTCTLTEST_HOST"); host != "" {
+				// Another host sharing the store (etcd): its own name and boot id.
+				f.Identity = func() store.Holder { return testIdentity(host, os.Getenv("SLOTCTLTEST_BOOT")) }
 			}
 			os.Exit(Main(context.Background(), os.Args[1:], f))
 		},

@@ -204,7 +204,7 @@ func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) er
 	}
 
 	gt := &gate.Gate{Store: st}
-	holder := holderIdentity(o)
+	holder := holderIdentity(f, o)
 	req := store.EnqueueRequest{ID: gate.NewID(), Limit: o.Limit, Slots: o.Slots, CheckSlots: o.SlotsSet, TTL: o.TTL, Holder: holder}
 	renewClock := proc.Boottime
 	sentAt := renewClock()
@@ -328,7 +328,17 @@ func nestedTicket(ctx context.Context, f *Factory, st store.Store, limit string)
 }
 
 // holderIdentity is what the ticket records of this process (SPEC §4.3).
-func holderIdentity(o *RunOptions) store.Holder {
+func holderIdentity(f *Factory, o *RunOptions) store.Holder {
+	if f.Identity != nil {
+		h := f.Identity()
+		h.Argv, h.Label = o.Argv, o.Label
+		return h
+	}
+	return realIdentity(o)
+}
+
+// realIdentity is this process's own identity.
+func realIdentity(o *RunOptions) store.Holder {
 	h := store.Holder{BootID: proc.BootID(), PidNS: proc.PidNS(), Pid: os.Getpid(), Argv: o.Argv, Label: o.Label}
 	h.Host, _ = os.Hostname()
 	h.PidStart, _ = proc.StartTime(h.Pid)

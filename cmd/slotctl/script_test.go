@@ -26,6 +26,7 @@ func TestScript(t *testing.T) {
 		Cmds: map[string]func(ts *testscript.TestScript, neg bool, args []string){
 			"waitfile": cmdWaitfile,
 			"exitcode": cmdExitcode,
+			"etcd":     cmdEtcd,
 		},
 	})
 }
@@ -51,6 +52,7 @@ func scriptSetup(env *testscript.Env) error {
 		// Under -race, each slotctl would otherwise sleep 1s at exit.
 		env.Setenv("GORACE", "atexit_sleep_ms=10")
 	}
+	etcdScriptSetup(env)
 	return nil
 }
 

@@ -1,0 +1,160 @@
+//go:build bench
+
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/slotctl/slotctl/store/etcdstore/etcdtest"
+)
+
+// TestCompareEtcd measures slotctl on etcd side by side with etcdctl lock,
+// on one etcd server (in this process, fsyncing as a production one does),
+// interleaved so that the machine's noise hits both alike:
+//
+//	go test -tags bench -run CompareEtcd -v ./cmd/slotctl
+//
+// etcdctl is found on PATH or at $SLOTCTL_BENCH_ETCDCTL (etcdctl v3.7.3:
+// build go.etcd.io/etcd/etcdctl/v3 from a module that requires it; it has
+// replace directives, so go install ...@v3.7.3 refuses). SLOTCTL_BENCH_RUNS
+// sets the runs of each (default 30). It reports medians; it asserts
+// nothing, since timings on a shared machine are not a pass/fail.
+//
+// Two measures: an uncontended run of "true" (start to exit), and the
+// handoff on a mutex: the holder's child exits, the waiter's child starts
+// (each child is sh running date, whose cost is included).
+func TestCompareEtcd(t *testing.T) {
+	runs := 30
+	if n, err := strconv.Atoi(os.Getenv("SLOTCTL_BENCH_RUNS")); err == nil && n > 0 {
+		runs = n
+	}
+	etcdctl := os.Getenv("SLOTCTL_BENCH_ETCDCTL")
+	if etcdctl == "" {
+		etcdctl, _ = exec.LookPath("etcdctl")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "slotctl")
+	build := exec.Command("go", "build", "-trimpath", "-o", bin, ".")
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		t.Fatalf("build slotctl: %v", err)
+	}
+	srv := etcdtest.Start(t, etcdtest.Options{Fsync: true})
+	ep := srv.Endpoint
+	env := append(os.Environ(), "HOME="+dir, "SLOTCTL_STORE=etcd://"+ep+"/bench")
+
+	type tool struct {
+		name   string
+		run    func(limit string, argv ...string) *exec.Cmd
+		queued func(limit string) bool // whether someone waits on limit
+	}
+	slot := tool{"slotctl run --store etcd://... -- true",
+		func(limit string, argv ...string) *exec.Cmd {
+			return exec.Command(bin, append([]string{"run", "--limit", limit, "--"}, argv...)...)
+		},
+		func(limit string) bool {
+			c := exec.Command(bin, "limit", "ls", "-o", "json", limit)
+			c.Env = env
+			out, _ := c.Output()
+			return strings.Contains(string(out), `"waiting": 1,`)
+		}}
+	tools := []tool{slot}
+	if etcdctl != "" {
+		tools = append(tools, tool{"etcdctl lock NAME -- true",
+			func(limit string, argv ...string) *exec.Cmd {
+				return exec.Command(etcdctl, append([]string{"--endpoints", ep, "lock", "/bench-etcdctl/" + limit, "--"}, argv...)...)
+			}, nil})
+	} else {
+		t.Logf("etcdctl not found (PATH or SLOTCTL_BENCH_ETCDCTL): slotctl alone")
+	}
+	tools = append(tools, tool{"true (exec alone)", func(string, ...string) *exec.Cmd { return exec.Command("true") }, nil})
+
+	// Uncontended runs.
+	times := make([][]time.Duration, len(tools))
+	for i := -1; i < runs; i++ { // run -1 warms up caches and creates the limit
+		for j, tl := range tools {
+			cmd := tl.run("x", "true")
+			cmd.Env = env
+			start := time.Now()
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Fatalf("%s: %v\n%s", tl.name, err, out)
+			}
+			if i >= 0 {
+				times[j] = append(times[j], time.Since(start))
+			}
+		}
+	}
+
+	// Handoffs on a mutex.
+	hand := make([][]time.Duration, 2)
+	for i := 0; i < runs; i++ {
+		for j, tl := range tools[:len(tools)-1] {
+			d := handoff(t, dir, env, tl.run, tl.queued, fmt.Sprintf("h%d", j))
+			hand[j] = append(hand[j], d)
+		}
+	}
+
+	q := func(ts []time.Duration, p int) time.Duration {
+		s := slices.Clone(ts)
+		slices.Sort(s)
+		return s[min(len(s)*p/100, len(s)-1)].Round(10 * time.Microsecond)
+	}
+	fmt.Printf("%-40s %10s %10s %10s\n", "uncontended run", "median", "p90", "vs etcdctl")
+	for j, tl := range tools {
+		ratio := "-"
+		if etcdctl != "" {
+			ratio = fmt.Sprintf("%.2fx", float64(q(times[j], 50))/float64(q(times[1], 50)))
+		}
+		fmt.Printf("%-40s %10s %10s %10s\n", tl.name, q(times[j], 50), q(times[j], 90), ratio)
+	}
+	fmt.Printf("%-40s %10s %10s %10s\n", "handoff (child exit -> next child start)", "p50", "p95", "max")
+	for j, tl := range tools[:len(tools)-1] {
+		name := strings.Fields(tl.name)[0]
+		fmt.Printf("%-40s %10s %10s %10s\n", name, q(hand[j], 50), q(hand[j], 95), q(hand[j], 100))
+	}
+	fmt.Printf("(%d interleaved runs each, etcd %s with fsync, %s)\n", runs, ep, time.Now().UTC().Format(time.RFC3339))
+}
+
+// handoff runs a holder and a waiter on one mutex and returns the time from
+// the holder's child's exit to the waiter's child's start.
+func handoff(t *testing.T, dir string, env []string, run func(string, ...string) *exec.Cmd, queued func(string) bool, limit string) time.Duration {
+	t.Helper()
+	for _, f := range []string{"held", "go", "end", "start"} {
+		os.Remove(filepath.Join(dir, limit+"."+f))
+	}
+	p := func(f string) string { return filepath.Join(dir, limit+"."+f) }
+	holder := run(limit, "sh", "-c", fmt.Sprintf(`touch %s; while [ ! -e %s ]; do sleep 0.005; done; exec date +%%s%%N > %s`, p("held"), p("go"), p("end")))
+	waiter := run(limit, "sh", "-c", fmt.Sprintf(`exec date +%%s%%N > %s`, p("start")))
+	for _, c := range []*exec.Cmd{holder, waiter} {
+		c.Env, c.Dir = env, dir
+	}
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ptWaitFor(t, "holder's child", 10*time.Second, func() bool { return ptExists(p("held")) })
+	if err := waiter.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if queued != nil {
+		ptWaitFor(t, "waiter queued", 10*time.Second, func() bool { return queued(limit) })
+	}
+	time.Sleep(300 * time.Millisecond) // the waiter is asleep, as waiters are
+	if err := os.WriteFile(p("go"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Wait(); err != nil {
+		t.Fatalf("holder: %v", err)
+	}
+	if err := waiter.Wait(); err != nil {
+		t.Fatalf("waiter: %v", err)
+	}
+	return time.Duration(ptReadInt(t, p("start")) - ptReadInt(t, p("end")))
+}

@@ -1,0 +1,286 @@
+package etcdstore
+
+import (
+	"context"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/slotctl/slotctl/store"
+)
+
+// bell rings for one ticket. Its goroutine learns the ticket's limit from
+// this handle's Enqueue (or, failing that, from P/ids/<id>), then watches
+// two things from the revision it last read the limit at, so that no change
+// falls between the read and the watch:
+//
+//   - the ticket's own key: rewritten when it is promoted, deleted when it
+//     is removed or its lease expires: ring;
+//   - the key it must outlast: the live ticket just ahead of it, or, at the
+//     head of the queue, the holders' keys (deletes only). When that changes
+//     it reads the limit again; if the ticket may now be admitted and nobody
+//     did (a holder's lease expired, which no client writes), it settles the
+//     limit itself, which promotes it, which rewrites its key: ring.
+//
+// So a release wakes the waiter it promoted and the one behind it, never the
+// whole queue, and no waiter polls. A ring is a hint: the gate confirms with Get.
+type bell struct {
+	s      *Store
+	id     string
+	c      chan struct{}
+	limit  chan enqueued
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
+	once   sync.Once
+}
+
+// Watch implements [store.Store].
+func (s *Store) Watch(ctx context.Context, id string) (store.Bell, error) {
+	if err := checkID(id); err != nil {
+		return nil, err
+	}
+	b := &bell{s: s, id: id, c: make(chan struct{}, 1), limit: make(chan enqueued, 1), done: make(chan struct{})}
+	b.ctx, b.cancel = context.WithCancel(clientv3.WithRequireLeader(context.WithoutCancel(ctx)))
+	s.mu.Lock()
+	s.bells[id] = b
+	s.mu.Unlock()
+	go b.run()
+	return b, nil
+}
+
+func (b *bell) C() <-chan struct{} { return b.c }
+
+func (b *bell) Close() error {
+	b.once.Do(func() {
+		b.cancel()
+		<-b.done
+		b.s.mu.Lock()
+		if b.s.bells[b.id] == b {
+			delete(b.s.bells, b.id)
+		}
+		b.s.mu.Unlock()
+	})
+	return nil
+}
+
+func (b *bell) ring() {
+	select {
+	case b.c <- struct{}{}:
+	default:
+	}
+}
+
+// enqueued is what this handle's Enqueue tells the ticket's bell.
+type enqueued struct {
+	limit string
+	held  bool
+}
+
+// ring tells id's bell, if this handle has one, where its ticket is.
+func (s *Store) ring(id, limit string, held bool) {
+	s.mu.Lock()
+	b := s.bells[id]
+	s.mu.Unlock()
+	if b != nil {
+		select {
+		case b.limit <- enqueued{limit, held}:
+		default:
+		}
+	}
+}
+
+// pause waits about d (jittered), or until the bell closes.
+func (b *bell) pause(d time.Duration) bool {
+	d = time.Duration(float64(d) * (0.75 + rand.Float64()/2))
+	select {
+	case <-time.After(d):
+		return true
+	case <-b.ctx.Done():
+		return false
+	}
+}
+
+func (b *bell) run() {
+	defer close(b.done)
+	var limit string
+	select {
+	case e := <-b.limit:
+		if e.held {
+			b.ring() // admitted at once: nothing to wait for
+			return
+		}
+		limit = e.limit
+	case <-time.After(200 * time.Millisecond):
+		// Not enqueued through this handle (or slowly): find it in the store.
+		var ok bool
+		if limit, ok = b.discover(); !ok {
+			return
+		}
+	case <-b.ctx.Done():
+		return
+	}
+	b.follow(limit)
+}
+
+// discover waits for P/ids/<id> to exist and returns the ticket's limit.
+func (b *bell) discover() (string, bool) {
+	for {
+		resp, err := b.s.c.Get(b.ctx, b.s.k.id(b.id))
+		if err != nil {
+			if !b.pause(time.Second) {
+				return "", false
+			}
+			continue
+		}
+		if len(resp.Kvs) > 0 {
+			var ir idRec
+			if decode("ticket id", resp.Kvs[0].Value, &ir) != nil || ir.Removed != "" {
+				b.ring()
+				return "", false
+			}
+			return ir.Limit, true
+		}
+		wc := b.s.c.Watch(b.ctx, b.s.k.id(b.id), clientv3.WithRev(resp.Header.Revision+1))
+		for wr := range wc {
+			if wr.Err() != nil {
+				break
+			}
+			for _, ev := range wr.Events {
+				var ir idRec
+				if ev.Type == mvccpb.PUT && decode("ticket id", ev.Kv.Value, &ir) == nil {
+					if ir.Removed != "" {
+						b.ring()
+						return "", false
+					}
+					return ir.Limit, true
+				}
+			}
+		}
+		if !b.pause(time.Second) {
+			return "", false
+		}
+	}
+}
+
+// follow watches the ticket in limit until it is held or gone, or the bell closes.
+func (b *bell) follow(limit string) {
+	var own clientv3.WatchChan // lives as long as the bell: its context is the bell's
+	settled := int64(0)        // the revision of the last settle this bell ran
+	for {
+		st, err := b.s.read(b.ctx, limit, "", false)
+		if err != nil {
+			if !b.pause(time.Second) {
+				return
+			}
+			continue
+		}
+		e, _ := st.find(b.id)
+		if e == nil || !e.live() || e.r.State == store.Held {
+			b.ring()
+			return
+		}
+		var ahead []*entry
+		for _, a := range st.entries {
+			if a == e {
+				break
+			}
+			if a.live() {
+				ahead = append(ahead, a)
+			}
+		}
+		if st.lim != nil && len(ahead) < st.lim.Slots {
+			// It may be admitted and nobody admitted it: settle. Once per
+			// revision, so that a settle with nothing to do does not spin.
+			if settled < st.rev {
+				settled = st.rev
+				if _, err := b.s.settleState(b.ctx, st, ""); err == nil {
+					continue
+				}
+			}
+			if !b.pause(time.Second) {
+				return
+			}
+			continue
+		}
+		if own == nil {
+			own = b.s.c.Watch(b.ctx, b.s.k.ticket(limit, b.id), clientv3.WithRev(st.rev+1))
+		}
+		tctx, tcancel := context.WithCancel(b.ctx)
+		var target clientv3.WatchChan
+		watched := map[string]bool{}
+		if len(ahead) == 0 {
+			// A paused limit: only a resize admits it, and that rewrites its key.
+		} else if prev := ahead[len(ahead)-1]; prev.r.State != store.Held {
+			// Behind another waiter: outlast it (it is promoted: its key is
+			// rewritten; it leaves: deleted).
+			k := b.s.k.ticket(limit, prev.r.ID)
+			watched[k] = true
+			target = b.s.c.Watch(tctx, k, clientv3.WithRev(st.rev+1))
+		} else {
+			// At the head of the queue: outlast a holder.
+			for _, a := range ahead {
+				watched[b.s.k.ticket(limit, a.r.ID)] = true
+			}
+			target = b.s.c.Watch(tctx, b.s.k.tickets(limit), clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithRev(st.rev+1))
+		}
+		again := b.wait(own, target, watched)
+		tcancel()
+		switch again {
+		case waitDone:
+			return
+		case waitOwnLost:
+			own = nil
+			b.ring() // something may have happened while the watch was down
+			if !b.pause(time.Second) {
+				return
+			}
+		case waitTargetLost:
+			if !b.pause(time.Second) {
+				return
+			}
+		}
+	}
+}
+
+type waitResult int
+
+const (
+	waitDone       waitResult = iota // the bell closed
+	waitAgain                        // read the limit again
+	waitOwnLost                      // the own watch failed: re-establish it
+	waitTargetLost                   // the target watch failed
+)
+
+// wait sleeps until the ticket's own key changes (ring, then read again),
+// a watched key ahead changes (read again), or the bell closes.
+func (b *bell) wait(own, target clientv3.WatchChan, watched map[string]bool) waitResult {
+	for {
+		select {
+		case <-b.ctx.Done():
+			return waitDone
+		case wr, ok := <-own:
+			if !ok || wr.Err() != nil || wr.Canceled {
+				return waitOwnLost
+			}
+			if len(wr.Events) > 0 {
+				dbg("bell own event")
+				b.ring()
+				return waitAgain
+			}
+		case wr, ok := <-target:
+			if !ok || wr.Err() != nil || wr.Canceled {
+				return waitTargetLost
+			}
+			for _, ev := range wr.Events {
+				dbg("bell target event")
+				if watched[string(ev.Kv.Key)] {
+					return waitAgain
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,287 @@
+// Package etcdstore is the [store.Store] of slotctl on an etcd v3 cluster:
+// the same limits across many hosts, with expiry judged by the etcd server.
+//
+// # Keys
+//
+// Under the store's prefix P (default /slotctl):
+//
+//	P/limits/<limit>          {slots, created}                       no lease
+//	P/tickets/<limit>/<id>    the live ticket                         the ticket's own lease
+//	P/slots/<limit>/<00000>   the id of the ticket holding slot i     the holder's lease
+//	P/records/<limit>/<id>    the same ticket, outliving its lease    no lease
+//	P/ids/<id>                {limit} while live; the tombstone after  none; then a day lease
+//	P/events/<limit>/<id>.<kind>  one event of the log                a day lease, trimmed to MaxEvents
+//	P/meta/day-lease          the current day lease                   no lease
+//
+// One etcd lease per ticket: the ticket key and, once held, its slot key are
+// bound to it, so when the server expires the lease both vanish together and
+// the slot is free; no client clock takes part. A ticket is created with
+// create-if-absent on P/ids/<id> in one transaction, so a retried create
+// finds its own ticket and a removed id (whose ids key became a tombstone)
+// is refused. The fence is the create revision of the ticket key, and so is
+// the queue order: FIFO is the order of create revisions.
+//
+// A ticket is held when its record says so, which a transaction writes
+// together with its slot key (create-if-absent, the lowest free index
+// below the limit's size). Every write that can free or add capacity
+// (enqueue, release, reap, resize, the renewal of a waiter) ends by
+// "settling" the limit in the same transaction: it removes the records of
+// tickets whose lease the server expired (P/records without P/tickets; their
+// slot went with the lease) and of holders proven dead, then promotes the
+// waiters among the first <slots> live tickets. The transaction compares the
+// revisions of everything it read, so a decision made on a stale read never
+// commits: it is retried on the state the failed transaction returned.
+// Release and removal compare the ticket key's revision before deleting, so
+// a stale retry never deletes a newer ticket.
+//
+// A waiter watches its own ticket key (promoted: rewritten; removed or
+// expired: deleted) and the one key it must outlast: the live ticket just
+// ahead of it, or, at the head of the queue, the holders. When that key goes
+// without anyone settling (its lease expired), the waiter settles the limit
+// itself. A release thus wakes the waiter it promoted and the one behind it,
+// not the queue.
+package etcdstore
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+
+	"github.com/slotctl/slotctl/store"
+)
+
+// DefaultPrefix is the key prefix of a store URL without one.
+const DefaultPrefix = "/slotctl"
+
+// Options configure a Store. Endpoints is required.
+type Options struct {
+	// Endpoints are the cluster's client URLs as host:port.
+	Endpoints []string
+	// Prefix is the key prefix (default DefaultPrefix): several stores can
+	// share one cluster under different prefixes.
+	Prefix string
+	// DialTimeout bounds the first request, which connects (default 5s): an
+	// unreachable cluster is ErrUnavailable within it.
+	DialTimeout time.Duration
+	// RequestTimeout bounds every later request (default 5s).
+	RequestTimeout time.Duration
+	// TLS, if not nil, is used for every endpoint.
+	TLS *tls.Config
+	// Username and Password authenticate to a cluster with auth enabled.
+	Username, Password string
+	// Dead proves a ticket's holder dead on this host (SPEC §4.3); nil
+	// leaves every ticket to its lease.
+	Dead store.Judge
+	// DialOptions are added to the gRPC connection's (tests use them to
+	// inject faults).
+	DialOptions []grpc.DialOption
+
+	// skew (tests only, through the export_test.go hook): a reaper whose
+	// reading of the leases is skew ahead, so that its dry run lists leases
+	// about to expire.
+	skew time.Duration
+	// clock (tests only): share one handle's knowledge of lease send times
+	// with another handle in the same process.
+	clock *leaseClock
+}
+
+// Store is a [store.Store] on etcd. It is safe for concurrent use.
+type Store struct {
+	o    Options
+	c    *clientv3.Client
+	k    keys
+	url  string
+	dead store.Judge
+
+	connected  atomic.Bool // a request has been answered: later ones use RequestTimeout
+	dialFailed atomic.Bool // no answer within the dial timeout: fail at once until one comes
+	leases     *leaseClock
+
+	mu       sync.Mutex
+	known    map[string]known // ticket id -> what this handle learned of it
+	bells    map[string]*bell // id -> the bell waiting for its Enqueue
+	day      int64            // the current day lease, 0 if unknown
+	staleDay int64            // a day lease the server no longer has
+}
+
+// known is what a handle remembers of a ticket it wrote or read.
+type known struct {
+	limit string
+	lease int64
+	fence int64
+	rev   int64 // the revision its ticket key was last written at, 0 if unknown
+	r     rec   // its record as of rev
+}
+
+// ParseURL splits an etcd://HOST:PORT[,HOST:PORT...][/PREFIX] store URL into
+// its endpoints and key prefix (DefaultPrefix when it has none). The error
+// names the URL and says what would be accepted.
+func ParseURL(url string) (endpoints []string, prefix string, err error) {
+	rest, ok := strings.CutPrefix(url, "etcd://")
+	if !ok {
+		return nil, "", fmt.Errorf("store %q: want etcd://HOST:PORT[,HOST:PORT...][/PREFIX]", url)
+	}
+	if strings.ContainsAny(rest, "?#@") {
+		return nil, "", fmt.Errorf("store %q: no user, query or fragment in an etcd URL: credentials and TLS go in the config file (etcd.username, etcd.cacert, ...) and SLOTCTL_ETCD_PASSWORD", url)
+	}
+	hosts, path, _ := strings.Cut(rest, "/")
+	if hosts == "" {
+		return nil, "", fmt.Errorf("store %q: no endpoint: want etcd://HOST:PORT[,HOST:PORT...][/PREFIX]", url)
+	}
+	for _, h := range strings.Split(hosts, ",") {
+		host, port, err := net.SplitHostPort(h)
+		if err != nil || host == "" {
+			return nil, "", fmt.Errorf("store %q: endpoint %q: want HOST:PORT", url, h)
+		}
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return nil, "", fmt.Errorf("store %q: endpoint %q: port %q: want 1..65535", url, h, port)
+		}
+		endpoints = append(endpoints, strings.ToLower(h))
+	}
+	prefix, err = cleanPrefix("/" + path)
+	if err != nil {
+		return nil, "", fmt.Errorf("store %q: %v", url, err)
+	}
+	return endpoints, prefix, nil
+}
+
+// cleanPrefix normalises a key prefix: one leading slash, no trailing or
+// doubled ones, DefaultPrefix when empty.
+func cleanPrefix(p string) (string, error) {
+	var parts []string
+	for _, seg := range strings.Split(p, "/") {
+		if seg == "" {
+			continue
+		}
+		if seg == "." || seg == ".." {
+			return "", fmt.Errorf("prefix %q: no . or .. segments", p)
+		}
+		for i := 0; i < len(seg); i++ {
+			c := seg[i]
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-' || c == ':') {
+				return "", fmt.Errorf("prefix %q: want segments of [A-Za-z0-9._:-]", p)
+			}
+		}
+		parts = append(parts, seg)
+	}
+	if len(parts) == 0 {
+		return DefaultPrefix, nil
+	}
+	return "/" + strings.Join(parts, "/"), nil
+}
+
+// New returns a store on the cluster. It does not connect: the first request
+// does, within DialTimeout.
+func New(o Options) (*Store, error) {
+	if len(o.Endpoints) == 0 {
+		return nil, fmt.Errorf("%w: etcd store without endpoints", store.ErrInvalid)
+	}
+	prefix, err := cleanPrefix(o.Prefix)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", store.ErrInvalid, err)
+	}
+	o.Prefix = prefix
+	if o.DialTimeout <= 0 {
+		o.DialTimeout = 5 * time.Second
+	}
+	if o.RequestTimeout <= 0 {
+		o.RequestTimeout = 5 * time.Second
+	}
+	if (o.Username == "") != (o.Password == "") {
+		return nil, fmt.Errorf("%w: etcd username and password: give both or neither (password from SLOTCTL_ETCD_PASSWORD)", store.ErrInvalid)
+	}
+	cfg := clientv3.Config{
+		Endpoints:            o.Endpoints,
+		DialTimeout:          o.DialTimeout,
+		DialKeepAliveTime:    10 * time.Second,
+		DialKeepAliveTimeout: 3 * time.Second,
+		TLS:                  o.TLS,
+		Username:             o.Username,
+		Password:             o.Password,
+		DialOptions:          o.DialOptions,
+		Logger:               zap.NewNop(),
+		MaxUnaryRetries:      2,
+	}
+	s := &Store{o: o, k: keys(prefix + "/"), dead: o.Dead,
+		url:   "etcd://" + strings.Join(o.Endpoints, ",") + prefix,
+		known: map[string]known{}, bells: map[string]*bell{}, leases: o.clock}
+	if s.leases == nil {
+		s.leases = newLeaseClock()
+	}
+	// With a username, New authenticates at once (bounded by DialTimeout).
+	c, err := clientv3.New(cfg)
+	if err != nil {
+		return nil, s.unavailable(err, true)
+	}
+	s.c = c
+	if o.Username != "" {
+		s.connected.Store(true)
+	}
+	return s, nil
+}
+
+// Close closes the connection; bells stop ringing.
+func (s *Store) Close() error {
+	return s.c.Close()
+}
+
+// String implements [store.Store]: etcd://HOST:PORT[,...]/PREFIX.
+func (s *Store) String() string { return s.url }
+
+// Endpoints are the cluster's endpoints as configured.
+func (s *Store) Endpoints() []string { return s.o.Endpoints }
+
+// ctx bounds one request: by the dial timeout until the cluster has
+// answered once, then by the request timeout.
+//
+// A process that could not reach the cluster within the dial timeout does
+// not wait that long again (slotctl run would otherwise wait once more to
+// cancel a ticket it never wrote): its later requests fail at once.
+func (s *Store) ctx(parent context.Context) (context.Context, context.CancelFunc) {
+	if s.connected.Load() {
+		return context.WithTimeout(parent, s.o.RequestTimeout)
+	}
+	if s.dialFailed.Load() {
+		return context.WithDeadline(parent, time.Time{})
+	}
+	return context.WithTimeout(parent, s.o.DialTimeout)
+}
+
+// answered notes that the cluster answered.
+func (s *Store) answered() { s.connected.Store(true) }
+
+// unavailable turns a failed request into an error wrapping
+// store.ErrUnavailable that names the cluster. Errors that are the caller's
+// own cancellation pass through.
+func (s *Store) unavailable(err error, dial bool) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, context.Canceled) {
+		return err
+	}
+	what := fmt.Sprintf("etcd at %s", strings.Join(s.o.Endpoints, ", "))
+	switch {
+	case isAuthError(err):
+		return fmt.Errorf("%w: %s refused the credentials of user %q: %v", store.ErrUnavailable, what, s.o.Username, errorDesc(err))
+	case dial || !s.connected.Load():
+		if errors.Is(err, context.DeadlineExceeded) || grpcCode(err) == codes.DeadlineExceeded || grpcCode(err) == codes.Unavailable {
+			s.dialFailed.Store(true)
+		}
+		return fmt.Errorf("%w: %s did not answer within %s (the dial timeout): %v", store.ErrUnavailable, what, s.o.DialTimeout, errorDesc(err))
+	default:
+		return fmt.Errorf("%w: %s: %v", store.ErrUnavailable, what, errorDesc(err))
+	}
+}

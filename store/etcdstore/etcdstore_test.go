@@ -1,0 +1,278 @@
+package etcdstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/slotctl/slotctl/store"
+	"github.com/slotctl/slotctl/store/etcdstore"
+	"github.com/slotctl/slotctl/store/etcdstore/etcdtest"
+)
+
+func TestParseURL(t *testing.T) {
+	for _, c := range []struct {
+		url       string
+		endpoints []string
+		prefix    string
+	}{
+		{"etcd://127.0.0.1:2379", []string{"127.0.0.1:2379"}, "/slotctl"},
+		{"etcd://a:1,B:2/", []string{"a:1", "b:2"}, "/slotctl"},
+		{"etcd://[::1]:2379/x/y/", []string{"[::1]:2379"}, "/x/y"},
+		{"etcd://h:2379//team//slots", []string{"h:2379"}, "/team/slots"},
+	} {
+		eps, prefix, err := etcdstore.ParseURL(c.url)
+		if err != nil || strings.Join(eps, " ") != strings.Join(c.endpoints, " ") || prefix != c.prefix {
+			t.Errorf("ParseURL(%q) = %q, %q, %v; want %q, %q", c.url, eps, prefix, err, c.endpoints, c.prefix)
+		}
+	}
+	for _, bad := range []string{"etcd://", "etcd:///p", "etcd://h", "etcd://h:0", "etcd://h:x", "etcd://:1",
+		"etcd://u:p@h:1", "etcd://h:1?tls=1", "etcd://h:1/a b", "etcd://h:1/../x", "bolt://h:1"} {
+		if eps, p, err := etcdstore.ParseURL(bad); err == nil {
+			t.Errorf("ParseURL(%q) = %q, %q; want an error", bad, eps, p)
+		}
+	}
+	st, err := etcdstore.New(etcdstore.Options{Endpoints: []string{"h1:2379", "h2:2379"}, Prefix: "team/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if got := st.String(); got != "etcd://h1:2379,h2:2379/team" {
+		t.Errorf("String() = %q", got)
+	}
+}
+
+func open(t *testing.T, srv *etcdtest.Server, o etcdstore.Options) *etcdstore.Store {
+	t.Helper()
+	o.Endpoints = []string{srv.Endpoint}
+	if o.Prefix == "" {
+		o.Prefix = "/" + strings.ReplaceAll(t.Name(), "/", "_")
+	}
+	st, err := etcdstore.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
+func req(id, limit string, slots int, ttl time.Duration) store.EnqueueRequest {
+	return store.EnqueueRequest{ID: id, Limit: limit, Slots: slots, TTL: ttl,
+		Holder: store.Holder{Host: "etcdstore.invalid", Pid: 1, Argv: []string{id}}}
+}
+
+// loseAnswers makes the gRPC connection drop the answer (after the server
+// applied the request) of the first transaction that lose picks.
+func loseAnswers(lose func(*pb.TxnRequest) bool) (grpc.DialOption, *atomic.Int32) {
+	var lost atomic.Int32
+	return grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if tr, ok := req.(*pb.TxnRequest); ok && err == nil && lost.Load() == 0 && lose(tr) {
+			lost.Add(1)
+			return status.Error(codes.Unavailable, "test: the answer was lost")
+		}
+		return err
+	}), &lost
+}
+
+// writes reports whether a transaction would put or delete a key containing part.
+func writes(tr *pb.TxnRequest, part string, put bool) bool {
+	for _, op := range tr.Success {
+		if p := op.GetRequestPut(); p != nil && put && strings.Contains(string(p.Key), part) {
+			return true
+		}
+		if d := op.GetRequestDeleteRange(); d != nil && !put && strings.Contains(string(d.Key), part) {
+			return true
+		}
+	}
+	return false
+}
+
+// A create whose answer is lost is retried and finds its own ticket: one
+// ticket, not two; a release whose answer is lost frees one slot, once.
+func TestLostAnswerIsRetriedOnce(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	ctx := context.Background()
+	dropCreate, lostCreate := loseAnswers(func(tr *pb.TxnRequest) bool { return writes(tr, "/ids/a", true) })
+	st := open(t, srv, etcdstore.Options{DialOptions: []grpc.DialOption{dropCreate}, Prefix: "/lost"})
+	a, err := st.Enqueue(ctx, req("a", "l", 1, 5*time.Second))
+	if err != nil {
+		t.Fatalf("Enqueue A with its answer lost: %v", err)
+	}
+	if lostCreate.Load() != 1 {
+		t.Fatalf("the test lost %d answers, want 1", lostCreate.Load())
+	}
+	if a.State != store.Held {
+		t.Fatalf("A: %s, want held", a.State)
+	}
+	b, err := st.Enqueue(ctx, req("b", "l", 1, 5*time.Second))
+	if err != nil || b.State != store.Waiting {
+		t.Fatalf("Enqueue B: %+v, %v; want waiting", b, err)
+	}
+	sn, err := st.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sn.Tickets) != 2 || sn.Tickets[0].ID != "a" || sn.Tickets[0].Fence != a.Fence {
+		t.Fatalf("snapshot after a lost create: %+v, want A (fence %d) and B once each", sn.Tickets, a.Fence)
+	}
+
+	dropRelease, lostRelease := loseAnswers(func(tr *pb.TxnRequest) bool { return writes(tr, "/tickets/l/a", false) })
+	st2 := open(t, srv, etcdstore.Options{DialOptions: []grpc.DialOption{dropRelease}, Prefix: "/lost"})
+	ok, err := st2.Release(ctx, a, store.Released)
+	if err != nil || !ok || lostRelease.Load() != 1 {
+		t.Fatalf("Release A with its answer lost: %v, %v (lost %d); want true", ok, err, lostRelease.Load())
+	}
+	if ok, err := st2.Release(ctx, a, store.Released); err != nil || ok {
+		t.Fatalf("Release A again: %v, %v; want false", ok, err)
+	}
+	got, err := st.Get(ctx, "b")
+	if err != nil || got.State != store.Held {
+		t.Fatalf("B after A's release: %+v, %v; want held", got, err)
+	}
+	c, err := st.Enqueue(ctx, req("c", "l", 1, 5*time.Second))
+	if err != nil || c.State != store.Waiting {
+		t.Fatalf("C: %+v, %v; want waiting behind B (one slot, freed once)", c, err)
+	}
+	evs, err := st.Events(ctx, "l", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kinds []string
+	for _, e := range evs {
+		kinds = append(kinds, e.Kind+" "+e.Ticket)
+	}
+	if want := "admitted a,released a,admitted b"; strings.Join(kinds, ",") != want {
+		t.Fatalf("events %q, want %q", kinds, want)
+	}
+}
+
+// A release wakes the waiter it promotes, not the queue: of twenty bells,
+// one rings.
+func TestReleaseRingsOneBell(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	ctx := context.Background()
+	st := open(t, srv, etcdstore.Options{})
+	h, err := st.Enqueue(ctx, req("holder", "q", 1, 10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bells []store.Bell
+	for i := range 20 {
+		id := fmt.Sprintf("w%02d", i)
+		b, err := st.Watch(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Close()
+		if _, err := st.Enqueue(ctx, req(id, "q", 1, 10*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		bells = append(bells, b)
+	}
+	time.Sleep(300 * time.Millisecond) // the bells settle on their keys
+	for _, b := range bells {
+		select {
+		case <-b.C():
+		default:
+		}
+	}
+	if _, err := st.Release(ctx, h, store.Released); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-bells[0].C():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the promoted waiter's bell did not ring")
+	}
+	time.Sleep(300 * time.Millisecond)
+	for i, b := range bells[1:] {
+		select {
+		case <-b.C():
+			t.Errorf("waiter w%02d's bell rang; only the promoted w00's should", i+1)
+		default:
+		}
+	}
+	if got, err := st.Get(ctx, "w00"); err != nil || got.State != store.Held {
+		t.Fatalf("w00: %+v, %v; want held", got, err)
+	}
+}
+
+// When a holder's lease expires nobody writes; the waiter that must
+// outlast it sees its key go, settles the limit, and is admitted, without
+// a reap or a renewal.
+func TestExpiryAdmitsWaiterWithoutWriters(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	ctx := context.Background()
+	st := open(t, srv, etcdstore.Options{})
+	h1, _ := st.Enqueue(ctx, req("h1", "x", 2, 2*time.Second))
+	h2, _ := st.Enqueue(ctx, req("h2", "x", 2, 30*time.Second))
+	if h1.State != store.Held || h2.State != store.Held {
+		t.Fatalf("h1 %s, h2 %s; want both held", h1.State, h2.State)
+	}
+	bell, err := st.Watch(ctx, "w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bell.Close()
+	w, err := st.Enqueue(ctx, req("w", "x", 2, 30*time.Second))
+	if err != nil || w.State != store.Waiting {
+		t.Fatalf("w: %+v, %v; want waiting", w, err)
+	}
+	start := time.Now()
+	for {
+		select {
+		case <-bell.C():
+		case <-time.After(5 * time.Second):
+			t.Fatalf("no ring %s after h1's 2s lease was due", time.Since(start))
+		}
+		got, err := st.Get(ctx, "w")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.State == store.Held {
+			if got.Slot != h1.Slot {
+				t.Errorf("w holds slot %d, want h1's %d", got.Slot, h1.Slot)
+			}
+			t.Logf("admitted %s after enqueue (h1's lease: 2s)", time.Since(start).Round(time.Millisecond))
+			break
+		}
+	}
+	if el := time.Since(start); el < 1500*time.Millisecond || el > 4*time.Second {
+		t.Errorf("admitted after %s, want about h1's TTL (2s)", el)
+	}
+}
+
+// An unreachable cluster is ErrUnavailable within the dial timeout, naming
+// the endpoints; later calls of the same handle fail at once.
+func TestUnreachable(t *testing.T) {
+	st, err := etcdstore.New(etcdstore.Options{Endpoints: []string{"127.0.0.1:1", "127.0.0.1:2"}, DialTimeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	start := time.Now()
+	_, err = st.Enqueue(context.Background(), req("a", "l", 1, 5*time.Second))
+	if !errors.Is(err, store.ErrUnavailable) || !strings.Contains(err.Error(), "127.0.0.1:1, 127.0.0.1:2") {
+		t.Fatalf("Enqueue: %v; want ErrUnavailable naming both endpoints", err)
+	}
+	if el := time.Since(start); el > time.Second {
+		t.Errorf("Enqueue failed after %s, want within the 300ms dial timeout", el)
+	}
+	start = time.Now()
+	if _, err := st.Release(context.Background(), store.Ticket{ID: "a"}, store.Cancelled); !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("Release: %v; want ErrUnavailable", err)
+	}
+	if el := time.Since(start); el > 100*time.Millisecond {
+		t.Errorf("a second call waited %s; want it to fail at once", el)
+	}
+}

@@ -1,0 +1,237 @@
+// Package etcdtest runs an etcd server inside a test process, on loopback
+// ports, for the tests of the etcd store and of slotctl on it. Only tests
+// import it: slotctl itself never links the etcd server.
+package etcdtest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+	"path/filepath"
+	"reflect"
+	"sync"
+	"testing"
+	"time"
+	"unsafe"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.etcd.io/etcd/server/v3/lease"
+	"go.uber.org/zap"
+)
+
+// TB is what Start needs of a test: *testing.T has it, and so can a
+// testscript command.
+type TB interface {
+	Helper()
+	Fatalf(format string, args ...any)
+	Cleanup(func())
+}
+
+// Server is one single-member etcd cluster.
+type Server struct {
+	// Endpoint is the client address, 127.0.0.1:PORT.
+	Endpoint string
+
+	tb   TB
+	cfg  *embed.Config
+	mu   sync.Mutex
+	e    *embed.Etcd   // nil while stopped
+	stop chan struct{} // stops the revoker
+	done chan struct{}
+}
+
+// Options tune the server. The zero value is etcd's defaults (heartbeat
+// 100ms, election 1s: the shortest lease is 2s), without fsync.
+type Options struct {
+	// Dir is the data directory; "" is a new temporary directory (the test
+	// must then be a testing.TB).
+	Dir string
+	// Fsync makes the server fsync its log as a production server does
+	// (benchmarks compare tools on it).
+	Fsync bool
+}
+
+// Start starts a server with its data in a new temporary directory and
+// stops it when the test ends.
+func Start(tb TB, o Options) *Server {
+	tb.Helper()
+	if o.Dir == "" {
+		t, ok := tb.(testing.TB)
+		if !ok {
+			tb.Fatalf("etcdtest: Options.Dir is required outside a testing.TB")
+		}
+		o.Dir = filepath.Join(t.TempDir(), "etcd")
+	}
+	cport, pport := freePort(tb), freePort(tb)
+	cfg := embed.NewConfig()
+	cfg.Name = "slotctl-test"
+	cfg.Dir = o.Dir
+	cu := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", cport)}
+	pu := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", pport)}
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{cu}, []url.URL{cu}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{pu}, []url.URL{pu}
+	cfg.InitialCluster = cfg.Name + "=" + pu.String()
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	cfg.UnsafeNoFsync = !o.Fsync
+	s := &Server{Endpoint: cu.Host, tb: tb, cfg: cfg}
+	if err := s.start(); err != nil {
+		tb.Fatalf("etcdtest: %v", err)
+	}
+	tb.Cleanup(s.Stop)
+	return s
+}
+
+func freePort(tb TB) int {
+	tb.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatalf("etcdtest: no free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func (s *Server) start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.e != nil {
+		return nil
+	}
+	var e *embed.Etcd
+	var err error
+	for try := 0; try < 50; try++ { // the ports of a stopped server may take a moment to free
+		if e, err = embed.StartEtcd(s.cfg); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		return fmt.Errorf("start etcd on %s: %v", s.Endpoint, err)
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+	case <-time.After(30 * time.Second):
+		e.Close()
+		return fmt.Errorf("etcd on %s not ready within 30s", s.Endpoint)
+	}
+	s.e = e
+	s.stop, s.done = make(chan struct{}), make(chan struct{})
+	go s.revoker(e, s.stop, s.done)
+	return nil
+}
+
+// revoker revokes expired leases every 10ms: the server's own lessor looks
+// only every 500ms, which would blur every lease deadline a test checks.
+func (s *Server) revoker(e *embed.Etcd, stop, done chan struct{}) {
+	defer close(done)
+	l := lessor(e)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		}
+		for _, ls := range l.Leases() {
+			if ls.Remaining() > 0 {
+				break // sorted by expiry
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_, _ = e.Server.LeaseRevoke(ctx, &pb.LeaseRevokeRequest{ID: int64(ls.ID)})
+			cancel()
+		}
+	}
+}
+
+// Stop stops the server (the data stays). Idempotent.
+func (s *Server) Stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.e != nil {
+		close(s.stop)
+		<-s.done
+		s.e.Close()
+		s.e = nil
+	}
+}
+
+// Restart starts a stopped server again on the same ports and data.
+func (s *Server) Restart() {
+	s.tb.Helper()
+	if err := s.start(); err != nil {
+		s.tb.Fatalf("etcdtest: %v", err)
+	}
+}
+
+// Expire waits until the server has revoked every lease whose time is up
+// (the test server does within 10ms; a production one within 500ms).
+func (s *Server) Expire() {
+	s.mu.Lock()
+	e := s.e
+	s.mu.Unlock()
+	if e == nil {
+		return
+	}
+	l := lessor(e)
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
+		ls := l.Leases()
+		if len(ls) == 0 || ls[0].Remaining() > 0 {
+			return
+		}
+	}
+}
+
+// Advance sleeps d, then waits for the server to revoke what expired.
+func (s *Server) Advance(d time.Duration) {
+	time.Sleep(d)
+	s.Expire()
+}
+
+// AdvanceWarm is Advance for tests that look at a lease within a few
+// milliseconds of its deadline: while it sleeps it calls ping every few
+// milliseconds (ping should make a request to the server through the
+// client under test). On a virtual machine the first request after a
+// second of idleness takes tens of milliseconds (sleeping threads of the
+// server and of the client waking), which would eat such a margin; a busy
+// cluster does not sleep.
+func (s *Server) AdvanceWarm(d time.Duration, ping func()) {
+	end := time.Now().Add(d)
+	for {
+		left := time.Until(end)
+		if left <= 0 {
+			break
+		}
+		time.Sleep(min(left, 5*time.Millisecond))
+		ping()
+	}
+	s.Expire()
+}
+
+// LeaseRemaining is the server's own reading of a lease's time left; ok
+// is false if it has no such lease.
+func (s *Server) LeaseRemaining(id int64) (time.Duration, bool) {
+	s.mu.Lock()
+	e := s.e
+	s.mu.Unlock()
+	if e == nil {
+		return 0, false
+	}
+	l := lessor(e).Lookup(lease.LeaseID(id))
+	if l == nil {
+		return 0, false
+	}
+	return l.Remaining(), true
+}
+
+// lessor digs out the server's lessor, which etcd does not export. Tests
+// only: if a new etcd renames the field, this fails loudly.
+func lessor(e *embed.Etcd) lease.Lessor {
+	v := reflect.ValueOf(e.Server).Elem().FieldByName("lessor")
+	if !v.IsValid() {
+		panic("etcdtest: etcdserver.EtcdServer has no field lessor (etcd changed): update etcdtest.lessor")
+	}
+	return reflect.NewAt(v.Type(), unsafe.Pointer(v.UnsafeAddr())).Elem().Interface().(lease.Lessor)
+}

@@ -1,0 +1,983 @@
+package etcdstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/slotctl/slotctl/store"
+)
+
+func checkTTL(ttl time.Duration) error {
+	if ttl <= 0 {
+		return fmt.Errorf("%w: ttl %s: want a positive duration", store.ErrInvalid, ttl)
+	}
+	return nil
+}
+
+// checkID accepts [A-Za-z0-9_-]{1,64}, as the bbolt store does: ids are
+// key segments.
+func checkID(id string) error {
+	ok := len(id) > 0 && len(id) <= 64
+	for i := 0; ok && i < len(id); i++ {
+		c := id[i]
+		ok = c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-'
+	}
+	if !ok {
+		return fmt.Errorf("%w: ticket id %q: want 1-64 characters of [A-Za-z0-9_-]", store.ErrInvalid, id)
+	}
+	return nil
+}
+
+// unknownOutcome reports whether a failed write may have committed (its
+// answer was lost): then it is retried, and finds its own effect.
+func unknownOutcome(err error) bool {
+	return errors.Is(err, store.ErrUnavailable) && !isAuthError(err)
+}
+
+// Enqueue implements [store.Store]. The ticket's lease is granted first;
+// one transaction then creates the ticket if its id is absent (a retry finds
+// it, a tombstone refuses it), creates the limit if needed, sweeps the limit
+// and promotes its waiters, the new ticket among them. The decision rests on
+// a serializable read; the transaction's compares make a stale one retry.
+func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ticket, error) {
+	if err := checkID(req.ID); err != nil {
+		return store.Ticket{}, err
+	}
+	if err := store.CheckLimitName(req.Limit); err != nil {
+		return store.Ticket{}, err
+	}
+	if err := store.CheckSlots(req.Slots); err != nil {
+		return store.Ticket{}, err
+	}
+	if err := checkTTL(req.TTL); err != nil {
+		return store.Ticket{}, err
+	}
+	start := time.Now()
+	// The lease and a first (serializable, so cheap) read of the limit at
+	// once: the transaction's compares make up for a stale read.
+	type readResult struct {
+		st  *lstate
+		err error
+	}
+	first := make(chan readResult, 1)
+	go func() {
+		st, err := s.read(ctx, req.Limit, req.ID, true)
+		first <- readResult{st, err}
+	}()
+	sent := s.leases.now()
+	cctx, cancel := s.ctx(ctx)
+	g, err := s.c.Grant(cctx, leaseTTL(req.TTL))
+	cancel()
+	rr := <-first
+	if err != nil {
+		return store.Ticket{}, s.unavailable(err, false)
+	}
+	s.answered()
+	lease := int64(g.ID)
+	s.leases.acked(lease, sent, time.Duration(g.TTL)*time.Second)
+	used := false
+	defer func() {
+		if !used {
+			s.leases.forget(lease)
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			_, _ = s.c.Revoke(rctx, g.ID)
+			cancel()
+		}
+	}()
+
+	st, err := rr.st, rr.err
+	var r retrier
+	for {
+		if err != nil {
+			// A lost answer (or a lost read) is retried for as long as one
+			// request may take: a create that landed is then found by its id.
+			if !unknownOutcome(err) || ctx.Err() != nil || time.Since(start) > s.o.RequestTimeout {
+				return store.Ticket{}, err
+			}
+			time.Sleep(time.Duration(20+rand.IntN(30)) * time.Millisecond)
+			st, err = s.read(ctx, req.Limit, req.ID, false)
+			continue
+		}
+		if st.idKV != nil {
+			t, mine, err := s.existing(ctx, st, req, lease)
+			used = used || mine
+			return t, err
+		}
+		if st.lim != nil && req.CheckSlots && st.lim.Slots != req.Slots {
+			return store.Ticket{}, &store.SlotsConflictError{Limit: req.Limit, Have: st.lim.Slots, Want: req.Slots}
+		}
+		p := s.newPlan(st)
+		p.compareLimit()
+		if st.lim == nil {
+			lim := limitRec{V: formatVersion, Slots: req.Slots, Created: p.now}
+			p.put(s.k.limit(req.Limit), writeOp{val: encode(lim)})
+			st.lim = &lim
+		}
+		p.cmp(clientv3.Compare(clientv3.CreateRevision(s.k.id(req.ID)), "=", 0))
+		e := &entry{isNew: true, r: rec{V: formatVersion, ID: req.ID, Limit: req.Limit, Lease: lease, State: store.Waiting,
+			Slot: -1, TTL: req.TTL, Holder: req.Holder, Created: p.now}}
+		st.entries = append(st.entries, e)
+		p.settle(false)
+		if e.r.State == store.Held {
+			// Admitted on the strength of its place in the queue: no ticket
+			// may have been created (ahead of it) since the read.
+			p.cmp(clientv3.Compare(clientv3.CreateRevision(s.k.tickets(req.Limit)).WithPrefix(), "<", st.rev+1))
+		} else {
+			p.putNew(e)
+		}
+		resp, nst, cerr := s.commit(ctx, p, req.Limit, req.ID)
+		if errors.Is(cerr, errRetry) {
+			if err := r.next(ctx); err != nil {
+				return store.Ticket{}, err
+			}
+			st = nst
+			continue
+		}
+		if cerr != nil {
+			err = cerr
+			continue
+		}
+		used = true
+		e.fence = resp.Header.Revision
+		if s.leases.now()-sent > 20*time.Millisecond {
+			// The lease was granted before a slow transaction: restart it,
+			// so that the ticket has its whole TTL from its creation. (A
+			// failure is the renewer's to find.)
+			s.refresh(ctx, lease)
+		}
+		s.afterCommit(p)
+		s.remember(e, resp.Header.Revision)
+		s.ring(req.ID, req.Limit, e.r.State == store.Held)
+		if p.full {
+			if nst, err := s.settleLimit(ctx, req.Limit, req.ID); err == nil {
+				if t, ok := s.viewOf(ctx, nst, req.ID); ok {
+					return t, nil
+				}
+			}
+		}
+		after := p.after()
+		return s.view(e, positions(after.entries)[e], s.remaining(ctx, lease)), nil
+	}
+}
+
+// existing answers an Enqueue of an id that has a key already: the live
+// ticket, unchanged (a retry), or ErrRemoved. mine reports that the ticket
+// uses the caller's new lease (the retry of a create that landed).
+func (s *Store) existing(ctx context.Context, st *lstate, req store.EnqueueRequest, lease int64) (store.Ticket, bool, error) {
+	var ir idRec
+	if err := decode("ticket id "+req.ID, st.idKV.Value, &ir); err != nil {
+		return store.Ticket{}, false, err
+	}
+	if ir.Removed != "" {
+		return store.Ticket{}, false, fmt.Errorf("%w: ticket %s was %s", store.ErrRemoved, req.ID, ir.Removed)
+	}
+	if ir.Limit != req.Limit {
+		var err error
+		if st, err = s.read(ctx, ir.Limit, req.ID, false); err != nil {
+			return store.Ticket{}, false, err
+		}
+	}
+	e, _ := st.find(req.ID)
+	if e == nil {
+		return store.Ticket{}, false, fmt.Errorf("%w: ticket id %s names limit %q, which has no such ticket", store.ErrCorrupt, req.ID, ir.Limit)
+	}
+	s.remember(e, 0)
+	s.ring(req.ID, e.r.Limit, false)
+	t, _ := s.viewOf(ctx, st, req.ID)
+	return t, e.r.Lease == lease, nil
+}
+
+// Get implements [store.Store].
+func (s *Store) Get(ctx context.Context, id string) (store.Ticket, error) {
+	dbg("get start")
+	defer dbg("get end")
+	if checkID(id) != nil {
+		return store.Ticket{}, fmt.Errorf("%w: ticket %q", store.ErrNotFound, id)
+	}
+	limit, idr, err := s.lookup(ctx, id)
+	if err != nil {
+		return store.Ticket{}, err
+	}
+	if limit == "" {
+		return store.Ticket{}, notFound(id, idr)
+	}
+	st, err := s.read(ctx, limit, id, false)
+	if err != nil {
+		return store.Ticket{}, err
+	}
+	if st.idKV == nil {
+		s.forget(id)
+		return store.Ticket{}, notFound(id, nil)
+	}
+	var ir idRec
+	if err := decode("ticket id "+id, st.idKV.Value, &ir); err != nil {
+		return store.Ticket{}, err
+	}
+	if ir.Removed != "" {
+		s.forget(id)
+		return store.Ticket{}, notFound(id, &ir)
+	}
+	t, ok := s.viewOf(ctx, st, id)
+	if !ok {
+		return store.Ticket{}, notFound(id, nil)
+	}
+	if e, _ := st.find(id); e != nil && e.tkv != nil {
+		s.remember(e, e.tkv.ModRevision)
+	}
+	return t, nil
+}
+
+// Renew implements [store.Store] with one keep-alive of the ticket's lease:
+// the server, not this process, moves its deadline. A lease the server no
+// longer has (expired, revoked) is lost for good. The lease keeps the TTL it
+// was granted with; ttl is only checked. Renewing a waiting ticket also
+// settles its limit, so that a slot freed by an expired lease is handed on
+// within a renewal period even if nobody else writes.
+func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (store.Ticket, error) {
+	if err := checkTTL(ttl); err != nil {
+		return store.Ticket{}, err
+	}
+	if checkID(t.ID) != nil {
+		return store.Ticket{}, fmt.Errorf("%w: ticket %q", store.ErrLost, t.ID)
+	}
+	s.mu.Lock()
+	k, ok := s.known[t.ID]
+	s.mu.Unlock()
+	if !ok {
+		limit, idr, err := s.lookup(ctx, t.ID)
+		if err != nil {
+			return store.Ticket{}, err
+		}
+		if limit == "" {
+			return store.Ticket{}, fmt.Errorf("%w: %w", store.ErrLost, notFound(t.ID, idr))
+		}
+		st, err := s.read(ctx, limit, t.ID, false)
+		if err != nil {
+			return store.Ticket{}, err
+		}
+		e, _ := st.find(t.ID)
+		if e == nil || !e.live() {
+			return store.Ticket{}, fmt.Errorf("%w: ticket %s is gone or its lease expired", store.ErrLost, t.ID)
+		}
+		s.remember(e, e.tkv.ModRevision)
+		k = known{limit: e.r.Limit, lease: e.r.Lease, fence: e.fence}
+	}
+	if uint64(k.fence) != t.Fence {
+		return store.Ticket{}, fmt.Errorf("%w: ticket %s has fence %d, not %d", store.ErrLost, t.ID, k.fence, t.Fence)
+	}
+	sent := s.leases.now()
+	cctx, cancel := s.ctx(ctx)
+	ka, err := s.c.KeepAliveOnce(cctx, clientv3.LeaseID(k.lease))
+	cancel()
+	switch {
+	case err != nil && isLeaseNotFound(err):
+		s.leases.forget(k.lease)
+		return store.Ticket{}, fmt.Errorf("%w: ticket %s: %s", store.ErrLost, t.ID, expiredEvidence)
+	case err != nil:
+		return store.Ticket{}, s.unavailable(err, false)
+	}
+	s.answered()
+	s.leases.acked(k.lease, sent, time.Duration(ka.TTL)*time.Second)
+	st, err := s.read(ctx, k.limit, t.ID, false)
+	if err != nil {
+		return store.Ticket{}, err
+	}
+	e, _ := st.find(t.ID)
+	if e == nil || !e.live() || e.fence != k.fence {
+		// Released or reaped while its lease lived on: the removal is final.
+		return store.Ticket{}, fmt.Errorf("%w: ticket %s was removed", store.ErrLost, t.ID)
+	}
+	if e.r.State != store.Held {
+		if nst, err := s.settleState(ctx, st, t.ID); err == nil {
+			st = nst
+		}
+	}
+	out, ok := s.viewOf(ctx, st, t.ID)
+	if !ok {
+		return store.Ticket{}, fmt.Errorf("%w: ticket %s was removed", store.ErrLost, t.ID)
+	}
+	return out, nil
+}
+
+// refresh keeps a lease alive once, noting when.
+func (s *Store) refresh(ctx context.Context, lease int64) {
+	sent := s.leases.now()
+	cctx, cancel := s.ctx(ctx)
+	defer cancel()
+	if ka, err := s.c.KeepAliveOnce(cctx, clientv3.LeaseID(lease)); err == nil {
+		s.leases.acked(lease, sent, time.Duration(ka.TTL)*time.Second)
+	}
+}
+
+// settleLimit reads a limit and settles it.
+func (s *Store) settleLimit(ctx context.Context, limit, id string) (*lstate, error) {
+	st, err := s.read(ctx, limit, id, true)
+	if err != nil {
+		return nil, err
+	}
+	return s.settleState(ctx, st, id)
+}
+
+// settleState sweeps and promotes the limit read as st (see plan.settle),
+// committing only when there is something to do, and returns the limit as
+// it then stands (id's key read along, when not "").
+func (s *Store) settleState(ctx context.Context, st *lstate, id string) (*lstate, error) {
+	var r retrier
+	for {
+		p := s.newPlan(st)
+		p.settle(false)
+		if p.empty() {
+			return st, nil
+		}
+		_, nst, err := s.commit(ctx, p, st.name, id)
+		if errors.Is(err, errRetry) {
+			if err := r.next(ctx); err != nil {
+				return nil, err
+			}
+			st = nst
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		s.afterCommit(p)
+		if !p.full {
+			return p.after(), nil
+		}
+		if st, err = s.read(ctx, st.name, id, false); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// Release implements [store.Store]: compare-and-delete of the ticket key at
+// the revision read (a stale retry never deletes a newer ticket), the
+// tombstone, the event and the promotion of the next waiters, in one
+// transaction. A ticket whose lease the server expired but that no sweep
+// removed yet is removed by its release (the slot went with the lease).
+func dbg(what string) {
+	if os.Getenv("SLOTCTL_DEBUG_TIMING") != "" {
+		fmt.Fprintf(os.Stderr, "DBG %d %s\n", time.Now().UnixNano(), what)
+	}
+}
+
+func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (bool, error) {
+	dbg("release start")
+	defer dbg("release end")
+	if err := checkID(t.ID); err != nil {
+		return false, err
+	}
+	limit, idr, err := s.lookup(ctx, t.ID)
+	if err != nil {
+		return false, err
+	}
+	if limit == "" {
+		return false, s.releaseAbsent(ctx, t, why, idr)
+	}
+	st, err := s.read(ctx, limit, t.ID, true)
+	var r retrier
+	uncertain := false // a release was sent whose answer was lost
+	for {
+		if err != nil {
+			return false, err
+		}
+		var ir idRec
+		if st.idKV == nil {
+			s.forget(t.ID)
+			return false, s.releaseAbsent(ctx, t, why, nil)
+		}
+		if err := decode("ticket id "+t.ID, st.idKV.Value, &ir); err != nil {
+			return false, err
+		}
+		if ir.Removed != "" {
+			s.forget(t.ID)
+			if uncertain && ir.Removed == why {
+				return true, nil // the lost answer's release landed
+			}
+			return false, s.releaseAbsent(ctx, t, why, &ir)
+		}
+		e, _ := st.find(t.ID)
+		if e == nil {
+			return false, fmt.Errorf("%w: ticket id %s names limit %q, which has no such ticket", store.ErrCorrupt, t.ID, limit)
+		}
+		if t.Fence != 0 && uint64(e.fence) != t.Fence {
+			return false, nil
+		}
+		dbg("release read done")
+		p := s.newPlan(st)
+		p.remove(e, why, "")
+		p.settle(false)
+		_, nst, cerr := s.commit(ctx, p, limit, t.ID)
+		if errors.Is(cerr, errRetry) {
+			if err := r.next(ctx); err != nil {
+				return false, err
+			}
+			st, err = nst, nil
+			continue
+		}
+		if cerr != nil {
+			if unknownOutcome(cerr) && ctx.Err() == nil && r.n < 3 {
+				// The answer may be lost: look again. If it landed, the
+				// ticket is tombstoned with this reason: nothing is freed twice.
+				r.n++
+				uncertain = true
+				st, err = s.read(ctx, limit, t.ID, false)
+				continue
+			}
+			return false, cerr
+		}
+		s.forget(t.ID)
+		s.afterCommit(p)
+		if p.full {
+			_, _ = s.settleLimit(ctx, limit, "")
+		}
+		return true, nil
+	}
+}
+
+// releaseAbsent releases an id that is not live: tombstoned already, or
+// never seen (cancel before create: tombstone it so that the create is
+// refused when it lands). With Lost it logs that the holder noticed.
+func (s *Store) releaseAbsent(ctx context.Context, t store.Ticket, why store.Reason, idr *idRec) error {
+	st := &lstate{name: t.Limit}
+	p := s.newPlan(st)
+	if why == store.Lost && t.Limit != "" {
+		p.event(string(store.Lost), rec{ID: t.ID, Limit: t.Limit, State: t.State, Slot: t.Slot, Holder: t.Holder}, int64(t.Fence), "holder presumed its lease lost")
+	}
+	if idr == nil {
+		p.cmp(clientv3.Compare(clientv3.CreateRevision(s.k.id(t.ID)), "=", 0))
+		p.tombstone(t.ID, t.Limit, why)
+	}
+	if p.empty() {
+		return nil
+	}
+	day, err := s.dayLease(ctx, s.dayKV(ctx))
+	if err != nil {
+		return err
+	}
+	for range 2 {
+		cctx, cancel := s.ctx(ctx)
+		resp, err := s.c.Txn(cctx).If(p.cmps...).Then(p.ops(day)...).Commit()
+		cancel()
+		if err != nil && isLeaseNotFound(err) {
+			s.dropDay(day)
+			if day, err = s.dayLease(ctx, nil); err != nil {
+				return err
+			}
+			continue
+		}
+		if err != nil {
+			return s.unavailable(err, false)
+		}
+		s.answered()
+		if !resp.Succeeded {
+			// The create landed meanwhile: release the live ticket.
+			if _, err := s.Release(ctx, store.Ticket{ID: t.ID, Limit: t.Limit, Fence: t.Fence}, why); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return nil
+}
+
+// dayKV reads P/meta/day-lease (nil when the handle knows its day lease).
+func (s *Store) dayKV(ctx context.Context) *mvccpb.KeyValue {
+	s.mu.Lock()
+	day := s.day
+	s.mu.Unlock()
+	if day != 0 {
+		return nil
+	}
+	cctx, cancel := s.ctx(ctx)
+	defer cancel()
+	resp, err := s.c.Get(cctx, s.k.dayLease(), clientv3.WithSerializable())
+	if err != nil || len(resp.Kvs) == 0 {
+		return nil
+	}
+	return resp.Kvs[0]
+}
+
+// SetChild implements [store.Store].
+func (s *Store) SetChild(ctx context.Context, t store.Ticket, pgid int, pgidStart uint64) (store.Ticket, error) {
+	limit, idr, err := s.lookup(ctx, t.ID)
+	if err != nil {
+		return store.Ticket{}, err
+	}
+	if limit == "" {
+		return store.Ticket{}, fmt.Errorf("%w: %w", store.ErrLost, notFound(t.ID, idr))
+	}
+	var st *lstate
+	s.mu.Lock()
+	k, ok := s.known[t.ID]
+	s.mu.Unlock()
+	if ok && k.rev != 0 && uint64(k.fence) == t.Fence && k.r.State == store.Held {
+		// A held ticket as this handle last wrote it: compare against that,
+		// and read only if it changed since.
+		e := &entry{r: k.r, fence: k.fence, tkv: &mvccpb.KeyValue{CreateRevision: k.fence, ModRevision: k.rev}}
+		st = &lstate{name: limit, entries: []*entry{e}}
+	} else {
+		st, err = s.read(ctx, limit, t.ID, true)
+	}
+	var r retrier
+	for {
+		if err != nil {
+			return store.Ticket{}, err
+		}
+		e, _ := st.find(t.ID)
+		if e == nil || uint64(e.fence) != t.Fence {
+			return store.Ticket{}, fmt.Errorf("%w: ticket %s is gone", store.ErrLost, t.ID)
+		}
+		if !e.live() {
+			return store.Ticket{}, fmt.Errorf("%w: ticket %s: %s", store.ErrLost, t.ID, expiredEvidence)
+		}
+		p := s.newPlan(st)
+		e.r.Holder.Pgid, e.r.Holder.PgidStart = pgid, pgidStart
+		p.cmp(clientv3.Compare(clientv3.ModRevision(s.k.ticket(limit, t.ID)), "=", e.tkv.ModRevision))
+		p.put(s.k.ticket(limit, t.ID), writeOp{val: encode(e.r), keep: true})
+		p.put(s.k.record(limit, t.ID), writeOp{val: encode(e.r)})
+		resp, nst, cerr := s.commit(ctx, p, limit, t.ID)
+		if errors.Is(cerr, errRetry) {
+			if err := r.next(ctx); err != nil {
+				return store.Ticket{}, err
+			}
+			st, err = nst, nil
+			continue
+		}
+		if cerr != nil {
+			return store.Ticket{}, cerr
+		}
+		s.remember(e, resp.Header.Revision)
+		out, _ := s.viewOf(ctx, p.after(), t.ID)
+		return out, nil
+	}
+}
+
+// Snapshot implements [store.Store]: one consistent read of the limits'
+// records and live ticket keys; the lease of each live ticket is asked of
+// the server (or known to this process).
+func (s *Store) Snapshot(ctx context.Context, limits ...string) (store.Snapshot, error) {
+	for _, l := range limits {
+		if err := store.CheckLimitName(l); err != nil {
+			return store.Snapshot{}, err
+		}
+	}
+	names := slices.Clone(limits)
+	slices.Sort(names)
+	names = slices.Compact(names)
+	byFence := clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)
+	var ops []clientv3.Op
+	if len(names) == 0 || len(names) > 40 {
+		ops = []clientv3.Op{
+			clientv3.OpGet(s.k.limits(), clientv3.WithPrefix()),
+			clientv3.OpGet(s.k.allRecords(), clientv3.WithPrefix(), byFence),
+			clientv3.OpGet(s.k.allTickets(), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		}
+	} else {
+		for _, n := range names {
+			ops = append(ops, clientv3.OpGet(s.k.limit(n)),
+				clientv3.OpGet(s.k.records(n), clientv3.WithPrefix(), byFence),
+				clientv3.OpGet(s.k.tickets(n), clientv3.WithPrefix(), clientv3.WithKeysOnly()))
+		}
+	}
+	cctx, cancel := s.ctx(ctx)
+	resp, err := s.c.Txn(cctx).Then(ops...).Commit()
+	cancel()
+	if err != nil {
+		return store.Snapshot{}, s.unavailable(err, false)
+	}
+	s.answered()
+	rs := getResponses(resp.Responses)
+	lims := map[string]*limitRec{}
+	entries := map[string][]*entry{}
+	live := map[string]bool{}
+	for i := 0; i < len(rs); i += 3 {
+		for _, kv := range rs[i].Kvs {
+			var l limitRec
+			if err := decode("limit "+string(kv.Key), kv.Value, &l); err != nil {
+				return store.Snapshot{}, err
+			}
+			lims[strings.TrimPrefix(string(kv.Key), s.k.limits())] = &l
+		}
+		for _, kv := range rs[i+2].Kvs {
+			if name, ok := s.limitName(kv.Key, "tickets/"); ok {
+				live[name+"/"+last(kv.Key)] = true
+			}
+		}
+		for _, kv := range rs[i+1].Kvs {
+			name, ok := s.limitName(kv.Key, "records/")
+			if !ok {
+				continue
+			}
+			var r rec
+			if err := decode("ticket record "+string(kv.Key), kv.Value, &r); err != nil {
+				return store.Snapshot{}, err
+			}
+			e := &entry{r: r, fence: kv.CreateRevision, rkv: kv}
+			if live[name+"/"+r.ID] {
+				e.tkv = kv // present; its own revisions are not needed here
+			}
+			entries[name] = append(entries[name], e)
+		}
+	}
+	if len(names) == 0 {
+		for n := range lims {
+			names = append(names, n)
+		}
+		slices.Sort(names)
+	}
+	var all []*entry
+	for _, n := range names {
+		if lims[n] == nil {
+			return store.Snapshot{}, fmt.Errorf("%w: %q", store.ErrLimitNotFound, n)
+		}
+		all = append(all, entries[n]...)
+	}
+	rem := s.remainingAll(ctx, all)
+	out := store.Snapshot{Now: time.Now(), Limits: []store.Limit{}, Tickets: []store.Ticket{}}
+	for _, n := range names {
+		es := entries[n]
+		sort.SliceStable(es, func(i, j int) bool { return es[i].fence < es[j].fence })
+		l := store.Limit{Name: n, Slots: lims[n].Slots, Created: lims[n].Created}
+		var waiting []store.Ticket
+		pos := positions(es)
+		for _, e := range es {
+			t := s.view(e, pos[e], rem[e.r.Lease])
+			if t.State == store.Held {
+				l.Held++
+				out.Tickets = append(out.Tickets, t)
+			} else {
+				l.Waiting++
+				waiting = append(waiting, t)
+			}
+		}
+		out.Tickets = append(out.Tickets, waiting...)
+		out.Limits = append(out.Limits, l)
+	}
+	return out, nil
+}
+
+// SetLimit implements [store.Store].
+func (s *Store) SetLimit(ctx context.Context, name string, slots int) (store.Limit, error) {
+	if err := store.CheckLimitName(name); err != nil {
+		return store.Limit{}, err
+	}
+	if err := store.CheckSlots(slots); err != nil {
+		return store.Limit{}, err
+	}
+	st, err := s.read(ctx, name, "", true)
+	var r retrier
+	for {
+		if err != nil {
+			return store.Limit{}, err
+		}
+		p := s.newPlan(st)
+		p.compareLimit()
+		lim := limitRec{V: formatVersion, Slots: slots, Created: p.now}
+		if st.lim != nil {
+			lim.Created = st.lim.Created
+		}
+		p.put(s.k.limit(name), writeOp{val: encode(lim)})
+		st.lim = &lim
+		p.settle(false)
+		_, nst, cerr := s.commit(ctx, p, name, "")
+		if errors.Is(cerr, errRetry) {
+			if err := r.next(ctx); err != nil {
+				return store.Limit{}, err
+			}
+			st, err = nst, nil
+			continue
+		}
+		if cerr != nil {
+			return store.Limit{}, cerr
+		}
+		s.afterCommit(p)
+		after := p.after()
+		if p.full {
+			if nst, err := s.settleLimit(ctx, name, ""); err == nil {
+				after = nst
+			}
+		}
+		out := store.Limit{Name: name, Slots: slots, Created: lim.Created}
+		for _, e := range after.entries {
+			if e.r.State == store.Held {
+				out.Held++
+			} else {
+				out.Waiting++
+			}
+		}
+		return out, nil
+	}
+}
+
+// RemoveLimit implements [store.Store].
+func (s *Store) RemoveLimit(ctx context.Context, name string, force bool) error {
+	if err := store.CheckLimitName(name); err != nil {
+		return err
+	}
+	st, err := s.read(ctx, name, "", true)
+	var r retrier
+	for {
+		if err != nil {
+			return err
+		}
+		if st.lim == nil {
+			return fmt.Errorf("%w: %q", store.ErrLimitNotFound, name)
+		}
+		if len(st.entries) > 0 && !force {
+			return fmt.Errorf("%w: limit %q has %d tickets", store.ErrLimitInUse, name, len(st.entries))
+		}
+		p := s.newPlan(st)
+		p.compareLimit()
+		for _, e := range st.entries {
+			if !p.remove(e, store.ForceReleased, "limit removed") {
+				break
+			}
+		}
+		if !p.full {
+			// Nobody joined since the read: the limit goes with its last ticket.
+			p.cmp(clientv3.Compare(clientv3.CreateRevision(s.k.records(name)).WithPrefix(), "<", st.rev+1))
+			p.del(s.k.limit(name))
+		}
+		_, nst, cerr := s.commit(ctx, p, name, "")
+		if errors.Is(cerr, errRetry) {
+			if err := r.next(ctx); err != nil {
+				return err
+			}
+			st, err = nst, nil
+			continue
+		}
+		if cerr != nil {
+			return cerr
+		}
+		s.afterCommit(p)
+		if !p.full {
+			return nil
+		}
+		st, err = s.read(ctx, name, "", false)
+	}
+}
+
+// Reap implements [store.Store]. Expiry is the server's: the tickets it
+// expired are records without a live ticket key, and reap removes those
+// records (their slots went with their leases), saying so. Holders proven
+// dead on this host are removed with their keys and their leases revoked.
+// A dry run lists the same, removing nothing.
+func (s *Store) Reap(ctx context.Context, dryRun bool, limits ...string) ([]store.Removal, error) {
+	for _, l := range limits {
+		if err := store.CheckLimitName(l); err != nil {
+			return nil, err
+		}
+	}
+	names, err := s.limitNames(ctx, limits)
+	if err != nil {
+		return nil, err
+	}
+	removed := []store.Removal{}
+	for _, name := range names {
+		if dryRun {
+			rm, err := s.reapDry(ctx, name)
+			if err != nil {
+				return nil, err
+			}
+			removed = append(removed, rm...)
+			continue
+		}
+		st, err := s.read(ctx, name, "", true)
+		var r retrier
+		for {
+			if err != nil {
+				return nil, err
+			}
+			p := s.newPlan(st)
+			p.settle(true)
+			if p.empty() {
+				break
+			}
+			_, nst, cerr := s.commit(ctx, p, name, "")
+			if errors.Is(cerr, errRetry) {
+				if err := r.next(ctx); err != nil {
+					return nil, err
+				}
+				st, err = nst, nil
+				continue
+			}
+			if cerr != nil {
+				return nil, cerr
+			}
+			s.afterCommit(p)
+			removed = append(removed, p.removed...)
+			if !p.full {
+				break
+			}
+			st, err = s.read(ctx, name, "", false)
+		}
+	}
+	s.trimEvents(ctx)
+	return removed, nil
+}
+
+// limitNames checks that the named limits exist, or lists them all.
+func (s *Store) limitNames(ctx context.Context, limits []string) ([]string, error) {
+	cctx, cancel := s.ctx(ctx)
+	defer cancel()
+	resp, err := s.c.Get(cctx, s.k.limits(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return nil, s.unavailable(err, false)
+	}
+	s.answered()
+	have := map[string]bool{}
+	var all []string
+	for _, kv := range resp.Kvs {
+		n := strings.TrimPrefix(string(kv.Key), s.k.limits())
+		have[n] = true
+		all = append(all, n)
+	}
+	if len(limits) == 0 {
+		return all, nil
+	}
+	names := slices.Clone(limits)
+	slices.Sort(names)
+	names = slices.Compact(names)
+	for _, n := range names {
+		if !have[n] {
+			return nil, fmt.Errorf("%w: %q", store.ErrLimitNotFound, n)
+		}
+	}
+	return names, nil
+}
+
+// reapDry lists what a reap of the limit would remove now.
+func (s *Store) reapDry(ctx context.Context, name string) ([]store.Removal, error) {
+	st, err := s.read(ctx, name, "", false)
+	if err != nil {
+		return nil, err
+	}
+	var out []store.Removal
+	for _, e := range st.entries {
+		t := s.view(e, 0, 0)
+		if !e.live() {
+			ev := expiredEvidence
+			if s.dead != nil {
+				if dev, dead := s.dead(t, false); dead {
+					ev += "; " + dev
+				}
+			}
+			out = append(out, store.Removal{Ticket: t, Reason: store.Reaped, Evidence: ev})
+			continue
+		}
+		if s.dead != nil {
+			if ev, dead := s.dead(t, false); dead {
+				out = append(out, store.Removal{Ticket: t, Reason: store.Reaped, Evidence: ev})
+				continue
+			}
+		}
+		if s.o.skew > 0 {
+			if rem := s.remaining(ctx, e.r.Lease); rem-s.o.skew <= 0 {
+				out = append(out, store.Removal{Ticket: t, Reason: store.Reaped,
+					Evidence: "expired " + ago(s.o.skew-rem) + " ago by this reaper's reading (the server has not expired it)"})
+			}
+		}
+	}
+	return out, nil
+}
+
+// trimEvents keeps the newest MaxEvents events (each also goes after a day).
+func (s *Store) trimEvents(ctx context.Context) {
+	cctx, cancel := s.ctx(ctx)
+	defer cancel()
+	resp, err := s.c.Get(cctx, s.k.allEvents(), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil || resp.Count <= store.MaxEvents+64 {
+		return
+	}
+	old, err := s.c.Get(cctx, s.k.allEvents(), clientv3.WithPrefix(), clientv3.WithKeysOnly(),
+		clientv3.WithSort(clientv3.SortByModRevision, clientv3.SortAscend), clientv3.WithLimit(resp.Count-store.MaxEvents))
+	if err != nil {
+		return
+	}
+	for i := 0; i < len(old.Kvs); i += maxPlanOps {
+		var ops []clientv3.Op
+		for _, kv := range old.Kvs[i:min(i+maxPlanOps, len(old.Kvs))] {
+			ops = append(ops, clientv3.OpDelete(string(kv.Key)))
+		}
+		if _, err := s.c.Txn(cctx).Then(ops...).Commit(); err != nil {
+			return
+		}
+	}
+}
+
+// Events implements [store.Store].
+func (s *Store) Events(ctx context.Context, limit string, n int) ([]store.Event, error) {
+	prefix := s.k.allEvents()
+	if limit != "" {
+		if err := store.CheckLimitName(limit); err != nil {
+			return nil, err
+		}
+		prefix = s.k.events(limit)
+	}
+	out := []store.Event{}
+	if n <= 0 {
+		return out, nil
+	}
+	n = min(n, store.MaxEvents)
+	cctx, cancel := s.ctx(ctx)
+	defer cancel()
+	// One transaction writes fewer than maxPlanOps events: a few more than
+	// n cannot cut one short.
+	resp, err := s.c.Get(cctx, prefix, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByModRevision, clientv3.SortDescend),
+		clientv3.WithLimit(int64(n+maxPlanOps)))
+	if err != nil {
+		return nil, s.unavailable(err, false)
+	}
+	s.answered()
+	for _, kv := range resp.Kvs {
+		var e eventRec
+		if err := decode("event "+string(kv.Key), kv.Value, &e); err != nil {
+			return nil, err
+		}
+		e.Seq = uint64(kv.ModRevision)<<8 | uint64(e.I)
+		if e.NewFence {
+			e.Fence = uint64(kv.ModRevision)
+		}
+		out = append(out, e.Event)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Seq < out[j].Seq })
+	if len(out) > n {
+		out = out[len(out)-n:]
+	}
+	return out, nil
+}
+
+// Changes returns a channel that receives (coalesced) after every change
+// under the store's prefix, until ctx ends: what slotctl ls --watch redraws on.
+func (s *Store) Changes(ctx context.Context) (<-chan struct{}, error) {
+	c := make(chan struct{}, 1)
+	wc := s.c.Watch(clientv3.WithRequireLeader(ctx), string(s.k), clientv3.WithPrefix())
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case _, ok := <-wc:
+				if !ok {
+					return
+				}
+			}
+			select {
+			case c <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	return c, nil
+}
