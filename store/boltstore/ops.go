@@ -241,16 +241,10 @@ func (s *Store) Snapshot(ctx context.Context, limits ...string) (store.Snapshot,
 	var out store.Snapshot
 	err := s.view(ctx, func(x *txn) error {
 		out = store.Snapshot{Now: x.now.Wall, Limits: []store.Limit{}, Tickets: []store.Ticket{}}
-		names := slices.Clone(limits)
-		if len(names) == 0 {
-			if b := x.bucket(bucketLimits); b != nil {
-				if err := b.ForEach(func(k, _ []byte) error { names = append(names, string(k)); return nil }); err != nil {
-					return err
-				}
-			}
+		names, err := x.limitNames(limits)
+		if err != nil {
+			return err
 		}
-		slices.Sort(names)
-		names = slices.Compact(names)
 		for _, name := range names {
 			lim, ok, err := x.limit(name)
 			if err != nil {
@@ -400,16 +394,10 @@ func (s *Store) Reap(ctx context.Context, dryRun bool, limits ...string) ([]stor
 	}
 	removed := []store.Removal{}
 	each := func(x *txn, fn func(name string) error) error {
-		names := slices.Clone(limits)
-		if len(names) == 0 {
-			if b := x.bucket(bucketLimits); b != nil {
-				if err := b.ForEach(func(k, _ []byte) error { names = append(names, string(k)); return nil }); err != nil {
-					return err
-				}
-			}
+		names, err := x.limitNames(limits)
+		if err != nil {
+			return err
 		}
-		slices.Sort(names)
-		names = slices.Compact(names)
 		for _, name := range names {
 			if _, ok, err := x.limit(name); err != nil {
 				return err
@@ -493,4 +481,19 @@ func (s *Store) Events(ctx context.Context, limit string, n int) ([]store.Event,
 		return nil
 	})
 	return out, err
+}
+
+// limitNames is the named limits, sorted and each once, or all the store's
+// limits when none is named.
+func (x *txn) limitNames(limits []string) ([]string, error) {
+	names := slices.Clone(limits)
+	if len(names) == 0 {
+		if b := x.bucket(bucketLimits); b != nil {
+			if err := b.ForEach(func(k, _ []byte) error { names = append(names, string(k)); return nil }); err != nil {
+				return nil, err
+			}
+		}
+	}
+	slices.Sort(names)
+	return slices.Compact(names), nil
 }
