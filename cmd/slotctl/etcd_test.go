@@ -9,13 +9,16 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/rogpeppe/go-internal/testscript"
+	"github.com/spf13/cobra"
 
 	"github.com/slotctl/slotctl/store"
 	"github.com/slotctl/slotctl/store/etcdstore/etcdtest"
@@ -299,4 +302,102 @@ func (e *ptEnv) output(args ...string) (string, error) {
 	cmd.Dir, cmd.Env = e.dir, e.env
 	out, err := cmd.Output()
 	return string(out), err
+}
+
+// TestEtcdTLSAndAuthFromConfig: TLS files and the user come from the
+// config file, the password from SLOTCTL_ETCD_PASSWORD (or a file); a wrong
+// password is exit 69, naming the cluster.
+func TestEtcdTLSAndAuthFromConfig(t *testing.T) {
+	e := newPTEnv(t)
+	certs := etcdtest.WriteCerts(t, e.dir)
+	certs.ClientCertAuth = true
+	srv := etcdtest.Start(t, etcdtest.Options{TLS: certs})
+	tlsc, err := (etcdSettings{CACert: certs.CA, Cert: certs.ClientCert, Key: certs.ClientKey}).tlsConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.EnableAuth("ci", "pa55", "/ci/", tlsc)
+	config := fmt.Sprintf("store: etcd://%s/ci/slots\netcd:\n  cacert: %s\n  cert: %s\n  key: %s\n  username: ci\n  dial-timeout: 2s\n",
+		srv.Endpoint, certs.CA, certs.ClientCert, certs.ClientKey)
+	if err := os.WriteFile(e.path("config.yaml"), []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(e.path("password"), []byte("pa55\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e.env = append(e.env, "SLOTCTL_CONFIG="+e.path("config.yaml"), "SLOTCTL_STORE=")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	run := func(name string, env []string, args ...string) (*ptProc, int) {
+		saved := e.env
+		e.env = append(slices.Clone(e.env), env...)
+		p := e.start(ctx, name, args...)
+		e.env = saved
+		return p, p.wait(t, 20*time.Second)
+	}
+	if p, code := run("ok", []string{"SLOTCTL_ETCD_PASSWORD=pa55"}, "run", "--limit", "t", "--", "sh", "-c", "echo $SLOTCTL_STORE > store"); code != 0 {
+		t.Fatalf("run over TLS with auth exited %d; stderr:\n%s", code, p.stderr())
+	}
+	if b, _ := os.ReadFile(e.path("store")); strings.TrimSpace(string(b)) != "etcd://"+srv.Endpoint+"/ci/slots" {
+		t.Errorf("SLOTCTL_STORE in the child = %q", b)
+	}
+	// A user without a password is a usage error, found before connecting.
+	if p, code := run("nopw", nil, "ls"); code != exitUsage || !strings.Contains(p.stderr(), "no password") {
+		t.Errorf("ls without a password exited %d, want 64; stderr:\n%s", code, p.stderr())
+	}
+	withFile := strings.Replace(config, "username: ci\n", "username: ci\n  password-file: "+e.path("password")+"\n", 1)
+	if err := os.WriteFile(e.path("config2.yaml"), []byte(withFile), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if p, code := run("pwfile", nil, "--config", e.path("config2.yaml"), "limit", "ls", "t"); code != 0 || !strings.Contains(readFile(t, e.path("pwfile.stdout")), "t ") {
+		t.Errorf("limit ls with etcd.password-file exited %d; stderr:\n%s", code, p.stderr())
+	}
+	p, code := run("wrong", []string{"SLOTCTL_ETCD_PASSWORD=nope"}, "ls")
+	if code != exitUnavailable || !strings.Contains(p.stderr(), srv.Endpoint) || !strings.Contains(p.stderr(), "credentials") {
+		t.Errorf("ls with a wrong password exited %d, want 69 naming the cluster; stderr:\n%s", code, p.stderr())
+	}
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// The --etcd-* flags (once a command registers them with addEtcdFlags)
+// win over the environment and the config file.
+func TestEtcdFlagsOverride(t *testing.T) {
+	dir := t.TempDir()
+	config := dir + "/config.yaml"
+	if err := os.WriteFile(config, []byte("etcd:\n  username: from-file\n  dial-timeout: 3s\n  request-timeout: 4s\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"SLOTCTL_CONFIG": config, "SLOTCTL_ETCD_USERNAME": "from-env", "SLOTCTL_ETCD_PASSWORD": "pw"}
+	f := &Factory{Getenv: func(k string) string { return env[k] }}
+	cmd := &cobra.Command{Use: "x", RunE: func(*cobra.Command, []string) error { return nil }}
+	cmd.Flags().String("config", "", "")
+	addEtcdFlags(cmd.Flags())
+	if err := cmd.ParseFlags([]string{"--etcd-username", "from-flag", "--etcd-dial-timeout", "250ms"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.loadConfig(cmd); err != nil {
+		t.Fatal(err)
+	}
+	es, err := f.etcdSettings(&globalOptions{StoreTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if es.Username != "from-flag" || es.Password != "pw" || es.DialTimeout != 250*time.Millisecond || es.RequestTimeout != 4*time.Second {
+		t.Errorf("settings %+v: want user from the flag, password from the environment, dial timeout from the flag, request timeout from the file", es)
+	}
+	if src := es.source("dial-timeout"); src != "flag --etcd-dial-timeout" {
+		t.Errorf("source of dial-timeout = %q", src)
+	}
+	if src := es.source("request-timeout"); src != "config file "+config {
+		t.Errorf("source of request-timeout = %q", src)
+	}
 }

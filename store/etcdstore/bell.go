@@ -267,7 +267,6 @@ func (b *bell) wait(own, target clientv3.WatchChan, watched map[string]bool) wai
 				return waitOwnLost
 			}
 			if len(wr.Events) > 0 {
-				dbg("bell own event")
 				b.ring()
 				return waitAgain
 			}
@@ -276,8 +275,16 @@ func (b *bell) wait(own, target clientv3.WatchChan, watched map[string]bool) wai
 				return waitTargetLost
 			}
 			for _, ev := range wr.Events {
-				dbg("bell target event")
 				if watched[string(ev.Kv.Key)] {
+					// A release deletes the key ahead and promotes this
+					// ticket in one revision: ring first, read after.
+					select {
+					case owr, ok := <-own:
+						if ok && len(owr.Events) > 0 {
+							b.ring()
+						}
+					default:
+					}
 					return waitAgain
 				}
 			}

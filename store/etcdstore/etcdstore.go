@@ -263,25 +263,44 @@ func (s *Store) ctx(parent context.Context) (context.Context, context.CancelFunc
 func (s *Store) answered() { s.connected.Store(true) }
 
 // unavailable turns a failed request into an error wrapping
-// store.ErrUnavailable that names the cluster. Errors that are the caller's
-// own cancellation pass through.
+// store.ErrUnavailable (and the cause) that names the cluster. The caller's
+// own cancellation passes through.
 func (s *Store) unavailable(err error, dial bool) error {
 	if err == nil {
 		return nil
 	}
-	if errors.Is(err, context.Canceled) {
+	if errors.Is(err, context.Canceled) || errors.Is(err, store.ErrUnavailable) {
 		return err
 	}
 	what := fmt.Sprintf("etcd at %s", strings.Join(s.o.Endpoints, ", "))
+	var msg string
 	switch {
 	case isAuthError(err):
-		return fmt.Errorf("%w: %s refused the credentials of user %q: %v", store.ErrUnavailable, what, s.o.Username, errorDesc(err))
+		msg = fmt.Sprintf("%s refused user %q: %v", what, s.o.Username, errorDesc(err))
+		if grpcCode(err) != codes.PermissionDenied {
+			msg = fmt.Sprintf("%s refused the credentials of user %q: %v", what, s.o.Username, errorDesc(err))
+		}
 	case dial || !s.connected.Load():
-		if errors.Is(err, context.DeadlineExceeded) || grpcCode(err) == codes.DeadlineExceeded || grpcCode(err) == codes.Unavailable {
+		timeout := errors.Is(err, context.DeadlineExceeded) || grpcCode(err) == codes.DeadlineExceeded
+		if timeout || grpcCode(err) == codes.Unavailable {
 			s.dialFailed.Store(true)
 		}
-		return fmt.Errorf("%w: %s did not answer within %s (the dial timeout): %v", store.ErrUnavailable, what, s.o.DialTimeout, errorDesc(err))
+		if timeout {
+			msg = fmt.Sprintf("%s did not answer within %s (the dial timeout)", what, s.o.DialTimeout)
+		} else {
+			msg = fmt.Sprintf("%s cannot be reached: %v", what, errorDesc(err))
+		}
 	default:
-		return fmt.Errorf("%w: %s: %v", store.ErrUnavailable, what, errorDesc(err))
+		msg = fmt.Sprintf("%s: %v", what, errorDesc(err))
 	}
+	return &unavailableError{msg: store.ErrUnavailable.Error() + ": " + msg, cause: err}
 }
+
+// unavailableError is store.ErrUnavailable with its cause.
+type unavailableError struct {
+	msg   string
+	cause error
+}
+
+func (e *unavailableError) Error() string   { return e.msg }
+func (e *unavailableError) Unwrap() []error { return []error{store.ErrUnavailable, e.cause} }

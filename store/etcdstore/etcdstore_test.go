@@ -2,8 +2,11 @@ package etcdstore_test
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -274,5 +277,100 @@ func TestUnreachable(t *testing.T) {
 	}
 	if el := time.Since(start); el > 100*time.Millisecond {
 		t.Errorf("a second call waited %s; want it to fail at once", el)
+	}
+}
+
+// Over TLS with a client certificate, and with auth on: the store works
+// with the right credentials under its prefix, and names the cluster when
+// they are wrong.
+func TestTLSAndAuth(t *testing.T) {
+	certs := etcdtest.WriteCerts(t, t.TempDir())
+	certs.ClientCertAuth = true
+	srv := etcdtest.Start(t, etcdtest.Options{TLS: certs})
+	tlsConfig := func() *tls.Config {
+		ca, err := os.ReadFile(certs.CA)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(ca)
+		cert, err := tls.LoadX509KeyPair(certs.ClientCert, certs.ClientKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}}
+	}
+	srv.EnableAuth("alice", "s3cret", "/team/", tlsConfig())
+	ctx := context.Background()
+
+	st := open(t, srv, etcdstore.Options{Prefix: "/team/slots", TLS: tlsConfig(), Username: "alice", Password: "s3cret"})
+	a, err := st.Enqueue(ctx, req("a", "l", 1, 3*time.Second))
+	if err != nil || a.State != store.Held {
+		t.Fatalf("Enqueue over TLS with auth: %+v, %v", a, err)
+	}
+	if _, err := st.Renew(ctx, a, 3*time.Second); err != nil {
+		t.Fatalf("Renew: %v", err)
+	}
+	// Another process (no knowledge of the lease) asks the server for it.
+	other0 := open(t, srv, etcdstore.Options{Prefix: "/team/slots", TLS: tlsConfig(), Username: "alice", Password: "s3cret"})
+	if sn, err := other0.Snapshot(ctx); err != nil || len(sn.Tickets) != 1 || sn.Tickets[0].Remaining < time.Second {
+		t.Fatalf("Snapshot from another handle: %+v, %v; want A with its lease", sn, err)
+	}
+	if ok, err := st.Release(ctx, a, store.Released); !ok || err != nil {
+		t.Fatalf("Release: %v, %v", ok, err)
+	}
+	if rm, err := st.Reap(ctx, false); err != nil || len(rm) != 0 {
+		t.Fatalf("Reap: %v, %v", rm, err)
+	}
+
+	// Wrong password, and a prefix outside the user's keys.
+	_, err = etcdstore.New(etcdstore.Options{Endpoints: []string{srv.Endpoint}, TLS: tlsConfig(), Username: "alice", Password: "wrong", DialTimeout: 2 * time.Second})
+	if !errors.Is(err, store.ErrUnavailable) || !strings.Contains(err.Error(), "credentials") || !strings.Contains(err.Error(), srv.Endpoint) {
+		t.Errorf("wrong password: %v; want ErrUnavailable naming the cluster and the credentials", err)
+	}
+	other := open(t, srv, etcdstore.Options{Prefix: "/elsewhere", TLS: tlsConfig(), Username: "alice", Password: "s3cret"})
+	if _, err := other.Enqueue(ctx, req("b", "l", 1, 3*time.Second)); !errors.Is(err, store.ErrUnavailable) || !strings.Contains(err.Error(), "permission denied") {
+		t.Errorf("Enqueue outside the user's prefix: %v; want ErrUnavailable saying permission denied", err)
+	}
+	// No client certificate: the handshake fails, within the dial timeout.
+	noCert := tlsConfig()
+	noCert.Certificates = nil
+	bare := open(t, srv, etcdstore.Options{Prefix: "/team/slots", TLS: noCert, DialTimeout: 500 * time.Millisecond})
+	start := time.Now()
+	if _, err := bare.Snapshot(ctx); !errors.Is(err, store.ErrUnavailable) || time.Since(start) > 2*time.Second {
+		t.Errorf("without a client certificate: %v after %s; want ErrUnavailable within the dial timeout", err, time.Since(start))
+	}
+}
+
+// A bell made on one handle rings for a ticket enqueued through another
+// (it finds the ticket's limit in the store).
+func TestBellOfAnotherHandle(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	ctx := context.Background()
+	a := open(t, srv, etcdstore.Options{Prefix: "/bells"})
+	b := open(t, srv, etcdstore.Options{Prefix: "/bells"})
+	h, err := b.Enqueue(ctx, req("h", "q", 1, 10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bell, err := a.Watch(ctx, "w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bell.Close()
+	if w, err := b.Enqueue(ctx, req("w", "q", 1, 10*time.Second)); err != nil || w.State != store.Waiting {
+		t.Fatalf("w: %+v, %v", w, err)
+	}
+	time.Sleep(500 * time.Millisecond) // past the bell's wait for a same-handle Enqueue
+	for len(bell.C()) > 0 {
+		<-bell.C()
+	}
+	if _, err := b.Release(ctx, h, store.Released); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-bell.C():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the bell did not ring when w was promoted")
 	}
 }

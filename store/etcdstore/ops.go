@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -199,8 +198,6 @@ func (s *Store) existing(ctx context.Context, st *lstate, req store.EnqueueReque
 
 // Get implements [store.Store].
 func (s *Store) Get(ctx context.Context, id string) (store.Ticket, error) {
-	dbg("get start")
-	defer dbg("get end")
 	if checkID(id) != nil {
 		return store.Ticket{}, fmt.Errorf("%w: ticket %q", store.ErrNotFound, id)
 	}
@@ -210,6 +207,14 @@ func (s *Store) Get(ctx context.Context, id string) (store.Ticket, error) {
 	}
 	if limit == "" {
 		return store.Ticket{}, notFound(id, idr)
+	}
+	s.mu.Lock()
+	k, ok := s.known[id]
+	s.mu.Unlock()
+	if ok {
+		if t, ok, err := s.getLight(ctx, k, id); ok || err != nil {
+			return t, err
+		}
 	}
 	st, err := s.read(ctx, limit, id, false)
 	if err != nil {
@@ -235,6 +240,43 @@ func (s *Store) Get(ctx context.Context, id string) (store.Ticket, error) {
 		s.remember(e, e.tkv.ModRevision)
 	}
 	return t, nil
+}
+
+// getLight reads a ticket this handle knows without reading its limit's
+// records: its own key and a few counts give its place (the waiters polling
+// or woken in a long queue must stay cheap). ok is false when that is not
+// enough to answer exactly (its lease expired; the limit has expired
+// tickets, whose states the counts cannot tell): read the limit then.
+func (s *Store) getLight(ctx context.Context, k known, id string) (store.Ticket, bool, error) {
+	cctx, cancel := s.ctx(ctx)
+	resp, err := s.c.Txn(cctx).Then(
+		clientv3.OpGet(s.k.ticket(k.limit, id)),
+		clientv3.OpGet(s.k.records(k.limit), clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithMaxCreateRev(k.fence-1)),
+		clientv3.OpGet(s.k.slots(k.limit), clientv3.WithPrefix(), clientv3.WithCountOnly()),
+		clientv3.OpGet(s.k.tickets(k.limit), clientv3.WithPrefix(), clientv3.WithCountOnly()),
+		clientv3.OpGet(s.k.records(k.limit), clientv3.WithPrefix(), clientv3.WithCountOnly()),
+	).Commit()
+	cancel()
+	if err != nil {
+		return store.Ticket{}, false, s.unavailable(err, false)
+	}
+	s.answered()
+	rs := getResponses(resp.Responses)
+	own := rs[0].Kvs
+	if len(own) == 0 || own[0].CreateRevision != k.fence || rs[4].Count != rs[3].Count {
+		return store.Ticket{}, false, nil
+	}
+	e := &entry{fence: k.fence, tkv: own[0], rkv: own[0]}
+	if err := decode("ticket "+id, own[0].Value, &e.r); err != nil {
+		return store.Ticket{}, false, err
+	}
+	s.remember(e, own[0].ModRevision)
+	pos := 0
+	if e.r.State != store.Held {
+		// Every record is live, and the holders are a prefix of the queue.
+		pos = len(rs[1].Kvs) - int(rs[2].Count) + 1
+	}
+	return s.view(e, pos, s.remaining(ctx, k.lease)), true, nil
 }
 
 // Renew implements [store.Store] with one keep-alive of the ticket's lease:
@@ -288,23 +330,66 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 	}
 	s.answered()
 	s.leases.acked(k.lease, sent, time.Duration(ka.TTL)*time.Second)
-	st, err := s.read(ctx, k.limit, t.ID, false)
+	return s.renewed(ctx, k, t.ID)
+}
+
+// renewed reads a ticket just renewed. A holder, or a waiter far back in
+// the queue, needs only its own key and a few counts (a waiter's renewal
+// every TTL/3 must stay cheap when hundreds wait); a waiter next in line,
+// or any waiter when the limit has expired tickets to sweep, reads the
+// limit and settles it (probing the holders for death, admitting itself if
+// a slot went with an expired lease and nobody handed it on).
+func (s *Store) renewed(ctx context.Context, k known, id string) (store.Ticket, error) {
+	cctx, cancel := s.ctx(ctx)
+	resp, err := s.c.Txn(cctx).Then(
+		clientv3.OpGet(s.k.ticket(k.limit, id)),
+		clientv3.OpGet(s.k.tickets(k.limit), clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithMaxCreateRev(k.fence-1)),
+		clientv3.OpGet(s.k.slots(k.limit), clientv3.WithPrefix(), clientv3.WithCountOnly()),
+		clientv3.OpGet(s.k.tickets(k.limit), clientv3.WithPrefix(), clientv3.WithCountOnly()),
+		clientv3.OpGet(s.k.records(k.limit), clientv3.WithPrefix(), clientv3.WithCountOnly()),
+		clientv3.OpGet(s.k.limit(k.limit)),
+	).Commit()
+	cancel()
+	if err != nil {
+		return store.Ticket{}, s.unavailable(err, false)
+	}
+	rs := getResponses(resp.Responses)
+	own := rs[0].Kvs
+	if len(own) == 0 || own[0].CreateRevision != k.fence {
+		// Released or reaped while its lease lived on: the removal is final.
+		return store.Ticket{}, fmt.Errorf("%w: ticket %s was removed", store.ErrLost, id)
+	}
+	e := &entry{fence: k.fence, tkv: own[0], rkv: own[0]}
+	if err := decode("ticket "+id, own[0].Value, &e.r); err != nil {
+		return store.Ticket{}, err
+	}
+	s.remember(e, own[0].ModRevision)
+	rem, _ := s.leases.remaining(k.lease)
+	if e.r.State == store.Held {
+		return s.view(e, 0, max(rem, time.Millisecond)), nil
+	}
+	waitingAhead := len(rs[1].Kvs) - int(rs[2].Count)
+	slots := 0
+	if kvs := rs[5].Kvs; len(kvs) > 0 {
+		var l limitRec
+		if err := decode("limit "+k.limit, kvs[0].Value, &l); err != nil {
+			return store.Ticket{}, err
+		}
+		slots = l.Slots
+	}
+	if waitingAhead >= slots && rs[4].Count <= rs[3].Count {
+		return s.view(e, max(waitingAhead, 0)+1, max(rem, time.Millisecond)), nil
+	}
+	st, err := s.read(ctx, k.limit, id, false)
 	if err != nil {
 		return store.Ticket{}, err
 	}
-	e, _ := st.find(t.ID)
-	if e == nil || !e.live() || e.fence != k.fence {
-		// Released or reaped while its lease lived on: the removal is final.
-		return store.Ticket{}, fmt.Errorf("%w: ticket %s was removed", store.ErrLost, t.ID)
+	if nst, err := s.settleState(ctx, st, id); err == nil {
+		st = nst
 	}
-	if e.r.State != store.Held {
-		if nst, err := s.settleState(ctx, st, t.ID); err == nil {
-			st = nst
-		}
-	}
-	out, ok := s.viewOf(ctx, st, t.ID)
+	out, ok := s.viewOf(ctx, st, id)
 	if !ok {
-		return store.Ticket{}, fmt.Errorf("%w: ticket %s was removed", store.ErrLost, t.ID)
+		return store.Ticket{}, fmt.Errorf("%w: ticket %s was removed", store.ErrLost, id)
 	}
 	return out, nil
 }
@@ -365,15 +450,7 @@ func (s *Store) settleState(ctx context.Context, st *lstate, id string) (*lstate
 // tombstone, the event and the promotion of the next waiters, in one
 // transaction. A ticket whose lease the server expired but that no sweep
 // removed yet is removed by its release (the slot went with the lease).
-func dbg(what string) {
-	if os.Getenv("SLOTCTL_DEBUG_TIMING") != "" {
-		fmt.Fprintf(os.Stderr, "DBG %d %s\n", time.Now().UnixNano(), what)
-	}
-}
-
 func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (bool, error) {
-	dbg("release start")
-	defer dbg("release end")
 	if err := checkID(t.ID); err != nil {
 		return false, err
 	}
@@ -382,7 +459,7 @@ func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (
 		return false, err
 	}
 	if limit == "" {
-		return false, s.releaseAbsent(ctx, t, why, idr)
+		return s.releaseAbsent(ctx, t, why, idr)
 	}
 	st, err := s.read(ctx, limit, t.ID, true)
 	var r retrier
@@ -394,7 +471,7 @@ func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (
 		var ir idRec
 		if st.idKV == nil {
 			s.forget(t.ID)
-			return false, s.releaseAbsent(ctx, t, why, nil)
+			return s.releaseAbsent(ctx, t, why, nil)
 		}
 		if err := decode("ticket id "+t.ID, st.idKV.Value, &ir); err != nil {
 			return false, err
@@ -404,7 +481,7 @@ func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (
 			if uncertain && ir.Removed == why {
 				return true, nil // the lost answer's release landed
 			}
-			return false, s.releaseAbsent(ctx, t, why, &ir)
+			return s.releaseAbsent(ctx, t, why, &ir)
 		}
 		e, _ := st.find(t.ID)
 		if e == nil {
@@ -413,7 +490,6 @@ func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (
 		if t.Fence != 0 && uint64(e.fence) != t.Fence {
 			return false, nil
 		}
-		dbg("release read done")
 		p := s.newPlan(st)
 		p.remove(e, why, "")
 		p.settle(false)
@@ -447,8 +523,9 @@ func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (
 
 // releaseAbsent releases an id that is not live: tombstoned already, or
 // never seen (cancel before create: tombstone it so that the create is
-// refused when it lands). With Lost it logs that the holder noticed.
-func (s *Store) releaseAbsent(ctx context.Context, t store.Ticket, why store.Reason, idr *idRec) error {
+// refused when it lands). With Lost it logs that the holder noticed. It
+// reports true only if the create landed meanwhile and this removed it.
+func (s *Store) releaseAbsent(ctx context.Context, t store.Ticket, why store.Reason, idr *idRec) (bool, error) {
 	st := &lstate{name: t.Limit}
 	p := s.newPlan(st)
 	if why == store.Lost && t.Limit != "" {
@@ -459,11 +536,11 @@ func (s *Store) releaseAbsent(ctx context.Context, t store.Ticket, why store.Rea
 		p.tombstone(t.ID, t.Limit, why)
 	}
 	if p.empty() {
-		return nil
+		return false, nil
 	}
 	day, err := s.dayLease(ctx, s.dayKV(ctx))
 	if err != nil {
-		return err
+		return false, err
 	}
 	for range 2 {
 		cctx, cancel := s.ctx(ctx)
@@ -472,23 +549,21 @@ func (s *Store) releaseAbsent(ctx context.Context, t store.Ticket, why store.Rea
 		if err != nil && isLeaseNotFound(err) {
 			s.dropDay(day)
 			if day, err = s.dayLease(ctx, nil); err != nil {
-				return err
+				return false, err
 			}
 			continue
 		}
 		if err != nil {
-			return s.unavailable(err, false)
+			return false, s.unavailable(err, false)
 		}
 		s.answered()
 		if !resp.Succeeded {
 			// The create landed meanwhile: release the live ticket.
-			if _, err := s.Release(ctx, store.Ticket{ID: t.ID, Limit: t.Limit, Fence: t.Fence}, why); err != nil {
-				return err
-			}
+			return s.Release(ctx, store.Ticket{ID: t.ID, Limit: t.Limit, Fence: t.Fence, Holder: t.Holder}, why)
 		}
-		return nil
+		return false, nil
 	}
-	return nil
+	return false, nil
 }
 
 // dayKV reads P/meta/day-lease (nil when the handle knows its day lease).
@@ -760,7 +835,7 @@ func (s *Store) RemoveLimit(ctx context.Context, name string, force bool) error 
 		if cerr != nil {
 			return cerr
 		}
-		s.afterCommit(p)
+		s.revokeRemoved(p, true)
 		if !p.full {
 			return nil
 		}
@@ -815,7 +890,7 @@ func (s *Store) Reap(ctx context.Context, dryRun bool, limits ...string) ([]stor
 			if cerr != nil {
 				return nil, cerr
 			}
-			s.afterCommit(p)
+			s.revokeRemoved(p, true)
 			removed = append(removed, p.removed...)
 			if !p.full {
 				break

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -348,15 +349,22 @@ func (s *Store) commit(ctx context.Context, p *plan, limit, id string) (*clientv
 
 // afterCommit revokes the leases of the tickets the plan removed. Their keys
 // are gone already (that is what freed their slots): this only spares the
-// server an empty lease until its TTL, so it is not waited for.
-func (s *Store) afterCommit(p *plan) {
+// server an empty lease until its TTL, so a job's own path does not wait
+// for it; an operator's command (reap, limit rm) does.
+func (s *Store) afterCommit(p *plan) { s.revokeRemoved(p, false) }
+
+func (s *Store) revokeRemoved(p *plan, wait bool) {
+	var wg sync.WaitGroup
 	for _, l := range p.revoke {
 		s.leases.forget(l)
-		go func() {
+		wg.Go(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), s.o.RequestTimeout)
 			defer cancel()
 			_, _ = s.c.Revoke(ctx, clientv3.LeaseID(l))
-		}()
+		})
+	}
+	if wait {
+		wg.Wait()
 	}
 }
 

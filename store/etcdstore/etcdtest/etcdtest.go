@@ -5,9 +5,18 @@ package etcdtest
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"fmt"
+	"math/big"
 	"net"
 	"net/url"
+	"os"
 	"path/filepath"
 	"reflect"
 	"sync"
@@ -16,6 +25,8 @@ import (
 	"unsafe"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/client/pkg/v3/transport"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.etcd.io/etcd/server/v3/lease"
 	"go.uber.org/zap"
@@ -51,6 +62,9 @@ type Options struct {
 	// Fsync makes the server fsync its log as a production server does
 	// (benchmarks compare tools on it).
 	Fsync bool
+	// TLS, if not nil, serves clients over TLS with these files (see
+	// WriteCerts) and, with ClientCertAuth, requires a client certificate.
+	TLS *Certs
 }
 
 // Start starts a server with its data in a new temporary directory and
@@ -69,6 +83,11 @@ func Start(tb TB, o Options) *Server {
 	cfg.Name = "slotctl-test"
 	cfg.Dir = o.Dir
 	cu := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", cport)}
+	if o.TLS != nil {
+		cu.Scheme = "https"
+		cfg.ClientTLSInfo = transport.TLSInfo{CertFile: o.TLS.ServerCert, KeyFile: o.TLS.ServerKey,
+			TrustedCAFile: o.TLS.CA, ClientCertAuth: o.TLS.ClientCertAuth}
+	}
 	pu := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", pport)}
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{cu}, []url.URL{cu}
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{pu}, []url.URL{pu}
@@ -234,4 +253,94 @@ func lessor(e *embed.Etcd) lease.Lessor {
 		panic("etcdtest: etcdserver.EtcdServer has no field lessor (etcd changed): update etcdtest.lessor")
 	}
 	return reflect.NewAt(v.Type(), unsafe.Pointer(v.UnsafeAddr())).Elem().Interface().(lease.Lessor)
+}
+
+// EnableAuth turns authentication on: a root user, and user with password
+// and read-write access to the keys under prefix (and nothing else).
+func (s *Server) EnableAuth(user, password, prefix string, tlsConfig *tls.Config) {
+	s.tb.Helper()
+	c, err := clientv3.New(clientv3.Config{Endpoints: []string{s.Endpoint}, TLS: tlsConfig, Logger: zap.NewNop()})
+	if err != nil {
+		s.tb.Fatalf("etcdtest: %v", err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	steps := []func() error{
+		func() error { _, err := c.UserAdd(ctx, "root", "root-password"); return err },
+		func() error { _, err := c.UserGrantRole(ctx, "root", "root"); return err },
+		func() error { _, err := c.RoleAdd(ctx, "slotctl"); return err },
+		func() error {
+			_, err := c.RoleGrantPermission(ctx, "slotctl", prefix, clientv3.GetPrefixRangeEnd(prefix), clientv3.PermissionType(clientv3.PermReadWrite))
+			return err
+		},
+		func() error { _, err := c.UserAdd(ctx, user, password); return err },
+		func() error { _, err := c.UserGrantRole(ctx, user, "slotctl"); return err },
+		func() error { _, err := c.AuthEnable(ctx); return err },
+	}
+	for i, step := range steps {
+		if err := step(); err != nil {
+			s.tb.Fatalf("etcdtest: enable auth, step %d: %v", i+1, err)
+		}
+	}
+}
+
+// Certs are the PEM files of a test CA, a server certificate for 127.0.0.1
+// and localhost, and a client certificate, all signed by the CA.
+type Certs struct {
+	CA                    string
+	ServerCert, ServerKey string
+	ClientCert, ClientKey string
+	ClientCertAuth        bool
+}
+
+// WriteCerts makes a new CA and certificates in dir.
+func WriteCerts(tb TB, dir string) *Certs {
+	tb.Helper()
+	c := &Certs{CA: filepath.Join(dir, "ca.pem"), ServerCert: filepath.Join(dir, "server.pem"), ServerKey: filepath.Join(dir, "server-key.pem"),
+		ClientCert: filepath.Join(dir, "client.pem"), ClientKey: filepath.Join(dir, "client-key.pem")}
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		tb.Fatalf("etcdtest: %v", err)
+	}
+	now := time.Now()
+	ca := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "slotctl test CA"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
+	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
+	if err != nil {
+		tb.Fatalf("etcdtest: %v", err)
+	}
+	caCert, _ := x509.ParseCertificate(caDER)
+	writePEM(tb, c.CA, "CERTIFICATE", caDER)
+	for i, leaf := range []struct {
+		cert, key string
+		usage     x509.ExtKeyUsage
+		name      string
+	}{{c.ServerCert, c.ServerKey, x509.ExtKeyUsageServerAuth, "127.0.0.1"}, {c.ClientCert, c.ClientKey, x509.ExtKeyUsageClientAuth, "slotctl"}} {
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			tb.Fatalf("etcdtest: %v", err)
+		}
+		tmpl := &x509.Certificate{SerialNumber: big.NewInt(int64(i + 2)), Subject: pkix.Name{CommonName: leaf.name},
+			NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
+			ExtKeyUsage: []x509.ExtKeyUsage{leaf.usage}, DNSNames: []string{"localhost"}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
+		if err != nil {
+			tb.Fatalf("etcdtest: %v", err)
+		}
+		kb, err := x509.MarshalECPrivateKey(key)
+		if err != nil {
+			tb.Fatalf("etcdtest: %v", err)
+		}
+		writePEM(tb, leaf.cert, "CERTIFICATE", der)
+		writePEM(tb, leaf.key, "EC PRIVATE KEY", kb)
+	}
+	return c
+}
+
+func writePEM(tb TB, path, typ string, der []byte) {
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+		tb.Fatalf("etcdtest: %v", err)
+	}
 }
