@@ -86,11 +86,7 @@ func TestCompare(t *testing.T) {
 	}
 	b.base = base
 	b.bin = filepath.Join(base, "bin", "slotctl")
-	build := exec.Command("go", "build", "-trimpath", "-o", b.bin, ".")
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
-		t.Fatalf("build slotctl: %v", err)
-	}
+	buildRelease(t, b.bin)
 	for _, p := range []struct {
 		name string
 		dst  *string
@@ -835,4 +831,15 @@ func cmpMachine(dir, flock, sem string) string {
 	return fmt.Sprintf("machine: %s, %d CPUs, Linux %s, %s; store on %s (%s); load average %s; peers: %s; %s",
 		model, runtime.NumCPU(), strings.TrimSpace(string(kernel)), runtime.Version(), fs, dir,
 		strings.Join(strings.Fields(string(load))[:3], " "), strings.Join(peers, ", "), time.Now().UTC().Format(time.RFC3339))
+}
+
+// buildRelease builds slotctl as .goreleaser.yaml does (flags, tags and
+// ldflags), so the figures are those of the released binary.
+func buildRelease(t *testing.T, bin string) {
+	t.Helper()
+	build := exec.Command("go", "build", "-trimpath", "-tags", "grpcnotrace", "-ldflags", "-s -w", "-o", bin, ".")
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		t.Fatalf("build slotctl: %v", err)
+	}
 }

@@ -245,6 +245,18 @@ func (es etcdSettings) source(key string) string {
 	return es.f.settingSource("etcd." + key)
 }
 
+// path is the file an etcd.* setting names. A relative path in the config
+// file is relative to the file's directory (the file is read from anywhere:
+// cron's working directory is not the operator's); on a flag, to the
+// working directory.
+func (es etcdSettings) path(key string) string {
+	p := es.f.viper.GetString("etcd." + key)
+	if p == "" || filepath.IsAbs(p) || es.f.cfg == nil || es.f.cfg.EtcdFlags[key] || es.f.cfg.File == "" {
+		return p
+	}
+	return filepath.Join(filepath.Dir(es.f.cfg.File), p)
+}
+
 func (f *Factory) etcdSettings(g *globalOptions) (etcdSettings, error) {
 	es := etcdSettings{DialTimeout: g.StoreTimeout, RequestTimeout: g.StoreTimeout, f: f}
 	v := f.viper
@@ -265,9 +277,9 @@ func (f *Factory) etcdSettings(g *globalOptions) (etcdSettings, error) {
 		}
 		*d.to = t
 	}
-	es.CACert, es.Cert, es.Key = v.GetString("etcd.cacert"), v.GetString("etcd.cert"), v.GetString("etcd.key")
+	es.CACert, es.Cert, es.Key = es.path("cacert"), es.path("cert"), es.path("key")
 	es.Username, es.Password = v.GetString("etcd.username"), v.GetString("etcd.password")
-	if pf := v.GetString("etcd.password-file"); pf != "" && es.Password == "" {
+	if pf := es.path("password-file"); pf != "" && es.Password == "" {
 		b, err := os.ReadFile(pf)
 		if err != nil {
 			return es, usageError("%s: etcd.password-file %s: %v", es.source("password-file"), pf, unwrapPathError(err))

@@ -42,11 +42,7 @@ func TestCompareEtcd(t *testing.T) {
 	}
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "slotctl")
-	build := exec.Command("go", "build", "-trimpath", "-o", bin, ".")
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
-		t.Fatalf("build slotctl: %v", err)
-	}
+	buildRelease(t, bin)
 	srv := etcdtest.Start(t, etcdtest.Options{Fsync: true})
 	ep := srv.Endpoint
 	env := append(os.Environ(), "HOME="+dir, "SLOTCTL_STORE=etcd://"+ep+"/bench")

@@ -11,7 +11,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -61,31 +60,59 @@ func (s scriptTB) Cleanup(f func())                  { s.ts.Defer(f) }
 // cmdEtcd: "etcd start" starts the script's own etcd server on loopback
 // ports (again, on the same ports and data, after "etcd stop") and points
 // SLOTCTL_STORE at it; $ETCD is its HOST:PORT. "etcd stop" stops it.
+//
+// "etcd start -tls [-auth USER PASSWORD PREFIX]" serves clients over TLS
+// only, with a client certificate required, from certificates written to
+// $WORK/certs (ca.pem, client.pem, client-key.pem); -auth then turns
+// authentication on, USER having read-write access under PREFIX only.
 func cmdEtcd(ts *testscript.TestScript, neg bool, args []string) {
 	if neg {
 		ts.Fatalf("unsupported: ! etcd")
 	}
-	if len(args) != 1 {
-		ts.Fatalf("usage: etcd start|stop")
+	usage := "usage: etcd start [-tls [-auth USER PASSWORD PREFIX]] | etcd stop"
+	if len(args) == 0 {
+		ts.Fatalf("%s", usage)
 	}
 	box := ts.Value(etcdKey{}).(*etcdBox)
 	switch args[0] {
 	case "start":
-		if box.srv == nil {
-			box.srv = etcdtest.Start(scriptTB{ts}, etcdtest.Options{Dir: ts.MkAbs("etcd-data")})
-		} else {
+		if box.srv != nil {
 			box.srv.Restart()
+			break
 		}
-		ts.Setenv("ETCD", box.srv.Endpoint)
-		ts.Setenv("SLOTCTL_STORE", "etcd://"+box.srv.Endpoint+"/slotctl")
+		o := etcdtest.Options{Dir: ts.MkAbs("etcd-data")}
+		var auth []string
+		switch {
+		case len(args) == 1:
+		case len(args) == 2 && args[1] == "-tls":
+		case len(args) == 6 && args[1] == "-tls" && args[2] == "-auth":
+			auth = args[3:]
+		default:
+			ts.Fatalf("%s", usage)
+		}
+		if len(args) > 1 {
+			dir := ts.MkAbs("certs")
+			if err := os.MkdirAll(dir, 0o700); err != nil {
+				ts.Fatalf("%v", err)
+			}
+			o.TLS = etcdtest.WriteCerts(scriptTB{ts}, dir)
+			o.TLS.ClientCertAuth = true
+		}
+		box.srv = etcdtest.Start(scriptTB{ts}, o)
+		if auth != nil {
+			box.srv.EnableAuth(auth[0], auth[1], auth[2], o.TLS.ClientConfig(scriptTB{ts}))
+		}
 	case "stop":
 		if box.srv == nil {
 			ts.Fatalf("etcd stop: no etcd started")
 		}
 		box.srv.Stop()
+		return
 	default:
-		ts.Fatalf("usage: etcd start|stop")
+		ts.Fatalf("%s", usage)
 	}
+	ts.Setenv("ETCD", box.srv.Endpoint)
+	ts.Setenv("SLOTCTL_STORE", "etcd://"+box.srv.Endpoint+"/slotctl")
 }
 
 // etcdPTEnv is a process-test environment on an etcd server of its own.
@@ -304,72 +331,8 @@ func (e *ptEnv) output(args ...string) (string, error) {
 	return string(out), err
 }
 
-// TestEtcdTLSAndAuthFromConfig: TLS files and the user come from the
-// config file, the password from SLOTCTL_ETCD_PASSWORD (or a file); a wrong
-// password is exit 69, naming the cluster.
-func TestEtcdTLSAndAuthFromConfig(t *testing.T) {
-	e := newPTEnv(t)
-	certs := etcdtest.WriteCerts(t, e.dir)
-	certs.ClientCertAuth = true
-	srv := etcdtest.Start(t, etcdtest.Options{TLS: certs})
-	tlsc, err := (etcdSettings{CACert: certs.CA, Cert: certs.ClientCert, Key: certs.ClientKey}).tlsConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.EnableAuth("ci", "pa55", "/ci/", tlsc)
-	config := fmt.Sprintf("store: etcd://%s/ci/slots\netcd:\n  cacert: %s\n  cert: %s\n  key: %s\n  username: ci\n  dial-timeout: 2s\n",
-		srv.Endpoint, certs.CA, certs.ClientCert, certs.ClientKey)
-	if err := os.WriteFile(e.path("config.yaml"), []byte(config), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(e.path("password"), []byte("pa55\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	e.env = append(e.env, "SLOTCTL_CONFIG="+e.path("config.yaml"), "SLOTCTL_STORE=")
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-
-	run := func(name string, env []string, args ...string) (*ptProc, int) {
-		saved := e.env
-		e.env = append(slices.Clone(e.env), env...)
-		p := e.start(ctx, name, args...)
-		e.env = saved
-		return p, p.wait(t, 20*time.Second)
-	}
-	if p, code := run("ok", []string{"SLOTCTL_ETCD_PASSWORD=pa55"}, "run", "--limit", "t", "--", "sh", "-c", "echo $SLOTCTL_STORE > store"); code != 0 {
-		t.Fatalf("run over TLS with auth exited %d; stderr:\n%s", code, p.stderr())
-	}
-	if b, _ := os.ReadFile(e.path("store")); strings.TrimSpace(string(b)) != "etcd://"+srv.Endpoint+"/ci/slots" {
-		t.Errorf("SLOTCTL_STORE in the child = %q", b)
-	}
-	// A user without a password is a usage error, found before connecting.
-	if p, code := run("nopw", nil, "ls"); code != exitUsage || !strings.Contains(p.stderr(), "no password") {
-		t.Errorf("ls without a password exited %d, want 64; stderr:\n%s", code, p.stderr())
-	}
-	withFile := strings.Replace(config, "username: ci\n", "username: ci\n  password-file: "+e.path("password")+"\n", 1)
-	if err := os.WriteFile(e.path("config2.yaml"), []byte(withFile), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if p, code := run("pwfile", nil, "--config", e.path("config2.yaml"), "limit", "ls", "t"); code != 0 || !strings.Contains(readFile(t, e.path("pwfile.stdout")), "t ") {
-		t.Errorf("limit ls with etcd.password-file exited %d; stderr:\n%s", code, p.stderr())
-	}
-	p, code := run("wrong", []string{"SLOTCTL_ETCD_PASSWORD=nope"}, "ls")
-	if code != exitUnavailable || !strings.Contains(p.stderr(), srv.Endpoint) || !strings.Contains(p.stderr(), "credentials") {
-		t.Errorf("ls with a wrong password exited %d, want 69 naming the cluster; stderr:\n%s", code, p.stderr())
-	}
-}
-
-func readFile(t *testing.T, path string) string {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
-}
-
-// The --etcd-* flags (once a command registers them with addEtcdFlags)
-// win over the environment and the config file.
+// The --etcd-* flags win over the environment and the config file (and
+// etcd_tls_auth.txtar runs them against a TLS cluster with auth).
 func TestEtcdFlagsOverride(t *testing.T) {
 	dir := t.TempDir()
 	config := dir + "/config.yaml"

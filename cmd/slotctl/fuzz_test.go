@@ -1,13 +1,10 @@
 package main
 
 import (
-	"bytes"
-	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/slotctl/slotctl/store/etcdstore"
 )
@@ -17,28 +14,17 @@ import (
 // which is a bug), no panic, and at most an error line plus a hint line.
 func fuzzMain(t *testing.T, dir string, args ...string) {
 	t.Helper()
-	var out, errOut bytes.Buffer
-	env := map[string]string{
-		"HOME":            dir,
-		"XDG_CONFIG_HOME": filepath.Join(dir, "config"),
-		"XDG_STATE_HOME":  filepath.Join(dir, "state"),
-	}
-	f := NewFactory("v0.0.0-fuzz", "", "")
-	f.IO = &IOStreams{In: strings.NewReader(""), Out: &out, ErrOut: &errOut}
-	f.Getenv = func(k string) string { return env[k] }
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	code := Main(ctx, args, f)
+	code, stderr := mainIn(t, dir, args...)
 	switch code {
 	case 0, exitUsage, exitUnavailable:
 	default:
-		t.Fatalf("slotctl %q: exit %d\nstderr: %s", args, code, errOut.String())
+		t.Fatalf("slotctl %q: exit %d\nstderr: %s", args, code, stderr)
 	}
-	if lines := strings.Count(strings.TrimSuffix(errOut.String(), "\n"), "\n") + 1; errOut.Len() > 0 && lines > 2 {
-		t.Fatalf("slotctl %q: %d lines on stderr, want one error line and at most one hint:\n%s", args, lines, errOut.String())
+	if lines := strings.Count(strings.TrimSuffix(stderr, "\n"), "\n") + 1; stderr != "" && lines > 2 {
+		t.Fatalf("slotctl %q: %d lines on stderr, want one error line and at most one hint:\n%s", args, lines, stderr)
 	}
-	if code != 0 && !strings.HasPrefix(errOut.String(), "slotctl: ") {
-		t.Fatalf("slotctl %q: exit %d without a slotctl: message: %q", args, code, errOut.String())
+	if code != 0 && !strings.HasPrefix(stderr, "slotctl: ") {
+		t.Fatalf("slotctl %q: exit %d without a slotctl: message: %q", args, code, stderr)
 	}
 }
 

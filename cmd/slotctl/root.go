@@ -99,6 +99,7 @@ EXIT STATUS
 	pf.DurationVar(&g.StoreTimeout, "store-timeout", 5*time.Second, "how long to wait for a locked or unreachable store (env SLOTCTL_STORE_TIMEOUT)")
 	pf.BoolVarP(&g.Quiet, "quiet", "q", false, "print only errors")
 	pf.BoolVarP(&g.Verbose, "verbose", "v", false, "say more about what happens")
+	addEtcdFlags(pf)
 
 	root.AddCommand(newRunCmd(f, g, nil), newLsCmd(f, g), newLimitCmd(f, g), newReapCmd(f, g), newReleaseCmd(f, g), newLogCmd(f, g), newVersionCmd(f), newCompletionCmd(f))
 	root.AddCommand(extraCommands()...)

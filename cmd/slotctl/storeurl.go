@@ -112,13 +112,13 @@ func (es etcdSettings) tlsConfig() (*tls.Config, error) {
 // etcdFlags are the --etcd-* flags, one per etcd.* setting but the
 // password (which only comes from SLOTCTL_ETCD_PASSWORD or a file).
 var etcdFlags = []struct{ name, usage string }{
-	{"dial-timeout", "etcd: how long to wait for the cluster to answer at all (default --store-timeout)"},
-	{"request-timeout", "etcd: how long to wait for each request (default --store-timeout)"},
-	{"cacert", "etcd: CA bundle (PEM) that signed the cluster's certificates; turns TLS on"},
-	{"cert", "etcd: client certificate (PEM), with --etcd-key"},
-	{"key", "etcd: client certificate's private key (PEM)"},
-	{"username", "etcd: user name (env SLOTCTL_ETCD_USERNAME; password from SLOTCTL_ETCD_PASSWORD)"},
-	{"password-file", "etcd: file holding the password (instead of SLOTCTL_ETCD_PASSWORD)"},
+	{"dial-timeout", "etcd: how long to wait for the cluster to answer at all, a `DURATION` (default --store-timeout)"},
+	{"request-timeout", "etcd: how long to wait for each request, a `DURATION` (default --store-timeout)"},
+	{"cacert", "etcd: CA bundle (PEM `FILE`) that signed the cluster's certificates; turns TLS on"},
+	{"cert", "etcd: client certificate (PEM `FILE`), with --etcd-key"},
+	{"key", "etcd: client certificate's private key (PEM `FILE`)"},
+	{"username", "etcd: `USER` name (env SLOTCTL_ETCD_USERNAME; password from SLOTCTL_ETCD_PASSWORD)"},
+	{"password-file", "etcd: `FILE` holding the password (instead of SLOTCTL_ETCD_PASSWORD)"},
 }
 
 // addEtcdFlags registers the --etcd-* flags on a command's flag set (the

@@ -3,10 +3,8 @@ package etcdstore_test
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -287,19 +285,7 @@ func TestTLSAndAuth(t *testing.T) {
 	certs := etcdtest.WriteCerts(t, t.TempDir())
 	certs.ClientCertAuth = true
 	srv := etcdtest.Start(t, etcdtest.Options{TLS: certs})
-	tlsConfig := func() *tls.Config {
-		ca, err := os.ReadFile(certs.CA)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pool := x509.NewCertPool()
-		pool.AppendCertsFromPEM(ca)
-		cert, err := tls.LoadX509KeyPair(certs.ClientCert, certs.ClientKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}}
-	}
+	tlsConfig := func() *tls.Config { return certs.ClientConfig(t) }
 	srv.EnableAuth("alice", "s3cret", "/team/", tlsConfig())
 	ctx := context.Background()
 

@@ -339,6 +339,23 @@ func WriteCerts(tb TB, dir string) *Certs {
 	return c
 }
 
+// ClientConfig is a client's TLS configuration for these certificates:
+// the test CA, and the client certificate.
+func (c *Certs) ClientConfig(tb TB) *tls.Config {
+	tb.Helper()
+	ca, err := os.ReadFile(c.CA)
+	if err != nil {
+		tb.Fatalf("etcdtest: %v", err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca)
+	cert, err := tls.LoadX509KeyPair(c.ClientCert, c.ClientKey)
+	if err != nil {
+		tb.Fatalf("etcdtest: %v", err)
+	}
+	return &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}}
+}
+
 func writePEM(tb TB, path, typ string, der []byte) {
 	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
 		tb.Fatalf("etcdtest: %v", err)
