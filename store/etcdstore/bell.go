@@ -20,13 +20,15 @@ import (
 //   - the ticket's own key: rewritten when it is promoted, deleted when it
 //     is removed or its lease expires: ring;
 //   - the key it must outlast: the live ticket just ahead of it, or, at the
-//     head of the queue, the holders' keys (deletes only). When that changes
+//     head of the queue, the holders' keys (their deletion). When that changes
 //     it reads the limit again; if the ticket may now be admitted and nobody
 //     did (a holder's lease expired, which no client writes), it settles the
 //     limit itself, which promotes it, which rewrites its key: ring.
 //
 // So a release wakes the waiter it promoted and the one behind it, never the
-// whole queue, and no waiter polls. A ring is a hint: the gate confirms with Get.
+// whole queue, and no waiter polls. A ring is a hint: the gate confirms with
+// Get, which answers a promotion this bell saw in a watch event without
+// another read (the handoff's critical path: one commit, one watch event).
 type bell struct {
 	s      *Store
 	id     string
@@ -180,6 +182,9 @@ func (b *bell) follow(limit string) {
 		}
 		e, _ := st.find(b.id)
 		if e == nil || !e.live() || e.r.State == store.Held {
+			if e != nil && e.tkv != nil {
+				b.s.promoted(b.id, e.tkv) // held: Get answers from this read
+			}
 			b.ring()
 			return
 		}
@@ -212,6 +217,7 @@ func (b *bell) follow(limit string) {
 		tctx, tcancel := context.WithCancel(b.ctx)
 		var target clientv3.WatchChan
 		watched := map[string]bool{}
+		deletesOnly := false
 		if len(ahead) == 0 {
 			// A paused limit: only a resize admits it, and that rewrites its key.
 		} else if prev := ahead[len(ahead)-1]; prev.r.State != store.Held {
@@ -221,13 +227,16 @@ func (b *bell) follow(limit string) {
 			watched[k] = true
 			target = b.s.c.Watch(tctx, k, clientv3.WithRev(st.rev+1))
 		} else {
-			// At the head of the queue: outlast a holder.
+			// At the head of the queue: outlast a holder. The whole prefix,
+			// puts too: a release deletes the holder's key and rewrites this
+			// ticket's in one revision, so one answer carries both.
 			for _, a := range ahead {
 				watched[b.s.k.ticket(limit, a.r.ID)] = true
 			}
-			target = b.s.c.Watch(tctx, b.s.k.tickets(limit), clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithRev(st.rev+1))
+			deletesOnly = true
+			target = b.s.c.Watch(tctx, b.s.k.tickets(limit), clientv3.WithPrefix(), clientv3.WithRev(st.rev+1))
 		}
-		again := b.wait(own, target, watched)
+		again := b.wait(own, target, b.s.k.ticket(limit, b.id), watched, deletesOnly)
 		tcancel()
 		switch again {
 		case waitDone:
@@ -249,15 +258,25 @@ func (b *bell) follow(limit string) {
 type waitResult int
 
 const (
-	waitDone       waitResult = iota // the bell closed
+	waitDone       waitResult = iota // the bell closed, or the ticket is held
 	waitAgain                        // read the limit again
 	waitOwnLost                      // the own watch failed: re-establish it
 	waitTargetLost                   // the target watch failed
 )
 
 // wait sleeps until the ticket's own key changes (ring, then read again),
-// a watched key ahead changes (read again), or the bell closes.
-func (b *bell) wait(own, target clientv3.WatchChan, watched map[string]bool) waitResult {
+// a watched key ahead changes (read again; with deletesOnly, only when it is
+// deleted), or the bell closes. An event on ownKey that shows the ticket
+// promoted, on either watch, ends the wait: nothing is left to watch.
+func (b *bell) wait(own, target clientv3.WatchChan, ownKey string, watched map[string]bool, deletesOnly bool) waitResult {
+	promotedIn := func(evs []*clientv3.Event) bool {
+		for i := len(evs) - 1; i >= 0; i-- {
+			if ev := evs[i]; string(ev.Kv.Key) == ownKey {
+				return ev.Type == mvccpb.PUT && b.s.promoted(b.id, ev.Kv)
+			}
+		}
+		return false
+	}
 	for {
 		select {
 		case <-b.ctx.Done():
@@ -267,21 +286,33 @@ func (b *bell) wait(own, target clientv3.WatchChan, watched map[string]bool) wai
 				return waitOwnLost
 			}
 			if len(wr.Events) > 0 {
+				held := promotedIn(wr.Events) // before the ring: the Get it causes answers from it
 				b.ring()
+				if held {
+					return waitDone
+				}
 				return waitAgain
 			}
 		case wr, ok := <-target:
 			if !ok || wr.Err() != nil || wr.Canceled {
 				return waitTargetLost
 			}
+			if promotedIn(wr.Events) {
+				b.ring()
+				return waitDone
+			}
 			for _, ev := range wr.Events {
-				if watched[string(ev.Kv.Key)] {
+				if watched[string(ev.Kv.Key)] && (!deletesOnly || ev.Type == mvccpb.DELETE) {
 					// A release deletes the key ahead and promotes this
 					// ticket in one revision: ring first, read after.
 					select {
 					case owr, ok := <-own:
 						if ok && len(owr.Events) > 0 {
+							held := promotedIn(owr.Events)
 							b.ring()
+							if held {
+								return waitDone
+							}
 						}
 					default:
 					}

@@ -123,6 +123,11 @@ type known struct {
 	fence int64
 	rev   int64 // the revision its ticket key was last written at, 0 if unknown
 	r     rec   // its record as of rev
+	// promoted: rev and r come from the watch event that showed the ticket
+	// promoted; the next Get answers from them without a read (the gate
+	// confirms every ring with a Get, and a read right after the release's
+	// commit can wait behind the server's next write).
+	promoted bool
 }
 
 // ParseURL splits an etcd://HOST:PORT[,HOST:PORT...][/PREFIX] store URL into

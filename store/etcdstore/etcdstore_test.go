@@ -360,3 +360,80 @@ func TestBellOfAnotherHandle(t *testing.T) {
 		t.Fatal("the bell did not ring when w was promoted")
 	}
 }
+
+// countCalls counts the unary gRPC calls (reads, transactions, lease calls)
+// a handle makes.
+func countCalls() (grpc.DialOption, *atomic.Int32) {
+	var n atomic.Int32
+	return grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		n.Add(1)
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}), &n
+}
+
+// The handoff's critical path is one commit and one watch event: the
+// promoted waiter's Get answers from the event its bell saw, without a
+// request of its own; once only, so that a later Get sees later changes.
+func TestPromotionSeenByBellAnswersGet(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	ctx := context.Background()
+	holders := open(t, srv, etcdstore.Options{Prefix: "/handoff"})
+	count, calls := countCalls()
+	waiter := open(t, srv, etcdstore.Options{Prefix: "/handoff", DialOptions: []grpc.DialOption{count}})
+	for round, limit := range []string{"head", "behind"} {
+		h, err := holders.Enqueue(ctx, req("h-"+limit, limit, 1, 10*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ahead store.Ticket
+		if limit == "behind" {
+			// Behind another waiter: the bell watches that waiter's key,
+			// and its own, which the release's commit rewrites.
+			if ahead, err = holders.Enqueue(ctx, req("a-"+limit, limit, 1, 10*time.Second)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		id := fmt.Sprintf("w%d", round)
+		bell, err := waiter.Watch(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer bell.Close()
+		if w, err := waiter.Enqueue(ctx, req(id, limit, 1, 10*time.Second)); err != nil || w.State != store.Waiting {
+			t.Fatalf("%s: %+v, %v; want waiting", id, w, err)
+		}
+		if limit == "behind" {
+			if _, err := holders.Release(ctx, ahead, store.Cancelled); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(300 * time.Millisecond) // the bell settles on its keys
+		select {
+		case <-bell.C():
+		default:
+		}
+		if _, err := holders.Release(ctx, h, store.Released); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-bell.C():
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: the promoted waiter's bell did not ring", limit)
+		}
+		before := calls.Load()
+		got, err := waiter.Get(ctx, id)
+		if err != nil || got.State != store.Held || got.Slot != 0 || got.Remaining <= 0 {
+			t.Fatalf("%s: Get after the ring: %+v, %v; want held on slot 0 with its lease", limit, got, err)
+		}
+		if n := calls.Load() - before; n != 0 {
+			t.Errorf("%s: Get after the ring made %d requests; want none (the watch event showed the promotion)", limit, n)
+		}
+		// An operator removes it: the next Get reads, and says so.
+		if ok, err := holders.Release(ctx, got, store.ForceReleased); !ok || err != nil {
+			t.Fatalf("%s: force release: %v, %v", limit, ok, err)
+		}
+		if got, err := waiter.Get(ctx, id); !errors.Is(err, store.ErrNotFound) {
+			t.Errorf("%s: Get after a force release: %+v, %v; want ErrNotFound", limit, got, err)
+		}
+	}
+}

@@ -210,7 +210,15 @@ func (s *Store) Get(ctx context.Context, id string) (store.Ticket, error) {
 	}
 	s.mu.Lock()
 	k, ok := s.known[id]
+	if ok && k.promoted {
+		s.known[id] = known{limit: k.limit, lease: k.lease, fence: k.fence, rev: k.rev, r: k.r} // once: a later Get reads
+	}
 	s.mu.Unlock()
+	if ok && k.promoted {
+		t := s.view(&entry{r: k.r, fence: k.fence}, 0, 0)
+		t.Remaining = s.remaining(ctx, k.lease) // live: its key was just written
+		return t, nil
+	}
 	if ok {
 		if t, ok, err := s.getLight(ctx, k, id); ok || err != nil {
 			return t, err

@@ -171,6 +171,25 @@ func (s *Store) remember(e *entry, rev int64) {
 	s.known[e.r.ID] = known{limit: e.r.Limit, lease: e.r.Lease, fence: e.fence, rev: rev, r: e.r}
 }
 
+// promoted notes a watch event showing a known ticket promoted: kv is its
+// ticket key as of then. It reports whether kv was news (the ticket's own,
+// newer than what this handle knew, held).
+func (s *Store) promoted(id string, kv *mvccpb.KeyValue) bool {
+	var r rec
+	if decode("ticket "+id, kv.Value, &r) != nil || r.State != store.Held {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k, ok := s.known[id]
+	if !ok || k.fence != kv.CreateRevision || kv.ModRevision <= k.rev {
+		return false
+	}
+	k.rev, k.r, k.promoted = kv.ModRevision, r, true
+	s.known[id] = k
+	return true
+}
+
 func (s *Store) forget(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
