@@ -180,19 +180,11 @@ func TestReleaseRingsOneBell(t *testing.T) {
 		}
 		bells = append(bells, b)
 	}
-	time.Sleep(300 * time.Millisecond) // the bells settle on their keys
-	for _, b := range bells {
-		select {
-		case <-b.C():
-		default:
-		}
-	}
+	settle(bells...)
 	if _, err := st.Release(ctx, h, store.Released); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-bells[0].C():
-	case <-time.After(5 * time.Second):
+	if !rings(bells[0]) {
 		t.Fatal("the promoted waiter's bell did not ring")
 	}
 	time.Sleep(300 * time.Millisecond)
@@ -407,17 +399,11 @@ func TestPromotionSeenByBellAnswersGet(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		time.Sleep(300 * time.Millisecond) // the bell settles on its keys
-		select {
-		case <-bell.C():
-		default:
-		}
+		settle(bell)
 		if _, err := holders.Release(ctx, h, store.Released); err != nil {
 			t.Fatal(err)
 		}
-		select {
-		case <-bell.C():
-		case <-time.After(5 * time.Second):
+		if !rings(bell) {
 			t.Fatalf("%s: the promoted waiter's bell did not ring", limit)
 		}
 		before := calls.Load()
@@ -435,5 +421,26 @@ func TestPromotionSeenByBellAnswersGet(t *testing.T) {
 		if got, err := waiter.Get(ctx, id); !errors.Is(err, store.ErrNotFound) {
 			t.Errorf("%s: Get after a force release: %+v, %v; want ErrNotFound", limit, got, err)
 		}
+	}
+}
+
+// settle lets bells settle on their keys, then drops what they rang so far.
+func settle(bells ...store.Bell) {
+	time.Sleep(300 * time.Millisecond)
+	for _, b := range bells {
+		select {
+		case <-b.C():
+		default:
+		}
+	}
+}
+
+// rings waits up to 5s for b to ring.
+func rings(b store.Bell) bool {
+	select {
+	case <-b.C():
+		return true
+	case <-time.After(5 * time.Second):
+		return false
 	}
 }
