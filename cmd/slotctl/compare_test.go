@@ -6,8 +6,8 @@ package main
 // util-linux, sem from GNU parallel), one figure per subtest, one table at
 // the end:
 //
-//	go test -tags bench -run Compare -v -timeout 20m ./cmd/slotctl
-//	go test -tags bench -run Compare/handoff -v ./cmd/slotctl     # one figure
+//	go test -tags bench -run 'Compare$' -v -timeout 20m ./cmd/slotctl
+//	go test -tags bench -run 'Compare$/handoff' -v ./cmd/slotctl     # one figure
 //
 // It builds slotctl with go build (the real binary, not this test binary),
 // installs nothing, and skips a peer that is not installed. Everything runs
@@ -86,7 +86,7 @@ func TestCompare(t *testing.T) {
 	}
 	b.base = base
 	b.bin = filepath.Join(base, "bin", "slotctl")
-	buildRelease(t, b.bin)
+	buildSlotctl(t, b.bin, releaseSlotctl)
 	for _, p := range []struct {
 		name string
 		dst  *string
@@ -125,7 +125,7 @@ func TestCompare(t *testing.T) {
 		fmt.Fprintf(&out, "\nFAILED (no figure): %s\n", strings.Join(b.failed, ", "))
 	}
 	fmt.Fprintf(&out, "\n%s\n", machine)
-	fmt.Fprintf(&out, "command: go test -tags bench -run Compare -v -timeout 20m ./cmd/slotctl (SLOTCTL_BENCH_RUNS=%d)\n", b.runs)
+	fmt.Fprintf(&out, "command: go test -tags bench -run 'Compare$' -v -timeout 20m ./cmd/slotctl (SLOTCTL_BENCH_RUNS=%d)\n", b.runs)
 	fmt.Print(out.String())
 }
 
@@ -349,11 +349,14 @@ func (b *cmpBench) idle(t *testing.T) {
 	}
 	// utime+stime are in clock ticks (USER_HZ, 100 on Linux); schedstat's
 	// run time, summed over every thread, is in ns: the two should agree.
+	// They do not always: tick sampling misses a process that wakes on a
+	// timer just after a tick and sleeps again before the next. The figure
+	// judged is the larger.
 	cpu := float64(ticks1-ticks0) / 100
 	cpuSched := float64(ns1-ns0) / 1e9
-	pct := cpu / elapsed.Seconds() * 100
-	t.Logf("%d waiters over %s: %.3f CPU-s by utime+stime (%.2f%% of one core), %.3f CPU-s by schedstat; %.2f ms per waiter per second",
-		n, elapsed.Round(time.Millisecond), cpu, pct, cpuSched, cpu*1000/float64(n)/elapsed.Seconds())
+	pct := max(cpu, cpuSched) / elapsed.Seconds() * 100
+	t.Logf("%d waiters over %s: %.3f CPU-s by utime+stime, %.2f%% of one core by the larger, %.3f CPU-s by schedstat; %.2f ms per waiter per second",
+		n, elapsed.Round(time.Millisecond), cpu, pct, cpuSched, max(cpu, cpuSched)*1000/float64(n)/elapsed.Seconds())
 	t.Logf("the holder (supervising its child) meanwhile: %.3f CPU-s by utime+stime, %.3f by schedstat",
 		float64(hTicks1-hTicks0)/100, float64(hNs1-hNs0)/1e9)
 
@@ -394,7 +397,7 @@ func (b *cmpBench) idle(t *testing.T) {
 		float64(len(got))/drain.Seconds(), fifo)
 
 	b.row(cmpRow{fmt.Sprintf("idle: CPU of %d queued waiters over %s", n, elapsed.Round(100*time.Millisecond)),
-		fmt.Sprintf("%.2f CPU-s = %.2f%% of one core (schedstat %.2f CPU-s)", cpu, pct, cpuSched), "-", "-", "≤ 1% of one core", cmpMet(pct <= 1)})
+		fmt.Sprintf("%.2f%% of one core (schedstat %.2f CPU-s, utime+stime %.2f CPU-s)", pct, cpuSched, cpu), "-", "-", "≤ 1% of one core", cmpMet(pct <= 1)})
 	b.row(cmpRow{fmt.Sprintf("idle: then released, all %d admitted in FIFO order", n),
 		fmt.Sprintf("%d/%d in order, drained in %s", cmpInOrder(got), n, drain.Round(time.Millisecond)), "-", "-", "all, in FIFO order", cmpMet(fifo)})
 }
@@ -831,15 +834,4 @@ func cmpMachine(dir, flock, sem string) string {
 	return fmt.Sprintf("machine: %s, %d CPUs, Linux %s, %s; store on %s (%s); load average %s; peers: %s; %s",
 		model, runtime.NumCPU(), strings.TrimSpace(string(kernel)), runtime.Version(), fs, dir,
 		strings.Join(strings.Fields(string(load))[:3], " "), strings.Join(peers, ", "), time.Now().UTC().Format(time.RFC3339))
-}
-
-// buildRelease builds slotctl as .goreleaser.yaml does (flags, tags and
-// ldflags), so the figures are those of the released binary.
-func buildRelease(t *testing.T, bin string) {
-	t.Helper()
-	build := exec.Command("go", "build", "-trimpath", "-tags", "grpcnotrace", "-ldflags", "-s -w", "-o", bin, ".")
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
-		t.Fatalf("build slotctl: %v", err)
-	}
 }

@@ -41,8 +41,10 @@ func TestCompareEtcd(t *testing.T) {
 		etcdctl, _ = exec.LookPath("etcdctl")
 	}
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "slotctl")
-	buildRelease(t, bin)
+	// As released: slotctl hands etcd stores to slotctl-etcd beside it.
+	bin, binEtcd := filepath.Join(dir, "slotctl"), filepath.Join(dir, "slotctl-etcd")
+	buildSlotctl(t, bin, releaseSlotctl)
+	buildSlotctl(t, binEtcd, releaseSlotctlEtcd)
 	srv := etcdtest.Start(t, etcdtest.Options{Fsync: true})
 	ep := srv.Endpoint
 	env := append(os.Environ(), "HOME="+dir, "SLOTCTL_STORE=etcd://"+ep+"/bench")
@@ -52,18 +54,24 @@ func TestCompareEtcd(t *testing.T) {
 		run    func(limit string, argv ...string) *exec.Cmd
 		queued func(limit string) bool // whether someone waits on limit
 	}
-	slot := tool{"slotctl run --store etcd://... -- true",
-		func(limit string, argv ...string) *exec.Cmd {
+	queued := func(limit string) bool {
+		c := exec.Command(binEtcd, "limit", "ls", "-o", "json", limit)
+		c.Env = env
+		out, _ := c.Output()
+		return strings.Contains(string(out), `"waiting": 1,`)
+	}
+	runWith := func(bin string) func(string, ...string) *exec.Cmd {
+		return func(limit string, argv ...string) *exec.Cmd {
 			return exec.Command(bin, append([]string{"run", "--limit", limit, "--"}, argv...)...)
-		},
-		func(limit string) bool {
-			c := exec.Command(bin, "limit", "ls", "-o", "json", limit)
-			c.Env = env
-			out, _ := c.Output()
-			return strings.Contains(string(out), `"waiting": 1,`)
-		}}
-	tools := []tool{slot}
+		}
+	}
+	tools := []tool{
+		{"slotctl run (execs slotctl-etcd) -- true", runWith(bin), queued},
+		{"slotctl-etcd run -- true", runWith(binEtcd), queued},
+	}
+	ref := -1 // etcdctl's index
 	if etcdctl != "" {
+		ref = len(tools)
 		tools = append(tools, tool{"etcdctl lock NAME -- true",
 			func(limit string, argv ...string) *exec.Cmd {
 				return exec.Command(etcdctl, append([]string{"--endpoints", ep, "lock", "/bench-etcdctl/" + limit, "--"}, argv...)...)
@@ -90,7 +98,7 @@ func TestCompareEtcd(t *testing.T) {
 	}
 
 	// Handoffs on a mutex.
-	hand := make([][]time.Duration, 2)
+	hand := make([][]time.Duration, len(tools)-1)
 	for i := 0; i < runs; i++ {
 		for j, tl := range tools[:len(tools)-1] {
 			d := handoff(t, dir, env, tl.run, tl.queued, fmt.Sprintf("h%d", j))
@@ -103,11 +111,11 @@ func TestCompareEtcd(t *testing.T) {
 		slices.Sort(s)
 		return s[min(len(s)*p/100, len(s)-1)].Round(10 * time.Microsecond)
 	}
-	fmt.Printf("%-40s %10s %10s %10s\n", "uncontended run", "median", "p90", "vs etcdctl")
+	fmt.Printf("%-40s %10s %10s %10s\n", "uncontended run (etcd store)", "median", "p90", "vs etcdctl")
 	for j, tl := range tools {
 		ratio := "-"
-		if etcdctl != "" {
-			ratio = fmt.Sprintf("%.2fx", float64(q(times[j], 50))/float64(q(times[1], 50)))
+		if ref >= 0 {
+			ratio = fmt.Sprintf("%.2fx", float64(q(times[j], 50))/float64(q(times[ref], 50)))
 		}
 		fmt.Printf("%-40s %10s %10s %10s\n", tl.name, q(times[j], 50), q(times[j], 90), ratio)
 	}

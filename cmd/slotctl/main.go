@@ -23,5 +23,6 @@ var (
 )
 
 func main() {
+	execEtcdEarly(os.Args[1:]) // a noetcd build on an etcd store: become slotctl-etcd now
 	os.Exit(Main(context.Background(), os.Args[1:], NewFactory(version, commit, date)))
 }

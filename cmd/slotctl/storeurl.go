@@ -1,8 +1,6 @@
 package main
 
 import (
-	"crypto/tls"
-	"crypto/x509"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,7 +10,6 @@ import (
 	"github.com/slotctl/slotctl/internal/proc"
 	"github.com/slotctl/slotctl/store"
 	"github.com/slotctl/slotctl/store/boltstore"
-	"github.com/slotctl/slotctl/store/etcdstore"
 )
 
 // sharedStoreDir is the system-wide store directory: when it exists (the
@@ -58,55 +55,6 @@ func (f *Factory) openStore(g *globalOptions) (store.Store, error) {
 		return nil, usageError("store %q: empty path: want PATH, bolt://PATH or etcd://HOST:PORT[/PREFIX]", url)
 	}
 	return boltstore.New(path, boltstore.Options{Timeout: g.StoreTimeout, Clock: f.StoreClock, Dead: proc.Dead})
-}
-
-// openEtcd opens etcd://HOST:PORT[,HOST:PORT...][/PREFIX] with the etcd.*
-// settings (SPEC §5). Nothing is sent yet: the first request connects,
-// within the dial timeout.
-func (f *Factory) openEtcd(g *globalOptions, url string) (store.Store, error) {
-	endpoints, prefix, err := etcdstore.ParseURL(url)
-	if err != nil {
-		return nil, usageError("%v", err)
-	}
-	es, err := f.etcdSettings(g)
-	if err != nil {
-		return nil, err
-	}
-	o := etcdstore.Options{Endpoints: endpoints, Prefix: prefix, DialTimeout: es.DialTimeout, RequestTimeout: es.RequestTimeout,
-		Username: es.Username, Password: es.Password, Dead: proc.Dead}
-	if o.TLS, err = es.tlsConfig(); err != nil {
-		return nil, err
-	}
-	return etcdstore.New(o)
-}
-
-// tlsConfig is the TLS configuration the settings ask for: nil without any.
-func (es etcdSettings) tlsConfig() (*tls.Config, error) {
-	if es.CACert == "" && es.Cert == "" && es.Key == "" {
-		return nil, nil
-	}
-	c := &tls.Config{MinVersion: tls.VersionTLS12}
-	if es.CACert != "" {
-		pem, err := os.ReadFile(es.CACert)
-		if err != nil {
-			return nil, usageError("%s: etcd.cacert %s: %v", es.source("cacert"), es.CACert, unwrapPathError(err))
-		}
-		c.RootCAs = x509.NewCertPool()
-		if !c.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, usageError("%s: etcd.cacert %s: no PEM certificate in it", es.source("cacert"), es.CACert)
-		}
-	}
-	if (es.Cert == "") != (es.Key == "") {
-		return nil, usageError("%s: etcd.cert and etcd.key: give both (a client certificate and its key) or neither", es.source("cert"))
-	}
-	if es.Cert != "" {
-		cert, err := tls.LoadX509KeyPair(es.Cert, es.Key)
-		if err != nil {
-			return nil, usageError("%s: etcd.cert %s, etcd.key %s: %s", es.source("cert"), es.Cert, es.Key, oneLine(unwrapPathError(err).Error()))
-		}
-		c.Certificates = []tls.Certificate{cert}
-	}
-	return c, nil
 }
 
 // etcdFlags are the --etcd-* flags, one per etcd.* setting but the
