@@ -2,8 +2,10 @@ package main
 
 import (
 	"fmt"
+	"regexp"
 	"runtime"
 	"runtime/debug"
+	"time"
 
 	"github.com/spf13/cobra"
 )
@@ -23,6 +25,16 @@ func (f *Factory) versionInfo() (version, commit, date string) {
 			case s.Key == "vcs.time" && date == "":
 				date = s.Value
 			}
+		}
+	}
+	if rev, when, ok := pseudoVersion(version); ok {
+		// go install ...@main (or a commit): no VCS stamp, but the
+		// pseudo-version names the commit (a 12-digit prefix) and its time.
+		if commit == "" {
+			commit = rev
+		}
+		if date == "" {
+			date = when
 		}
 	}
 	if version == "" {
@@ -61,4 +73,21 @@ EXIT STATUS
 			return nil
 		},
 	}
+}
+
+// pseudoVersionTail is the end of a Go pseudo-version: -/.yyyymmddhhmmss-rev.
+var pseudoVersionTail = regexp.MustCompile(`[-.](\d{14})-([0-9a-f]{12})(\+incompatible)?$`)
+
+// pseudoVersion reads the commit prefix and commit time (UTC, RFC 3339) from
+// a pseudo-version such as v0.0.0-20261129182144-bb471878d94c.
+func pseudoVersion(v string) (rev, date string, ok bool) {
+	m := pseudoVersionTail.FindStringSubmatch(v)
+	if m == nil {
+		return "", "", false
+	}
+	t, err := time.Parse("20060102150405", m[1])
+	if err != nil {
+		return "", "", false
+	}
+	return m[2], t.UTC().Format(time.RFC3339), true
 }
