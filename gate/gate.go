@@ -23,7 +23,8 @@ var ErrBusy = errors.New("not admitted in time")
 // Gate admits jobs through one store.
 type Gate struct {
 	Store store.Store
-	// PollEvery is the fallback poll period; 0 means DefaultPoll.
+	// PollEvery is the fallback poll period; 0 means the store's
+	// FallbackPoll() if it has one, else DefaultPoll.
 	PollEvery time.Duration
 	// Rand returns numbers in [0,1) for jitter; nil means math/rand/v2.
 	Rand func() float64
@@ -162,8 +163,16 @@ func (e *Entry) watchExpiry(ctx context.Context, expiry *time.Timer) {
 	expiry.Reset(first + 5*time.Millisecond)
 }
 
+// pollHinter is a store that knows how often its waiters need the fallback
+// poll: one whose bells cannot lose a ring (etcd's, driven by the server's
+// watch streams) needs it rarely.
+type pollHinter interface{ FallbackPoll() time.Duration }
+
 func (e *Entry) pollPeriod() time.Duration {
 	p := e.g.PollEvery
+	if h, ok := e.g.Store.(pollHinter); ok && p <= 0 {
+		p = h.FallbackPoll()
+	}
 	if p <= 0 {
 		p = DefaultPoll
 	}

@@ -125,6 +125,75 @@ func TestCompareEtcd(t *testing.T) {
 		fmt.Printf("%-40s %10s %10s %10s\n", name, q(hand[j], 50), q(hand[j], 95), q(hand[j], 100))
 	}
 	fmt.Printf("(%d interleaved runs each, etcd %s with fsync, %s)\n", runs, ep, time.Now().UTC().Format(time.RFC3339))
+
+	etcdIdle(t, dir, env, bin, queued)
+}
+
+// etcdIdle: SPEC §8's idle goal on etcd. N waiters (SLOTCTL_BENCH_WAITERS,
+// default 200) queue behind a holder; their CPU over 10 s, by schedstat
+// (every thread) and utime+stime, and the etcd server's (this process)
+// meanwhile. A waiter there watches, renews its lease by keep-alive every
+// TTL/3 and polls every 5 s as a fallback.
+func etcdIdle(t *testing.T, dir string, env []string, bin string, queued func(string) bool) {
+	n := 200
+	if v, err := strconv.Atoi(os.Getenv("SLOTCTL_BENCH_WAITERS")); err == nil && v > 0 {
+		n = v
+	}
+	fifo := filepath.Join(dir, "idle.fifo")
+	if err := exec.Command("mkfifo", fifo).Run(); err != nil {
+		t.Fatal(err)
+	}
+	holder := exec.Command(bin, "run", "--limit", "idle", "--", "sh", "-c", "touch idle.held; read x < idle.fifo")
+	holder.Env, holder.Dir = env, dir
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ptWaitFor(t, "idle holder", 10*time.Second, func() bool { return ptExists(filepath.Join(dir, "idle.held")) })
+	waiters := make([]*exec.Cmd, n)
+	pids := make([]int, n)
+	for i := range waiters {
+		w := exec.Command(bin, "run", "--limit", "idle", "--", "true")
+		w.Env, w.Dir = env, dir
+		if err := w.Start(); err != nil {
+			t.Fatal(err)
+		}
+		waiters[i], pids[i] = w, w.Process.Pid
+	}
+	defer func() {
+		for _, w := range waiters {
+			w.Process.Kill()
+			w.Wait()
+		}
+	}()
+	ptWaitFor(t, "waiters queued", 2*time.Minute, func() bool {
+		c := exec.Command(bin, "limit", "ls", "-o", "json", "idle")
+		c.Env = env
+		out, _ := c.Output()
+		return strings.Contains(string(out), fmt.Sprintf(`"waiting": %d,`, n))
+	})
+	time.Sleep(time.Second)
+	const window = 10 * time.Second
+	ticks0, ns0 := cmpCPU(t, pids)
+	_, srv0 := cmpCPU(t, []int{os.Getpid()})
+	w0 := time.Now()
+	time.Sleep(window)
+	ticks1, ns1 := cmpCPU(t, pids)
+	_, srv1 := cmpCPU(t, []int{os.Getpid()})
+	elapsed := time.Since(w0).Seconds()
+	cpu, cpuSched := float64(ticks1-ticks0)/100, float64(ns1-ns0)/1e9
+	fmt.Printf("idle: %d waiters on etcd over %.1fs: %.2f%% of one core (schedstat %.2f CPU-s, utime+stime %.2f CPU-s); the etcd server meanwhile %.2f CPU-s\n",
+		n, elapsed, max(cpu, cpuSched)/elapsed*100, cpuSched, cpu, float64(srv1-srv0)/1e9)
+	cmpPoke(t, fifo)
+	if err := holder.Wait(); err != nil {
+		t.Fatalf("idle holder: %v", err)
+	}
+	t0 := time.Now()
+	for i, w := range waiters {
+		if err := w.Wait(); err != nil {
+			t.Fatalf("waiter %d: %v", i, err)
+		}
+	}
+	fmt.Printf("idle: released, all %d admitted in %s\n", n, time.Since(t0).Round(time.Millisecond))
 }
 
 // handoff runs a holder and a waiter on one mutex and returns the time from
