@@ -23,8 +23,7 @@ var ErrBusy = errors.New("not admitted in time")
 // Gate admits jobs through one store.
 type Gate struct {
 	Store store.Store
-	// PollEvery is the fallback poll period; 0 means the store's
-	// FallbackPoll() if it has one, else DefaultPoll.
+	// PollEvery is the fallback poll period; 0 means DefaultPoll.
 	PollEvery time.Duration
 	// Rand returns numbers in [0,1) for jitter; nil means math/rand/v2.
 	Rand func() float64
@@ -41,9 +40,10 @@ func NewID() string {
 
 // An Entry is one ticket in a limit's queue, from Join until Leave or Close.
 type Entry struct {
-	g    *Gate
-	bell store.Bell
-	t    store.Ticket
+	g     *Gate
+	bell  store.Bell
+	t     store.Ticket
+	nudge chan struct{}
 }
 
 // Join puts a ticket for req in its limit's queue. The bell is made before
@@ -65,13 +65,24 @@ func (g *Gate) Join(ctx context.Context, req store.EnqueueRequest) (*Entry, erro
 		}
 		return nil, err
 	}
-	return &Entry{g: g, bell: bell, t: t}, nil
+	return &Entry{g: g, bell: bell, t: t, nudge: make(chan struct{}, 1)}, nil
 }
 
 // isRefusal tells an answer that certainly wrote nothing.
 func isRefusal(err error) bool {
 	var conflict *store.SlotsConflictError
 	return errors.As(err, &conflict) || errors.Is(err, store.ErrInvalid) || errors.Is(err, store.ErrRemoved)
+}
+
+// Nudge makes Wait read the ticket now, as a ring of its bell does. A caller
+// that renews the waiting ticket nudges when a renewal's answer shows it
+// held: a ring lost to a promoter that died after its commit then costs one
+// renewal period, and the fallback poll can be slow. Safe from any goroutine.
+func (e *Entry) Nudge() {
+	select {
+	case e.nudge <- struct{}{}:
+	default:
+	}
 }
 
 // Ticket is the entry's ticket as last read.
@@ -113,6 +124,7 @@ func (e *Entry) Wait(ctx context.Context, timeout time.Duration, update func(sto
 			}
 			return e.t, ErrBusy
 		case <-e.bell.C():
+		case <-e.nudge:
 		case <-poll.C:
 			poll.Reset(e.pollPeriod())
 		case <-expiry.C:
@@ -163,16 +175,8 @@ func (e *Entry) watchExpiry(ctx context.Context, expiry *time.Timer) {
 	expiry.Reset(first + 5*time.Millisecond)
 }
 
-// pollHinter is a store that knows how often its waiters need the fallback
-// poll: one whose bells cannot lose a ring (etcd's, driven by the server's
-// watch streams) needs it rarely.
-type pollHinter interface{ FallbackPoll() time.Duration }
-
 func (e *Entry) pollPeriod() time.Duration {
 	p := e.g.PollEvery
-	if h, ok := e.g.Store.(pollHinter); ok && p <= 0 {
-		p = h.FallbackPoll()
-	}
 	if p <= 0 {
 		p = DefaultPoll
 	}

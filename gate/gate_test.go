@@ -249,45 +249,22 @@ func TestPollFallbackAdmits(t *testing.T) {
 	w.Leave(ctx, store.Released)
 }
 
-// hintedStore's bells cannot lose a ring (as etcd's): it asks for a slow poll.
-type hintedStore struct {
-	silentStore
-	poll time.Duration
-}
-
-func (s hintedStore) FallbackPoll() time.Duration { return s.poll }
-
-// A store's FallbackPoll sets the poll, unless the gate sets its own.
-func TestStoreSetsFallbackPoll(t *testing.T) {
-	_, s, _ := newGate(t, 0)
+// Nudge wakes a Wait whose bell is silent and whose poll is far off: the
+// caller's renewal saw the ticket admitted.
+func TestNudgeWakesWait(t *testing.T) {
+	g, s, _ := newGate(t, time.Hour)
+	g.Store = silentStore{s}
 	ctx := context.Background()
-	for _, c := range []struct {
-		gate     time.Duration
-		st       store.Store
-		min, max time.Duration
-	}{
-		{0, s, DefaultPoll * 8 / 10, DefaultPoll * 12 / 10},
-		{0, hintedStore{silentStore{s}, 30 * time.Second}, 24 * time.Second, 36 * time.Second},
-		{time.Second, hintedStore{silentStore{s}, 30 * time.Second}, 800 * time.Millisecond, 1200 * time.Millisecond},
-	} {
-		g := &Gate{Store: c.st, PollEvery: c.gate}
-		e := join(t, g, request("hint", 1))
-		for range 20 {
-			if p := e.pollPeriod(); p < c.min || p > c.max {
-				t.Errorf("gate poll %v, store %T: poll period %v, want %v..%v", c.gate, c.st, p, c.min, c.max)
-			}
-		}
-		e.Leave(ctx, store.Released)
-		e.Close()
-	}
-	// A hinted store's poll still admits a waiter whose bell never rings.
-	g := &Gate{Store: hintedStore{silentStore{s}, 50 * time.Millisecond}}
-	h := join(t, g, request("hinted", 1))
-	w := join(t, g, request("hinted", 1))
-	ch := waitAsync(w, ctx, 5*time.Second)
+	h := join(t, g, request("nudge", 1))
+	w := join(t, g, request("nudge", 1))
+	ch := waitAsync(w, ctx, 10*time.Second)
 	h.Leave(ctx, store.Released)
+	time.Sleep(100 * time.Millisecond)
+	notYet(t, ch) // no ring, no poll: still asleep
+	w.Nudge()
+	w.Nudge() // a second nudge before the first is taken does not block
 	if r := await(t, ch, 3*time.Second); r.err != nil || r.t.State != store.Held {
-		t.Fatalf("Wait on a hinted store with a silent bell = %+v, %v; want held by its poll", r.t, r.err)
+		t.Fatalf("Wait after Nudge = %+v, %v; want held", r.t, r.err)
 	}
 	w.Leave(ctx, store.Released)
 }

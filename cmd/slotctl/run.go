@@ -41,6 +41,9 @@ const (
 	maxTTL           = 24 * time.Hour
 	releaseTimeout   = 5 * time.Second
 	childRecordDelay = 50 * time.Millisecond
+	// waiterPoll is a waiter's fallback poll: renewals (every TTL/3) wake
+	// it when they see it admitted, so the poll is only the last resort.
+	waiterPoll = 30 * time.Second
 )
 
 func newRunCmd(f *Factory, g *globalOptions, runF func(*RunOptions) error) *cobra.Command {
@@ -203,7 +206,10 @@ func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) er
 		return c.supervise(ctx, log, sigs, nil, o).exitErr()
 	}
 
-	gt := &gate.Gate{Store: st}
+	// The keeper renews a waiting ticket every TTL/3 and nudges the wait
+	// when a renewal shows it held (the renewal of a waiter settles its
+	// limit): that covers a lost ring, so the fallback poll can be rare.
+	gt := &gate.Gate{Store: st, PollEvery: waiterPoll}
 	holder := holderIdentity(f, o)
 	req := store.EnqueueRequest{ID: gate.NewID(), Limit: o.Limit, Slots: o.Slots, CheckSlots: o.SlotsSet, TTL: o.TTL, Holder: holder}
 	renewClock := proc.Boottime
@@ -216,6 +222,11 @@ func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) er
 	keeper := renew.Start(context.WithoutCancel(ctx), st, entry.Ticket(), sentAt, renew.Options{
 		TTL: o.TTL, Every: o.RenewEvery, Now: renewClock, WatchdogOnHold: true,
 		Logf: log.info,
+		OnRenew: func(t store.Ticket) {
+			if t.State == store.Held {
+				entry.Nudge()
+			}
+		},
 	})
 	stopKeeper := sync1(keeper.Stop)
 	defer stopKeeper()

@@ -56,12 +56,6 @@ func (s *Store) Watch(ctx context.Context, id string) (store.Bell, error) {
 
 func (b *bell) C() <-chan struct{} { return b.c }
 
-// FallbackPoll is how often a waiter on this store polls besides its bell
-// (the gate asks): rarely. A ring here cannot be lost by a promoter that
-// dies after its commit, since the bell follows the server's watch stream,
-// and a broken watch makes the bell read again; the poll is a last resort.
-func (s *Store) FallbackPoll() time.Duration { return 30 * time.Second }
-
 func (b *bell) Close() error {
 	b.once.Do(func() {
 		b.cancel()

@@ -444,13 +444,3 @@ func rings(b store.Bell) bool {
 		return false
 	}
 }
-
-// The gate polls an etcd waiter rarely (its bell follows the server's
-// watch stream): the store says so.
-func TestFallbackPollIsSlow(t *testing.T) {
-	var st any = &etcdstore.Store{}
-	h, ok := st.(interface{ FallbackPoll() time.Duration })
-	if !ok || h.FallbackPoll() < 10*time.Second {
-		t.Fatalf("etcdstore.Store: FallbackPoll present %v; want one of 10s or more", ok)
-	}
-}
