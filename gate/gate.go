@@ -157,6 +157,17 @@ func (e *Entry) watchExpiry(ctx context.Context, expiry *time.Timer) {
 	if err != nil {
 		return
 	}
+	if d, ok := HeadExpiry(snap); ok {
+		expiry.Reset(d)
+	}
+}
+
+// HeadExpiry is how long the head of a limit's queue sleeps before it sweeps
+// the limit: until the first holder's lease in snap runs out. ok is false
+// when snap has no holder. A few ms past the deadline, so that the store's
+// clock agrees it passed; no sooner than 50 ms after an expired lease, so
+// that a sweep that failed (a locked store) is not retried in a hot loop.
+func HeadExpiry(snap store.Snapshot) (d time.Duration, ok bool) {
 	first := time.Duration(-1)
 	for _, t := range snap.Tickets {
 		if t.State == store.Held && (first < 0 || t.Remaining < first) {
@@ -164,15 +175,12 @@ func (e *Entry) watchExpiry(ctx context.Context, expiry *time.Timer) {
 		}
 	}
 	if first < 0 {
-		return
+		return 0, false
 	}
-	// A few ms past the deadline, so that the store's clock agrees it passed;
-	// no sooner than 50 ms after an expired lease, so that a sweep that
-	// failed (a locked store) is not retried in a hot loop.
 	if first <= 0 {
 		first = 50 * time.Millisecond
 	}
-	expiry.Reset(first + 5*time.Millisecond)
+	return first + 5*time.Millisecond, true
 }
 
 func (e *Entry) pollPeriod() time.Duration {

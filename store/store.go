@@ -276,6 +276,44 @@ func CheckLimitName(name string) error {
 	return nil
 }
 
+// CheckID returns an error wrapping ErrInvalid for a ticket id outside
+// [A-Za-z0-9_-]{1,64}: ids are file names (bbolt's bells) and key segments
+// (etcd), so no path characters.
+func CheckID(id string) error {
+	ok := len(id) > 0 && len(id) <= 64
+	for i := 0; ok && i < len(id); i++ {
+		c := id[i]
+		ok = isAlnum(c) || c == '_' || c == '-'
+	}
+	if !ok {
+		return fmt.Errorf("%w: ticket id %q: want 1-64 characters of [A-Za-z0-9_-]", ErrInvalid, id)
+	}
+	return nil
+}
+
+// CheckTTL returns an error wrapping ErrInvalid for a ttl that is not positive.
+func CheckTTL(ttl time.Duration) error {
+	if ttl <= 0 {
+		return fmt.Errorf("%w: ttl %s: want a positive duration", ErrInvalid, ttl)
+	}
+	return nil
+}
+
+// Check returns the first error of CheckID, CheckLimitName, CheckSlots and
+// CheckTTL on the request: what every backend's Enqueue refuses first.
+func (r EnqueueRequest) Check() error {
+	if err := CheckID(r.ID); err != nil {
+		return err
+	}
+	if err := CheckLimitName(r.Limit); err != nil {
+		return err
+	}
+	if err := CheckSlots(r.Slots); err != nil {
+		return err
+	}
+	return CheckTTL(r.TTL)
+}
+
 // CheckSlots returns an error wrapping ErrInvalid for a slot count outside 0..MaxSlots.
 func CheckSlots(n int) error {
 	if n < 0 || n > MaxSlots {

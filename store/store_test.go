@@ -1,9 +1,11 @@
 package store
 
 import (
+	"errors"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestValidLimitName checks the hand-written check against SPEC §7's regexp.
@@ -36,5 +38,29 @@ func TestCommandQuotes(t *testing.T) {
 	}
 	if got := (Holder{Argv: []string{"x"}, Label: "nightly"}).Command(); got != "nightly" {
 		t.Errorf("label not used: %s", got)
+	}
+}
+
+func TestCheckRequest(t *testing.T) {
+	ok := EnqueueRequest{ID: "aZ09_-", Limit: "build", Slots: 2, TTL: time.Second}
+	if err := ok.Check(); err != nil {
+		t.Fatalf("%+v: %v", ok, err)
+	}
+	if err := CheckID(strings.Repeat("i", 64)); err != nil {
+		t.Errorf("a 64-character id: %v", err)
+	}
+	for _, bad := range []func(*EnqueueRequest){
+		func(r *EnqueueRequest) { r.ID = "" },
+		func(r *EnqueueRequest) { r.ID = "../x" },
+		func(r *EnqueueRequest) { r.ID = strings.Repeat("i", 65) },
+		func(r *EnqueueRequest) { r.Limit = "a b" },
+		func(r *EnqueueRequest) { r.Slots = -1 },
+		func(r *EnqueueRequest) { r.TTL = 0 },
+	} {
+		r := ok
+		bad(&r)
+		if err := r.Check(); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%+v: %v; want ErrInvalid", r, err)
+		}
 	}
 }

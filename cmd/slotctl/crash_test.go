@@ -48,37 +48,6 @@ func crashRun(ctx context.Context, t *testing.T, e *ptEnv, timeout time.Duration
 	return code, string(out), p.stderr()
 }
 
-// crashStart is e.start for another program than slotctl (unshare).
-func crashStart(ctx context.Context, e *ptEnv, name, path string, args ...string) *ptProc {
-	e.t.Helper()
-	out, err := os.Create(e.path(name + ".stdout"))
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	errf, err := os.Create(e.path(name + ".stderr"))
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer out.Close()
-	defer errf.Close()
-	cmd := exec.CommandContext(ctx, path, args...)
-	cmd.Dir, cmd.Env = e.dir, e.env
-	cmd.Stdout, cmd.Stderr = out, errf
-	p := &ptProc{name: name, cmd: cmd, done: make(chan struct{}), errPath: errf.Name(), started: time.Now()}
-	if err := cmd.Start(); err != nil {
-		e.t.Fatalf("start %s %s: %v", path, name, err)
-	}
-	e.mu.Lock()
-	e.procs = append(e.procs, p)
-	e.mu.Unlock()
-	go func() {
-		p.waitErr = cmd.Wait()
-		p.exitedAt = time.Now()
-		close(p.done)
-	}()
-	return p
-}
-
 // crashLine waits for a file holding one line (written whole) and returns it.
 func crashLine(t *testing.T, path string, timeout time.Duration) string {
 	t.Helper()
@@ -424,7 +393,7 @@ func TestSigkillBothAdmittedWithinTTL(t *testing.T) {
 			// slotctl is pid 1 of a new pid namespace: killing it kills
 			// everything in the namespace, its child's group included.
 			args := append(slices.Clone(nsArgs), e.bin, "run", "--limit", "b", "--ttl", ttl.String(), "--", "sh", "-c", script)
-			u := crashStart(ctx, e, "holder", unshare, args...)
+			u := e.startProgram(ctx, "holder", unshare, args...)
 			nsPid := int(ptWaitInt(t, e.path("pid"), 5*time.Second)) // the child's pid in its namespace
 			id := crashLine(t, e.path("ticket"), 5*time.Second)
 			sup := crashChildNamed(t, u.cmd.Process.Pid, "slotctl", 5*time.Second)

@@ -140,3 +140,34 @@ func TestNoEtcdBuildHandsEtcdToHelper(t *testing.T) {
 		t.Errorf("a noetcd build installed as slotctl-etcd: exit %d, stderr %q; want 69 saying so", code, errs)
 	}
 }
+
+// The released slotctl becomes slotctl-etcd before parsing only when the
+// store is plainly etcd; the config file's store is decided later.
+func TestEtcdStoreGiven(t *testing.T) {
+	env := func(store string) func(string) string {
+		return func(k string) string {
+			if k == "SLOTCTL_STORE" {
+				return store
+			}
+			return ""
+		}
+	}
+	for _, c := range []struct {
+		args []string
+		env  string
+		want bool
+	}{
+		{[]string{"ls", "--store", "etcd://h:1"}, "", true},
+		{[]string{"--store=etcd://h:1", "ls"}, "", true},
+		{[]string{"ls"}, "etcd://h:1", true},
+		{[]string{"ls", "--store", "/tmp/s.db"}, "etcd://h:1", false},                      // the flag wins
+		{[]string{"ls", "--store=bolt:///x"}, "etcd://h:1", false},                         // the flag wins
+		{[]string{"run", "--limit", "x", "--", "cmd", "--store", "etcd://h:1"}, "", false}, // the job's arguments
+		{[]string{"ls", "--store"}, "", false},                                             // no value: cobra's error
+		{[]string{"ls"}, "", false},                                                        // the config file decides, later
+	} {
+		if got := etcdStoreGiven(c.args, env(c.env)); got != c.want {
+			t.Errorf("etcdStoreGiven(%q, SLOTCTL_STORE=%q) = %v, want %v", c.args, c.env, got, c.want)
+		}
+	}
+}

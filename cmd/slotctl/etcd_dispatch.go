@@ -17,7 +17,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"syscall"
 
 	"github.com/slotctl/slotctl/store"
@@ -68,23 +67,7 @@ func findEtcdHelper() (string, error) {
 // openEtcd, once resolved). It saves the etcd path the parsing, about 1.5 ms;
 // when it cannot tell, or finds no helper, it returns and openEtcd decides.
 func execEtcdEarly(args []string) {
-	store, given := "", false
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		if a == "--" {
-			break
-		}
-		if v, ok := strings.CutPrefix(a, "--store="); ok {
-			store, given = v, true
-		} else if a == "--store" && i+1 < len(args) {
-			store, given = args[i+1], true
-			i++
-		}
-	}
-	if !given {
-		store = os.Getenv("SLOTCTL_STORE")
-	}
-	if !strings.HasPrefix(store, "etcd://") {
+	if !etcdStoreGiven(args, os.Getenv) {
 		return
 	}
 	if helper, err := findEtcdHelper(); err == nil {

@@ -122,27 +122,29 @@ type ptProc struct {
 // go to files, so no pipe outlives slotctl. ctx bounds it: SIGKILL when done.
 func (e *ptEnv) start(ctx context.Context, name string, args ...string) *ptProc {
 	e.t.Helper()
+	return e.startProgram(ctx, name, e.bin, args...)
+}
+
+// startProgram is start for any program (unshare wrapping slotctl, say).
+func (e *ptEnv) startProgram(ctx context.Context, name, path string, args ...string) *ptProc {
+	e.t.Helper()
 	out, err := os.Create(e.path(name + ".stdout"))
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	defer out.Close()
 	errf, err := os.Create(e.path(name + ".stderr"))
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	cmd := exec.CommandContext(ctx, e.bin, args...)
-	cmd.Dir = e.dir
-	cmd.Env = e.env
+	defer errf.Close()
+	cmd := exec.CommandContext(ctx, path, args...)
+	cmd.Dir, cmd.Env = e.dir, e.env
 	cmd.Stdout, cmd.Stderr = out, errf
-	p := &ptProc{name: name, cmd: cmd, done: make(chan struct{}), errPath: errf.Name()}
-	p.started = time.Now()
+	p := &ptProc{name: name, cmd: cmd, done: make(chan struct{}), errPath: errf.Name(), started: time.Now()}
 	if err := cmd.Start(); err != nil {
-		out.Close()
-		errf.Close()
-		e.t.Fatalf("start slotctl %s: %v", name, err)
+		e.t.Fatalf("start %s %s: %v", path, name, err)
 	}
-	out.Close()
-	errf.Close()
 	e.mu.Lock()
 	e.procs = append(e.procs, p)
 	e.mu.Unlock()

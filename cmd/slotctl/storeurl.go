@@ -77,3 +77,27 @@ func addEtcdFlags(fs *pflag.FlagSet) {
 		fs.String("etcd-"+fl.name, "", fl.usage)
 	}
 }
+
+// etcdStoreGiven reports whether the command line or the environment plainly
+// names an etcd store, before any parsing: --store etcd://... (or
+// --store=etcd://...) before a "--", else SLOTCTL_STORE=etcd://... when no
+// --store is given. The config file is not read: false is "cannot tell yet".
+func etcdStoreGiven(args []string, getenv func(string) string) bool {
+	store, given := "", false
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			break
+		}
+		if v, ok := strings.CutPrefix(a, "--store="); ok {
+			store, given = v, true
+		} else if a == "--store" && i+1 < len(args) {
+			store, given = args[i+1], true
+			i++
+		}
+	}
+	if !given {
+		store = getenv("SLOTCTL_STORE")
+	}
+	return strings.HasPrefix(store, "etcd://")
+}

@@ -354,19 +354,9 @@ func (h *holder) armExpiry(now time.Duration) {
 	if snap == nil || h.entry.Ticket().Position != 1 {
 		return
 	}
-	first := time.Duration(-1)
-	for _, t := range snap.Tickets {
-		if t.State == store.Held && (first < 0 || t.Remaining < first) {
-			first = t.Remaining
-		}
+	if d, ok := gate.HeadExpiry(*snap); ok {
+		h.expiryAt = now + d
 	}
-	if first < 0 {
-		return
-	}
-	if first <= 0 {
-		first = 50 * time.Millisecond
-	}
-	h.expiryAt = now + first + 5*time.Millisecond
 }
 
 // admitted is run.go between Wait and startChild: start the child only

@@ -9,96 +9,30 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/slotctl/slotctl/internal/proc/proctest"
 	"github.com/slotctl/slotctl/store"
 )
 
-// These tests use real processes. Every process started is killed (with its
-// group, when it leads one) and waited for in t.Cleanup, and every wait on
-// the kernel is bounded.
+// These tests use real processes (proctest): every one is killed and
+// reaped in t.Cleanup, and every wait on the kernel is bounded.
 
-const settle = 5 * time.Second // bound on any wait for the kernel to catch up
+var (
+	settle       = proctest.Settle
+	gonePid      = proctest.GonePid
+	goneGroup    = proctest.EmptyGroup
+	groupMembers = proctest.Members
+)
 
-// kid is a real child process of the test.
-type kid struct {
-	cmd    *exec.Cmd
-	pid    int
-	start  uint64
-	group  bool // leads its own process group (pgid == pid)
-	once   sync.Once
-	waited atomic.Bool
-	err    error
-}
-
-// spawn starts name args, in its own process group when group is set, and
-// registers its killing and reaping.
-func spawn(t *testing.T, group bool, name string, args ...string) *kid {
+// spawn starts name args (in its own process group when group is set).
+func spawn(t *testing.T, group bool, name string, args ...string) *proctest.Kid {
 	t.Helper()
-	return spawnEnv(t, group, nil, name, args...)
-}
-
-// spawnEnv is spawn with extra environment variables.
-func spawnEnv(t *testing.T, group bool, env []string, name string, args ...string) *kid {
-	t.Helper()
-	cmd := exec.Command(name, args...)
-	if env != nil {
-		cmd.Env = append(os.Environ(), env...)
-	}
-	if group {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
-	k := &kid{cmd: cmd, pid: cmd.Process.Pid, group: group}
-	t.Cleanup(func() {
-		if !k.waited.Load() { // not reaped: the pid (and group id) are still ours
-			if group {
-				_ = unix.Kill(-k.pid, unix.SIGKILL)
-			}
-			_ = cmd.Process.Kill()
-		}
-		k.wait()
-	})
-	st, err := StartTime(k.pid)
-	if err != nil || st == 0 {
-		t.Fatalf("StartTime(%d) = %d, %v", k.pid, st, err)
-	}
-	k.start = st
-	return k
-}
-
-// wait reaps the child (once).
-func (k *kid) wait() error {
-	k.once.Do(func() { k.err = k.cmd.Wait(); k.waited.Store(true) })
-	return k.err
-}
-
-// gonePid returns the pid of a process that has exited and been reaped,
-// with the start time it had.
-func gonePid(t *testing.T) (int, uint64) {
-	t.Helper()
-	k := spawn(t, false, "sleep", "30")
-	_ = k.cmd.Process.Kill()
-	_ = k.wait()
-	return k.pid, k.start
-}
-
-// goneGroup returns the id (and leader start time) of a process group whose
-// only member exited and was reaped: an empty group.
-func goneGroup(t *testing.T) (int, uint64) {
-	t.Helper()
-	k := spawn(t, true, "sleep", "30")
-	_ = unix.Kill(-k.pid, unix.SIGKILL)
-	_ = k.wait()
-	return k.pid, k.start
+	return proctest.Spawn(t, group, nil, name, args...)
 }
 
 // waitState waits until pid's state is one of states.
@@ -115,69 +49,9 @@ func waitState(t *testing.T, pid int, states string) {
 	}
 }
 
-// groupMembers lists the live (non-zombie) members of process group pgid.
-func groupMembers(pgid int) []int {
-	var out []int
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		var pid int
-		if _, err := fmt.Sscan(e.Name(), &pid); err != nil {
-			continue
-		}
-		if st, err := readStat(pid); err == nil && st.Pgrp == pgid && st.State != 'Z' && st.State != 'X' {
-			out = append(out, pid)
-		}
-	}
-	return out
-}
-
-// orphanJob starts a job the way slotctl runs a child, in its own process
-// group and with the ticket's id in its environment, with a grandchild
-// (sh -c 'sleep 30 & wait'), and waits until both run. Its "supervisor" is
-// not this test: the ticket names a gone pid.
-func orphanJob(t *testing.T) *kid {
-	t.Helper()
-	if err := subreaper(); err != nil {
-		t.Logf("PR_SET_CHILD_SUBREAPER: %v (killed grandchildren stay zombies)", err)
-	}
-	k := spawnEnv(t, true, []string{"SLOTCTL_TICKET=" + ticketID}, "sh", "-c", "sleep 30 & wait")
-	for deadline := time.Now().Add(settle); len(groupMembers(k.pid)) < 2; time.Sleep(2 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("group %d: members %v after %v, want sh and sleep", k.pid, groupMembers(k.pid), settle)
-		}
-	}
-	var grandkids []int
-	for _, m := range groupMembers(k.pid) {
-		if m != k.pid {
-			grandkids = append(grandkids, m)
-		}
-	}
-	t.Cleanup(func() { // runs before spawn's: kill the group, then reap all of it
-		if !k.waited.Load() {
-			_ = unix.Kill(-k.pid, unix.SIGKILL)
-		}
-		_ = k.wait() // sh has exited: its children are ours now (subreaper)
-		for _, g := range grandkids {
-			reapOrphan(g)
-		}
-	})
-	return k
-}
-
-// subreaper makes the test process adopt its orphaned grandchildren, so
-// that the members of a killed job are reaped, not left as zombies.
-var subreaper = sync.OnceValue(func() error { return unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) })
-
-// reapOrphan reaps grandchild pid, adopted by this (subreaper) process once
-// its parent exited; it gives up when pid is not its child (reaped by its
-// own parent already) or after settle.
-func reapOrphan(pid int) {
-	for deadline := time.Now().Add(settle); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-		if wpid, err := unix.Wait4(pid, nil, unix.WNOHANG, nil); wpid == pid || err != nil {
-			return
-		}
-	}
-}
+// orphanJob is the job of ticketID, run as slotctl runs one, whose
+// supervisor is gone (the ticket names a gone pid).
+func orphanJob(t *testing.T) *proctest.Kid { return proctest.Job(t, ticketID) }
 
 const ticketID = "t1"
 
@@ -190,21 +64,21 @@ func ticket(state store.State, pid int, start uint64, pgid int, pgidStart uint64
 
 func TestIdentify(t *testing.T) {
 	live := spawn(t, false, "sleep", "30")
-	if got := Identify(live.pid, live.start); got != Alive {
-		t.Errorf("Identify(running %d, its start) = %v, want Alive", live.pid, got)
+	if got := Identify(live.Pid, live.Start); got != Alive {
+		t.Errorf("Identify(running %d, its start) = %v, want Alive", live.Pid, got)
 	}
-	if got := Identify(live.pid, 0); got != Alive {
-		t.Errorf("Identify(running %d, start unknown) = %v, want Alive", live.pid, got)
+	if got := Identify(live.Pid, 0); got != Alive {
+		t.Errorf("Identify(running %d, start unknown) = %v, want Alive", live.Pid, got)
 	}
 	if got := Identify(os.Getpid(), mustStart(t, os.Getpid())); got != Alive {
 		t.Errorf("Identify(self) = %v, want Alive", got)
 	}
 	// E1: the pid names another process now (its start time differs).
-	if got := Identify(live.pid, live.start+1); got != Reused {
-		t.Errorf("Identify(running %d, start+1) = %v, want Reused", live.pid, got)
+	if got := Identify(live.Pid, live.Start+1); got != Reused {
+		t.Errorf("Identify(running %d, start+1) = %v, want Reused", live.Pid, got)
 	}
-	if got := Identify(live.pid, live.start-1); got != Reused {
-		t.Errorf("Identify(running %d, start-1) = %v, want Reused", live.pid, got)
+	if got := Identify(live.Pid, live.Start-1); got != Reused {
+		t.Errorf("Identify(running %d, start-1) = %v, want Reused", live.Pid, got)
 	}
 	if pid, start := gonePid(t); Identify(pid, start) != Gone {
 		t.Errorf("Identify(exited and reaped %d) = %v, want Gone", pid, Identify(pid, start))
@@ -221,32 +95,32 @@ func TestIdentify(t *testing.T) {
 
 func TestIdentifyZombieIsGone(t *testing.T) {
 	z := spawn(t, false, "sh", "-c", "exit 0")
-	waitState(t, z.pid, "Z") // exited, not yet waited for: a zombie
-	if got := Identify(z.pid, z.start); got != Gone {
-		t.Errorf("Identify(zombie %d) = %v, want Gone", z.pid, got)
+	waitState(t, z.Pid, "Z") // exited, not yet waited for: a zombie
+	if got := Identify(z.Pid, z.Start); got != Gone {
+		t.Errorf("Identify(zombie %d) = %v, want Gone", z.Pid, got)
 	}
-	if err := z.wait(); err != nil {
+	if err := z.Wait(); err != nil {
 		t.Fatalf("wait zombie: %v", err)
 	}
-	if got := Identify(z.pid, z.start); got != Gone {
-		t.Errorf("Identify(reaped %d) = %v, want Gone", z.pid, got)
+	if got := Identify(z.Pid, z.Start); got != Gone {
+		t.Errorf("Identify(reaped %d) = %v, want Gone", z.Pid, got)
 	}
 }
 
 func TestGroupEmpty(t *testing.T) {
 	g := spawn(t, true, "sleep", "30")
-	if GroupEmpty(g.pid) {
-		t.Errorf("GroupEmpty(%d) with a running member = true", g.pid)
+	if GroupEmpty(g.Pid) {
+		t.Errorf("GroupEmpty(%d) with a running member = true", g.Pid)
 	}
-	_ = unix.Kill(-g.pid, unix.SIGKILL)
-	_ = g.wait()
-	if !GroupEmpty(g.pid) {
-		t.Errorf("GroupEmpty(%d) after its only member exited and was reaped = false", g.pid)
+	_ = unix.Kill(-g.Pid, unix.SIGKILL)
+	_ = g.Wait()
+	if !GroupEmpty(g.Pid) {
+		t.Errorf("GroupEmpty(%d) after its only member exited and was reaped = false", g.Pid)
 	}
 	// A group whose members do not include the leader any more, but run.
 	job := orphanJob(t)
-	if GroupEmpty(job.pid) {
-		t.Errorf("GroupEmpty(%d) of a running job = true", job.pid)
+	if GroupEmpty(job.Pid) {
+		t.Errorf("GroupEmpty(%d) of a running job = true", job.Pid)
 	}
 	for _, pgid := range []int{0, -1} {
 		if GroupEmpty(pgid) {
@@ -257,25 +131,25 @@ func TestGroupEmpty(t *testing.T) {
 
 func TestGroupEmptyOnlyZombie(t *testing.T) {
 	z := spawn(t, true, "sh", "-c", "exit 0")
-	waitState(t, z.pid, "Z")
-	if err := unix.Kill(-z.pid, 0); err != nil {
-		t.Logf("kill(-%d, 0) of a zombie-only group: %v", z.pid, err)
+	waitState(t, z.Pid, "Z")
+	if err := unix.Kill(-z.Pid, 0); err != nil {
+		t.Logf("kill(-%d, 0) of a zombie-only group: %v", z.Pid, err)
 	}
-	if !GroupEmpty(z.pid) {
-		t.Errorf("GroupEmpty(%d) whose only member is a zombie = false, want true", z.pid)
+	if !GroupEmpty(z.Pid) {
+		t.Errorf("GroupEmpty(%d) whose only member is a zombie = false, want true", z.Pid)
 	}
 }
 
 func TestSameGroup(t *testing.T) {
 	job := orphanJob(t)
-	if !sameGroup(job.pid, job.start) {
-		t.Errorf("sameGroup(%d, its leader's start) = false", job.pid)
+	if !sameGroup(job.Pid, job.Start) {
+		t.Errorf("sameGroup(%d, its leader's start) = false", job.Pid)
 	}
-	if !sameGroup(job.pid, 0) {
-		t.Errorf("sameGroup(%d, start unknown) = false", job.pid)
+	if !sameGroup(job.Pid, 0) {
+		t.Errorf("sameGroup(%d, start unknown) = false", job.Pid)
 	}
-	if sameGroup(job.pid, job.start+1) {
-		t.Errorf("sameGroup(%d, another start) = true: its leader is another process", job.pid)
+	if sameGroup(job.Pid, job.Start+1) {
+		t.Errorf("sameGroup(%d, another start) = true: its leader is another process", job.Pid)
 	}
 	if pgid, start := goneGroup(t); !sameGroup(pgid, start) {
 		t.Errorf("sameGroup(%d) with its leader gone = false", pgid)
@@ -284,11 +158,11 @@ func TestSameGroup(t *testing.T) {
 
 func TestKillGroup(t *testing.T) {
 	job := orphanJob(t)
-	if !KillGroup(job.pid, settle) {
-		t.Fatalf("KillGroup(%d) = false", job.pid)
+	if !KillGroup(job.Pid, settle) {
+		t.Fatalf("KillGroup(%d) = false", job.Pid)
 	}
-	if !GroupEmpty(job.pid) || len(groupMembers(job.pid)) != 0 {
-		t.Errorf("group %d after KillGroup: members %v", job.pid, groupMembers(job.pid))
+	if !GroupEmpty(job.Pid) || len(groupMembers(job.Pid)) != 0 {
+		t.Errorf("group %d after KillGroup: members %v", job.Pid, groupMembers(job.Pid))
 	}
 	if pgid, _ := goneGroup(t); !KillGroup(pgid, settle) {
 		t.Errorf("KillGroup(%d) of an empty group = false, want true (nothing to kill)", pgid)
@@ -309,10 +183,10 @@ func TestDeadLiveSupervisor(t *testing.T) {
 	empty, emptyStart := goneGroup(t)
 	job := orphanJob(t)
 	for _, tk := range []store.Ticket{
-		ticket(store.Held, sup.pid, sup.start, 0, 0),
-		ticket(store.Held, sup.pid, sup.start, empty, emptyStart),
-		ticket(store.Held, sup.pid, sup.start, job.pid, job.start),
-		ticket(store.Waiting, sup.pid, sup.start, 0, 0),
+		ticket(store.Held, sup.Pid, sup.Start, 0, 0),
+		ticket(store.Held, sup.Pid, sup.Start, empty, emptyStart),
+		ticket(store.Held, sup.Pid, sup.Start, job.Pid, job.Start),
+		ticket(store.Waiting, sup.Pid, sup.Start, 0, 0),
 		ticket(store.Held, os.Getpid(), mustStart(t, os.Getpid()), empty, emptyStart),
 	} {
 		for _, act := range []bool{false, true} {
@@ -321,7 +195,7 @@ func TestDeadLiveSupervisor(t *testing.T) {
 			}
 		}
 	}
-	if Identify(sup.pid, sup.start) != Alive || GroupEmpty(job.pid) {
+	if Identify(sup.Pid, sup.Start) != Alive || GroupEmpty(job.Pid) {
 		t.Errorf("a live holder's processes were touched")
 	}
 }
@@ -332,18 +206,18 @@ func TestDeadE1PidReused(t *testing.T) {
 	other := spawn(t, false, "sleep", "30")
 	pgid, pgidStart := goneGroup(t)
 	for _, act := range []bool{false, true} {
-		ev, dead := Dead(ticket(store.Held, other.pid, other.start+1, pgid, pgidStart), act)
-		want := fmt.Sprintf("supervisor %d gone (pid reused by another process), process group %d empty", other.pid, pgid)
+		ev, dead := Dead(ticket(store.Held, other.Pid, other.Start+1, pgid, pgidStart), act)
+		want := fmt.Sprintf("supervisor %d gone (pid reused by another process), process group %d empty", other.Pid, pgid)
 		if !dead || ev != want || !strings.Contains(ev, "pid reused") {
 			t.Errorf("Dead(reused pid, act=%v) = %q, %v; want %q, true", act, ev, dead, want)
 		}
 	}
 	// A waiting ticket whose supervisor pid was reused: no child started.
-	ev, dead := Dead(ticket(store.Waiting, other.pid, other.start+1, 0, 0), true)
+	ev, dead := Dead(ticket(store.Waiting, other.Pid, other.Start+1, 0, 0), true)
 	if !dead || !strings.Contains(ev, "pid reused") || !strings.Contains(ev, "no child started") {
 		t.Errorf("Dead(waiting, reused pid) = %q, %v", ev, dead)
 	}
-	if got := Identify(other.pid, other.start); got != Alive {
+	if got := Identify(other.Pid, other.Start); got != Alive {
 		t.Errorf("the process that reused the pid: %v, want Alive (never signalled)", got)
 	}
 }
@@ -353,14 +227,14 @@ func TestDeadE1PidReused(t *testing.T) {
 func TestDeadE1OrphanKilledImpostorSpared(t *testing.T) {
 	other := spawn(t, false, "sleep", "30")
 	job := orphanJob(t)
-	ev, dead := Dead(ticket(store.Held, other.pid, other.start+1, job.pid, job.start), true)
+	ev, dead := Dead(ticket(store.Held, other.Pid, other.Start+1, job.Pid, job.Start), true)
 	if !dead || !strings.Contains(ev, "pid reused") || !strings.Contains(ev, "killed") {
 		t.Errorf("Dead(reused pid, orphaned job, act) = %q, %v", ev, dead)
 	}
-	if !GroupEmpty(job.pid) {
-		t.Errorf("orphaned group %d still has members %v", job.pid, groupMembers(job.pid))
+	if !GroupEmpty(job.Pid) {
+		t.Errorf("orphaned group %d still has members %v", job.Pid, groupMembers(job.Pid))
 	}
-	if got := Identify(other.pid, other.start); got != Alive {
+	if got := Identify(other.Pid, other.Start); got != Alive {
 		t.Errorf("the process that reused the pid: %v, want Alive (never signalled)", got)
 	}
 }
@@ -379,8 +253,8 @@ func TestDeadSupervisorGoneGroupEmpty(t *testing.T) {
 	}
 	// A zombie supervisor (exited, its parent not yet waiting) is gone too.
 	z := spawn(t, false, "sh", "-c", "exit 0")
-	waitState(t, z.pid, "Z")
-	if ev, dead := Dead(ticket(store.Held, z.pid, z.start, pgid, pgidStart), true); !dead {
+	waitState(t, z.Pid, "Z")
+	if ev, dead := Dead(ticket(store.Held, z.Pid, z.Start, pgid, pgidStart), true); !dead {
 		t.Errorf("Dead(zombie supervisor) = %q, false", ev)
 	}
 }
@@ -446,35 +320,35 @@ func TestDeadOtherPidNamespace(t *testing.T) {
 func TestDeadOrphanedJob(t *testing.T) {
 	pid, start := gonePid(t)
 	job := orphanJob(t)
-	members := groupMembers(job.pid)
-	tk := ticket(store.Held, pid, start, job.pid, job.start)
+	members := groupMembers(job.Pid)
+	tk := ticket(store.Held, pid, start, job.Pid, job.Start)
 
 	ev, dead := Dead(tk, false)
-	want := fmt.Sprintf("supervisor %d gone, orphaned process group %d still running: would be killed", pid, job.pid)
+	want := fmt.Sprintf("supervisor %d gone, orphaned process group %d still running: would be killed", pid, job.Pid)
 	if !dead || ev != want {
 		t.Errorf("Dead(orphan, dry run) = %q, %v; want %q, true", ev, dead, want)
 	}
-	if GroupEmpty(job.pid) || len(groupMembers(job.pid)) != len(members) {
-		t.Fatalf("dry run touched the group: members %v, were %v", groupMembers(job.pid), members)
+	if GroupEmpty(job.Pid) || len(groupMembers(job.Pid)) != len(members) {
+		t.Fatalf("dry run touched the group: members %v, were %v", groupMembers(job.Pid), members)
 	}
-	if Identify(job.pid, job.start) != Alive {
+	if Identify(job.Pid, job.Start) != Alive {
 		t.Fatalf("dry run touched the group leader")
 	}
 
 	ev, dead = Dead(tk, true)
-	want = fmt.Sprintf("supervisor %d gone, orphaned process group %d killed", pid, job.pid)
+	want = fmt.Sprintf("supervisor %d gone, orphaned process group %d killed", pid, job.Pid)
 	if !dead || ev != want {
 		t.Errorf("Dead(orphan, act) = %q, %v; want %q, true", ev, dead, want)
 	}
-	if !GroupEmpty(job.pid) {
-		t.Errorf("group %d after the kill: members %v", job.pid, groupMembers(job.pid))
+	if !GroupEmpty(job.Pid) {
+		t.Errorf("group %d after the kill: members %v", job.Pid, groupMembers(job.Pid))
 	}
 	for _, m := range members {
 		if st, err := readStat(m); err == nil && st.State != 'Z' && st.State != 'X' {
 			t.Errorf("member %d of the killed group: state %q", m, st.State)
 		}
 	}
-	if err := job.wait(); err == nil {
+	if err := job.Wait(); err == nil {
 		t.Errorf("killed job exited cleanly")
 	} else if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
 		if ws := ee.Sys().(syscall.WaitStatus); !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
@@ -483,7 +357,7 @@ func TestDeadOrphanedJob(t *testing.T) {
 	}
 	// Now the group is empty: the same ticket is dead without any kill.
 	ev, dead = Dead(tk, true)
-	if want := fmt.Sprintf("supervisor %d gone, process group %d empty", pid, job.pid); !dead || ev != want {
+	if want := fmt.Sprintf("supervisor %d gone, process group %d empty", pid, job.Pid); !dead || ev != want {
 		t.Errorf("Dead(after the kill) = %q, %v; want %q", ev, dead, want)
 	}
 }
@@ -493,14 +367,14 @@ func TestDeadOrphanedJob(t *testing.T) {
 func TestDeadSameGroupIdentity(t *testing.T) {
 	pid, start := gonePid(t)
 	job := orphanJob(t)
-	members := groupMembers(job.pid)
-	tk := ticket(store.Held, pid, start, job.pid, job.start+1)
+	members := groupMembers(job.Pid)
+	tk := ticket(store.Held, pid, start, job.Pid, job.Start+1)
 	for _, act := range []bool{false, true} {
 		if ev, dead := Dead(tk, act); dead {
 			t.Errorf("Dead(group leader with another start, act=%v) = %q, true", act, ev)
 		}
 	}
-	if got := groupMembers(job.pid); len(got) != len(members) || Identify(job.pid, job.start) != Alive {
+	if got := groupMembers(job.Pid); len(got) != len(members) || Identify(job.Pid, job.Start) != Alive {
 		t.Errorf("a group that is not the job's was signalled: members %v, were %v", got, members)
 	}
 }
@@ -524,20 +398,20 @@ func TestLeaderThreadExitedIsRunning(t *testing.T) {
 	if out, err := exec.Command(cc, "-pthread", "-o", bin, src).CombinedOutput(); err != nil {
 		t.Skipf("cc: %v\n%s", err, out)
 	}
-	k := spawnEnv(t, true, []string{"SLOTCTL_TICKET=" + ticketID}, bin)
-	waitState(t, k.pid, "Z") // the main thread is gone ...
-	if tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", k.pid)); len(tasks) < 2 {
-		t.Fatalf("pid %d: %d threads, want the sleeping thread alive", k.pid, len(tasks))
+	k := proctest.Spawn(t, true, []string{"SLOTCTL_TICKET=" + ticketID}, bin)
+	waitState(t, k.Pid, "Z") // the main thread is gone ...
+	if tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", k.Pid)); len(tasks) < 2 {
+		t.Fatalf("pid %d: %d threads, want the sleeping thread alive", k.Pid, len(tasks))
 	}
 	// ... and the process runs on.
-	if GroupEmpty(k.pid) {
-		t.Errorf("GroupEmpty(%d) = true while its member runs (main thread exited, another thread alive)", k.pid)
+	if GroupEmpty(k.Pid) {
+		t.Errorf("GroupEmpty(%d) = true while its member runs (main thread exited, another thread alive)", k.Pid)
 	}
-	if got := Identify(k.pid, k.start); got != Alive {
-		t.Errorf("Identify(%d) = %v while it runs, want Alive", k.pid, got)
+	if got := Identify(k.Pid, k.Start); got != Alive {
+		t.Errorf("Identify(%d) = %v while it runs, want Alive", k.Pid, got)
 	}
 	pid, start := gonePid(t)
-	if ev, dead := Dead(ticket(store.Held, pid, start, k.pid, k.start), false); strings.Contains(ev, "empty") {
+	if ev, dead := Dead(ticket(store.Held, pid, start, k.Pid, k.Start), false); strings.Contains(ev, "empty") {
 		t.Errorf("Dead(orphaned job still running) = %q, %v: its group is not empty", ev, dead)
 	}
 }
@@ -573,26 +447,26 @@ func TestDeadReusedGroupIDNotKilled(t *testing.T) {
 		return
 	}
 	pid, start := gonePid(t)
-	job := spawnEnv(t, true, []string{"SLOTCTL_TICKET=" + ticketID}, "sleep", "30")
-	_ = unix.Kill(-job.pid, unix.SIGKILL)
-	_ = job.wait() // the job is over: its group is empty, its id free
-	if err := os.WriteFile("/proc/sys/kernel/ns_last_pid", []byte(fmt.Sprint(job.pid-1)), 0); err != nil {
+	job := proctest.Spawn(t, true, []string{"SLOTCTL_TICKET=" + ticketID}, "sleep", "30")
+	_ = unix.Kill(-job.Pid, unix.SIGKILL)
+	_ = job.Wait() // the job is over: its group is empty, its id free
+	if err := os.WriteFile("/proc/sys/kernel/ns_last_pid", []byte(fmt.Sprint(job.Pid-1)), 0); err != nil {
 		t.Skipf("ns_last_pid: %v", err)
 	}
 	// An unrelated group takes the id; its leader starts a child and exits.
 	other := spawn(t, true, "sh", "-c", "sleep 30 & exit 0")
-	if other.pid != job.pid {
-		t.Skipf("the new process got pid %d, not the job's old %d", other.pid, job.pid)
+	if other.Pid != job.Pid {
+		t.Skipf("the new process got pid %d, not the job's old %d", other.Pid, job.Pid)
 	}
-	_ = other.wait()
-	members := groupMembers(job.pid)
+	_ = other.Wait()
+	members := groupMembers(job.Pid)
 	if len(members) != 1 {
-		t.Fatalf("unrelated group %d: members %v, want its one child", job.pid, members)
+		t.Fatalf("unrelated group %d: members %v, want its one child", job.Pid, members)
 	}
-	if ev, dead := Dead(ticket(store.Held, pid, start, job.pid, job.start), true); dead && strings.Contains(ev, "killed") {
+	if ev, dead := Dead(ticket(store.Held, pid, start, job.Pid, job.Start), true); dead && strings.Contains(ev, "killed") {
 		t.Errorf("Dead = %q: the unrelated group that reused the job's group id was killed", ev)
 	}
-	if got := groupMembers(job.pid); len(got) != 1 {
-		t.Errorf("unrelated group %d after Dead: members %v, were %v", job.pid, got, members)
+	if got := groupMembers(job.Pid); len(got) != 1 {
+		t.Errorf("unrelated group %d after Dead: members %v, were %v", job.Pid, got, members)
 	}
 }

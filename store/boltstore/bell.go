@@ -31,7 +31,7 @@ type fifoBell struct {
 // Watch makes the bell of ticket id: a named pipe the waiter keeps open for
 // reading and writing, so that a ring never blocks and never finds no reader.
 func (s *Store) Watch(ctx context.Context, id string) (store.Bell, error) {
-	if err := checkID(id); err != nil {
+	if err := store.CheckID(id); err != nil {
 		return nil, err
 	}
 	dir := bellDir(s.path)

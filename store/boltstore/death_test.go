@@ -7,18 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/slotctl/slotctl/internal/proc"
+	"github.com/slotctl/slotctl/internal/proc/proctest"
 	"github.com/slotctl/slotctl/store"
 )
 
@@ -26,142 +21,22 @@ import (
 // and C8), with real processes and the real judge. The TTL is an hour, so
 // only a proof of death can free a slot here.
 
-const (
-	deathTTL    = time.Hour
-	deathSettle = 5 * time.Second // bound on any wait for the kernel
+const deathTTL = time.Hour
+
+// The processes are proctest's: each is killed and reaped in t.Cleanup.
+var (
+	deathEmptyGroup = proctest.EmptyGroup
+	deathJob        = proctest.Job
 )
 
-// deathProc is a real child of the test, killed (with its group) and reaped
-// in t.Cleanup unless the test reaped it first.
-type deathProc struct {
-	cmd    *exec.Cmd
-	pid    int
-	start  uint64
-	once   sync.Once
-	waited atomic.Bool
-}
-
-func deathSpawn(t *testing.T, group bool, name string, args ...string) *deathProc {
+// deathSpawn starts name args, a real child of the test.
+func deathSpawn(t *testing.T, group bool, name string, args ...string) *proctest.Kid {
 	t.Helper()
-	return deathSpawnEnv(t, group, nil, name, args...)
+	return proctest.Spawn(t, group, nil, name, args...)
 }
-
-func deathSpawnEnv(t *testing.T, group bool, env []string, name string, args ...string) *deathProc {
-	t.Helper()
-	cmd := exec.Command(name, args...)
-	if env != nil {
-		cmd.Env = append(os.Environ(), env...)
-	}
-	if group {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
-	p := &deathProc{cmd: cmd, pid: cmd.Process.Pid}
-	t.Cleanup(func() {
-		if !p.waited.Load() { // not reaped yet: the pid and group id are still ours
-			if group {
-				_ = unix.Kill(-p.pid, unix.SIGKILL)
-			}
-			_ = cmd.Process.Kill()
-		}
-		p.wait()
-	})
-	st, err := proc.StartTime(p.pid)
-	if err != nil || st == 0 {
-		t.Fatalf("StartTime(%d) = %d, %v", p.pid, st, err)
-	}
-	p.start = st
-	return p
-}
-
-func (p *deathProc) wait() {
-	p.once.Do(func() { _ = p.cmd.Wait(); p.waited.Store(true) })
-}
-
-// kill kills the process (its group too when it leads one) and reaps it:
-// the supervisor SIGKILLed.
-func (p *deathProc) kill(group bool) {
-	if group {
-		_ = unix.Kill(-p.pid, unix.SIGKILL)
-	}
-	_ = p.cmd.Process.Kill()
-	p.wait()
-}
-
-// deathEmptyGroup is the id and leader start of a process group that ran and
-// is now empty (its only member killed and reaped).
-func deathEmptyGroup(t *testing.T) (int, uint64) {
-	t.Helper()
-	g := deathSpawn(t, true, "sleep", "30")
-	g.kill(true)
-	return g.pid, g.start
-}
-
-// deathJob starts the job of ticket id as slotctl runs one: its own process
-// group, SLOTCTL_TICKET in its environment, with a grandchild; it returns
-// once both run.
-func deathJob(t *testing.T, id string) *deathProc {
-	t.Helper()
-	if err := deathSubreaper(); err != nil {
-		t.Logf("PR_SET_CHILD_SUBREAPER: %v (killed grandchildren stay zombies)", err)
-	}
-	j := deathSpawnEnv(t, true, []string{"SLOTCTL_TICKET=" + id}, "sh", "-c", "sleep 30 & wait")
-	for deadline := time.Now().Add(deathSettle); deathMembers(j.pid) < 2; time.Sleep(2 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("job group %d: %d running members after %v, want 2", j.pid, deathMembers(j.pid), deathSettle)
-		}
-	}
-	var grandkids []int
-	for _, m := range deathMemberPids(j.pid) {
-		if m != j.pid {
-			grandkids = append(grandkids, m)
-		}
-	}
-	t.Cleanup(func() { // runs before deathSpawn's: kill the group, then reap all of it
-		if !j.waited.Load() {
-			_ = unix.Kill(-j.pid, unix.SIGKILL)
-		}
-		j.wait() // sh has exited: its children are ours now (subreaper)
-		for _, g := range grandkids {
-			for deadline := time.Now().Add(deathSettle); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-				if wpid, err := unix.Wait4(g, nil, unix.WNOHANG, nil); wpid == g || err != nil {
-					break
-				}
-			}
-		}
-	})
-	return j
-}
-
-// deathSubreaper makes the test process adopt its orphaned grandchildren, so
-// that the members of a killed job are reaped, not left as zombies.
-var deathSubreaper = sync.OnceValue(func() error { return unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) })
 
 // deathMembers counts the running (non-zombie) members of group pgid.
-func deathMembers(pgid int) int { return len(deathMemberPids(pgid)) }
-
-// deathMemberPids lists the running (non-zombie) members of group pgid.
-func deathMemberPids(pgid int) []int {
-	var out []int
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		i := strings.LastIndexByte(string(b), ')')
-		f := strings.Fields(string(b[i+1:]))
-		if len(f) > 2 && f[2] == fmt.Sprint(pgid) && f[0] != "Z" && f[0] != "X" {
-			var pid int
-			if _, err := fmt.Sscan(e.Name(), &pid); err == nil {
-				out = append(out, pid)
-			}
-		}
-	}
-	return out
-}
+func deathMembers(pgid int) int { return len(proctest.Members(pgid)) }
 
 func deathHolder(pid int, start uint64, pgid int, pgidStart uint64) store.Holder {
 	host, _ := os.Hostname()
@@ -236,8 +111,8 @@ func TestDeathFreesSlotInAdmission(t *testing.T) {
 	pgid, pgidStart := deathEmptyGroup(t)
 	liveSup := deathSpawn(t, false, "sleep", "30")
 
-	live := deathEnqueue(t, s, "live", "x", 2, deathHolder(liveSup.pid, liveSup.start, pgid, pgidStart))
-	dead := deathEnqueue(t, s, "dead", "x", 2, deathHolder(sup.pid, sup.start, 0, 0))
+	live := deathEnqueue(t, s, "live", "x", 2, deathHolder(liveSup.Pid, liveSup.Start, pgid, pgidStart))
+	dead := deathEnqueue(t, s, "dead", "x", 2, deathHolder(sup.Pid, sup.Start, 0, 0))
 	if live.State != store.Held || dead.State != store.Held {
 		t.Fatalf("live %s, dead %s: want both held", live.State, dead.State)
 	}
@@ -252,7 +127,7 @@ func TestDeathFreesSlotInAdmission(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	sup.kill(false) // the supervisor is SIGKILLed and gone
+	sup.Kill() // the supervisor is SIGKILLed and gone
 	n := deathEnqueue(t, s, "new", "x", 2, selfHolder(t, 0, 0))
 	if n.State != store.Held {
 		t.Fatalf("new: %s, want held at once (the dead holder's slot freed in the admission)", n.State)
@@ -263,7 +138,7 @@ func TestDeathFreesSlotInAdmission(t *testing.T) {
 	if got := deathState(t, s, "live"); got != store.Held {
 		t.Errorf("live holder: %s, want held", got)
 	}
-	want := fmt.Sprintf("supervisor %d gone, process group %d empty", sup.pid, pgid)
+	want := fmt.Sprintf("supervisor %d gone, process group %d empty", sup.Pid, pgid)
 	if ev, ok := deathEvidence(t, s, "dead"); !ok || ev != want {
 		t.Errorf("reaped event of dead: %q (found %v), want %q", ev, ok, want)
 	}
@@ -286,21 +161,21 @@ func TestDeathReapReportsEvidence(t *testing.T) {
 	pgid, pgidStart := deathEmptyGroup(t)
 
 	deathEnqueue(t, s, "live", "x", 2, selfHolder(t, 0, 0))
-	d := deathEnqueue(t, s, "dead", "x", 2, deathHolder(held.pid, held.start, 0, 0))
+	d := deathEnqueue(t, s, "dead", "x", 2, deathHolder(held.Pid, held.Start, 0, 0))
 	if _, err := s.SetChild(ctx, d, pgid, pgidStart); err != nil {
 		t.Fatal(err)
 	}
-	deathEnqueue(t, s, "deadw", "x", 2, deathHolder(waiting.pid, waiting.start, 0, 0)) // waiting, no child yet
+	deathEnqueue(t, s, "deadw", "x", 2, deathHolder(waiting.Pid, waiting.Start, 0, 0)) // waiting, no child yet
 	deathEnqueue(t, s, "next", "x", 2, selfHolder(t, 0, 0))
 	if rs, err := s.Reap(ctx, false); err != nil || len(rs) != 0 {
 		t.Fatalf("Reap with every supervisor alive = %+v, %v; want nothing", rs, err)
 	}
 
-	held.kill(false)
-	waiting.kill(false)
+	held.Kill()
+	waiting.Kill()
 	want := map[string]string{
-		"dead":  fmt.Sprintf("supervisor %d gone, process group %d empty", held.pid, pgid),
-		"deadw": fmt.Sprintf("supervisor %d gone, no child started", waiting.pid),
+		"dead":  fmt.Sprintf("supervisor %d gone, process group %d empty", held.Pid, pgid),
+		"deadw": fmt.Sprintf("supervisor %d gone, no child started", waiting.Pid),
 	}
 	check := func(what string, rs []store.Removal, err error) {
 		t.Helper()
@@ -342,10 +217,10 @@ func TestDeathE1PidReused(t *testing.T) {
 	s := deathStore(t, nil)
 	other := deathSpawn(t, false, "sleep", "30")
 	pgid, pgidStart := deathEmptyGroup(t)
-	want := fmt.Sprintf("supervisor %d gone (pid reused by another process), process group %d empty", other.pid, pgid)
+	want := fmt.Sprintf("supervisor %d gone (pid reused by another process), process group %d empty", other.Pid, pgid)
 
 	// Through Reap.
-	deathEnqueue(t, s, "h", "x", 1, deathHolder(other.pid, other.start+1, pgid, pgidStart))
+	deathEnqueue(t, s, "h", "x", 1, deathHolder(other.Pid, other.Start+1, pgid, pgidStart))
 	rs, err := s.Reap(ctx, false)
 	if err != nil {
 		t.Fatal(err)
@@ -354,19 +229,19 @@ func TestDeathE1PidReused(t *testing.T) {
 		t.Fatalf("Reap = %+v, want h reaped with %q", rs, want)
 	}
 	// Through a contended admission: the newcomer is held at once.
-	deathEnqueue(t, s, "h1", "z", 1, deathHolder(other.pid, other.start+1, pgid, pgidStart))
+	deathEnqueue(t, s, "h1", "z", 1, deathHolder(other.Pid, other.Start+1, pgid, pgidStart))
 	if w := deathEnqueue(t, s, "w", "z", 1, selfHolder(t, 0, 0)); w.State != store.Held {
 		t.Errorf("w behind a holder whose pid was reused: %s, want held", w.State)
 	}
 	if ev, ok := deathEvidence(t, s, "h1"); !ok || ev != want {
 		t.Errorf("reaped event of h1: %q (found %v), want %q", ev, ok, want)
 	}
-	if got := proc.Identify(other.pid, other.start); got != proc.Alive {
+	if got := proc.Identify(other.Pid, other.Start); got != proc.Alive {
 		t.Errorf("the process that holds the reused pid: %v, want alive (never signalled)", got)
 	}
 
 	// The same ticket with the right start time is a live holder: kept.
-	deathEnqueue(t, s, "h2", "y", 1, deathHolder(other.pid, other.start, pgid, pgidStart))
+	deathEnqueue(t, s, "h2", "y", 1, deathHolder(other.Pid, other.Start, pgid, pgidStart))
 	if rs, err := s.Reap(ctx, false, "y"); err != nil || len(rs) != 0 {
 		t.Errorf("Reap of a live holder = %+v, %v; want nothing", rs, err)
 	}
@@ -380,34 +255,34 @@ func TestOrphanReapKillsGroupAndPromotes(t *testing.T) {
 	s := deathStore(t, nil)
 	sup := deathSpawn(t, false, "sleep", "30")
 	job := deathJob(t, "h")
-	h := deathEnqueue(t, s, "h", "x", 1, deathHolder(sup.pid, sup.start, 0, 0))
-	if _, err := s.SetChild(ctx, h, job.pid, job.start); err != nil {
+	h := deathEnqueue(t, s, "h", "x", 1, deathHolder(sup.Pid, sup.Start, 0, 0))
+	if _, err := s.SetChild(ctx, h, job.Pid, job.Start); err != nil {
 		t.Fatal(err)
 	}
 	if w := deathEnqueue(t, s, "w", "x", 1, selfHolder(t, 0, 0)); w.State != store.Waiting {
 		t.Fatalf("w: %s while h's supervisor lives, want waiting", w.State)
 	}
-	sup.kill(false) // SIGKILL: the job keeps running, orphaned
+	sup.Kill() // SIGKILL: the job keeps running, orphaned
 
 	rs, err := s.Reap(ctx, true)
-	want := fmt.Sprintf("supervisor %d gone, orphaned process group %d still running: would be killed", sup.pid, job.pid)
+	want := fmt.Sprintf("supervisor %d gone, orphaned process group %d still running: would be killed", sup.Pid, job.Pid)
 	if err != nil || len(rs) != 1 || rs[0].Ticket.ID != "h" || rs[0].Evidence != want {
 		t.Fatalf("Reap(dry run) = %+v, %v; want h with %q", rs, err, want)
 	}
-	if deathMembers(job.pid) != 2 || proc.GroupEmpty(job.pid) {
-		t.Fatalf("a dry run signalled the group: %d running members", deathMembers(job.pid))
+	if deathMembers(job.Pid) != 2 || proc.GroupEmpty(job.Pid) {
+		t.Fatalf("a dry run signalled the group: %d running members", deathMembers(job.Pid))
 	}
 	if deathState(t, s, "h") != store.Held || deathState(t, s, "w") != store.Waiting {
 		t.Fatalf("a dry run changed the tickets")
 	}
 
 	rs, err = s.Reap(ctx, false)
-	want = fmt.Sprintf("supervisor %d gone, orphaned process group %d killed", sup.pid, job.pid)
+	want = fmt.Sprintf("supervisor %d gone, orphaned process group %d killed", sup.Pid, job.Pid)
 	if err != nil || len(rs) != 1 || rs[0].Ticket.ID != "h" || rs[0].Evidence != want {
 		t.Fatalf("Reap = %+v, %v; want h with %q", rs, err, want)
 	}
-	if !proc.GroupEmpty(job.pid) {
-		t.Errorf("orphaned group %d still has %d running members", job.pid, deathMembers(job.pid))
+	if !proc.GroupEmpty(job.Pid) {
+		t.Errorf("orphaned group %d still has %d running members", job.Pid, deathMembers(job.Pid))
 	}
 	if got := deathState(t, s, "w"); got != store.Held {
 		t.Errorf("waiter after the orphan was reaped: %s, want held", got)
@@ -424,19 +299,19 @@ func TestOrphanKilledByAdmission(t *testing.T) {
 	s := deathStore(t, nil)
 	sup := deathSpawn(t, false, "sleep", "30")
 	job := deathJob(t, "h")
-	h := deathEnqueue(t, s, "h", "x", 1, deathHolder(sup.pid, sup.start, 0, 0))
-	if _, err := s.SetChild(ctx, h, job.pid, job.start); err != nil {
+	h := deathEnqueue(t, s, "h", "x", 1, deathHolder(sup.Pid, sup.Start, 0, 0))
+	if _, err := s.SetChild(ctx, h, job.Pid, job.Start); err != nil {
 		t.Fatal(err)
 	}
-	sup.kill(false)
+	sup.Kill()
 	n := deathEnqueue(t, s, "n", "x", 1, selfHolder(t, 0, 0))
 	if n.State != store.Held {
 		t.Fatalf("n: %s, want held once the orphan is killed", n.State)
 	}
-	if !proc.GroupEmpty(job.pid) {
-		t.Errorf("slot handed out while the orphaned group %d runs (%d members)", job.pid, deathMembers(job.pid))
+	if !proc.GroupEmpty(job.Pid) {
+		t.Errorf("slot handed out while the orphaned group %d runs (%d members)", job.Pid, deathMembers(job.Pid))
 	}
-	want := fmt.Sprintf("supervisor %d gone, orphaned process group %d killed", sup.pid, job.pid)
+	want := fmt.Sprintf("supervisor %d gone, orphaned process group %d killed", sup.Pid, job.Pid)
 	if ev, ok := deathEvidence(t, s, "h"); !ok || ev != want {
 		t.Errorf("reaped event: %q, want %q", ev, want)
 	}
@@ -449,15 +324,15 @@ func TestOrphanOtherGroupNotKilled(t *testing.T) {
 	s := deathStore(t, nil)
 	pid, start := deathEmptyGroup(t) // a gone supervisor
 	job := deathJob(t, "h")
-	deathEnqueue(t, s, "h", "x", 1, deathHolder(pid, start, job.pid, job.start+1))
+	deathEnqueue(t, s, "h", "x", 1, deathHolder(pid, start, job.Pid, job.Start+1))
 	if w := deathEnqueue(t, s, "w", "x", 1, selfHolder(t, 0, 0)); w.State != store.Waiting {
 		t.Errorf("w: %s, want waiting", w.State)
 	}
 	if rs, err := s.Reap(ctx, false); err != nil || len(rs) != 0 {
 		t.Errorf("Reap = %+v, %v; want nothing", rs, err)
 	}
-	if deathMembers(job.pid) != 2 {
-		t.Errorf("a group that is not the job's was signalled: %d running members", deathMembers(job.pid))
+	if deathMembers(job.Pid) != 2 {
+		t.Errorf("a group that is not the job's was signalled: %d running members", deathMembers(job.Pid))
 	}
 }
 
@@ -470,12 +345,12 @@ func TestOrphanKilledOnExpiry(t *testing.T) {
 	s := deathStore(t, clock)
 	sup := deathSpawn(t, false, "sleep", "30")
 	job := deathJob(t, "h")
-	h := deathEnqueue(t, s, "h", "x", 2, deathHolder(sup.pid, sup.start, 0, 0))
-	if _, err := s.SetChild(ctx, h, job.pid, job.start); err != nil {
+	h := deathEnqueue(t, s, "h", "x", 2, deathHolder(sup.Pid, sup.Start, 0, 0))
+	if _, err := s.SetChild(ctx, h, job.Pid, job.Start); err != nil {
 		t.Fatal(err)
 	}
 	other := deathEnqueue(t, s, "o", "x", 2, selfHolder(t, 0, 0))
-	sup.kill(false)
+	sup.Kill()
 	clock.Advance(deathTTL + time.Minute)
 	// Releasing o sweeps x without contention: only expiry brings h to the judge.
 	if ok, err := s.Release(ctx, other, store.Released); err != nil || !ok {
@@ -484,11 +359,11 @@ func TestOrphanKilledOnExpiry(t *testing.T) {
 	if got := deathState(t, s, "h"); got != "gone" {
 		t.Errorf("expired h: %s, want reaped", got)
 	}
-	if !proc.GroupEmpty(job.pid) {
-		t.Errorf("expired ticket's orphaned group %d still runs (%d members)", job.pid, deathMembers(job.pid))
+	if !proc.GroupEmpty(job.Pid) {
+		t.Errorf("expired ticket's orphaned group %d still runs (%d members)", job.Pid, deathMembers(job.Pid))
 	}
 	ev, _ := deathEvidence(t, s, "h")
-	if !strings.HasPrefix(ev, "expired ") || !strings.Contains(ev, fmt.Sprintf("orphaned process group %d killed", job.pid)) {
+	if !strings.HasPrefix(ev, "expired ") || !strings.Contains(ev, fmt.Sprintf("orphaned process group %d killed", job.Pid)) {
 		t.Errorf("reaped event: %q, want expiry and the kill", ev)
 	}
 }

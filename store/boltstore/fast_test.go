@@ -14,7 +14,7 @@ func FuzzFastState(f *testing.F) {
 	f.Add("a", "build", "held", "make", "", "b1", int64(3600e9))
 	f.Add("b-1_x", "x.y:z", "waiting", `say "state":"held"`, `"state":"held"`, `"deadline_boot":"x"`, int64(-5))
 	f.Fuzz(func(t *testing.T, id, limit, state, arg, label, boot string, mono int64) {
-		if checkID(id) != nil || store.CheckLimitName(limit) != nil {
+		if store.CheckID(id) != nil || store.CheckLimitName(limit) != nil {
 			return // the store refuses these before writing anything
 		}
 		r := ticketRec{V: formatVersion, ID: id, Limit: limit, State: store.State(state), Slot: -1,

@@ -10,25 +10,9 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-func checkTTL(ttl time.Duration) error {
-	if ttl <= 0 {
-		return fmt.Errorf("%w: ttl %s: want a positive duration", store.ErrInvalid, ttl)
-	}
-	return nil
-}
-
 // Enqueue implements [store.Store].
 func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ticket, error) {
-	if err := checkID(req.ID); err != nil {
-		return store.Ticket{}, err
-	}
-	if err := store.CheckLimitName(req.Limit); err != nil {
-		return store.Ticket{}, err
-	}
-	if err := store.CheckSlots(req.Slots); err != nil {
-		return store.Ticket{}, err
-	}
-	if err := checkTTL(req.TTL); err != nil {
+	if err := req.Check(); err != nil {
 		return store.Ticket{}, err
 	}
 	var out store.Ticket
@@ -118,7 +102,7 @@ func (x *txn) notFound(id string) error {
 // its limit, so that waiters free a dead holder's slot within its TTL even
 // when nobody runs reap.
 func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (store.Ticket, error) {
-	if err := checkTTL(ttl); err != nil {
+	if err := store.CheckTTL(ttl); err != nil {
 		return store.Ticket{}, err
 	}
 	var out store.Ticket
@@ -193,7 +177,7 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (bool, error) {
 	var removed bool
 	err := s.update(ctx, func(x *txn) error {
-		if err := checkID(t.ID); err != nil {
+		if err := store.CheckID(t.ID); err != nil {
 			return err
 		}
 		r, ok, err := x.lookup(t.ID)

@@ -630,19 +630,6 @@ func (x *txn) viewIn(recs []ticketRec, id string) (store.Ticket, bool) {
 	return store.Ticket{}, false
 }
 
-// checkID accepts [A-Za-z0-9_-]{1,64}: ids name bell files, so no path characters.
-func checkID(id string) error {
-	ok := len(id) > 0 && len(id) <= 64
-	for i := 0; ok && i < len(id); i++ {
-		c := id[i]
-		ok = c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-'
-	}
-	if !ok {
-		return fmt.Errorf("%w: ticket id %q: want 1-64 characters of [A-Za-z0-9_-]", store.ErrInvalid, id)
-	}
-	return nil
-}
-
 // --- Test-only mutations (internal/mutation). Each re-introduces a bug of
 // LEASES.md so that gate/sim can prove it catches it; with a nil
 // Options.Mutations none of this runs.

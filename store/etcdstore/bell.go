@@ -42,7 +42,7 @@ type bell struct {
 
 // Watch implements [store.Store].
 func (s *Store) Watch(ctx context.Context, id string) (store.Bell, error) {
-	if err := checkID(id); err != nil {
+	if err := store.CheckID(id); err != nil {
 		return nil, err
 	}
 	b := &bell{s: s, id: id, c: make(chan struct{}, 1), limit: make(chan enqueued, 1), done: make(chan struct{})}

@@ -16,27 +16,6 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-func checkTTL(ttl time.Duration) error {
-	if ttl <= 0 {
-		return fmt.Errorf("%w: ttl %s: want a positive duration", store.ErrInvalid, ttl)
-	}
-	return nil
-}
-
-// checkID accepts [A-Za-z0-9_-]{1,64}, as the bbolt store does: ids are
-// key segments.
-func checkID(id string) error {
-	ok := len(id) > 0 && len(id) <= 64
-	for i := 0; ok && i < len(id); i++ {
-		c := id[i]
-		ok = c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-'
-	}
-	if !ok {
-		return fmt.Errorf("%w: ticket id %q: want 1-64 characters of [A-Za-z0-9_-]", store.ErrInvalid, id)
-	}
-	return nil
-}
-
 // unknownOutcome reports whether a failed write may have committed (its
 // answer was lost): then it is retried, and finds its own effect.
 func unknownOutcome(err error) bool {
@@ -49,16 +28,7 @@ func unknownOutcome(err error) bool {
 // and promotes its waiters, the new ticket among them. The decision rests on
 // a serializable read; the transaction's compares make a stale one retry.
 func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ticket, error) {
-	if err := checkID(req.ID); err != nil {
-		return store.Ticket{}, err
-	}
-	if err := store.CheckLimitName(req.Limit); err != nil {
-		return store.Ticket{}, err
-	}
-	if err := store.CheckSlots(req.Slots); err != nil {
-		return store.Ticket{}, err
-	}
-	if err := checkTTL(req.TTL); err != nil {
+	if err := req.Check(); err != nil {
 		return store.Ticket{}, err
 	}
 	start := time.Now()
@@ -198,7 +168,7 @@ func (s *Store) existing(ctx context.Context, st *lstate, req store.EnqueueReque
 
 // Get implements [store.Store].
 func (s *Store) Get(ctx context.Context, id string) (store.Ticket, error) {
-	if checkID(id) != nil {
+	if store.CheckID(id) != nil {
 		return store.Ticket{}, fmt.Errorf("%w: ticket %q", store.ErrNotFound, id)
 	}
 	limit, idr, err := s.lookup(ctx, id)
@@ -211,7 +181,9 @@ func (s *Store) Get(ctx context.Context, id string) (store.Ticket, error) {
 	s.mu.Lock()
 	k, ok := s.known[id]
 	if ok && k.promoted {
-		s.known[id] = known{limit: k.limit, lease: k.lease, fence: k.fence, rev: k.rev, r: k.r} // once: a later Get reads
+		once := k
+		once.promoted = false // once: a later Get reads
+		s.known[id] = once
 	}
 	s.mu.Unlock()
 	if ok && k.promoted {
@@ -294,10 +266,10 @@ func (s *Store) getLight(ctx context.Context, k known, id string) (store.Ticket,
 // settles its limit, so that a slot freed by an expired lease is handed on
 // within a renewal period even if nobody else writes.
 func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (store.Ticket, error) {
-	if err := checkTTL(ttl); err != nil {
+	if err := store.CheckTTL(ttl); err != nil {
 		return store.Ticket{}, err
 	}
-	if checkID(t.ID) != nil {
+	if store.CheckID(t.ID) != nil {
 		return store.Ticket{}, fmt.Errorf("%w: ticket %q", store.ErrLost, t.ID)
 	}
 	s.mu.Lock()
@@ -459,7 +431,7 @@ func (s *Store) settleState(ctx context.Context, st *lstate, id string) (*lstate
 // transaction. A ticket whose lease the server expired but that no sweep
 // removed yet is removed by its release (the slot went with the lease).
 func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (bool, error) {
-	if err := checkID(t.ID); err != nil {
+	if err := store.CheckID(t.ID); err != nil {
 		return false, err
 	}
 	limit, idr, err := s.lookup(ctx, t.ID)

@@ -252,17 +252,8 @@ func (s *memStore) lax() bool { return s.is("lax-input") }
 
 func (s *memStore) Enqueue(_ context.Context, r store.EnqueueRequest) (store.Ticket, error) {
 	if !s.lax() {
-		if r.ID == "" {
-			return store.Ticket{}, fmt.Errorf("%w: empty id", store.ErrInvalid)
-		}
-		if err := store.CheckLimitName(r.Limit); err != nil {
+		if err := r.Check(); err != nil {
 			return store.Ticket{}, err
-		}
-		if err := store.CheckSlots(r.Slots); err != nil {
-			return store.Ticket{}, err
-		}
-		if r.TTL <= 0 {
-			return store.Ticket{}, fmt.Errorf("%w: ttl %v", store.ErrInvalid, r.TTL)
 		}
 	}
 	s.d.mu.Lock()

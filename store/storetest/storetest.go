@@ -1145,10 +1145,13 @@ func testInvalid(s *suite) {
 		_, err := s.st.Enqueue(s.ctx, r)
 		wantInvalid(fmt.Sprintf("Enqueue with TTL %v", ttl), err)
 	}
-	noID := s.req("bad", "n", 1)
-	noID.ID = ""
-	_, err := s.st.Enqueue(s.ctx, noID)
-	wantInvalid("Enqueue with an empty id", err)
+	// Ids name files and keys: nothing that walks a path or is unbounded.
+	for _, id := range []string{"", "../x", "a/b", "a.b", "x y", strings.Repeat("i", 65)} {
+		r := s.req("bad", "n", 1)
+		r.ID = id
+		_, err := s.st.Enqueue(s.ctx, r)
+		wantInvalid(fmt.Sprintf("Enqueue with id %q", id), err)
+	}
 	if s.Failed() {
 		s.FailNow()
 	}
