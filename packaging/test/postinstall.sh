@@ -29,15 +29,8 @@ fi
 scenario=$3
 fail() { echo "FAIL ($scenario): $*" >&2; exit 1; }
 
-# The private world.
-work=$(mktemp -d)
-cp -a /etc "$work/etc"
-mount --bind "$work/etc" /etc
-mount -t tmpfs tmpfs /var/lib
-mount -t tmpfs tmpfs /usr/lib/tmpfiles.d
-cp "$conf" /usr/lib/tmpfiles.d/slotctl.conf
-# /run/systemd/system absent here: no systemctl calls
-mount -t tmpfs tmpfs /run
+. "$here/packaging/test/lib.sh"
+private_world "$conf"
 
 dir=/var/lib/slotctl
 alice=70001 bob=70002
