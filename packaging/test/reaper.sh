@@ -33,6 +33,9 @@ fi
 fail() { echo "FAIL (reaper): $*" >&2; exit 1; }
 . "$here/packaging/test/lib.sh"
 private_world "$conf"
+# Where the reaper and the member can run it whatever the caller's directory.
+install -m 0755 "$bin" "$work/slotctl"
+bin=$work/slotctl
 mkdir -p /etc/slotctl
 cp "$config" /etc/slotctl/config.yaml
 "$postinst" configure
