@@ -109,7 +109,7 @@ place() {
 		*)
 			# a member's: take it out of their reach first.
 			held="$stage/$name.$try"
-			mv -T -- "$2" "$held"
+			mv -T -- "$2" "$held" 2>/dev/null || continue # gone meanwhile: again
 			k=$(kind "$held")
 			if sound "$1" "$k"; then
 				set_perms "$1" "$held" "$3" "$4" "$5"
@@ -119,8 +119,8 @@ place() {
 				else
 					# A file a member put there meanwhile is replaced, never
 					# followed (rename).
-					mv -fT -- "$held" "$2"
-					return 0
+					mv -fT -- "$held" "$2" && return 0
+					warn "$2 reappeared as something else while it was being fixed: the one fixed is in $held"
 				fi
 			else
 				warn "$2 is not a $(what "$1") of its own ($k: type|owner|links): moved to $held, made a new one"
@@ -150,7 +150,14 @@ else
 			# no slotctl (of the old package, still running) writes the store
 			# while it is away.
 			case "$path" in
-			*.lock) exec 9<"$path" && flock -w 10 9 || warn "$path: not locked while the store is fixed" ;;
+			*.lock)
+				if [ -f "$path" ] && [ ! -L "$path" ] && command -v flock >/dev/null 2>&1; then
+					exec 9<"$path"
+					flock -w 10 9 || warn "$path: still locked after 10s: the store is fixed without the lock"
+				else
+					warn "$path: not locked while the store is fixed"
+				fi
+				;;
 			esac
 			;;
 		*)
