@@ -65,7 +65,7 @@ snap() {
 }
 run_postinst() {
 	"$postinst" configure 2>"$work/err" || fail "postinst exited $?: $(cat "$work/err")"
-	cat "$work/err" >&2
+	sed 's/^/   postinst said: /' "$work/err" >&2
 }
 
 case "$scenario" in

@@ -90,8 +90,10 @@ sleep 1
 
 # The supervisor dies (SIGKILL: no release); the shell follows it (parent-death
 # signal); sleep is left, an orphaned job holding the slot.
+exec 3>&2 2>/dev/null # not bash's "Killed" notice
 kill -KILL "$sup"
-wait "$sup" 2>/dev/null || true
+wait "$sup" || true
+exec 2>&3 3>&-
 alive() { [ -d "/proc/$1" ] && [ "$(cut -d' ' -f3 "/proc/$1/stat")" != Z ]; }
 alive "$job" || fail "the orphaned job died with its supervisor"
 
