@@ -424,3 +424,23 @@ func TestHostileTextRawRecords(t *testing.T) {
 		}
 	}
 }
+
+// On a terminal the waiting line is redrawn in place: slotctl's own
+// "\r\x1b[K" and nothing of the record's.
+func TestHostileTextWaitingTerminal(t *testing.T) {
+	e := newLsEnv(t)
+	clock := hostileStore(t, e)
+	f, out, errOut := lsFactory(e.env, clock, false, 0)
+	f.IO.ErrTTY = true
+	if code := lsRun(t, f, "run", "--limit", "build", "--wait", "1500ms", "--", "true"); code != exitBusy {
+		t.Fatalf("run behind a held slot: exit %d, want %d: %s", code, exitBusy, errOut)
+	}
+	if !strings.Contains(errOut.String(), "\r\x1b[K") {
+		t.Fatalf("no live status line drawn:\n%q", errOut)
+	}
+	plain := strings.ReplaceAll(errOut.String(), "\r\x1b[K", "\n")
+	assertPrintable(t, "run --wait on a terminal", plain+out.String(), false)
+	if !strings.Contains(plain, "held by ") {
+		t.Errorf("the waiting line names no holder:\n%s", plain)
+	}
+}
