@@ -40,7 +40,7 @@ func escapeControls(s string) string {
 			b.WriteByte(' ')
 		case r == utf8.RuneError && n == 1:
 			fmt.Fprintf(&b, `\x%02x`, s[i])
-		case r < utf8.RuneSelf && (r < 0x20 || r == 0x7f) || !strconv.IsGraphic(r):
+		case !strconv.IsGraphic(r):
 			q := strconv.QuoteRuneToGraphic(r)
 			b.WriteString(q[1 : len(q)-1])
 		default:
@@ -51,7 +51,7 @@ func escapeControls(s string) string {
 	return b.String()
 }
 
-// CheckLabel refuses a --label that is not printable text (SPEC §7: bad
+// checkLabel refuses a --label that is not printable text (SPEC §7: bad
 // input is refused where it enters, not stored for others to show). What
 // older or hostile writers stored is escaped on output all the same.
 func checkLabel(label string) error {
@@ -100,16 +100,17 @@ func escapeJSON(p []byte) []byte {
 			continue
 		}
 		r, n := utf8.DecodeRune(p[i:])
-		if c == 0x7f || r == utf8.RuneError && n == 1 || !strconv.IsGraphic(r) {
-			if r == utf8.RuneError && n == 1 {
-				r = utf8.RuneError // encoding/json never writes invalid UTF-8; be safe if it did
-			}
+		// An invalid byte (encoding/json never writes one) decodes as U+FFFD,
+		// which is graphic: it is written as the replacement character.
+		if !strconv.IsGraphic(r) {
 			if r > 0xffff {
 				r1, r2 := utf16.EncodeRune(r)
 				fmt.Fprintf(out, `\u%04x\u%04x`, r1, r2)
 			} else {
 				fmt.Fprintf(out, `\u%04x`, r)
 			}
+		} else if r == utf8.RuneError && n == 1 {
+			out.WriteString("\ufffd")
 		} else {
 			out.Write(p[i : i+n])
 		}
