@@ -41,7 +41,8 @@ func (f *Factory) completeLimits(cmd *cobra.Command, args []string, toComplete s
 	}
 	var out []string
 	add := func(name string) {
-		if !seen[name] && strings.HasPrefix(name, toComplete) {
+		// A candidate is a line of cobra's output: only a valid name may be one.
+		if !seen[name] && store.ValidLimitName(name) && strings.HasPrefix(name, toComplete) {
 			seen[name] = true
 			out = append(out, name)
 		}
@@ -75,8 +76,10 @@ func (f *Factory) completeTickets(cmd *cobra.Command, args []string, toComplete 
 	}
 	var out []string
 	for _, t := range snap.Tickets {
-		if strings.HasPrefix(t.ID, toComplete) {
-			out = append(out, t.ID+"\t"+t.Limit+" "+ticketState(t)+": "+t.Holder.Command())
+		// A candidate is a line of cobra's output, its description after a
+		// tab: a valid id, and the description escaped.
+		if strings.HasPrefix(t.ID, toComplete) && store.CheckID(t.ID) == nil {
+			out = append(out, t.ID+"\t"+store.Printable(t.Limit)+" "+ticketState(t)+": "+store.Printable(t.Holder.Command()))
 		}
 	}
 	return out, cobra.ShellCompDirectiveNoFileComp

@@ -2,11 +2,15 @@ package main
 
 import (
 	"errors"
+	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -233,6 +237,9 @@ type etcdSettings struct {
 	DialTimeout, RequestTimeout time.Duration
 	CACert, Cert, Key           string
 	Username, Password          string
+	// InsecureCredentials allows sending Username and Password without
+	// TLS (etcd.insecure-credentials; never from the environment).
+	InsecureCredentials bool
 
 	f *Factory
 }
@@ -278,13 +285,25 @@ func (f *Factory) etcdSettings(g *globalOptions) (etcdSettings, error) {
 		*d.to = t
 	}
 	es.CACert, es.Cert, es.Key = es.path("cacert"), es.path("cert"), es.path("key")
+	if x := v.Get("etcd.insecure-credentials"); x != nil {
+		b, ok := x.(bool)
+		if s, isString := x.(string); isString {
+			var err error
+			b, err = strconv.ParseBool(s)
+			ok = err == nil
+		}
+		if !ok {
+			return es, usageError("%s: etcd.insecure-credentials %q: want true or false", es.source("insecure-credentials"), fmt.Sprint(x))
+		}
+		es.InsecureCredentials = b
+	}
 	es.Username, es.Password = v.GetString("etcd.username"), v.GetString("etcd.password")
 	if pf := es.path("password-file"); pf != "" && es.Password == "" {
-		b, err := os.ReadFile(pf)
+		pw, err := readPasswordFile(pf)
 		if err != nil {
 			return es, usageError("%s: etcd.password-file %s: %v", es.source("password-file"), pf, unwrapPathError(err))
 		}
-		es.Password = strings.TrimRight(string(b), "\r\n")
+		es.Password = pw
 	}
 	if es.Password != "" && es.Username == "" {
 		return es, usageError("an etcd password is set but no user: set etcd.username (or SLOTCTL_ETCD_USERNAME)")
@@ -293,4 +312,69 @@ func (f *Factory) etcdSettings(g *globalOptions) (etcdSettings, error) {
 		return es, usageError("etcd user %q has no password: set SLOTCTL_ETCD_PASSWORD or etcd.password-file", es.Username)
 	}
 	return es, nil
+}
+
+// maxPasswordFile bounds what is read from a password file.
+const maxPasswordFile = 4096
+
+// readPasswordFile reads the etcd password from path the way ssh reads a
+// private key: only from a regular file (opened without blocking, so a
+// FIFO cannot hang slotctl) that no one outside its owner and group can
+// read or write, and that its group cannot write. Unlike ssh, a
+// group-readable file (0640, 0440) is accepted: the packaged setup shares
+// one password among the members of group slotctl, who are trusted with
+// the store (SPEC §4.5). A symlink is followed; the mode checked is its
+// target's. Trailing newlines are not part of the password.
+func readPasswordFile(path string) (string, error) {
+	fd, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return "", err
+	}
+	defer fd.Close()
+	fi, err := fd.Stat()
+	if err != nil {
+		return "", err
+	}
+	if !fi.Mode().IsRegular() {
+		return "", fmt.Errorf("not a regular file (%s): want a file holding the password", fileType(fi.Mode()))
+	}
+	if perm := fi.Mode().Perm(); perm&0o027 != 0 {
+		var who []string
+		if perm&0o004 != 0 {
+			who = append(who, "others can read it")
+		}
+		if perm&0o002 != 0 {
+			who = append(who, "others can write it")
+		}
+		if perm&0o020 != 0 {
+			who = append(who, "its group can write it")
+		}
+		if len(who) == 0 {
+			who = append(who, "others have access to it")
+		}
+		return "", fmt.Errorf("mode %04o: %s; want 0600 or 0400 (0640 or 0440 to share it with its group): chmod 600 %s", perm, strings.Join(who, " and "), path)
+	}
+	b, err := io.ReadAll(io.LimitReader(fd, maxPasswordFile+1))
+	if err != nil {
+		return "", err
+	}
+	if len(b) > maxPasswordFile {
+		return "", fmt.Errorf("more than %d bytes: want a file holding only the password", maxPasswordFile)
+	}
+	return strings.TrimRight(string(b), "\r\n"), nil
+}
+
+// fileType names a file's type for an error message.
+func fileType(m fs.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "a directory"
+	case m&fs.ModeNamedPipe != 0:
+		return "a FIFO"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	case m&fs.ModeDevice != 0:
+		return "a device"
+	}
+	return m.Type().String()
 }

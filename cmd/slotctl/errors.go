@@ -89,9 +89,9 @@ func printError(w io.Writer, err error) {
 	if errors.As(err, &ee) && ee.Err == nil {
 		return
 	}
-	msg := strings.ReplaceAll(strings.TrimSpace(err.Error()), "\n", " ")
+	msg := escapeControls(strings.ReplaceAll(strings.TrimSpace(err.Error()), "\n", " "))
 	fmt.Fprintf(w, "slotctl: %s\n", msg)
 	if h := hint(err); h != "" {
-		fmt.Fprintf(w, "slotctl: hint: %s\n", h)
+		fmt.Fprintf(w, "slotctl: hint: %s\n", escapeControls(h))
 	}
 }

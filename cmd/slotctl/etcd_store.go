@@ -10,6 +10,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"os"
+	"strings"
 
 	"github.com/slotctl/slotctl/internal/proc"
 	"github.com/slotctl/slotctl/store"
@@ -35,6 +36,11 @@ func (f *Factory) openEtcd(g *globalOptions, url string) (store.Store, error) {
 		Username: es.Username, Password: es.Password, Dead: proc.Dead}
 	if o.TLS, err = es.tlsConfig(); err != nil {
 		return nil, err
+	}
+	if o.Username != "" && o.TLS == nil && !es.InsecureCredentials {
+		// SPEC §4.5: credentials never go without TLS unless the operator says so.
+		return nil, usageError("store %s: refusing to send the password of etcd user %q to %s without TLS: set etcd.cacert (--etcd-cacert) to use TLS, or etcd.insecure-credentials: true (--etcd-insecure-credentials) to send it in clear text",
+			url, o.Username, strings.Join(endpoints, ", "))
 	}
 	return etcdstore.New(o)
 }

@@ -6,6 +6,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -63,13 +64,14 @@ func (s scriptTB) Cleanup(f func())                  { s.ts.Defer(f) }
 //
 // "etcd start -tls [-auth USER PASSWORD PREFIX]" serves clients over TLS
 // only, with a client certificate required, from certificates written to
-// $WORK/certs (ca.pem, client.pem, client-key.pem); -auth then turns
-// authentication on, USER having read-write access under PREFIX only.
+// $WORK/certs (ca.pem, client.pem, client-key.pem); -auth turns
+// authentication on, USER having read-write access under PREFIX only
+// ("etcd start -auth ..." does so on a server without TLS).
 func cmdEtcd(ts *testscript.TestScript, neg bool, args []string) {
 	if neg {
 		ts.Fatalf("unsupported: ! etcd")
 	}
-	usage := "usage: etcd start [-tls [-auth USER PASSWORD PREFIX]] | etcd stop"
+	usage := "usage: etcd start [-tls] [-auth USER PASSWORD PREFIX] | etcd stop"
 	if len(args) == 0 {
 		ts.Fatalf("%s", usage)
 	}
@@ -82,15 +84,18 @@ func cmdEtcd(ts *testscript.TestScript, neg bool, args []string) {
 		}
 		o := etcdtest.Options{Dir: ts.MkAbs("etcd-data")}
 		var auth []string
+		withTLS := len(args) > 1 && args[1] == "-tls"
 		switch {
 		case len(args) == 1:
-		case len(args) == 2 && args[1] == "-tls":
-		case len(args) == 6 && args[1] == "-tls" && args[2] == "-auth":
+		case len(args) == 2 && withTLS:
+		case len(args) == 6 && withTLS && args[2] == "-auth":
 			auth = args[3:]
+		case len(args) == 5 && args[1] == "-auth":
+			auth = args[2:]
 		default:
 			ts.Fatalf("%s", usage)
 		}
-		if len(args) > 1 {
+		if withTLS {
 			dir := ts.MkAbs("certs")
 			if err := os.MkdirAll(dir, 0o700); err != nil {
 				ts.Fatalf("%v", err)
@@ -100,7 +105,11 @@ func cmdEtcd(ts *testscript.TestScript, neg bool, args []string) {
 		}
 		box.srv = etcdtest.Start(scriptTB{ts}, o)
 		if auth != nil {
-			box.srv.EnableAuth(auth[0], auth[1], auth[2], o.TLS.ClientConfig(scriptTB{ts}))
+			var tc *tls.Config
+			if o.TLS != nil {
+				tc = o.TLS.ClientConfig(scriptTB{ts})
+			}
+			box.srv.EnableAuth(auth[0], auth[1], auth[2], tc)
 		}
 	case "stop":
 		if box.srv == nil {

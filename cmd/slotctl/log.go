@@ -5,7 +5,8 @@ import (
 	"io"
 )
 
-// logger prints slotctl's own messages on stderr as "slotctl: ...", minding -q and -v.
+// logger prints slotctl's own messages on stderr as "slotctl: ...", minding
+// -q and -v, one line each with no control character (escapeControls).
 type logger struct {
 	w     io.Writer
 	quiet bool
@@ -17,17 +18,17 @@ func newLogger(f *Factory, g *globalOptions) *logger {
 }
 
 func (l *logger) warn(format string, args ...any) {
-	fmt.Fprintf(l.w, "slotctl: "+format+"\n", args...)
+	fmt.Fprintf(l.w, "slotctl: %s\n", escapeControls(fmt.Sprintf(format, args...)))
 }
 
 func (l *logger) info(format string, args ...any) {
 	if !l.quiet {
-		fmt.Fprintf(l.w, "slotctl: "+format+"\n", args...)
+		fmt.Fprintf(l.w, "slotctl: %s\n", escapeControls(fmt.Sprintf(format, args...)))
 	}
 }
 
 func (l *logger) verbose(format string, args ...any) {
 	if l.loud {
-		fmt.Fprintf(l.w, "slotctl: "+format+"\n", args...)
+		fmt.Fprintf(l.w, "slotctl: %s\n", escapeControls(fmt.Sprintf(format, args...)))
 	}
 }

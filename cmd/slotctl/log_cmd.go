@@ -77,8 +77,9 @@ func writeEventsTable(w io.Writer, events []store.Event) error {
 		if e.Slot >= 0 {
 			slot = fmt.Sprint(e.Slot)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%s\t%s\t%s\n", e.Time.Local().Format(time.DateTime), e.Kind, e.Limit,
-			short(e.Ticket), e.Fence, slot, e.Host, e.Pid, e.User, e.Command, e.Evidence)
+		p := store.Printable
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%s\t%s\t%s\n", e.Time.Local().Format(time.DateTime), p(e.Kind), p(e.Limit),
+			shortID(e.Ticket), e.Fence, slot, p(e.Host), e.Pid, p(e.User), p(e.Command), p(e.Evidence))
 	}
 	return tw.Flush()
 }

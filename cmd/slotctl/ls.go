@@ -112,7 +112,7 @@ func drawLimits(out tableOut, limits []store.Limit) error {
 		if l.Slots == 0 {
 			paused = "yes"
 		}
-		rows = append(rows, []string{l.Name, strconv.Itoa(l.Slots), strconv.Itoa(l.Held), strconv.Itoa(l.Waiting), paused})
+		rows = append(rows, []string{store.Printable(l.Name), strconv.Itoa(l.Slots), strconv.Itoa(l.Held), strconv.Itoa(l.Waiting), paused})
 	}
 	return out.draw(limitHeaders, rows, -1, func(row, col int) string {
 		switch {
@@ -143,9 +143,9 @@ func drawTickets(out tableOut, snap store.Snapshot, wide bool) error {
 		if t.State == store.Waiting {
 			slot = "#" + strconv.Itoa(t.Position) // its place in the queue
 		}
-		rows = append(rows, []string{t.Limit, ticketState(t), slot, short(t.ID), strconv.FormatUint(t.Fence, 10),
-			t.Holder.Host, strconv.Itoa(t.Holder.Pid), t.Holder.User, human(snap.Now.Sub(t.Created)), human(t.Remaining),
-			t.Holder.Command()})
+		rows = append(rows, []string{store.Printable(t.Limit), ticketState(t), slot, shortID(t.ID), strconv.FormatUint(t.Fence, 10),
+			store.Printable(t.Holder.Host), strconv.Itoa(t.Holder.Pid), store.Printable(t.Holder.User),
+			human(snap.Now.Sub(t.Created)), human(t.Remaining), store.Printable(t.Holder.Command())})
 	}
 	headers, fit := ticketHeaders, len(ticketHeaders)-1
 	cols := make([]int, len(ticketHeaders)) // the columns shown: all but on a narrow terminal

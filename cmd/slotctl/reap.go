@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"time"
@@ -84,8 +83,11 @@ func writeReapText(w io.Writer, dryRun bool, removed []store.Removal) {
 	}
 	for _, r := range removed {
 		t := r.Ticket
-		fmt.Fprintf(w, "%s %s (limit %s, %s, %s, pid %d on %s): %s\n", verb, short(t.ID), t.Limit,
-			describeState(t), t.Holder.Command(), t.Holder.Pid, t.Holder.Host, r.Evidence)
+		// One line per ticket, whatever the record holds: the reaper's
+		// stdout is a journal, and no label may write a line into it.
+		fmt.Fprintf(w, "%s %s (limit %s, %s, %s, pid %d on %s): %s\n", verb, shortID(t.ID), store.Printable(t.Limit),
+			describeState(t), store.Printable(t.Holder.Command()), t.Holder.Pid, store.Printable(t.Holder.Host),
+			store.Printable(r.Evidence))
 	}
 }
 
@@ -127,16 +129,6 @@ func writeReapJSON(w io.Writer, dryRun bool, removed []store.Removal) error {
 			Created: rfc3339(t.Created), Reason: string(r.Reason), Evidence: r.Evidence})
 	}
 	return writeJSON(w, out)
-}
-
-func writeJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
-}
-
-func writeJSONLine(w io.Writer, v any) error {
-	return json.NewEncoder(w).Encode(v)
 }
 
 func rfc3339(t time.Time) string {

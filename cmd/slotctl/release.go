@@ -54,7 +54,7 @@ EXIT STATUS
 					return err
 				}
 				if alive, why := provablyAlive(t); alive && !force {
-					return &ExitError{Code: exitUsage, Err: fmt.Errorf("ticket %s (limit %s): %s", short(t.ID), t.Limit, why),
+					return &ExitError{Code: exitUsage, Err: fmt.Errorf("ticket %s (limit %s): %s", shortID(t.ID), store.Printable(t.Limit), why),
 						Hint: "releasing it lets another job in beside it; pass --force to release it anyway"}
 				}
 				tickets = append(tickets, t)
@@ -62,7 +62,8 @@ EXIT STATUS
 			if !yes && f.IO.InTTY && f.IO.ErrTTY {
 				for _, t := range tickets {
 					fmt.Fprintf(f.IO.ErrOut, "slotctl: release ticket %s (limit %s, %s, %s, pid %d on %s)? [y/N] ",
-						short(t.ID), t.Limit, describeState(t), t.Holder.Command(), t.Holder.Pid, t.Holder.Host)
+						shortID(t.ID), store.Printable(t.Limit), describeState(t), store.Printable(t.Holder.Command()),
+						t.Holder.Pid, store.Printable(t.Holder.Host))
 				}
 				line, _ := bufio.NewReader(f.IO.In).ReadString('\n')
 				if a := strings.ToLower(strings.TrimSpace(line)); a != "y" && a != "yes" {
@@ -75,9 +76,9 @@ EXIT STATUS
 					return err
 				}
 				if removed {
-					log.info("released ticket %s (limit %s, %s)", short(t.ID), t.Limit, describeState(t))
+					log.info("released ticket %s (limit %s, %s)", shortID(t.ID), store.Printable(t.Limit), describeState(t))
 				} else {
-					log.info("ticket %s was already gone", short(t.ID))
+					log.info("ticket %s was already gone", shortID(t.ID))
 				}
 			}
 			return nil
@@ -116,7 +117,7 @@ func findTicket(ctx context.Context, st store.Store, prefix string) (store.Ticke
 	}
 	var c []string
 	for _, t := range matches {
-		c = append(c, fmt.Sprintf("%s (limit %s, %s)", t.ID, t.Limit, t.Holder.Command()))
+		c = append(c, fmt.Sprintf("%s (limit %s, %s)", store.Printable(t.ID), store.Printable(t.Limit), store.Printable(t.Holder.Command())))
 	}
 	return store.Ticket{}, usageError("ticket prefix %q matches %d tickets: %s", prefix, len(matches), strings.Join(c, "; "))
 }
@@ -133,5 +134,5 @@ func provablyAlive(t store.Ticket) (bool, string) {
 		}
 		return false, ""
 	}
-	return true, fmt.Sprintf("its holder %s (pid %d) is alive on this host", h.Command(), h.Pid)
+	return true, fmt.Sprintf("its holder %s (pid %d) is alive on this host", store.Printable(h.Command()), h.Pid)
 }

@@ -25,7 +25,7 @@ type globalOptions struct {
 func Main(ctx context.Context, args []string, f *Factory) (code int) {
 	defer func() {
 		if r := recover(); r != nil {
-			fmt.Fprintf(f.IO.ErrOut, "slotctl: internal error (a bug, please report it): %v\n", r)
+			fmt.Fprintf(f.IO.ErrOut, "slotctl: internal error (a bug, please report it): %s\n", escapeControls(fmt.Sprint(r)))
 			code = exitInternal
 		}
 	}()

@@ -127,6 +127,9 @@ func (o *RunOptions) resolve(f *Factory, cmd *cobra.Command, wait string, noWait
 	if err := store.CheckLimitName(o.Limit); err != nil {
 		return usageError("--limit %q: want 1-128 characters of [A-Za-z0-9._:-], starting with a letter or digit", o.Limit)
 	}
+	if err := checkLabel(o.Label); err != nil {
+		return err
+	}
 	if err := store.CheckSlots(o.Slots); err != nil {
 		return usageError("--slots %d: want 0..%d (0 pauses the limit)", o.Slots, store.MaxSlots)
 	}

@@ -111,13 +111,14 @@ func (s *statusLine) text(ctx context.Context, t store.Ticket, width int) string
 	var holders []string
 	for _, x := range snap.Tickets {
 		if x.State == store.Held {
-			holders = append(holders, fmt.Sprintf("%s (pid %d on %s, %s)", x.Holder.Command(), x.Holder.Pid, x.Holder.Host, since(snap.Now, x.Admitted)))
+			holders = append(holders, fmt.Sprintf("%s (pid %d on %s, %s)", store.Printable(x.Holder.Command()), x.Holder.Pid,
+				store.Printable(x.Holder.Host), since(snap.Now, x.Admitted)))
 		}
 	}
 	if len(holders) > 0 {
 		fmt.Fprintf(&b, "; held by %s", strings.Join(holders, ", "))
 	}
-	out := b.String()
+	out := escapeControls(b.String())
 	if width > 1 && len([]rune(out)) > width {
 		out = string([]rune(out)[:width-1]) + "…"
 	}

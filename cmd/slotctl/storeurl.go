@@ -59,14 +59,18 @@ func (f *Factory) openStore(g *globalOptions) (store.Store, error) {
 
 // etcdFlags are the --etcd-* flags, one per etcd.* setting but the
 // password (which only comes from SLOTCTL_ETCD_PASSWORD or a file).
-var etcdFlags = []struct{ name, usage string }{
-	{"dial-timeout", "etcd: how long to wait for the cluster to answer at all, a `DURATION` (default --store-timeout)"},
-	{"request-timeout", "etcd: how long to wait for each request, a `DURATION` (default --store-timeout)"},
-	{"cacert", "etcd: CA bundle (PEM `FILE`) that signed the cluster's certificates; turns TLS on"},
-	{"cert", "etcd: client certificate (PEM `FILE`), with --etcd-key"},
-	{"key", "etcd: client certificate's private key (PEM `FILE`)"},
-	{"username", "etcd: `USER` name (env SLOTCTL_ETCD_USERNAME; password from SLOTCTL_ETCD_PASSWORD)"},
-	{"password-file", "etcd: `FILE` holding the password (instead of SLOTCTL_ETCD_PASSWORD)"},
+var etcdFlags = []struct {
+	name, usage string
+	isBool      bool // --etcd-NAME alone means true
+}{
+	{"dial-timeout", "etcd: how long to wait for the cluster to answer at all, a `DURATION` (default --store-timeout)", false},
+	{"request-timeout", "etcd: how long to wait for each request, a `DURATION` (default --store-timeout)", false},
+	{"cacert", "etcd: CA bundle (PEM `FILE`) that signed the cluster's certificates; turns TLS on", false},
+	{"cert", "etcd: client certificate (PEM `FILE`), with --etcd-key", false},
+	{"key", "etcd: client certificate's private key (PEM `FILE`)", false},
+	{"username", "etcd: `USER` name (env SLOTCTL_ETCD_USERNAME; password from SLOTCTL_ETCD_PASSWORD)", false},
+	{"password-file", "etcd: `FILE` holding the password (instead of SLOTCTL_ETCD_PASSWORD); mode 0600 or 0400, 0640 or 0440 to share it with its group", false},
+	{"insecure-credentials", "etcd: send the username and password without TLS, in clear text (refused otherwise)", true},
 }
 
 // addEtcdFlags registers the --etcd-* flags on a command's flag set (the
@@ -74,7 +78,11 @@ var etcdFlags = []struct{ name, usage string }{
 // config file and environment.
 func addEtcdFlags(fs *pflag.FlagSet) {
 	for _, fl := range etcdFlags {
-		fs.String("etcd-"+fl.name, "", fl.usage)
+		if fl.isBool {
+			fs.Bool("etcd-"+fl.name, false, fl.usage)
+		} else {
+			fs.String("etcd-"+fl.name, "", fl.usage)
+		}
 	}
 }
 

@@ -48,6 +48,11 @@ const (
 // draw writes one table. fit, if >= 0, is the column shrunk (with an
 // ellipsis) so that the table fits the terminal's width.
 func (t tableOut) draw(headers []string, rows [][]string, fit int, style cellStyle) error {
+	for _, r := range rows { // the callers escaped stored text already; this is the net
+		for i, c := range r {
+			r[i] = escapeControls(c)
+		}
+	}
 	if fit >= 0 && t.width > 0 {
 		fitColumn(headers, rows, fit, t.width-2*len(headers))
 		// The other columns alone may be wider than the terminal: cut the lines.

@@ -107,6 +107,8 @@ type Store struct {
 
 	connected  atomic.Bool // a request has been answered: later ones use RequestTimeout
 	dialFailed atomic.Bool // no answer within the dial timeout: fail at once until one comes
+	probeOnce  sync.Once   // after a dial timeout: what TLS says (tlsprobe.go)
+	probe      string
 	leases     *leaseClock
 
 	mu       sync.Mutex
@@ -292,6 +294,9 @@ func (s *Store) unavailable(err error, dial bool) error {
 		}
 		if timeout {
 			msg = fmt.Sprintf("%s did not answer within %s (the dial timeout)", what, s.o.DialTimeout)
+			if cause := s.probeTLS(); cause != "" { // grpc says only "timeout" of a failed handshake
+				msg = fmt.Sprintf("%s: %s", what, cause)
+			}
 		} else {
 			msg = fmt.Sprintf("%s cannot be reached: %v", what, errorDesc(err))
 		}
