@@ -295,7 +295,7 @@ var manExtra = map[string]string{
 
 # FILES
 */var/lib/slotctl/slots.db*
-: the shared store, used when */var/lib/slotctl* exists (the packages create it: group slotctl, mode 2770; users who share limits join the group)
+: the shared store, used when */var/lib/slotctl* exists (the packages create it: group slotctl, mode 3770: setgid and sticky, the store's files pre-created by root; users who share limits join the group)
 
 *$XDG\_STATE\_HOME/slotctl/slots.db* (default *~/.local/state/slotctl/slots.db*)
 : the per-user store, used otherwise

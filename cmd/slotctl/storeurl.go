@@ -13,7 +13,7 @@ import (
 )
 
 // sharedStoreDir is the system-wide store directory: when it exists (the
-// package creates it, group slotctl, mode 2770), every user's jobs share it.
+// package creates it, group slotctl, mode 3770), every user's jobs share it.
 const sharedStoreDir = "/var/lib/slotctl"
 
 // defaultStorePath is SPEC §5's default: the shared directory if present,

@@ -91,7 +91,7 @@ func New(t testing.TB) *Env {
 }
 
 // SharedDir makes a directory owned by root and the group with mode (e.g.
-// 0o2770 as today's packages, 0o3770 with the sticky bit).
+// 0o2770 as the packages made it before, 0o3770 as they make it now, with the sticky bit).
 func (e *Env) SharedDir(name string, mode fs.FileMode) string {
 	e.t.Helper()
 	dir := filepath.Join(e.Base, name)
