@@ -47,6 +47,7 @@ func PidNS() uint64 {
 // stat is what slotctl reads of /proc/PID/stat.
 type stat struct {
 	State byte   // field 3: R, S, D, Z (zombie), X (dead), ...
+	Ppid  int    // field 4
 	Pgrp  int    // field 5
 	Start uint64 // field 22, clock ticks after boot
 }
@@ -81,9 +82,13 @@ func parseStat(b []byte) (stat, error) {
 		return stat{}, fmt.Errorf("malformed stat line")
 	}
 	f := strings.Fields(string(b[i+1:]))
-	// f[0] is field 3 (state); field 5 is f[2]; field 22 is f[19].
+	// f[0] is field 3 (state); field 4 is f[1], 5 is f[2]; field 22 is f[19].
 	if len(f) < 20 || len(f[0]) != 1 {
 		return stat{}, fmt.Errorf("malformed stat line: %d fields", len(f)+2)
+	}
+	ppid, err := strconv.Atoi(f[1])
+	if err != nil {
+		return stat{}, fmt.Errorf("malformed stat line: ppid %q", f[1])
 	}
 	pgrp, err := strconv.Atoi(f[2])
 	if err != nil {
@@ -93,7 +98,7 @@ func parseStat(b []byte) (stat, error) {
 	if err != nil {
 		return stat{}, fmt.Errorf("malformed stat line: start time %q", f[19])
 	}
-	return stat{State: f[0][0], Pgrp: pgrp, Start: start}, nil
+	return stat{State: f[0][0], Ppid: ppid, Pgrp: pgrp, Start: start}, nil
 }
 
 // Liveness is what a probe can say of one process identity.
@@ -224,37 +229,4 @@ func exited(pid int, st stat) bool {
 		}
 	}
 	return true
-}
-
-// jobGroup reports whether every running member of process group pgid
-// carries SLOTCTL_TICKET=ticket in its environment: the job of that ticket
-// and nothing else. A group id is handed out again once its group empties,
-// and on a terminal the job shares the shell's group; a member that cannot
-// be read, or does not carry the ticket, is not the reaper's to kill.
-func jobGroup(pgid int, ticket string) bool {
-	if pgid <= 0 || ticket == "" {
-		return false
-	}
-	want := []byte("\x00SLOTCTL_TICKET=" + ticket + "\x00")
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return false
-	}
-	n := 0
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		st, err := readStat(pid)
-		if err != nil || st.Pgrp != pgid || exited(pid, st) {
-			continue
-		}
-		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
-		if err != nil || !bytes.Contains(append([]byte{0}, env...), want) {
-			return false
-		}
-		n++
-	}
-	return n > 0
 }
