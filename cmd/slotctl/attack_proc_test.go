@@ -1,0 +1,198 @@
+//go:build linux
+
+package main
+
+// Attack tests of SPEC §4.5 for the job a reaper may kill (issue 12 item 6):
+// real slotctl processes run as throwaway members of a shared store's group
+// (internal/attacktest), the attacker's part done by a process of the
+// attacker's own uid.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
+
+	"github.com/slotctl/slotctl/internal/attacktest"
+	"github.com/slotctl/slotctl/internal/proc"
+	"github.com/slotctl/slotctl/internal/proc/proctest"
+	"github.com/slotctl/slotctl/store"
+	"github.com/slotctl/slotctl/store/boltstore"
+)
+
+const forgeVar = "SLOTCTLTEST_FORGE"
+
+// TestAttackHelperForge is not a test: run as the attacker by
+// TestAttackForgedHolderPid, it rewrites ticket ID's holder pid and start
+// time in the bbolt file PATH (SLOTCTLTEST_FORGE="PATH ID PID START"), as any
+// member of the store's group can: the file is group-writable.
+func TestAttackHelperForge(t *testing.T) {
+	spec := os.Getenv(forgeVar)
+	if spec == "" {
+		t.Skip("helper for TestAttackForgedHolderPid")
+	}
+	f := strings.Fields(spec)
+	if len(f) != 4 {
+		t.Fatalf("%s=%q", forgeVar, spec)
+	}
+	path, id := f[0], f[1]
+	pid, _ := strconv.Atoi(f[2])
+	start, _ := strconv.ParseUint(f[3], 10, 64)
+	lock, err := os.OpenFile(path+".lock", os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	db, err := bolt.Open(path, 0, &bolt.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	forged := 0
+	err = db.Update(func(tx *bolt.Tx) error {
+		q := tx.Bucket([]byte("queue"))
+		if q == nil {
+			return errors.New("no queue bucket")
+		}
+		return q.ForEachBucket(func(limit []byte) error {
+			b := q.Bucket(limit)
+			return b.ForEach(func(k, v []byte) error {
+				var rec map[string]any
+				if err := json.Unmarshal(v, &rec); err != nil || rec["id"] != id {
+					return err
+				}
+				h := rec["holder"].(map[string]any)
+				h["pid"], h["pid_start"] = pid, start
+				nv, err := json.Marshal(rec)
+				if err != nil {
+					return err
+				}
+				forged++
+				return b.Put(k, nv)
+			})
+		})
+	})
+	if err != nil || forged != 1 {
+		t.Fatalf("forge ticket %s: %d records, %v", id, forged, err)
+	}
+	fmt.Println("FORGED")
+}
+
+// A member (Alice) edits the ticket of a job that another member (Bob), or
+// root, runs under slotctl, so that its supervisor pid names a pid not in
+// use. Root's reap must not call the running job orphaned, nor signal it.
+func TestAttackForgedHolderPid(t *testing.T) {
+	e := attacktest.New(t)
+	self, err := exec.LookPath("slotctl")
+	if err != nil {
+		t.Fatalf("slotctl not on PATH (TestMain puts it there): %v", err)
+	}
+	bin := e.Install(self, "slotctl")
+	helper := e.Install(self, "slotctl.test") // another name: TestMain runs the tests
+	for _, victim := range []attacktest.User{e.Bob, e.Root} {
+		t.Run(victim.Name, func(t *testing.T) {
+			dir := e.SharedDir("shared-"+victim.Name, attacktest.Mode(0o2770))
+			path := filepath.Join(dir, "slots.db")
+			env := []string{"SLOTCTL_STORE=" + path}
+			out := filepath.Join(victim.Home, "ticket")
+			sig := filepath.Join(victim.Home, "signalled")
+			run := victim.Command(dir, env, bin, "run", "--limit", "build", "--", "sh", "-c",
+				`trap 'echo signalled >> "$HOME/signalled"' TERM INT HUP USR1 USR2; echo "$SLOTCTL_TICKET" > "$HOME/ticket.tmp"; mv "$HOME/ticket.tmp" "$HOME/ticket"; sleep 60 & wait`)
+			run.SysProcAttr.Setpgid = true // off a terminal, as cron runs it
+			if err := run.Start(); err != nil {
+				t.Fatal(err)
+			}
+			exited := make(chan error, 1)
+			go func() { exited <- run.Wait() }()
+			defer func() {
+				_ = syscall.Kill(run.Process.Pid, syscall.SIGTERM)
+				select {
+				case <-exited:
+				case <-time.After(15 * time.Second):
+					_ = syscall.Kill(-run.Process.Pid, syscall.SIGKILL)
+					<-exited
+				}
+			}()
+			id := attackWaitTicket(t, out)
+			st, err := boltstore.New(path, boltstore.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var tk store.Ticket
+			for deadline := time.Now().Add(10 * time.Second); tk.Holder.Pgid == 0; time.Sleep(20 * time.Millisecond) {
+				if tk, err = st.Get(context.Background(), id); err != nil || time.Now().After(deadline) {
+					t.Fatalf("ticket %s: %+v, %v; want its child's group recorded", id, tk, err)
+				}
+			}
+			pgid := tk.Holder.Pgid
+			members := proctest.Members(pgid)
+			if len(members) != 2 {
+				t.Fatalf("victim's job group %d: members %v, want sh and sleep", pgid, members)
+			}
+
+			// Alice, a member, forges the holder: a pid that is not in use.
+			gone, goneStart := proctest.GonePid(t)
+			forge := e.Alice.Command(dir, []string{fmt.Sprintf("%s=%s %s %d %d", forgeVar, path, id, gone, goneStart)},
+				helper, "-test.run=^TestAttackHelperForge$", "-test.count=1")
+			if r := attacktest.Run(t, forge, 30*time.Second); r.Code != 0 || !strings.Contains(r.Stdout, "FORGED") {
+				t.Fatalf("Alice's forgery failed: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
+			}
+			if tk, err = st.Get(context.Background(), id); err != nil || tk.Holder.Pid != gone {
+				t.Fatalf("forged ticket: %+v, %v", tk.Holder, err)
+			}
+
+			// Root's reap, as the packaged timer ran it.
+			r := attacktest.Run(t, e.Root.Command(dir, env, bin, "reap"), 30*time.Second)
+			t.Logf("reap: exit %d: %s%s", r.Code, r.Stdout, r.Stderr)
+			if strings.Contains(r.Stdout+r.Stderr, "reaped") || strings.Contains(r.Stdout+r.Stderr, "killed") {
+				t.Errorf("root's reap acted on the forged ticket: %s%s", r.Stdout, r.Stderr)
+			}
+			time.Sleep(50 * time.Millisecond)
+			if got := proctest.Members(pgid); len(got) != len(members) {
+				t.Errorf("the victim's running job was signalled: group %d members %v, were %v", pgid, got, members)
+			}
+			select {
+			case err := <-exited:
+				exited <- err
+				t.Errorf("the victim's slotctl run ended: %v", err)
+			default:
+			}
+			if _, err := os.Stat(sig); err == nil {
+				t.Errorf("a signal reached the victim's job")
+			}
+			if got, err := st.Get(context.Background(), id); err != nil || got.State != store.Held {
+				t.Errorf("victim's ticket after reap: %+v, %v; want still held", got, err)
+			}
+			if proc.Identify(run.Process.Pid, 0) != proc.Alive {
+				t.Errorf("the victim's supervisor is gone")
+			}
+		})
+	}
+}
+
+// attackWaitTicket waits for the job to write its ticket id to path.
+func attackWaitTicket(t *testing.T, path string) string {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if b, err := os.ReadFile(path); err == nil && len(strings.TrimSpace(string(b))) == 32 {
+			return strings.TrimSpace(string(b))
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the victim's job did not write %s", path)
+		}
+	}
+}
