@@ -196,3 +196,101 @@ func attackWaitTicket(t *testing.T, path string) string {
 		}
 	}
 }
+
+// The packaged reaper, an unprivileged member of the group with only
+// CAP_KILL, CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH, reaps another member's
+// orphaned job: Bob's slotctl is SIGKILLed, its child dies with it
+// (parent-death signal), the grandchild runs on in the job's group.
+// `slotctl reap` as that reaper kills it and frees the slot; without the
+// capabilities it cannot, and leaves the ticket to its TTL.
+func TestAttackCapReaperKillsOrphan(t *testing.T) {
+	e := attacktest.New(t)
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Skip("needs util-linux setpriv")
+	}
+	self, err := exec.LookPath("slotctl")
+	if err != nil {
+		t.Fatalf("slotctl not on PATH (TestMain puts it there): %v", err)
+	}
+	bin := e.Install(self, "slotctl")
+	if err := proctest.Subreaper(); err != nil {
+		t.Logf("PR_SET_CHILD_SUBREAPER: %v", err)
+	}
+	dir := e.SharedDir("shared", attacktest.Mode(0o2770))
+	path := filepath.Join(dir, "slots.db")
+	env := []string{"SLOTCTL_STORE=" + path}
+	run := e.Bob.Command(dir, env, bin, "run", "--limit", "build", "--ttl", "1h", "--", "sh", "-c",
+		`sleep 60 & echo "$SLOTCTL_TICKET" > "$HOME/ticket.tmp"; mv "$HOME/ticket.tmp" "$HOME/ticket"; wait`)
+	run.SysProcAttr.Setpgid = true
+	if err := run.Start(); err != nil {
+		t.Fatal(err)
+	}
+	id := attackWaitTicket(t, filepath.Join(e.Bob.Home, "ticket"))
+	st, err := boltstore.New(path, boltstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tk store.Ticket
+	for deadline := time.Now().Add(10 * time.Second); tk.Holder.Pgid == 0; time.Sleep(20 * time.Millisecond) {
+		if tk, err = st.Get(context.Background(), id); err != nil || time.Now().After(deadline) {
+			t.Fatalf("ticket %s: %+v, %v; want its child's group recorded", id, tk, err)
+		}
+	}
+	pgid := tk.Holder.Pgid
+	t.Cleanup(func() {
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		for _, m := range proctest.Members(pgid) {
+			proctest.ReapOrphan(m)
+		}
+	})
+	_ = run.Process.Kill() // the supervisor dies; its child with it
+	_ = run.Wait()
+	var orphans []int
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if orphans = proctest.Members(pgid); len(orphans) == 1 && orphans[0] != pgid {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("job group %d after its supervisor's death: %v, want the orphaned sleep alone", pgid, orphans)
+		}
+	}
+	reap := func(caps string) attacktest.Result {
+		args := []string{"--reuid=" + fmt.Sprint(e.Reaper.Uid), "--regid=" + fmt.Sprint(e.Reaper.Gid), "--groups=" + fmt.Sprint(e.Group)}
+		if caps == "" {
+			args = append(args, "--inh-caps=-all", "--bounding-set=-all")
+		} else {
+			args = append(args, "--inh-caps=-all,"+caps, "--ambient-caps="+caps, "--bounding-set=-all,"+caps)
+		}
+		cmd := exec.Command(setpriv, append(args, "--", bin, "reap")...)
+		cmd.Dir = e.Reaper.Home
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + e.Reaper.Home, "SLOTCTL_STORE=" + path}
+		r := attacktest.Run(t, cmd, 30*time.Second)
+		t.Logf("reap (caps %q): exit %d: %s%s", caps, r.Code, r.Stdout, r.Stderr)
+		return r
+	}
+	// Without the capabilities: not provable, nothing killed, nothing freed.
+	if r := reap(""); r.Code != 0 || strings.Contains(r.Stdout+r.Stderr, "reaped") {
+		t.Errorf("reaper without capabilities: exit %d, %s%s; want nothing reaped", r.Code, r.Stdout, r.Stderr)
+	}
+	if got := proctest.Members(pgid); len(got) != 1 {
+		t.Fatalf("reaper without capabilities touched the job: members %v, were %v", got, orphans)
+	}
+	if got, err := st.Get(context.Background(), id); err != nil || got.State != store.Held {
+		t.Errorf("ticket after a reap without capabilities: %s, %v; want held (the TTL decides)", got.State, err)
+	}
+	// With the packaged capabilities: killed and freed.
+	r := reap("+kill,+sys_ptrace,+dac_read_search")
+	if want := fmt.Sprintf("orphaned process group %d killed", pgid); r.Code != 0 || !strings.Contains(r.Stdout, "reaped "+id[:8]) || !strings.Contains(r.Stdout, want) {
+		t.Errorf("packaged reaper: exit %d, %s%s; want %s reaped: %q", r.Code, r.Stdout, r.Stderr, id[:8], want)
+	}
+	for _, m := range orphans {
+		proctest.ReapOrphan(m)
+	}
+	if got := proctest.Members(pgid); len(got) != 0 {
+		t.Errorf("orphaned job after the packaged reaper: members %v", got)
+	}
+	if _, err := st.Get(context.Background(), id); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("ticket after the packaged reaper: %v, want reaped", err)
+	}
+}
