@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/slotctl/slotctl/internal/proc/proctest"
 	"github.com/slotctl/slotctl/store"
 )
@@ -148,5 +150,24 @@ func TestIsAncestor(t *testing.T) {
 	k := spawn(t, false, "sleep", "30") // a child, not an ancestor
 	if IsAncestor(k.Pid, k.Start) {
 		t.Errorf("IsAncestor(child) = true")
+	}
+}
+
+// Without pidfds (an old kernel, a seccomp filter), the kill checks the
+// process again and signals its pid: still only the job's processes.
+func TestKillWithoutPidfd(t *testing.T) {
+	t.Cleanup(func() { pidfdOpen = unix.PidfdOpen })
+	for _, errno := range []error{unix.ENOSYS, unix.EPERM} {
+		pidfdOpen = func(int, int) (int, error) { return -1, errno }
+		gone, goneStart := gonePid(t)
+		m := Marker{Pid: gone, Start: goneStart, PidNS: PidNS()}
+		job := proctest.JobOf(t, ticketID, proctest.SupervisorVar(gone, goneStart))
+		if err := (jobProc{pid: job.Pid, start: job.Start + 1}).kill(ticketID, m); err != nil || Identify(job.Pid, job.Start) != Alive {
+			t.Errorf("%v: kill(another start) = %v, leader %v", errno, err, Identify(job.Pid, job.Start))
+		}
+		ev, dead := Dead(ticket(store.Held, gone, goneStart, job.Pid, job.Start), true)
+		if !dead || !strings.Contains(ev, "killed") || !GroupEmpty(job.Pid) {
+			t.Errorf("%v: Dead(orphan) = %q, %v; members %v", errno, ev, dead, groupMembers(job.Pid))
+		}
 	}
 }

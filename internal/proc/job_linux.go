@@ -129,21 +129,27 @@ func (p jobProc) carries(id string, m Marker) bool {
 	return ticket == id && err == nil && got == m
 }
 
+// pidfdOpen is unix.PidfdOpen; tests take it away, as an old kernel does.
+var pidfdOpen = unix.PidfdOpen
+
 // errNotOurs: the kernel refused to let this process signal the job.
 var errNotOurs = errors.New("not permitted to signal the job")
 
 // kill sends SIGKILL to p through a pidfd: the pidfd is opened first, then
 // p is checked again (start time, ticket, marker), and the signal goes to
 // the process the pidfd names, never to whatever has the pid by then. On a
-// kernel without pidfds (before 5.3) it checks p and then kill(2)s the pid:
+// kernel without pidfds (before 5.3, or a seccomp filter that refuses
+// pidfd_open) it checks p and then kill(2)s the pid:
 // a process that exits between the check and the kill, and whose pid is
 // handed out again within that instant, would be hit (README, Security).
 func (p jobProc) kill(id string, m Marker) error {
-	fd, err := unix.PidfdOpen(p.pid, 0)
+	fd, err := pidfdOpen(p.pid, 0)
 	switch {
 	case errors.Is(err, unix.ESRCH):
 		return nil // gone already
-	case errors.Is(err, unix.ENOSYS):
+	case errors.Is(err, unix.ENOSYS), errors.Is(err, unix.EPERM):
+		// No pidfd_open: an old kernel, or a seccomp filter that refuses
+		// it (pidfd_open itself checks no permission).
 		if !p.carries(id, m) {
 			return nil
 		}
