@@ -354,7 +354,7 @@ func nestedTicket(ctx context.Context, f *Factory, log *logger, st store.Store, 
 	m, merr := proc.ParseMarker(f.Getenv(proc.SupervisorVar))
 	switch {
 	case merr != nil:
-		log.verbose("%s=%s names a held ticket, but %s %v: waiting for a slot like any run", proc.TicketVar, short(id), proc.SupervisorVar, merr)
+		log.verbose("%s names held ticket %s, but %s is missing or malformed (%v): waiting for a slot like any run", proc.TicketVar, short(id), proc.SupervisorVar, merr)
 	case h.BootID != proc.BootID() || h.PidNS == 0 || h.PidNS != proc.PidNS() || m.PidNS != h.PidNS:
 		log.verbose("ticket %s is held on another boot, host or pid namespace: not an ancestor's; waiting for a slot like any run", short(id))
 	case m.Pid != h.Pid || m.Start != h.PidStart:
