@@ -340,7 +340,8 @@ func sync1(f func()) func() {
 // environment only names the ticket — any process can set SLOTCTL_TICKET —
 // so the ticket must be held on this boot and in this pid namespace by a
 // supervisor that is on this process's parent chain (pid and start time),
-// the one SLOTCTL_SUPERVISOR names. Anything else is gated normally.
+// the one SLOTCTL_SUPERVISOR names. Anything else is gated normally. (Only
+// on Linux: elsewhere the parent chain is not read and the environment decides.)
 func nestedTicket(ctx context.Context, f *Factory, log *logger, st store.Store, limit string) (store.Ticket, bool) {
 	id := f.Getenv(proc.TicketVar)
 	if id == "" || f.Getenv("SLOTCTL_LIMIT") != limit || f.Getenv(storeVar) != st.String() {
@@ -349,6 +350,9 @@ func nestedTicket(ctx context.Context, f *Factory, log *logger, st store.Store, 
 	t, err := st.Get(ctx, id)
 	if err != nil || t.State != store.Held || t.Limit != limit {
 		return store.Ticket{}, false
+	}
+	if !proc.AncestryKnown() {
+		return t, true // elsewhere than Linux the environment alone decides (README)
 	}
 	h := t.Holder
 	m, merr := proc.ParseMarker(f.Getenv(proc.SupervisorVar))

@@ -197,6 +197,9 @@ func killJob(id string, pgid int, j job, wait time.Duration) bool {
 	}
 }
 
+// AncestryKnown: IsAncestor can tell, here.
+func AncestryKnown() bool { return true }
+
 // IsAncestor reports whether process (pid, start) is on this process's
 // parent chain, in this pid namespace: a parent, a grandparent, ... It walks
 // /proc/PID/stat upwards, at most 4096 steps.

@@ -52,3 +52,6 @@ func killJob(id string, pgid int, j job, wait time.Duration) bool { return false
 
 // IsAncestor cannot be told here.
 func IsAncestor(pid int, start uint64) bool { return false }
+
+// AncestryKnown: IsAncestor is not implemented here.
+func AncestryKnown() bool { return false }
