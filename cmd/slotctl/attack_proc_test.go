@@ -214,6 +214,7 @@ func TestAttackCapReaperKillsOrphan(t *testing.T) {
 		t.Fatalf("slotctl not on PATH (TestMain puts it there): %v", err)
 	}
 	bin := e.Install(self, "slotctl")
+	helper := e.Install(self, "slotctl.test")
 	// Not a subreaper: this test binary also runs scripts whose orphans
 	// must go to init, which reaps them. Killed orphans are init's to reap.
 	dir := e.SharedDir("shared", attacktest.Mode(0o2770))
@@ -243,17 +244,6 @@ func TestAttackCapReaperKillsOrphan(t *testing.T) {
 			proctest.ReapOrphan(m)
 		}
 	})
-	_ = run.Process.Kill() // the supervisor dies; its child with it
-	_ = run.Wait()
-	var orphans []int
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if orphans = proctest.Members(pgid); len(orphans) == 1 && orphans[0] != pgid {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("job group %d after its supervisor's death: %v, want the orphaned sleep alone", pgid, orphans)
-		}
-	}
 	reap := func(caps string) attacktest.Result {
 		args := []string{"--reuid=" + fmt.Sprint(e.Reaper.Uid), "--regid=" + fmt.Sprint(e.Reaper.Gid), "--groups=" + fmt.Sprint(e.Group)}
 		if caps == "" {
@@ -268,6 +258,33 @@ func TestAttackCapReaperKillsOrphan(t *testing.T) {
 		t.Logf("reap (caps %q): exit %d: %s%s", caps, r.Code, r.Stdout, r.Stderr)
 		return r
 	}
+	const packaged = "+kill,+sys_ptrace,+dac_read_search"
+	// While Bob's slotctl lives, Alice forges its ticket's supervisor pid:
+	// the packaged reaper can read and kill Bob's processes, and must not.
+	members := proctest.Members(pgid)
+	gone, goneStart := proctest.GonePid(t)
+	forge := e.Alice.Command(dir, []string{fmt.Sprintf("%s=%s %s %d %d", forgeVar, path, id, gone, goneStart)},
+		helper, "-test.run=^TestAttackHelperForge$", "-test.count=1")
+	if r := attacktest.Run(t, forge, 30*time.Second); r.Code != 0 || !strings.Contains(r.Stdout, "FORGED") {
+		t.Fatalf("Alice's forgery failed: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
+	}
+	if r := reap(packaged); r.Code != 0 || strings.Contains(r.Stdout+r.Stderr, "reaped") {
+		t.Errorf("packaged reaper on a forged ticket: exit %d, %s%s; want nothing reaped", r.Code, r.Stdout, r.Stderr)
+	}
+	if got := proctest.Members(pgid); len(got) != len(members) {
+		t.Fatalf("the packaged reaper signalled Bob's running job on a forged ticket: members %v, were %v", got, members)
+	}
+	_ = run.Process.Kill() // the supervisor dies; its child with it
+	_ = run.Wait()
+	var orphans []int
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if orphans = proctest.Members(pgid); len(orphans) == 1 && orphans[0] != pgid {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("job group %d after its supervisor's death: %v, want the orphaned sleep alone", pgid, orphans)
+		}
+	}
 	// Without the capabilities: not provable, nothing killed, nothing freed.
 	if r := reap(""); r.Code != 0 || strings.Contains(r.Stdout+r.Stderr, "reaped") {
 		t.Errorf("reaper without capabilities: exit %d, %s%s; want nothing reaped", r.Code, r.Stdout, r.Stderr)
@@ -279,7 +296,7 @@ func TestAttackCapReaperKillsOrphan(t *testing.T) {
 		t.Errorf("ticket after a reap without capabilities: %s, %v; want held (the TTL decides)", got.State, err)
 	}
 	// With the packaged capabilities: killed and freed.
-	r := reap("+kill,+sys_ptrace,+dac_read_search")
+	r := reap(packaged)
 	if want := fmt.Sprintf("orphaned process group %d killed", pgid); r.Code != 0 || !strings.Contains(r.Stdout, "reaped "+id[:8]) || !strings.Contains(r.Stdout, want) {
 		t.Errorf("packaged reaper: exit %d, %s%s; want %s reaped: %q", r.Code, r.Stdout, r.Stderr, id[:8], want)
 	}
