@@ -78,7 +78,8 @@ func Dead(t store.Ticket, act bool) (string, bool) {
 		default:
 			// Held, but the child's group was never recorded: the supervisor
 			// died between admission and recording it. Its child (if any) got
-			// the parent-death signal, but that is not proof: the TTL decides.
+			// the parent-death signal, and no process we can read carries the
+			// ticket, but one we cannot read might: the TTL decides.
 			return "", false
 		}
 	}
