@@ -171,3 +171,19 @@ func TestKillWithoutPidfd(t *testing.T) {
 		}
 	}
 }
+
+func TestParseStatFields(t *testing.T) {
+	line := []byte("4242 (evil ) name) S 17 4242 4242 0 -1 4194564 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 100")
+	st, err := parseStat(line)
+	if err != nil || st.Ppid != 17 || st.Pgrp != 4242 || st.Flags != 4194564 || st.Start != 987654 || st.State != 'S' {
+		t.Fatalf("parseStat = %+v, %v", st, err)
+	}
+	// PF_EXITING (0x4) is set: the process is in exit(2), as good as a zombie.
+	if !st.gone() {
+		t.Errorf("a task with PF_EXITING is not gone")
+	}
+	st.Flags &^= pfExiting
+	if st.gone() {
+		t.Errorf("a sleeping task is gone")
+	}
+}

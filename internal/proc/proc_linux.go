@@ -49,6 +49,7 @@ type stat struct {
 	State byte   // field 3: R, S, D, Z (zombie), X (dead), ...
 	Ppid  int    // field 4
 	Pgrp  int    // field 5
+	Flags uint64 // field 9: the kernel's flags (PF_EXITING: in exit, past running code)
 	Start uint64 // field 22, clock ticks after boot
 }
 
@@ -94,11 +95,15 @@ func parseStat(b []byte) (stat, error) {
 	if err != nil {
 		return stat{}, fmt.Errorf("malformed stat line: pgrp %q", f[2])
 	}
+	flags, err := strconv.ParseUint(f[6], 10, 64)
+	if err != nil {
+		return stat{}, fmt.Errorf("malformed stat line: flags %q", f[6])
+	}
 	start, err := strconv.ParseUint(f[19], 10, 64)
 	if err != nil {
 		return stat{}, fmt.Errorf("malformed stat line: start time %q", f[19])
 	}
-	return stat{State: f[0][0], Ppid: ppid, Pgrp: pgrp, Start: start}, nil
+	return stat{State: f[0][0], Ppid: ppid, Pgrp: pgrp, Flags: flags, Start: start}, nil
 }
 
 // Liveness is what a probe can say of one process identity.
@@ -205,10 +210,20 @@ func KillGroup(pgid int, wait time.Duration) bool {
 	}
 }
 
-// exited: a zombie ('Z'/'X') with no live thread. A leader that called
-// pthread_exit shows 'Z' while its other threads run.
+// pfExiting is PF_EXITING in /proc/PID/stat's flags: the task is in
+// exit(2), past the last of its own code; its memory (and so its
+// environment) may be gone already.
+const pfExiting = 0x4
+
+// gone: a zombie ('Z'/'X'), or a task that is exiting.
+func (st stat) gone() bool { return st.State == 'Z' || st.State == 'X' || st.Flags&pfExiting != 0 }
+
+// exited: a zombie or an exiting process, with no live thread. A leader that
+// called pthread_exit shows 'Z' while its other threads run. A process being
+// killed is exiting a moment before it is a zombie, and reads then as one
+// without an environment: it is gone, not a stranger.
 func exited(pid int, st stat) bool {
-	if st.State != 'Z' && st.State != 'X' {
+	if !st.gone() {
 		return false
 	}
 	dir := "/proc/" + strconv.Itoa(pid) + "/task/"
@@ -224,7 +239,7 @@ func exited(pid int, st stat) bool {
 		if err != nil {
 			continue
 		}
-		if ts, err := parseStat(b); err != nil || (ts.State != 'Z' && ts.State != 'X') {
+		if ts, err := parseStat(b); err != nil || !ts.gone() {
 			return false
 		}
 	}
