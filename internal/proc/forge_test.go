@@ -167,7 +167,8 @@ func TestKillWithoutPidfd(t *testing.T) {
 		}
 		ev, dead := Dead(ticket(store.Held, gone, goneStart, job.Pid, job.Start), true)
 		if !dead || !strings.Contains(ev, "killed") || !GroupEmpty(job.Pid) {
-			t.Errorf("%v: Dead(orphan) = %q, %v; members %v", errno, ev, dead, groupMembers(job.Pid))
+			j, err := findJob(ticketID, job.Pid)
+			t.Errorf("%v: Dead(orphan) = %q, %v; members %v; findJob = %+v, %v", errno, ev, dead, groupMembers(job.Pid), j, err)
 		}
 	}
 }

@@ -57,20 +57,20 @@ func findJob(id string, pgid int) (job, error) {
 			continue
 		}
 		st, err := readStat(pid)
-		if err != nil || exited(pid, st) {
+		if err != nil || dying(pid, st) {
 			continue
 		}
 		inGroup := pgid > 0 && st.Pgrp == pgid
 		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
 		if err != nil {
-			if inGroup {
+			if inGroup && !goneSince(pid, st) {
 				return j, errNotTheJob{fmt.Sprintf("member %d of process group %d cannot be read: %v", pid, pgid, unwrap(err))}
 			}
 			continue
 		}
 		ticket, ok := getenv(env, TicketVar)
 		if !ok || ticket != id {
-			if inGroup {
+			if inGroup && !goneSince(pid, st) {
 				return j, errNotTheJob{fmt.Sprintf("member %d of process group %d is not the job of ticket %s", pid, pgid, id)}
 			}
 			continue
@@ -90,6 +90,14 @@ func findJob(id string, pgid int) (job, error) {
 		j.procs = append(j.procs, jobProc{pid: pid, start: st.Start, pgrp: st.Pgrp})
 	}
 	return j, nil
+}
+
+// goneSince reports whether process pid, seen running as st, has exited
+// since (or is exiting): a process that dies while it is read shows no
+// environment, or none that can be read, and is not a stranger for that.
+func goneSince(pid int, st stat) bool {
+	now, err := readStat(pid)
+	return err != nil || now.Start != st.Start || dying(pid, now)
 }
 
 func unwrap(err error) error {
@@ -116,7 +124,7 @@ func getenv(env []byte, name string) (string, bool) {
 // time, running) and still carries the job's ticket and marker.
 func (p jobProc) carries(id string, m Marker) bool {
 	st, err := readStat(p.pid)
-	if err != nil || st.Start != p.start || exited(p.pid, st) {
+	if err != nil || st.Start != p.start || dying(p.pid, st) {
 		return false
 	}
 	env, err := os.ReadFile("/proc/" + strconv.Itoa(p.pid) + "/environ")
@@ -177,24 +185,41 @@ func (p jobProc) kill(id string, m Marker) error {
 // too) or wait runs out. It reports false when the kernel refused a signal,
 // when something not provably the job's joined its group, or in time.
 func killJob(id string, pgid int, j job, wait time.Duration) bool {
-	for deadline := time.Now().Add(wait); ; time.Sleep(5 * time.Millisecond) {
+	deadline := time.Now().Add(wait)
+	var killed []jobProc
+	for ; ; time.Sleep(5 * time.Millisecond) {
 		for _, p := range j.procs {
 			if err := p.kill(id, j.marker); err != nil {
 				return false
 			}
 		}
+		killed = append(killed, j.procs...)
 		next, err := findJob(id, pgid)
 		if err != nil || (len(next.procs) > 0 && next.marker != j.marker) {
 			return false
 		}
 		if len(next.procs) == 0 {
-			return true
+			break
 		}
 		if time.Now().After(deadline) {
 			return false
 		}
 		j = next
 	}
+	// Every process is past its own code; wait for each to be done exiting.
+	for _, p := range killed {
+		for {
+			st, err := readStat(p.pid)
+			if err != nil || st.Start != p.start || exited(p.pid, st) {
+				break
+			}
+			if time.Now().After(deadline) {
+				return false
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	return true
 }
 
 // AncestryKnown: IsAncestor can tell, here.

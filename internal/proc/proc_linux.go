@@ -215,15 +215,25 @@ func KillGroup(pgid int, wait time.Duration) bool {
 // environment) may be gone already.
 const pfExiting = 0x4
 
-// gone: a zombie ('Z'/'X'), or a task that is exiting.
-func (st stat) gone() bool { return st.State == 'Z' || st.State == 'X' || st.Flags&pfExiting != 0 }
+// zombie: the task has exited ('Z'/'X').
+func (st stat) zombie() bool { return st.State == 'Z' || st.State == 'X' }
 
-// exited: a zombie or an exiting process, with no live thread. A leader that
-// called pthread_exit shows 'Z' while its other threads run. A process being
-// killed is exiting a moment before it is a zombie, and reads then as one
-// without an environment: it is gone, not a stranger.
-func exited(pid int, st stat) bool {
-	if !st.gone() {
+// gone: a zombie, or a task that is exiting.
+func (st stat) gone() bool { return st.zombie() || st.Flags&pfExiting != 0 }
+
+// exited: a zombie ('Z'/'X') with no live thread. A leader that called
+// pthread_exit shows 'Z' while its other threads run.
+func exited(pid int, st stat) bool { return allTasks(pid, st, stat.zombie) }
+
+// dying: exited, or on its way there (every thread exiting). A process
+// being killed is exiting a moment before it is a zombie, and reads then as
+// one without an environment: it is gone, not a stranger.
+func dying(pid int, st stat) bool { return allTasks(pid, st, stat.gone) }
+
+// allTasks reports whether the process's leader (st) and each of its other
+// threads is done.
+func allTasks(pid int, st stat, done func(stat) bool) bool {
+	if !done(st) {
 		return false
 	}
 	dir := "/proc/" + strconv.Itoa(pid) + "/task/"
@@ -239,7 +249,7 @@ func exited(pid int, st stat) bool {
 		if err != nil {
 			continue
 		}
-		if ts, err := parseStat(b); err != nil || !ts.gone() {
+		if ts, err := parseStat(b); err != nil || !done(ts) {
 			return false
 		}
 	}

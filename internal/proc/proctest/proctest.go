@@ -148,8 +148,15 @@ func JobOf(t testing.TB, id string, env ...string) *Kid {
 			_ = unix.Kill(-k.Pid, unix.SIGKILL)
 		}
 		_ = k.Wait() // sh has exited: its children are ours now (subreaper)
-		for _, g := range grandkids {
-			ReapOrphan(g)
+		// Until the whole group is gone: a member still dying would be
+		// seen by the next test (the same ticket id, another supervisor).
+		for deadline := time.Now().Add(Settle); ; time.Sleep(time.Millisecond) {
+			for _, g := range grandkids {
+				ReapOrphan(g)
+			}
+			if len(Members(k.Pid)) == 0 || time.Now().After(deadline) {
+				break
+			}
 		}
 	})
 	return k
