@@ -81,7 +81,8 @@ type child struct {
 	exited chan struct{}
 }
 
-// startChild starts COMMAND with env added to slotctl's environment. On a
+// startChild starts COMMAND with env added to slotctl's environment
+// (childEnv: never the credentials; nil env: a nested run's, as it is). On a
 // terminal in the foreground it stays in slotctl's process group so that
 // Ctrl-C and job control behave as without slotctl; otherwise it leads its
 // own group so that a stop reaches the whole job. On Linux it dies with
@@ -90,9 +91,7 @@ func startChild(f *Factory, path string, argv, env []string) (*child, error) {
 	cmd := exec.Command(path, argv[1:]...)
 	cmd.Args = argv
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	if env != nil {
-		cmd.Env = append(withoutSlotctlVars(os.Environ()), env...)
-	}
+	cmd.Env = childEnv(os.Environ(), env)
 	fg := foregroundTTY()
 	cmd.SysProcAttr = childAttr(!fg)
 	becomeSubreaper()
@@ -108,21 +107,6 @@ func startChild(f *Factory, path string, argv, env []string) (*child, error) {
 		close(c.exited)
 	}()
 	return c, nil
-}
-
-// withoutSlotctlVars drops an ancestor's SLOTCTL_* job variables, which the
-// new ticket's replace.
-func withoutSlotctlVars(env []string) []string {
-	out := env[:0:0]
-	for _, kv := range env {
-		switch {
-		case strings.HasPrefix(kv, "SLOTCTL_LIMIT="), strings.HasPrefix(kv, "SLOTCTL_TICKET="),
-			strings.HasPrefix(kv, "SLOTCTL_FENCE="), strings.HasPrefix(kv, "SLOTCTL_SLOT="):
-			continue
-		}
-		out = append(out, kv)
-	}
-	return out
 }
 
 func startError(name string, err error) error {

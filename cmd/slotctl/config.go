@@ -120,7 +120,7 @@ func (f *Factory) loadConfig(cmd *cobra.Command) error {
 		}
 	}
 	for key, env := range envSettings {
-		if val := f.Getenv(env); val != "" {
+		if val := f.configEnv(env); val != "" {
 			v.Set(key, val) // the factory's environment, not the process's
 		}
 	}
@@ -146,7 +146,7 @@ func (f *Factory) loadConfig(cmd *cobra.Command) error {
 
 // settingSource names where a setting came from, for error messages.
 func (f *Factory) settingSource(key string) string {
-	if env := envSettings[key]; env != "" && f.Getenv(env) != "" {
+	if env := envSettings[key]; env != "" && f.configEnv(env) != "" {
 		return "environment " + env
 	}
 	return "config file " + f.cfg.File

@@ -61,6 +61,17 @@ SLOTCTL_STORE in its environment, renews the ticket's lease while it runs, and
 releases the slot when it has exited. A limit that does not exist is created
 with --slots (else the config file's limits.NAME, else 1).
 
+COMMAND also gets SLOTCTL_SUPERVISOR=PID:START:PIDNS, this slotctl's pid,
+start time (clock ticks after boot) and pid namespace: with SLOTCTL_TICKET it
+is how a reaper tells the job's processes, which it kills only once that
+supervisor is gone, and how a nested slotctl run proves that its ancestor
+holds the ticket. SLOTCTL_STORE_EXPORTED (the same value as SLOTCTL_STORE)
+and SLOTCTL_STORE_BEFORE (what SLOTCTL_STORE held for this slotctl, absent if
+unset) keep the exported SLOTCTL_STORE from choosing a nested slotctl's store:
+while SLOTCTL_STORE equals SLOTCTL_STORE_EXPORTED, slotctl reads
+SLOTCTL_STORE_BEFORE instead. SLOTCTL_ETCD_USERNAME and SLOTCTL_ETCD_PASSWORD
+are removed from COMMAND's environment.
+
 If the lease cannot be renewed before it would expire, --on-lost decides:
 kill (the default) stops COMMAND and exits 76; continue warns and lets it run.
 
@@ -200,7 +211,7 @@ func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) er
 	sigs := notifySignals()
 	defer stopSignals(sigs)
 
-	if anc, ok := nestedTicket(ctx, f, st, o.Limit); ok {
+	if anc, ok := nestedTicket(ctx, f, log, st, o.Limit); ok {
 		log.verbose("nested run: %q already holds slot %d of %q in this store; running under its ticket %s", anc.Holder.Command(), anc.Slot, o.Limit, short(anc.ID))
 		c, err := startChild(f, path, o.Argv, nil)
 		if err != nil {
@@ -257,8 +268,8 @@ func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) er
 		"SLOTCTL_TICKET=" + t.ID,
 		"SLOTCTL_FENCE=" + strconv.FormatUint(t.Fence, 10),
 		"SLOTCTL_SLOT=" + strconv.Itoa(t.Slot),
-		"SLOTCTL_STORE=" + st.String(),
 	}
+	env = append(append(env, f.storeVars(st.String())...), supervisorVar()...)
 	c, err := startChild(f, path, o.Argv, env)
 	var res result
 	if err != nil {
@@ -328,17 +339,39 @@ func sync1(f func()) func() {
 }
 
 // nestedTicket finds an ancestor's ticket on the same limit and store
-// (SPEC §2.1 item 8): a nested run must not wait for its own ancestor.
-func nestedTicket(ctx context.Context, f *Factory, st store.Store, limit string) (store.Ticket, bool) {
-	id := f.Getenv("SLOTCTL_TICKET")
-	if id == "" || f.Getenv("SLOTCTL_LIMIT") != limit || f.Getenv("SLOTCTL_STORE") != st.String() {
+// (SPEC §2.1 item 8): a nested run must not wait for its own ancestor. The
+// environment only names the ticket — any process can set SLOTCTL_TICKET —
+// so the ticket must be held on this boot and in this pid namespace by a
+// supervisor that is on this process's parent chain (pid and start time),
+// the one SLOTCTL_SUPERVISOR names. Anything else is gated normally. (Only
+// on Linux: elsewhere the parent chain is not read and the environment decides.)
+func nestedTicket(ctx context.Context, f *Factory, log *logger, st store.Store, limit string) (store.Ticket, bool) {
+	id := f.Getenv(proc.TicketVar)
+	if id == "" || f.Getenv("SLOTCTL_LIMIT") != limit || f.Getenv(storeVar) != st.String() {
 		return store.Ticket{}, false
 	}
 	t, err := st.Get(ctx, id)
 	if err != nil || t.State != store.Held || t.Limit != limit {
 		return store.Ticket{}, false
 	}
-	return t, true
+	if !proc.AncestryKnown() {
+		return t, true // elsewhere than Linux the environment alone decides (README)
+	}
+	h := t.Holder
+	m, merr := proc.ParseMarker(f.Getenv(proc.SupervisorVar))
+	switch {
+	case merr != nil:
+		log.verbose("%s names held ticket %s, but %s is missing or malformed (%v): waiting for a slot like any run", proc.TicketVar, short(id), proc.SupervisorVar, merr)
+	case h.BootID != proc.BootID() || h.PidNS == 0 || h.PidNS != proc.PidNS() || m.PidNS != h.PidNS:
+		log.verbose("ticket %s is held on another boot, host or pid namespace: not an ancestor's; waiting for a slot like any run", short(id))
+	case m.Pid != h.Pid || m.Start != h.PidStart:
+		log.verbose("ticket %s is held by pid %d, not by the supervisor %d that %s names: waiting for a slot like any run", short(id), h.Pid, m.Pid, proc.SupervisorVar)
+	case !proc.IsAncestor(h.Pid, h.PidStart):
+		log.verbose("ticket %s is held by pid %d, which is not an ancestor of this process: waiting for a slot like any run", short(id), h.Pid)
+	default:
+		return t, true
+	}
+	return store.Ticket{}, false
 }
 
 // holderIdentity is what the ticket records of this process (SPEC §4.3).

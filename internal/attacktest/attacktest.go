@@ -37,10 +37,13 @@ type User struct {
 }
 
 // Env is one test's cast: Alice and Bob are members of Group, Eve is not.
-// Root is the real root, as the packaged reaper used to run.
+// Root is the real root, as the packaged reaper used to run. Reaper is a
+// system user in Group, as the packaged reaper runs now (slotctl-reap),
+// with no capability unless a test grants it one (setpriv).
 type Env struct {
 	Group           uint32
 	Alice, Bob, Eve User
+	Reaper          User
 	Root            User
 	Base            string // a 0755 root-owned directory that holds everything below
 	t               testing.TB
@@ -71,7 +74,7 @@ func New(t testing.TB) *Env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(base) })
-	id := uint32(3_000_000_000 + rand.N(250_000_000)*4)
+	id := uint32(3_000_000_000 + rand.N(125_000_000)*8)
 	e := &Env{Group: id, Base: base, t: t}
 	mk := func(name string, uid uint32, groups ...uint32) User {
 		home := filepath.Join(base, "home-"+name)
@@ -86,6 +89,7 @@ func New(t testing.TB) *Env {
 	e.Alice = mk("alice", id+1, id)
 	e.Bob = mk("bob", id+2, id)
 	e.Eve = mk("eve", id+3)
+	e.Reaper = mk("reaper", id+4, id)
 	e.Root = User{Name: "root", Uid: 0, Gid: 0, Groups: []uint32{id}, Home: base}
 	return e
 }

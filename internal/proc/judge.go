@@ -14,16 +14,29 @@ var hostname = sync.OnceValue(func() string { h, _ := os.Hostname(); return h })
 // Dead proves a ticket's holder dead on this host (SPEC §4.3, LEASES rule 9)
 // and says how. A ticket from an earlier boot of this host is dead. On this
 // boot and in this pid namespace the holder is dead when its supervisor is
-// gone (or its pid now names another process) and its child's process group
-// has no running member. Anything less — another host, another pid
-// namespace, a process we cannot see — is left to the TTL.
+// gone (or its pid now names another process) and no process of its job
+// runs. Anything less — another host, another pid namespace, a process we
+// cannot see — is left to the TTL.
 //
-// A group still running after its supervisor died is an orphaned job: the
+// The store's pids are only hints: a member of a shared store's group can
+// write any of them (SPEC §4.5). The job is what its own processes carry:
+// SLOTCTL_TICKET with the ticket's id and SLOTCTL_SUPERVISOR naming their
+// supervisor (pid, start time, pid namespace), which its owner's processes
+// got from that supervisor and nobody else can put there. While a process
+// carries the ticket and names a live supervisor, the holder is alive,
+// whatever the store says.
+//
+// A job still running after its supervisor died is an orphaned job: the
 // parent-death signal took the child, but not what the child had started.
 // Nobody renews its lease and nobody will stop it, so with act set Dead
-// kills the group (SIGKILL, after checking it is still the job's group) and
-// then calls the holder dead; a reaper without the permission to do so
-// leaves it to the TTL. Without act (a dry run) it only says so.
+// kills it and then calls the holder dead — only when every running member
+// of the recorded process group, and every other process found with the
+// ticket, carries the ticket and the same marker, and the supervisor that
+// the marker (not the store) names is gone. Each process is signalled
+// through a pidfd opened and checked before the signal (killJob). A reaper
+// that cannot read a member's environment (another user's process, without
+// CAP_SYS_PTRACE) or may not signal it leaves the ticket to the TTL.
+// Without act (a dry run) it only says so.
 func Dead(t store.Ticket, act bool) (string, bool) {
 	h := t.Holder
 	if h.BootID == "" || h.Pid <= 0 {
@@ -47,29 +60,59 @@ func Dead(t store.Ticket, act bool) (string, bool) {
 	case Reused:
 		sup = fmt.Sprintf("supervisor %d gone (pid reused by another process)", h.Pid)
 	}
-	switch {
-	case h.Pgid > 0:
-		if GroupEmpty(h.Pgid) {
-			return fmt.Sprintf("%s, process group %d empty", sup, h.Pgid), true
-		}
-		if !sameGroup(h.Pgid, h.PgidStart) || !jobGroup(h.Pgid, t.ID) {
-			return "", false
-		}
-		if !act {
-			return fmt.Sprintf("%s, orphaned process group %d still running: would be killed", sup, h.Pgid), true
-		}
-		if !KillGroup(h.Pgid, 2*time.Second) {
-			return "", false
-		}
-		return fmt.Sprintf("%s, orphaned process group %d killed", sup, h.Pgid), true
-	case t.State == store.Waiting:
-		return sup + ", no child started", true
-	default:
-		// Held, but the child's group was never recorded: the supervisor
-		// died between admission and recording it. Its child (if any) got
-		// the parent-death signal, but that is not proof: the TTL decides.
+	if h.Pgid > 0 && !sameGroup(h.Pgid, h.PgidStart) {
+		return "", false // the recorded group is another now: nothing to prove by it
+	}
+	j, err := findJob(t.ID, h.Pgid)
+	if err != nil {
 		return "", false
 	}
+	if len(j.procs) == 0 {
+		switch {
+		case h.Pgid > 0 && GroupEmpty(h.Pgid):
+			return fmt.Sprintf("%s, process group %d empty", sup, h.Pgid), true
+		case h.Pgid > 0:
+			return "", false // a member we cannot see
+		case t.State == store.Waiting:
+			return sup + ", no child started", true
+		default:
+			// Held, but the child's group was never recorded: the supervisor
+			// died between admission and recording it. Its child (if any) got
+			// the parent-death signal, and no process we can read carries the
+			// ticket, but one we cannot read might: the TTL decides.
+			return "", false
+		}
+	}
+	if !orphaned(j) {
+		return "", false
+	}
+	what := fmt.Sprintf("orphaned job of %d processes", len(j.procs))
+	if h.Pgid > 0 && allIn(j, h.Pgid) {
+		what = fmt.Sprintf("orphaned process group %d", h.Pgid)
+	}
+	if !act {
+		return fmt.Sprintf("%s, %s still running: would be killed", sup, what), true
+	}
+	if !killJob(t.ID, h.Pgid, j, 2*time.Second) {
+		return "", false
+	}
+	return fmt.Sprintf("%s, %s killed", sup, what), true
+}
+
+// orphaned: the supervisor the job's own processes name is provably gone —
+// in this pid namespace, its pid free or another process's.
+func orphaned(j job) bool {
+	m := j.marker
+	return m.PidNS == PidNS() && m.PidNS != 0 && Identify(m.Pid, m.Start) != Alive
+}
+
+func allIn(j job, pgid int) bool {
+	for _, p := range j.procs {
+		if p.pgrp != pgid {
+			return false
+		}
+	}
+	return true
 }
 
 // JobRunning reports whether a ticket's job provably still runs on this host
@@ -80,6 +123,9 @@ func JobRunning(t store.Ticket) bool {
 	if h.BootID != BootID() || h.PidNS == 0 || h.PidNS != PidNS() || h.Pgid <= 0 {
 		return false
 	}
-	return Identify(h.Pid, h.PidStart) != Alive && !GroupEmpty(h.Pgid) &&
-		sameGroup(h.Pgid, h.PgidStart) && jobGroup(h.Pgid, t.ID)
+	if Identify(h.Pid, h.PidStart) == Alive || !sameGroup(h.Pgid, h.PgidStart) {
+		return false
+	}
+	j, err := findJob(t.ID, h.Pgid)
+	return err == nil && len(j.procs) > 0 && orphaned(j)
 }

@@ -47,7 +47,9 @@ func PidNS() uint64 {
 // stat is what slotctl reads of /proc/PID/stat.
 type stat struct {
 	State byte   // field 3: R, S, D, Z (zombie), X (dead), ...
+	Ppid  int    // field 4
 	Pgrp  int    // field 5
+	Flags uint64 // field 9: the kernel's flags (PF_EXITING: in exit, past running code)
 	Start uint64 // field 22, clock ticks after boot
 }
 
@@ -81,19 +83,27 @@ func parseStat(b []byte) (stat, error) {
 		return stat{}, fmt.Errorf("malformed stat line")
 	}
 	f := strings.Fields(string(b[i+1:]))
-	// f[0] is field 3 (state); field 5 is f[2]; field 22 is f[19].
+	// f[0] is field 3 (state); field 4 is f[1], 5 is f[2]; field 22 is f[19].
 	if len(f) < 20 || len(f[0]) != 1 {
 		return stat{}, fmt.Errorf("malformed stat line: %d fields", len(f)+2)
+	}
+	ppid, err := strconv.Atoi(f[1])
+	if err != nil {
+		return stat{}, fmt.Errorf("malformed stat line: ppid %q", f[1])
 	}
 	pgrp, err := strconv.Atoi(f[2])
 	if err != nil {
 		return stat{}, fmt.Errorf("malformed stat line: pgrp %q", f[2])
 	}
+	flags, err := strconv.ParseUint(f[6], 10, 64)
+	if err != nil {
+		return stat{}, fmt.Errorf("malformed stat line: flags %q", f[6])
+	}
 	start, err := strconv.ParseUint(f[19], 10, 64)
 	if err != nil {
 		return stat{}, fmt.Errorf("malformed stat line: start time %q", f[19])
 	}
-	return stat{State: f[0][0], Pgrp: pgrp, Start: start}, nil
+	return stat{State: f[0][0], Ppid: ppid, Pgrp: pgrp, Flags: flags, Start: start}, nil
 }
 
 // Liveness is what a probe can say of one process identity.
@@ -200,10 +210,30 @@ func KillGroup(pgid int, wait time.Duration) bool {
 	}
 }
 
+// pfExiting is PF_EXITING in /proc/PID/stat's flags: the task is in
+// exit(2), past the last of its own code; its memory (and so its
+// environment) may be gone already.
+const pfExiting = 0x4
+
+// zombie: the task has exited ('Z'/'X').
+func (st stat) zombie() bool { return st.State == 'Z' || st.State == 'X' }
+
+// gone: a zombie, or a task that is exiting.
+func (st stat) gone() bool { return st.zombie() || st.Flags&pfExiting != 0 }
+
 // exited: a zombie ('Z'/'X') with no live thread. A leader that called
 // pthread_exit shows 'Z' while its other threads run.
-func exited(pid int, st stat) bool {
-	if st.State != 'Z' && st.State != 'X' {
+func exited(pid int, st stat) bool { return allTasks(pid, st, stat.zombie) }
+
+// dying: exited, or on its way there (every thread exiting). A process
+// being killed is exiting a moment before it is a zombie, and reads then as
+// one without an environment: it is gone, not a stranger.
+func dying(pid int, st stat) bool { return allTasks(pid, st, stat.gone) }
+
+// allTasks reports whether the process's leader (st) and each of its other
+// threads is done.
+func allTasks(pid int, st stat, done func(stat) bool) bool {
+	if !done(st) {
 		return false
 	}
 	dir := "/proc/" + strconv.Itoa(pid) + "/task/"
@@ -219,42 +249,9 @@ func exited(pid int, st stat) bool {
 		if err != nil {
 			continue
 		}
-		if ts, err := parseStat(b); err != nil || (ts.State != 'Z' && ts.State != 'X') {
+		if ts, err := parseStat(b); err != nil || !done(ts) {
 			return false
 		}
 	}
 	return true
-}
-
-// jobGroup reports whether every running member of process group pgid
-// carries SLOTCTL_TICKET=ticket in its environment: the job of that ticket
-// and nothing else. A group id is handed out again once its group empties,
-// and on a terminal the job shares the shell's group; a member that cannot
-// be read, or does not carry the ticket, is not the reaper's to kill.
-func jobGroup(pgid int, ticket string) bool {
-	if pgid <= 0 || ticket == "" {
-		return false
-	}
-	want := []byte("\x00SLOTCTL_TICKET=" + ticket + "\x00")
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return false
-	}
-	n := 0
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		st, err := readStat(pid)
-		if err != nil || st.Pgrp != pgid || exited(pid, st) {
-			continue
-		}
-		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
-		if err != nil || !bytes.Contains(append([]byte{0}, env...), want) {
-			return false
-		}
-		n++
-	}
-	return n > 0
 }

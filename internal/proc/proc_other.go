@@ -41,4 +41,17 @@ func sameGroup(pgid int, start uint64) bool { return false }
 // KillGroup is not attempted here.
 func KillGroup(pgid int, wait time.Duration) bool { return false }
 
-func jobGroup(pgid int, ticket string) bool { return false }
+type job struct {
+	procs  []struct{ pgrp int }
+	marker Marker
+}
+
+func findJob(id string, pgid int) (job, error) { return job{}, errors.ErrUnsupported }
+
+func killJob(id string, pgid int, j job, wait time.Duration) bool { return false }
+
+// IsAncestor cannot be told here.
+func IsAncestor(pid int, start uint64) bool { return false }
+
+// AncestryKnown: IsAncestor is not implemented here.
+func AncestryKnown() bool { return false }

@@ -105,17 +105,33 @@ func EmptyGroup(t testing.TB) (int, uint64) {
 	return k.Pid, k.Start
 }
 
-// Job starts the job of ticket id as slotctl runs one: its own process
-// group, SLOTCTL_TICKET in its environment, with a grandchild (sh -c 'sleep
-// 30 & wait'); it returns once both run. Its supervisor is not the test.
-// Cleanup kills the group and reaps all of it, the grandchild too (the test
-// process becomes a subreaper for that).
+// Job starts the job of ticket id as slotctl runs one (see JobOf), under a
+// supervisor that is gone already: an orphaned job.
 func Job(t testing.TB, id string) *Kid {
+	t.Helper()
+	pid, start := GonePid(t)
+	return JobOf(t, id, SupervisorVar(pid, start))
+}
+
+// SupervisorVar is the SLOTCTL_SUPERVISOR variable that a supervisor (pid,
+// start) in this process's pid namespace exports to its job.
+func SupervisorVar(pid int, start uint64) string {
+	var st unix.Stat_t
+	_ = unix.Stat("/proc/self/ns/pid", &st)
+	return fmt.Sprintf("SLOTCTL_SUPERVISOR=%d:%d:%d", pid, start, st.Ino)
+}
+
+// JobOf starts the job of ticket id as slotctl runs one: its own process
+// group, SLOTCTL_TICKET and env in its environment, with a grandchild (sh -c
+// 'sleep 30 & wait'); it returns once both run. Its supervisor is not the
+// test. Cleanup kills the group and reaps all of it, the grandchild too (the
+// test process becomes a subreaper for that).
+func JobOf(t testing.TB, id string, env ...string) *Kid {
 	t.Helper()
 	if err := subreaper(); err != nil {
 		t.Logf("PR_SET_CHILD_SUBREAPER: %v (killed grandchildren stay zombies)", err)
 	}
-	k := Spawn(t, true, []string{"SLOTCTL_TICKET=" + id}, "sh", "-c", "sleep 30 & wait")
+	k := Spawn(t, true, append([]string{"SLOTCTL_TICKET=" + id}, env...), "sh", "-c", "sleep 30 & wait")
 	for deadline := time.Now().Add(Settle); len(Members(k.Pid)) < 2; time.Sleep(2 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("job group %d: running members %v after %v, want sh and sleep", k.Pid, Members(k.Pid), Settle)
@@ -132,12 +148,23 @@ func Job(t testing.TB, id string) *Kid {
 			_ = unix.Kill(-k.Pid, unix.SIGKILL)
 		}
 		_ = k.Wait() // sh has exited: its children are ours now (subreaper)
-		for _, g := range grandkids {
-			ReapOrphan(g)
+		// Until the whole group is gone: a member still dying would be
+		// seen by the next test (the same ticket id, another supervisor).
+		for deadline := time.Now().Add(Settle); ; time.Sleep(time.Millisecond) {
+			for _, g := range grandkids {
+				ReapOrphan(g)
+			}
+			if len(Members(k.Pid)) == 0 || time.Now().After(deadline) {
+				break
+			}
 		}
 	})
 	return k
 }
+
+// Subreaper makes the test process adopt its orphaned grandchildren, so that
+// the members of a killed job are reaped, not left as zombies.
+func Subreaper() error { return subreaper() }
 
 // subreaper makes the test process adopt its orphaned grandchildren, so
 // that the members of a killed job are reaped, not left as zombies.

@@ -1,0 +1,248 @@
+package proc
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// A job is the set of running processes that carry one ticket: each has
+// SLOTCTL_TICKET=<id> and the same SLOTCTL_SUPERVISOR marker in its
+// environment. A process's environment is set by whoever started it and can
+// be read only by its own user (or with CAP_SYS_PTRACE): a member can forge
+// the store's pids, not what another member's processes carry.
+type job struct {
+	procs  []jobProc
+	marker Marker // the supervisor all of them name
+}
+
+type jobProc struct {
+	pid   int
+	start uint64
+	pgrp  int
+}
+
+// errNotTheJob: something that is not provably the job's would be in the way.
+type errNotTheJob struct{ why string }
+
+func (e errNotTheJob) Error() string { return e.why }
+
+// findJob scans /proc for the job of ticket id. Every running member of
+// process group pgid (a hint from the store, 0 if none) must be one of its
+// processes; a member that cannot be read, or that carries another ticket or
+// supervisor, is not the reaper's to kill, and makes findJob fail. Outside
+// that group, a process that carries the ticket is the job's; one that
+// cannot be read is not known to be. A job whose processes name different
+// supervisors, or none, or that includes this very process, is not provably
+// one job either.
+func findJob(id string, pgid int) (job, error) {
+	var j job
+	if id == "" {
+		return j, errNotTheJob{"no ticket id"}
+	}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return j, errNotTheJob{err.Error()}
+	}
+	self := os.Getpid()
+	seen := false
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid <= 0 {
+			continue
+		}
+		st, err := readStat(pid)
+		if err != nil || dying(pid, st) {
+			continue
+		}
+		inGroup := pgid > 0 && st.Pgrp == pgid
+		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
+		if err != nil {
+			if inGroup && !goneSince(pid, st) {
+				return j, errNotTheJob{fmt.Sprintf("member %d of process group %d cannot be read: %v", pid, pgid, unwrap(err))}
+			}
+			continue
+		}
+		ticket, ok := getenv(env, TicketVar)
+		if !ok || ticket != id {
+			if inGroup && !goneSince(pid, st) {
+				return j, errNotTheJob{fmt.Sprintf("member %d of process group %d is not the job of ticket %s", pid, pgid, id)}
+			}
+			continue
+		}
+		raw, _ := getenv(env, SupervisorVar)
+		m, err := ParseMarker(raw)
+		if err != nil {
+			return j, errNotTheJob{fmt.Sprintf("process %d carries ticket %s but %s %q: %v", pid, id, SupervisorVar, raw, err)}
+		}
+		if seen && m != j.marker {
+			return j, errNotTheJob{fmt.Sprintf("the processes of ticket %s name different supervisors (%s, %s)", id, j.marker, m)}
+		}
+		if pid == self {
+			return j, errNotTheJob{"this process belongs to the job"}
+		}
+		j.marker, seen = m, true
+		j.procs = append(j.procs, jobProc{pid: pid, start: st.Start, pgrp: st.Pgrp})
+	}
+	return j, nil
+}
+
+// goneSince reports whether process pid, seen running as st, has exited
+// since (or is exiting): a process that dies while it is read shows no
+// environment, or none that can be read, and is not a stranger for that.
+func goneSince(pid int, st stat) bool {
+	now, err := readStat(pid)
+	return err != nil || now.Start != st.Start || dying(pid, now)
+}
+
+func unwrap(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
+// getenv is the first value of name in a /proc/PID/environ block, as the
+// process's own getenv(3) would find it.
+func getenv(env []byte, name string) (string, bool) {
+	prefix := []byte(name + "=")
+	for kv := range bytes.SplitSeq(env, []byte{0}) {
+		if bytes.HasPrefix(kv, prefix) {
+			return string(kv[len(prefix):]), true
+		}
+	}
+	return "", false
+}
+
+// carries reports whether process p is still the one found (same start
+// time, running) and still carries the job's ticket and marker.
+func (p jobProc) carries(id string, m Marker) bool {
+	st, err := readStat(p.pid)
+	if err != nil || st.Start != p.start || dying(p.pid, st) {
+		return false
+	}
+	env, err := os.ReadFile("/proc/" + strconv.Itoa(p.pid) + "/environ")
+	if err != nil {
+		return false
+	}
+	ticket, _ := getenv(env, TicketVar)
+	raw, _ := getenv(env, SupervisorVar)
+	got, err := ParseMarker(raw)
+	return ticket == id && err == nil && got == m
+}
+
+// pidfdOpen is unix.PidfdOpen; tests take it away, as an old kernel does.
+var pidfdOpen = unix.PidfdOpen
+
+// errNotOurs: the kernel refused to let this process signal the job.
+var errNotOurs = errors.New("not permitted to signal the job")
+
+// kill sends SIGKILL to p through a pidfd: the pidfd is opened first, then
+// p is checked again (start time, ticket, marker), and the signal goes to
+// the process the pidfd names, never to whatever has the pid by then. On a
+// kernel without pidfds (before 5.3, or a seccomp filter that refuses
+// pidfd_open) it checks p and then kill(2)s the pid:
+// a process that exits between the check and the kill, and whose pid is
+// handed out again within that instant, would be hit (README, Security).
+func (p jobProc) kill(id string, m Marker) error {
+	fd, err := pidfdOpen(p.pid, 0)
+	switch {
+	case errors.Is(err, unix.ESRCH):
+		return nil // gone already
+	case errors.Is(err, unix.ENOSYS), errors.Is(err, unix.EPERM):
+		// No pidfd_open: an old kernel, or a seccomp filter that refuses
+		// it (pidfd_open itself checks no permission).
+		if !p.carries(id, m) {
+			return nil
+		}
+		err = unix.Kill(p.pid, unix.SIGKILL)
+	case err != nil:
+		return fmt.Errorf("pidfd_open(%d): %w", p.pid, err)
+	default:
+		defer unix.Close(fd)
+		if !p.carries(id, m) {
+			return nil // exited, or the pid is another process's now: not ours
+		}
+		err = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+	}
+	switch {
+	case err == nil, errors.Is(err, unix.ESRCH):
+		return nil
+	case errors.Is(err, unix.EPERM):
+		return errNotOurs
+	}
+	return err
+}
+
+// killJob kills the job of ticket id found by findJob, again and again until
+// none of its processes runs (a process forked meanwhile carries the ticket
+// too) or wait runs out. It reports false when the kernel refused a signal,
+// when something not provably the job's joined its group, or in time.
+func killJob(id string, pgid int, j job, wait time.Duration) bool {
+	deadline := time.Now().Add(wait)
+	var killed []jobProc
+	for ; ; time.Sleep(5 * time.Millisecond) {
+		for _, p := range j.procs {
+			if err := p.kill(id, j.marker); err != nil {
+				return false
+			}
+		}
+		killed = append(killed, j.procs...)
+		next, err := findJob(id, pgid)
+		if err != nil || (len(next.procs) > 0 && next.marker != j.marker) {
+			return false
+		}
+		if len(next.procs) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		j = next
+	}
+	// Every process is past its own code; wait for each to be done exiting.
+	for _, p := range killed {
+		for {
+			st, err := readStat(p.pid)
+			if err != nil || st.Start != p.start || exited(p.pid, st) {
+				break
+			}
+			if time.Now().After(deadline) {
+				return false
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	return true
+}
+
+// AncestryKnown: IsAncestor can tell, here.
+func AncestryKnown() bool { return true }
+
+// IsAncestor reports whether process (pid, start) is on this process's
+// parent chain, in this pid namespace: a parent, a grandparent, ... It walks
+// /proc/PID/stat upwards, at most 4096 steps.
+func IsAncestor(pid int, start uint64) bool {
+	if pid <= 0 || start == 0 {
+		return false
+	}
+	cur := os.Getpid()
+	for range 4096 {
+		st, err := readStat(cur)
+		if err != nil || st.Ppid <= 0 {
+			return false
+		}
+		if st.Ppid == pid {
+			pst, err := readStat(pid)
+			return err == nil && pst.Start == start
+		}
+		cur = st.Ppid
+	}
+	return false
+}
