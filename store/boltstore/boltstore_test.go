@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -492,7 +493,10 @@ func TestFileModesPrivate(t *testing.T) {
 	if got := perm(t, bellDir(path)); got != 0o700 {
 		t.Errorf("bell directory %o, want 700", got)
 	}
-	if got := perm(t, filepath.Join(bellDir(path), "w1")); got != 0o600 {
+	if got := perm(t, filepath.Dir(bellPath(path, "w1"))); got != 0o700 {
+		t.Errorf("user's bell directory %o, want 700", got)
+	}
+	if got := perm(t, bellPath(path, "w1")); got != 0o600 {
 		t.Errorf("bell %o, want 600", got)
 	}
 }
@@ -525,8 +529,11 @@ func TestFileModesShared(t *testing.T) {
 			if got := perm(t, bellDir(path)); got != 0o770 {
 				t.Errorf("bell directory %o, want 770", got)
 			}
-			if got := perm(t, filepath.Join(bellDir(path), "w1")); got != 0o660 {
-				t.Errorf("bell %o, want 660", got)
+			if got := perm(t, filepath.Dir(bellPath(path, "w1"))); got != 0o710 {
+				t.Errorf("user's bell directory %o, want 710 (the group may open a bell, not change the directory)", got)
+			}
+			if got := perm(t, bellPath(path, "w1")); got != 0o620 {
+				t.Errorf("bell %o, want 620 (the group may ring it)", got)
 			}
 		})
 	}
@@ -596,7 +603,7 @@ func TestFileModesSetgidBellGroup(t *testing.T) {
 		t.Errorf("bell directory in a setgid store directory: %v, %v; want setgid kept", st.Mode(), err)
 	}
 	var st unix.Stat_t
-	if err := unix.Stat(filepath.Join(bellDir(path), "w1"), &st); err != nil {
+	if err := unix.Stat(bellPath(path, "w1"), &st); err != nil {
 		t.Fatal(err)
 	}
 	if int(st.Gid) != gid {
@@ -904,6 +911,11 @@ func rang(b store.Bell, within time.Duration) bool {
 	}
 }
 
+// bellPath is where this process's bell of ticket id is.
+func bellPath(storePath, id string) string {
+	return filepath.Join(bellDir(storePath), strconv.Itoa(os.Geteuid()), id)
+}
+
 func TestBellRingsOnPromotion(t *testing.T) {
 	s, _, _ := newTestStore(t, Options{})
 	ctx := context.Background()
@@ -960,7 +972,7 @@ func TestBellOnlyForPromoted(t *testing.T) {
 func TestBellFileRemoved(t *testing.T) {
 	s, _, path := newTestStore(t, Options{})
 	ctx := context.Background()
-	bellPath := func(id string) string { return filepath.Join(bellDir(path), id) }
+	bellPath := func(id string) string { return bellPath(path, id) }
 
 	// Close removes it.
 	b, err := s.Watch(ctx, "c1")

@@ -2,5 +2,18 @@
 
 package boltstore
 
+import (
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
 // networkFS cannot tell here; the README says to keep the store local.
-func networkFS(dir string) (string, bool) { return "", false }
+func networkFS(dirfd int) (string, bool) { return "", false }
+
+// mkfifoat makes the named pipe name by path here (see fs_darwin.go).
+func mkfifoat(dirfd int, name, path string, mode uint32) error {
+	return unix.Mkfifo(path, mode)
+}
+
+func ctime(st *unix.Stat_t) time.Time { return time.Unix(st.Ctim.Unix()) }

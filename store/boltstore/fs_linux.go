@@ -1,12 +1,16 @@
 package boltstore
 
-import "golang.org/x/sys/unix"
+import (
+	"time"
 
-// networkFS reports whether dir is on NFS or SMB/CIFS, where flock does not
+	"golang.org/x/sys/unix"
+)
+
+// networkFS reports whether the directory dirfd is on NFS or SMB/CIFS, where flock does not
 // protect a bbolt file reliably.
-func networkFS(dir string) (string, bool) {
+func networkFS(dirfd int) (string, bool) {
 	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
+	if err := unix.Fstatfs(dirfd, &st); err != nil {
 		return "", false
 	}
 	switch uint32(st.Type) {
@@ -17,3 +21,11 @@ func networkFS(dir string) (string, bool) {
 	}
 	return "", false
 }
+
+// mkfifoat makes the named pipe name in dirfd; path is its name for
+// systems without mkfifoat.
+func mkfifoat(dirfd int, name, path string, mode uint32) error {
+	return unix.Mknodat(dirfd, name, unix.S_IFIFO|mode, 0)
+}
+
+func ctime(st *unix.Stat_t) time.Time { return time.Unix(st.Ctim.Unix()) }

@@ -50,7 +50,8 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 			return err
 		}
 		r := ticketRec{ID: req.ID, Limit: req.Limit, State: store.Waiting, Fence: fence, Slot: -1, TTL: req.TTL,
-			DeadlineBoot: x.now.Boot, DeadlineMono: x.now.Mono + req.TTL, Created: x.now.Wall, Holder: req.Holder}
+			DeadlineBoot: x.now.Boot, DeadlineMono: x.now.Mono + req.TTL, Created: x.now.Wall, Holder: req.Holder,
+			BellUID: ownUID()} // the enqueuer is the waiter: its Watch made the bell
 		if err := x.putTicket(r); err != nil {
 			return err
 		}
