@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -74,6 +75,7 @@ type attackOp struct {
 	Victim string        // race: what the racer points its symlinks at
 	For    time.Duration // race, watch-loop: how long
 	N      int           // watch-loop: at most this many rounds
+	Sweep  bool          // sweep a dead waiter's bell however young
 }
 
 func (o attackOp) env() []string {
@@ -92,6 +94,9 @@ func (o attackOp) run() error {
 	}
 	if o.Limit == "" {
 		o.Limit = "x"
+	}
+	if o.Sweep {
+		sweepAge = 0
 	}
 	switch o.Op {
 	case "race":
@@ -134,6 +139,24 @@ func (o attackOp) run() error {
 		}
 		time.Sleep(time.Minute) // killed by the test
 		return nil
+	case "wait-ring": // a waiter that exits 0 once its bell rings
+		b, err := s.Watch(ctx, o.ID)
+		if err != nil {
+			return err
+		}
+		defer b.Close()
+		if t, err := s.Enqueue(ctx, req); err != nil || t.State != store.Waiting {
+			return fmt.Errorf("enqueue: %v, %v; want waiting", t.State, err)
+		}
+		if err := os.WriteFile(o.Ready, nil, 0o644); err != nil {
+			return err
+		}
+		select {
+		case <-b.C():
+			return nil
+		case <-time.After(10 * time.Second):
+			return fmt.Errorf("the bell of %s did not ring", o.ID)
+		}
 	case "release":
 		_, err := s.Release(ctx, store.Ticket{ID: o.ID}, store.ForceReleased)
 		return err
@@ -559,19 +582,47 @@ func TestAttackBellSymlinks(t *testing.T) {
 // waits; the returned func stops it.
 func (st *stage) waiter(t *testing.T, o attackOp) func() {
 	t.Helper()
-	cmd := st.Alice.Command(filepath.Dir(o.Store), o.env(), st.bin, "-test.run=^$")
+	stop, _ := st.waiterAs(t, st.Alice, o)
+	return stop
+}
+
+// waiterAs starts o as u in the background and waits until its ticket
+// waits. stop kills it; wait waits (at most 15 s) for its exit code.
+func (st *stage) waiterAs(t *testing.T, u attacktest.User, o attackOp) (stop func(), wait func() int) {
+	t.Helper()
+	cmd := u.Command(st.Base, o.env(), st.bin, "-test.run=^$")
 	cmd.SysProcAttr.Setpgid = true
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	stop := func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); _ = cmd.Wait() }
+	exited := make(chan int, 1)
+	go func() { _ = cmd.Wait(); exited <- cmd.ProcessState.ExitCode() }()
+	var once sync.Once
+	code, killed := -1, false
+	wait = func() int {
+		once.Do(func() {
+			select {
+			case code = <-exited:
+			case <-time.After(15 * time.Second):
+				_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+				<-exited
+			}
+			if code != 0 && !killed {
+				t.Logf("%s's %s: exit %d: %s", u.Name, o.Op, code, stderr.String())
+			}
+		})
+		return code
+	}
+	stop = func() { killed = true; _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); wait() }
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 		if _, err := os.Stat(o.Ready); err == nil {
-			return stop
+			return stop, wait
 		}
 		if time.Now().After(deadline) {
 			stop()
-			t.Fatalf("alice's waiter did not get to wait")
+			t.Fatalf("%s's waiter did not get to wait", u.Name)
 		}
 	}
 }
@@ -617,6 +668,136 @@ func TestAttackCreateChmodRace(t *testing.T) {
 				<-done
 				snap.Unchanged(t)
 			})
+		}
+	}
+}
+
+// --- the layouts the attacks must not break ---
+
+// packaged makes the directory the packages ship: 3770 root:group, with the
+// store file (empty: bbolt initialises it), its lock and its bells directory
+// made in advance, so that no member can replace them.
+func (st *stage) packaged(t *testing.T) string {
+	t.Helper()
+	dir := st.dir(0o3770)
+	for _, f := range []struct {
+		name string
+		mode uint32
+		dir  bool
+	}{{"slots.db", 0o660, false}, {"slots.db.lock", 0o660, false}, {"slots.db.bells", 0o3770, true}} {
+		p := filepath.Join(dir, f.name)
+		var err error
+		if f.dir {
+			err = os.Mkdir(p, 0o700)
+		} else {
+			err = os.WriteFile(p, nil, 0o600)
+		}
+		if err == nil {
+			err = os.Chown(p, 0, int(st.Group))
+		}
+		if err == nil {
+			err = os.Chmod(p, attacktest.Mode(f.mode))
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// In every layout a member's release wakes another member's waiter, and
+// root's wakes a member's; a dead waiter's bell, which another member cannot
+// remove, is swept by its owner's next Watch; root's reap removes it.
+func TestSharedLayouts(t *testing.T) {
+	st := newStage(t)
+	for _, layout := range []string{"packaged", "2770", "3770"} {
+		t.Run(layout, func(t *testing.T) {
+			var dir string
+			switch layout {
+			case "packaged":
+				dir = st.packaged(t)
+			case "2770":
+				dir = st.dir(0o2770)
+			case "3770":
+				dir = st.dir(0o3770)
+			}
+			path := filepath.Join(dir, "slots.db")
+			ready := func(n string) string { return filepath.Join(dir, "ready-"+n) }
+			mustDo := func(what string, got outcome) {
+				t.Helper()
+				if got.code != 0 {
+					t.Fatalf("%s: exit %d, %s", what, got.code, got.msg)
+				}
+			}
+			mustDo("alice holds", st.as(t, st.Alice, attackOp{Op: "hold", Store: path, ID: "h1", TTL: time.Hour}))
+
+			// root rings Bob
+			_, wait := st.waiterAs(t, st.Bob, attackOp{Op: "wait-ring", Store: path, ID: "b1", Ready: ready("b1")})
+			mustDo("root releases", asRoot(t, attackOp{Op: "release", Store: path, ID: "h1"}))
+			if code := wait(); code != 0 {
+				t.Errorf("bob's waiter: exit %d, want its bell rung by root's release", code)
+			}
+			// Bob rings Alice
+			_, wait = st.waiterAs(t, st.Alice, attackOp{Op: "wait-ring", Store: path, ID: "a1", Ready: ready("a1")})
+			mustDo("bob releases", st.as(t, st.Bob, attackOp{Op: "release", Store: path, ID: "b1"}))
+			if code := wait(); code != 0 {
+				out, _ := exec.Command("sh", "-c", "ls -lanR "+attacktest.Quote(bellDir(path))).CombinedOutput()
+				t.Errorf("alice's waiter: exit %d, want its bell rung by bob's release\n%s", code, out)
+			}
+
+			aliceBells := filepath.Join(bellDir(path), strconv.Itoa(int(st.Alice.Uid)))
+			checkMode := func(p string, want uint32) {
+				t.Helper()
+				var s syscall.Stat_t
+				if err := syscall.Lstat(p, &s); err != nil {
+					t.Fatal(err)
+				}
+				if s.Mode&0o7777 != want || s.Uid != st.Alice.Uid || s.Gid != st.Group {
+					t.Errorf("%s: mode %o uid %d gid %d; want %o, alice's, the group's", p, s.Mode&0o7777, s.Uid, s.Gid, want)
+				}
+			}
+			// A waiter killed leaves its bell; Bob cannot remove it, Alice's next run does.
+			stop, _ := st.waiterAs(t, st.Alice, attackOp{Op: "wait", Store: path, ID: "a2", Ready: ready("a2")})
+			checkMode(aliceBells, 0o2750)
+			checkMode(filepath.Join(aliceBells, "a2"), 0o620)
+			stop()
+			mustDo("bob releases alice's dead waiter", st.as(t, st.Bob, attackOp{Op: "release", Store: path, ID: "a2"}))
+			if _, err := os.Lstat(filepath.Join(aliceBells, "a2")); err != nil {
+				t.Fatalf("the dead waiter's bell: %v; bob should not have been able to remove it", err)
+			}
+			mustDo("alice runs again", st.as(t, st.Alice, attackOp{Op: "enqueue", Store: path, ID: "a3", Limit: "y", Sweep: true}))
+			if _, err := os.Lstat(filepath.Join(aliceBells, "a2")); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("the dead waiter's bell after alice's next run: %v, want swept", err)
+			}
+			// Root's reap (or release) removes a dead waiter's bell itself.
+			stop, _ = st.waiterAs(t, st.Alice, attackOp{Op: "wait", Store: path, ID: "a4", Ready: ready("a4")})
+			stop()
+			mustDo("root releases alice's dead waiter", asRoot(t, attackOp{Op: "release", Store: path, ID: "a4"}))
+			if _, err := os.Lstat(filepath.Join(aliceBells, "a4")); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("the dead waiter's bell after root removed its ticket: %v, want removed", err)
+			}
+			if layout == "packaged" {
+				var s syscall.Stat_t
+				if err := syscall.Stat(path, &s); err != nil || s.Mode&0o777 != 0o660 || s.Uid != 0 || s.Size == 0 {
+					t.Errorf("the packaged store file after use: %+v, %v; want root's, 0660, initialised", s, err)
+				}
+			}
+		})
+	}
+}
+
+// A member's store in its own private directory works as it did.
+func TestPrivateDirectoryAsMember(t *testing.T) {
+	st := newStage(t)
+	path := filepath.Join(st.Bob.Home, "state", "slots.db")
+	if got := st.as(t, st.Bob, attackOp{Op: "enqueue", Store: path, ID: "b1"}); got.code != 0 {
+		t.Fatalf("bob's enqueue in his own directory: exit %d, %s", got.code, got.msg)
+	}
+	var s syscall.Stat_t
+	for p, want := range map[string]uint32{filepath.Dir(path): 0o700, path: 0o600,
+		bellDir(path): 0o700, filepath.Join(bellDir(path), strconv.Itoa(int(st.Bob.Uid))): 0o700} {
+		if err := syscall.Stat(p, &s); err != nil || s.Mode&0o7777 != want || s.Uid != st.Bob.Uid {
+			t.Errorf("%s: mode %o uid %d (%v); want %o, bob's", p, s.Mode&0o7777, s.Uid, err, want)
 		}
 	}
 }

@@ -29,9 +29,10 @@ import (
 // symlink, relative to the directory's descriptor, and writes only to a named
 // pipe owned by that directory's user; a remover deletes only such a pipe.
 // The bells directory is 0700 in a private store directory, 1770 (plus the
-// setgid bit it inherits) in a shared one; a user's directory 0700 or 2710
-// (others of the group may open a bell, not list or change the directory);
-// a bell 0600 or 0620.
+// setgid bit it inherits) in a shared one; a user's directory 0700 or 2750
+// (others of the group may open a bell, not change the directory: opening a
+// directory to work relative to it takes read permission); a bell 0600 or
+// 0620 (the group may ring it, not read its rings).
 
 // bellsName is the bells directory's name in the store directory.
 func (s *Store) bellsName() string { return s.name + ".bells" }
@@ -55,7 +56,8 @@ func refOf(r ticketRec) bellRef {
 
 // sweepAge is how old a bell without a reader must be before its owner's
 // sweep deletes it: a Watch makes its pipe and opens it a moment later.
-const sweepAge = time.Minute
+// (A variable for tests.)
+var sweepAge = time.Minute
 
 type fifoBell struct {
 	dirfd int // the user's bell directory, for the removal
@@ -155,7 +157,7 @@ func (s *Store) watchIn(ufd int, dir string, uid int, id string) (*fifoBell, err
 	}
 	dirMode, fifoMode := uint32(0o700), uint32(0o600)
 	if s.mode&0o060 != 0 {
-		dirMode, fifoMode = 0o710|uint32(st.Mode)&unix.S_ISGID, 0o620
+		dirMode, fifoMode = 0o750|uint32(st.Mode)&unix.S_ISGID, 0o620
 	}
 	if uint32(st.Mode)&0o7777 != dirMode {
 		if err := unix.Fchmod(ufd, dirMode); err != nil {

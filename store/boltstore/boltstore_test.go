@@ -529,8 +529,8 @@ func TestFileModesShared(t *testing.T) {
 			if got := perm(t, bellDir(path)); got != 0o770 {
 				t.Errorf("bell directory %o, want 770", got)
 			}
-			if got := perm(t, filepath.Dir(bellPath(path, "w1"))); got != 0o710 {
-				t.Errorf("user's bell directory %o, want 710 (the group may open a bell, not change the directory)", got)
+			if got := perm(t, filepath.Dir(bellPath(path, "w1"))); got != 0o750 {
+				t.Errorf("user's bell directory %o, want 750 (the group may open a bell, not change the directory)", got)
 			}
 			if got := perm(t, bellPath(path, "w1")); got != 0o620 {
 				t.Errorf("bell %o, want 620 (the group may ring it)", got)
