@@ -195,13 +195,16 @@ func (s *Store) watchIn(ufd int, dir string, uid int, id string) (*fifoBell, err
 // directory ufd: named pipes of the user, older than sweepAge, that nobody
 // reads (a non-blocking open for writing reports ENXIO).
 func sweepBells(ufd, uid int, keep string) {
-	dfd, err := unix.Dup(ufd) // reading moves the offset; keep ufd's own
-	if err != nil {
-		return
+	// Read ufd itself: nothing else reads it, and the *at calls ignore its offset.
+	var names []string
+	buf := make([]byte, 4096)
+	for {
+		n, err := unix.ReadDirent(ufd, buf)
+		if n <= 0 || err != nil {
+			break
+		}
+		_, _, names = unix.ParseDirent(buf[:n], -1, names)
 	}
-	d := os.NewFile(uintptr(dfd), "bells")
-	defer d.Close()
-	names, _ := d.Readdirnames(-1)
 	for _, name := range names {
 		if name == keep || store.CheckID(name) != nil {
 			continue

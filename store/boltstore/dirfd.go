@@ -129,16 +129,15 @@ func pathError(path string, err error) error {
 // path is for messages only; errors name it. A missing file without create
 // is fs.ErrNotExist itself. The size is the file's when it was opened.
 func regularFile(dirfd int, name, path string, flags int, create bool, mode fs.FileMode) (*os.File, int64, error) {
-	fd, err := -1, error(nil)
+	// The file is there but the first time: open it first, create it if not.
+	fd, err := openat(dirfd, name, flags|unix.O_NONBLOCK, 0)
 	created := false
-	if create {
+	if create && errors.Is(err, unix.ENOENT) {
 		fd, err = openat(dirfd, name, flags|unix.O_CREAT|unix.O_EXCL, uint32(mode.Perm()))
 		created = err == nil
-		if errors.Is(err, unix.EEXIST) {
+		if errors.Is(err, unix.EEXIST) { // made by another process just now
 			fd, err = openat(dirfd, name, flags|unix.O_NONBLOCK, 0)
 		}
-	} else {
-		fd, err = openat(dirfd, name, flags|unix.O_NONBLOCK, 0)
 	}
 	if err != nil {
 		if errors.Is(err, unix.ENOENT) {
