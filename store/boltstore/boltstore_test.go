@@ -355,6 +355,17 @@ func TestCorruptFormatVersion(t *testing.T) {
 
 func TestCorruptRecords(t *testing.T) {
 	ticketV2, _ := json.Marshal(map[string]any{"v": 2, "id": "t0", "limit": "x", "state": "held", "fence": 1})
+	// A ticket a request could not have written (SPEC §4.5: records are
+	// checked as strictly as requests; an id from the file names a bell).
+	ticket := func(change map[string]any) []byte {
+		m := map[string]any{"v": 1, "id": "t0", "limit": "x", "state": "held", "fence": 1, "slot": 0,
+			"ttl_ns": int64(testTTL), "deadline_boot": "b1", "deadline_mono_ns": int64(time.Hour), "holder": map[string]any{"host": "h", "pid": 1}}
+		for k, v := range change {
+			m[k] = v
+		}
+		b, _ := json.Marshal(m)
+		return b
+	}
 	all := []string{"Get", "Snapshot", "SnapshotLimit", "Enqueue", "Renew", "Release", "SetLimit", "RemoveLimit"}
 	cases := []struct {
 		name   string
@@ -367,6 +378,18 @@ func TestCorruptRecords(t *testing.T) {
 		{"ticket garbage", [][]byte{bucketQueue, []byte("x")}, u64key(1), []byte("\x00{garbage"), all},
 		{"ticket empty object", [][]byte{bucketQueue, []byte("x")}, u64key(1), []byte("{}"), all},
 		{"ticket JSON null", [][]byte{bucketQueue, []byte("x")}, u64key(1), []byte("null"), all},
+		{"ticket id a path", [][]byte{bucketQueue, []byte("x")}, u64key(1), ticket(map[string]any{"id": "../../x"}), all},
+		{"ticket id too long", [][]byte{bucketQueue, []byte("x")}, u64key(1), ticket(map[string]any{"id": strings.Repeat("a", 65)}), all},
+		{"ticket limit a path", [][]byte{bucketQueue, []byte("x")}, u64key(1), ticket(map[string]any{"limit": "../x"}), all},
+		{"ticket state", [][]byte{bucketQueue, []byte("x")}, u64key(1), ticket(map[string]any{"state": "gone"}), all},
+		{"ticket slot", [][]byte{bucketQueue, []byte("x")}, u64key(1), ticket(map[string]any{"slot": store.MaxSlots}), all},
+		{"ticket ttl", [][]byte{bucketQueue, []byte("x")}, u64key(1), ticket(map[string]any{"ttl_ns": 0}), all},
+		{"ticket pgid", [][]byte{bucketQueue, []byte("x")}, u64key(1), ticket(map[string]any{"holder": map[string]any{"pid": 1, "pgid": -1}}), all},
+		{"ticket bell uid", [][]byte{bucketQueue, []byte("x")}, u64key(1), ticket(map[string]any{"bell_uid": -1}), all},
+		{"limit slots", [][]byte{bucketLimits}, []byte("x"), []byte(`{"v":1,"slots":70000}`),
+			[]string{"Snapshot", "SnapshotLimit", "Enqueue", "Release", "SetLimit", "RemoveLimit"}},
+		{"limit named a path", [][]byte{bucketLimits}, []byte("../x"), []byte(`{"v":1,"slots":1}`), []string{"Snapshot"}},
+		{"id limit a path", [][]byte{bucketIDs}, []byte("t0"), []byte(`{"v":1,"limit":"../x","fence":1}`), []string{"Get", "Renew", "Release"}},
 		// Get and Renew of a held ticket do not read its limit.
 		{"limit v2", [][]byte{bucketLimits}, []byte("x"), []byte(`{"v":2,"slots":1}`),
 			[]string{"Snapshot", "SnapshotLimit", "Enqueue", "Release", "SetLimit", "RemoveLimit"}},

@@ -474,7 +474,14 @@ func (x *txn) limitNames(limits []string) ([]string, error) {
 	names := slices.Clone(limits)
 	if len(names) == 0 {
 		if b := x.bucket(bucketLimits); b != nil {
-			if err := b.ForEach(func(k, _ []byte) error { names = append(names, string(k)); return nil }); err != nil {
+			err := b.ForEach(func(k, _ []byte) error {
+				if !store.ValidLimitName(string(k)) { // a name from the file, checked as a request's
+					return fmt.Errorf("%w: limit named %q", store.ErrCorrupt, k)
+				}
+				names = append(names, string(k))
+				return nil
+			})
+			if err != nil {
 				return nil, err
 			}
 		}
