@@ -28,6 +28,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
 
 	"github.com/slotctl/slotctl/internal/attacktest"
 	"github.com/slotctl/slotctl/store"
@@ -539,6 +540,40 @@ func TestAttackBellSymlinks(t *testing.T) {
 					if got := v.do(t, attackOp{Op: "release", Store: path, ID: "h1"}); got.code != 0 {
 						t.Errorf("release of the holder: exit %d, %s", got.code, got.msg)
 					}
+					snap.Unchanged(t)
+					stop()
+				}
+
+				// Alice's bell swapped for a regular file (here her own, hard-linked
+				// from her home): the promotion neither writes it nor even opens it
+				// for writing (inotify sees every close of a written-to descriptor).
+				{
+					dir := st.dir(mode)
+					path := filepath.Join(dir, "slots.db")
+					if r := st.as(t, st.Alice, attackOp{Op: "hold", Store: path, ID: "h1", TTL: time.Hour}); r.code != 0 {
+						t.Fatalf("alice's hold: %+v", r)
+					}
+					stop := st.waiter(t, attackOp{Op: "wait", Store: path, ID: "w1", Ready: filepath.Join(dir, "ready")})
+					bell := findEntry(t, bellDir(path), "w1")
+					own := filepath.Join(st.Alice.Home, "plain")
+					st.Alice.Sh(t, dir, "echo mine > "+attacktest.Quote(own)+" && chmod 666 "+attacktest.Quote(own)+
+						" && rm "+attacktest.Quote(bell)+" && ln "+attacktest.Quote(own)+" "+attacktest.Quote(bell))
+					in, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if _, err := unix.InotifyAddWatch(in, own, unix.IN_CLOSE_WRITE|unix.IN_MODIFY); err != nil {
+						t.Fatal(err)
+					}
+					snap := attacktest.Take(t, own)
+					if got := v.do(t, attackOp{Op: "release", Store: path, ID: "h1"}); got.code != 0 {
+						t.Errorf("release of the holder: exit %d, %s", got.code, got.msg)
+					}
+					buf := make([]byte, 4096)
+					if n, _ := unix.Read(in, buf); n > 0 {
+						t.Errorf("the promotion opened a regular file at the bell's name for writing (%d bytes of inotify events)", n)
+					}
+					unix.Close(in)
 					snap.Unchanged(t)
 					stop()
 				}

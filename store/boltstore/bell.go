@@ -27,7 +27,8 @@ import (
 // in a directory that is not theirs. The ticket records whose directory its
 // bell is in (ticketRec.BellUID). A ringer opens the bell without following a
 // symlink, relative to the directory's descriptor, and writes only to a named
-// pipe owned by that directory's user; a remover deletes only such a pipe.
+// pipe owned by that directory's user (openPipe: on Linux nothing else is even
+// opened); a remover deletes only such a pipe.
 // The bells directory is 0700 in a private store directory, 1770 (plus the
 // setgid bit it inherits) in a shared one; a user's directory 0700 or 2750
 // (others of the group may open a bell, not change the directory: opening a
@@ -215,7 +216,7 @@ func sweepBells(ufd, uid int, keep string) {
 			time.Since(ctime(&st)) < sweepAge {
 			continue
 		}
-		fd, err := openat(ufd, name, unix.O_WRONLY|unix.O_NONBLOCK, 0)
+		fd, err := openPipe(ufd, name, uid)
 		if err == nil {
 			unix.Close(fd) // a live waiter's
 			continue
@@ -271,17 +272,15 @@ func (s *Store) bell(b bellRef, remove bool) {
 		return
 	}
 	defer unix.Close(ufd)
-	var st unix.Stat_t
-	fd, err := openat(ufd, b.id, unix.O_WRONLY|unix.O_NONBLOCK, 0)
-	if err == nil { // else no bell (ENOENT) or no reader (ENXIO): nobody to wake
-		if unix.Fstat(fd, &st) == nil && uint32(st.Mode)&unix.S_IFMT == unix.S_IFIFO && int(st.Uid) == uid {
-			_, _ = unix.Write(fd, []byte{1}) // EAGAIN: the pipe is full of rings already
-		}
+	// No bell (ENOENT), no reader (ENXIO), not a pipe of uid: nobody to wake.
+	if fd, err := openPipe(ufd, b.id, uid); err == nil {
+		_, _ = unix.Write(fd, []byte{1}) // EAGAIN: the pipe is full of rings already
 		unix.Close(fd)
 	}
 	if !remove {
 		return
 	}
+	var st unix.Stat_t
 	if unix.Fstatat(ufd, b.id, &st, unix.AT_SYMLINK_NOFOLLOW) == nil &&
 		uint32(st.Mode)&unix.S_IFMT == unix.S_IFIFO && int(st.Uid) == uid {
 		_ = unix.Unlinkat(ufd, b.id, 0) // EACCES: another user's; its owner sweeps it

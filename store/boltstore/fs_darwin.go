@@ -35,3 +35,7 @@ func mkfifoat(dirfd int, name, path string, mode uint32) error {
 }
 
 func ctime(st *unix.Stat_t) time.Time { return time.Unix(st.Ctim.Unix()) }
+
+// openPipe opens the named pipe name of uid in dirfd for writing without
+// blocking (see openPipeAt: darwin has no O_PATH).
+func openPipe(dirfd int, name string, uid int) (int, error) { return openPipeAt(dirfd, name, uid) }

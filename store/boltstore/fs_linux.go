@@ -1,6 +1,8 @@
 package boltstore
 
 import (
+	"errors"
+	"strconv"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -29,3 +31,33 @@ func mkfifoat(dirfd int, name, path string, mode uint32) error {
 }
 
 func ctime(st *unix.Stat_t) time.Time { return time.Unix(st.Ctim.Unix()) }
+
+// openPipe opens the named pipe name in dirfd for writing without blocking,
+// if it is a named pipe of uid; anything else is not opened at all (a
+// regular file is not opened for writing, even one hard-linked here): an
+// O_PATH descriptor is checked first and the pipe then opened through it.
+// ENXIO: no reader.
+func openPipe(dirfd int, name string, uid int) (int, error) {
+	pfd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	defer unix.Close(pfd)
+	var st unix.Stat_t
+	if err := unix.Fstat(pfd, &st); err != nil {
+		return -1, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFIFO || int(st.Uid) != uid {
+		return -1, unix.EPERM
+	}
+	fd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(pfd), unix.O_WRONLY|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
+	if errors.Is(err, unix.ENOENT) && !procMounted() {
+		return openPipeAt(dirfd, name, uid) // no /proc: check, open, check again
+	}
+	return fd, err
+}
+
+func procMounted() bool {
+	var st unix.Stat_t
+	return unix.Stat("/proc/self/fd", &st) == nil
+}
