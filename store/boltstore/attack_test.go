@@ -418,6 +418,20 @@ func TestAttackFIFOStoreFile(t *testing.T) {
 						t.Errorf("%s took %v on a named pipe, want no wait", op, d)
 					}
 				}
+				// A device (which only root can make: a stand-in for /dev/null)
+				// is refused the same way.
+				dir := st.dir(mode)
+				path := filepath.Join(dir, "slots.db")
+				if err := unix.Mknod(path, unix.S_IFCHR|0o660, int(unix.Mkdev(1, 3))); err != nil {
+					t.Logf("NOT TESTED: a device at the store path (mknod: %v)", err)
+					return
+				}
+				if err := os.Chown(path, int(st.Alice.Uid), int(st.Group)); err != nil {
+					t.Fatal(err)
+				}
+				for _, op := range []string{"reap", "snapshot", "enqueue"} {
+					refused(t, op+" with a device at slots.db", v.do(t, attackOp{Op: op, Store: path, ID: "t1"}), path)
+				}
 			})
 		}
 	}
