@@ -248,12 +248,17 @@ func race(o attackOp) error {
 	return nil
 }
 
-// watchLoop makes bells and rings them, o.N times or for o.For: the
-// victim's side of the race. Failures are expected (the racer breaks the
-// bells directory all the time); only what they touch counts.
-func watchLoop(ctx context.Context, s *Store, o attackOp) error {
+// watchLoop makes bells and rings them, o.N times or for o.For, each time
+// with a new Store as each slotctl run has: the victim's side of the race.
+// Failures are expected (the racer breaks the bells directory all the time);
+// only what they touch counts.
+func watchLoop(ctx context.Context, _ *Store, o attackOp) error {
 	end := time.Now().Add(o.For)
 	for i := 0; i < o.N && time.Now().Before(end); i++ {
+		s, err := New(o.Store, Options{Timeout: 5 * time.Second})
+		if err != nil {
+			continue
+		}
 		id := fmt.Sprintf("%s-%d", o.ID, i)
 		b, err := s.Watch(ctx, id)
 		if err != nil {
@@ -697,26 +702,31 @@ func findEntry(t *testing.T, dir, name string) string {
 
 func TestAttackCreateChmodRace(t *testing.T) {
 	st := newStage(t)
-	const rounds, budget = 200, 3 * time.Second
+	const rounds, budget = 200, 2 * time.Second
 	for _, mode := range dirModes {
 		for _, v := range st.victims() {
-			t.Run(fmt.Sprintf("%o/%s", mode, v.name), func(t *testing.T) {
-				targets := st.targets(t)
-				victim := targets.Full[0]
-				if v.name == "bob" {
-					victim = targets.Full[1]
-				}
-				dir := st.dir(mode)
-				path := filepath.Join(dir, "slots.db")
-				snap := attacktest.Take(t, targets.All...)
-				racer := st.Alice.Command(dir, attackOp{Op: "race", Store: path, Victim: victim, For: budget}.env(), st.bin, "-test.run=^$")
-				done := make(chan attacktest.Result, 1)
-				go func() { done <- attacktest.Run(t, racer, 30*time.Second) }()
-				time.Sleep(50 * time.Millisecond)
-				v.do(t, attackOp{Op: "watch-loop", Store: path, ID: "r", N: rounds, For: budget})
-				<-done
-				snap.Unchanged(t)
-			})
+			for _, bells := range []string{"", "alice's bells"} {
+				t.Run(fmt.Sprintf("%o/%s/%s", mode, v.name, bells), func(t *testing.T) {
+					targets := st.targets(t)
+					victim := targets.Full[0]
+					if v.name == "bob" {
+						victim = targets.Full[1]
+					}
+					dir := st.dir(mode)
+					path := filepath.Join(dir, "slots.db")
+					if bells != "" { // made by Alice, who may then rename what others make in it
+						st.Alice.Sh(t, dir, "mkdir -m 2770 slots.db.bells")
+					}
+					snap := attacktest.Take(t, targets.All...)
+					racer := st.Alice.Command(dir, attackOp{Op: "race", Store: path, Victim: victim, For: budget}.env(), st.bin, "-test.run=^$")
+					done := make(chan attacktest.Result, 1)
+					go func() { done <- attacktest.Run(t, racer, 30*time.Second) }()
+					time.Sleep(50 * time.Millisecond)
+					v.do(t, attackOp{Op: "watch-loop", Store: path, ID: "r", N: rounds, For: budget})
+					<-done
+					snap.Unchanged(t)
+				})
+			}
 		}
 	}
 }
