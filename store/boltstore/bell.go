@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"sync"
 	"time"
@@ -103,7 +104,7 @@ func (s *Store) bellsDir(create bool) (int, error) {
 		unix.Close(fd)
 		return -1, fmt.Errorf("%s %s", path, why)
 	}
-	if made && int(st.Uid) == os.Geteuid() {
+	if made && int(st.Uid) == euid() {
 		// The umask narrowed it. Keep the setgid bit a setgid store directory
 		// passed on, so that every bell gets the shared group.
 		if err := unix.Fchmod(fd, mode|uint32(st.Mode)&unix.S_ISGID); err != nil {
@@ -121,11 +122,12 @@ func (s *Store) Watch(ctx context.Context, id string) (store.Bell, error) {
 	if err := store.CheckID(id); err != nil {
 		return nil, err
 	}
+	defer runtime.KeepAlive(s) // its cleanup closes the bells directory
 	bells, err := s.bellsDir(true)
 	if err != nil {
 		return nil, fmt.Errorf("%w: bell directory %v", store.ErrUnavailable, err)
 	}
-	uid := os.Geteuid()
+	uid := euid()
 	name := strconv.Itoa(uid)
 	path := filepath.Join(bellDir(s.path), name)
 	ufd, err := openDirAt(bells, name)
@@ -261,8 +263,9 @@ func (s *Store) bell(b bellRef, remove bool) {
 	}
 	uid := b.uid
 	if uid < 0 {
-		uid = os.Geteuid()
+		uid = euid()
 	}
+	defer runtime.KeepAlive(s) // its cleanup closes the bells directory
 	bells, err := s.bellsDir(false)
 	if err != nil {
 		return // no bells yet: nobody to wake

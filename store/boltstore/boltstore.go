@@ -103,7 +103,9 @@ func New(path string, opts Options) (*Store, error) {
 		mode = 0o660
 	}
 	s := &Store{path: abs, name: filepath.Base(abs), fds: fds, mode: mode, clock: opts.Clock, timeout: opts.Timeout, dead: opts.Dead, noSync: opts.NoSync, mut: opts.Mutations}
-	// A Store has no Close: its descriptors go with it.
+	// A Store has no Close: its descriptors go with it. Whatever uses them
+	// keeps the Store alive until done (runtime.KeepAlive), so that a number
+	// is never used after it was closed, or reused.
 	runtime.AddCleanup(s, func(fds *dirFDs) { fds.close() }, fds)
 	if s.clock == nil {
 		s.clock = SystemClock{}
@@ -164,6 +166,7 @@ var errNoFile = errors.New("no store file")
 // it; bbolt gets that very descriptor. A reader opens it before the lock, so
 // that reading a store that does not exist yet creates nothing.
 func (s *Store) open(ctx context.Context, write bool) (*bolt.DB, func(), error) {
+	defer runtime.KeepAlive(s) // its cleanup closes the directory this uses
 	var st unix.Stat_t
 	if err := s.fds.checkDir(filepath.Dir(s.path), &st); err != nil {
 		return nil, nil, err

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -1088,4 +1089,38 @@ func TestRecordRoundTrip(t *testing.T) {
 	if !bytes.Equal(encode(&back), encode(&r)) {
 		t.Errorf("round trip changed the record:\n%s\n%s", encode(&r), encode(&back))
 	}
+}
+
+// A Store keeps its directory open (and its bells directory, once used) and
+// has no Close: the descriptors go when the Store does.
+func TestStoreDescriptorsReleased(t *testing.T) {
+	fds := func() int {
+		ents, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Skip("no /proc/self/fd")
+		}
+		return len(ents)
+	}
+	path := filepath.Join(t.TempDir(), "slots.db")
+	before := fds()
+	for i := range 200 {
+		s, err := New(path, Options{Clock: newClock(), NoSync: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := s.Watch(context.Background(), fmt.Sprintf("w%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.Close()
+	}
+	var after int
+	for range 50 {
+		runtime.GC()
+		time.Sleep(10 * time.Millisecond)
+		if after = fds(); after < before+20 {
+			return
+		}
+	}
+	t.Errorf("descriptors: %d before 200 stores, %d after they went", before, after)
 }

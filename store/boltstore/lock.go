@@ -13,8 +13,9 @@ var errLockTimeout = errors.New("lock timeout")
 
 // lockFile takes an flock on the lock file name in dirfd (exclusive for
 // writers, shared for readers) and returns its release. The file is opened
-// as the store file is (regularFile): never through a symlink, a regular file
-// with one link, made with O_EXCL and its mode set on the descriptor. bbolt's own lock polls every 50 ms; this one
+// as the store file is (regularFile): never through a symlink, a regular
+// file with one link, made with O_EXCL and its mode set on the descriptor;
+// path is its name in messages. bbolt's own lock polls every 50 ms; this one
 // blocks in the kernel, so the next process gets the store the moment the
 // previous one lets go. The blocking call runs in a goroutine so that the
 // timeout and ctx still bound the wait.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/slotctl/slotctl/store"
@@ -56,9 +57,12 @@ type ticketRec struct {
 
 // ownUID is this process's effective uid, as a record keeps it.
 func ownUID() *uint32 {
-	u := uint32(os.Geteuid())
+	u := uint32(euid())
 	return &u
 }
+
+// euid is this process's effective uid, read once.
+var euid = sync.OnceValue(os.Geteuid)
 
 type limitRec struct {
 	V       int       `json:"v"`
