@@ -105,7 +105,7 @@ func (o attackOp) run() error {
 	case "forge":
 		return forge(o)
 	}
-	s, err := New(o.Store, Options{Timeout: 5 * time.Second})
+	s, err := New(o.Store, Options{}) // the production setting: no --store-timeout
 	if err != nil {
 		return err
 	}
@@ -255,7 +255,7 @@ func race(o attackOp) error {
 func watchLoop(ctx context.Context, _ *Store, o attackOp) error {
 	end := time.Now().Add(o.For)
 	for i := 0; i < o.N && time.Now().Before(end); i++ {
-		s, err := New(o.Store, Options{Timeout: 5 * time.Second})
+		s, err := New(o.Store, Options{}) // the production setting: no --store-timeout
 		if err != nil {
 			continue
 		}
