@@ -85,6 +85,10 @@ func New(path string, opts Options) (*Store, error) {
 		if errors.Is(err, unix.ENOTDIR) {
 			return nil, fmt.Errorf("%w: store directory %s is not a directory", store.ErrUnavailable, dir)
 		}
+		if errors.Is(err, unix.ELOOP) {
+			return nil, fmt.Errorf("%w: store directory %s is a symbolic link: slotctl does not follow one to a store; "+
+				"name the directory it points to", store.ErrUnavailable, dir)
+		}
 		return nil, fmt.Errorf("%w: store directory %v", store.ErrUnavailable, pathError(dir, unwrapPath(err)))
 	}
 	fds := &dirFDs{dir: dirfd, bells: -1}
