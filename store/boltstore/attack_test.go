@@ -469,7 +469,11 @@ func TestAttackLockFile(t *testing.T) {
 				st.Alice.Sh(t, dir, "ln -s "+attacktest.Quote(filepath.Dir(targets.Full[0]))+" store")
 				path = filepath.Join(dir, "store", "slots.db")
 				snap := attacktest.Take(t, path, path+".lock", path+".bells")
-				refused(t, "enqueue in a symlinked store directory", v.do(t, attackOp{Op: "enqueue", Store: path, ID: "t1"}), filepath.Join(dir, "store"))
+				got := v.do(t, attackOp{Op: "enqueue", Store: path, ID: "t1"})
+				refused(t, "enqueue in a symlinked store directory", got, filepath.Join(dir, "store"))
+				if !strings.Contains(got.msg, "symbolic link") {
+					t.Errorf("enqueue in a symlinked store directory: %q does not say it is a symbolic link", got.msg)
+				}
 				snap.Unchanged(t)
 			})
 		}

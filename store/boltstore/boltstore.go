@@ -82,10 +82,10 @@ func New(path string, opts Options) (*Store, error) {
 		}
 	}
 	if err != nil {
-		if errors.Is(err, unix.ENOTDIR) {
-			return nil, fmt.Errorf("%w: store directory %s is not a directory", store.ErrUnavailable, dir)
-		}
-		if errors.Is(err, unix.ELOOP) {
+		if errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) {
+			if st, lerr := os.Lstat(dir); lerr != nil || st.Mode()&fs.ModeSymlink == 0 {
+				return nil, fmt.Errorf("%w: store directory %s is not a directory", store.ErrUnavailable, dir)
+			}
 			return nil, fmt.Errorf("%w: store directory %s is a symbolic link: slotctl does not follow one to a store; "+
 				"name the directory it points to", store.ErrUnavailable, dir)
 		}
