@@ -121,52 +121,78 @@ func pathError(path string, err error) error {
 }
 
 // regularFile opens the regular file name in dirfd for the store: without
-// following a symlink, without blocking on a named pipe put in its place, and
-// refusing anything but a regular file with one link (a hard link to a file
-// elsewhere has two). With create it makes a missing file with mode, learning
-// from O_EXCL whether this call made it, and sets the mode on the descriptor
-// (the umask narrowed it; a shared store's files must stay group-writable).
-// path is for messages only; errors name it. A missing file without create
-// is fs.ErrNotExist itself. The size is the file's when it was opened.
+// following a symlink, and refusing anything but a regular file with one
+// link (a hard link to a file elsewhere has two) before it is opened for
+// reading or writing at all (openRegular), so that a named pipe or a device
+// put in its place is neither waited for nor touched. With create it makes a
+// missing file with mode, learning from O_EXCL whether this call made it,
+// and sets the mode on the descriptor (the umask narrowed it; a shared
+// store's files must stay group-writable). path is for messages only; errors
+// name it. A missing file without create wraps fs.ErrNotExist. The size is
+// the file's when it was opened.
 func regularFile(dirfd int, name, path string, flags int, create bool, mode fs.FileMode) (*os.File, int64, error) {
+	var st unix.Stat_t
 	// The file is there but the first time: open it first, create it if not.
-	fd, err := openat(dirfd, name, flags|unix.O_NONBLOCK, 0)
+	fd, err := openRegular(dirfd, name, flags, &st)
 	created := false
 	if create && errors.Is(err, unix.ENOENT) {
 		fd, err = openat(dirfd, name, flags|unix.O_CREAT|unix.O_EXCL, uint32(mode.Perm()))
-		created = err == nil
-		if errors.Is(err, unix.EEXIST) { // made by another process just now
-			fd, err = openat(dirfd, name, flags|unix.O_NONBLOCK, 0)
+		if err == nil {
+			created = true
+			if err = unix.Fstat(fd, &st); err != nil {
+				unix.Close(fd)
+			}
+		} else if errors.Is(err, unix.EEXIST) { // made by another process just now
+			fd, err = openRegular(dirfd, name, flags, &st)
 		}
 	}
-	if err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			return nil, 0, fmt.Errorf("%s: %w", path, fs.ErrNotExist)
-		}
-		return nil, 0, pathError(path, err)
-	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		unix.Close(fd)
-		return nil, 0, pathError(path, err)
-	}
-	if uint32(st.Mode)&unix.S_IFMT != unix.S_IFREG {
-		unix.Close(fd)
+	switch {
+	case errors.Is(err, errNotRegular) && uint32(st.Mode)&unix.S_IFMT != unix.S_IFREG:
 		return nil, 0, fmt.Errorf("%s is %s, not a regular file: slotctl does not use it", path, kind(uint32(st.Mode)))
-	}
-	if st.Nlink != 1 {
-		unix.Close(fd)
+	case errors.Is(err, errNotRegular):
 		return nil, 0, fmt.Errorf("%s has %d hard links, want 1: it may be another file's name; slotctl does not use it", path, st.Nlink)
+	case errors.Is(err, unix.ENOENT):
+		return nil, 0, fmt.Errorf("%s: %w", path, fs.ErrNotExist)
+	case err != nil:
+		return nil, 0, pathError(path, err)
 	}
 	if created {
 		if err := unix.Fchmod(fd, uint32(mode.Perm())); err != nil {
 			unix.Close(fd)
 			return nil, 0, pathError(path, err)
 		}
-	} else if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFL, 0); err != nil {
-		// A regular file: O_NONBLOCK only guarded the open against a pipe.
-		unix.Close(fd)
-		return nil, 0, pathError(path, err)
 	}
 	return os.NewFile(uintptr(fd), path), st.Size, nil
+}
+
+// errNotRegular: openRegular found something else than a regular file with
+// one link, and did not open it.
+var errNotRegular = errors.New("not a regular file with one link")
+
+func isRegular(st *unix.Stat_t) bool {
+	return uint32(st.Mode)&unix.S_IFMT == unix.S_IFREG && st.Nlink == 1
+}
+
+// openRegularAt is openRegular without O_PATH: name is opened without
+// following a symlink and without blocking (a named pipe in its place
+// would block an open for reading forever), then checked on the descriptor.
+func openRegularAt(dirfd int, name string, flags int, st *unix.Stat_t) (int, error) {
+	fd, err := openat(dirfd, name, flags|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return -1, err
+	}
+	if err := unix.Fstat(fd, st); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	if !isRegular(st) {
+		unix.Close(fd)
+		return -1, errNotRegular
+	}
+	// A regular file: O_NONBLOCK only guarded the open.
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFL, 0); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
 }

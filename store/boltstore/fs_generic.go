@@ -21,3 +21,8 @@ func ctime(st *unix.Stat_t) time.Time { return time.Unix(st.Ctim.Unix()) }
 // openPipe opens the named pipe name of uid in dirfd for writing without
 // blocking (see openPipeAt).
 func openPipe(dirfd int, name string, uid int) (int, error) { return openPipeAt(dirfd, name, uid) }
+
+// openRegular opens the regular file name in dirfd (see openRegularAt).
+func openRegular(dirfd int, name string, flags int, st *unix.Stat_t) (int, error) {
+	return openRegularAt(dirfd, name, flags, st)
+}

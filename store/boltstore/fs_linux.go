@@ -61,3 +61,26 @@ func procMounted() bool {
 	var st unix.Stat_t
 	return unix.Stat("/proc/self/fd", &st) == nil
 }
+
+// openRegular opens the regular file name in dirfd with flags if it is a
+// regular file with one link (else errNotRegular, and st says what it is),
+// never through a symlink. Nothing else is opened at all: an O_PATH
+// descriptor is checked first and the file then opened through it.
+func openRegular(dirfd int, name string, flags int, st *unix.Stat_t) (int, error) {
+	pfd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	defer unix.Close(pfd)
+	if err := unix.Fstat(pfd, st); err != nil {
+		return -1, err
+	}
+	if !isRegular(st) {
+		return -1, errNotRegular
+	}
+	fd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(pfd), flags|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
+	if errors.Is(err, unix.ENOENT) && !procMounted() {
+		return openRegularAt(dirfd, name, flags, st) // no /proc
+	}
+	return fd, err
+}
