@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -44,7 +45,10 @@ func join(t *testing.T, g *Gate, req store.EnqueueRequest) *Entry {
 	return e
 }
 
-func bellPath(s *boltstore.Store, id string) string { return filepath.Join(s.Path()+".bells", id) }
+// bellPath is where the bbolt store keeps this user's bell of ticket id.
+func bellPath(s *boltstore.Store, id string) string {
+	return filepath.Join(s.Path()+".bells", strconv.Itoa(os.Geteuid()), id)
+}
 
 type waitResult struct {
 	t   store.Ticket

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -14,6 +15,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
+	"golang.org/x/sys/unix"
 
 	"github.com/slotctl/slotctl/internal/mutation"
 	"github.com/slotctl/slotctl/store"
@@ -40,10 +42,14 @@ type Options struct {
 }
 
 // Store is the embedded bbolt store. It holds no file open between
-// operations: each one opens the file, takes the lock, runs one transaction
-// and closes it, so a process that waits or runs a child never blocks others.
+// operations but its directory: each one opens the file, takes the lock,
+// runs one transaction and closes it, so a process that waits or runs a
+// child never blocks others. Every file is reached from the directory's
+// descriptor (see dirfd.go).
 type Store struct {
 	path    string // absolute
+	name    string // the store file's name in its directory
+	fds     *dirFDs
 	mode    fs.FileMode
 	clock   Clock
 	timeout time.Duration
@@ -60,34 +66,51 @@ var _ store.Store = (*Store)(nil)
 // New returns the store kept in the bbolt file at path, creating its
 // directory (private, 0700) if missing. The file itself is created by the
 // first write: 0600 in a private directory, 0660 in a group-writable (shared)
-// one. A directory on a network filesystem is refused: use etcd there.
+// one. A directory on a network filesystem is refused: use etcd there; so is
+// one whose last component is a symlink, or that everyone may write to
+// without its sticky bit (SPEC §4.5).
 func New(path string, opts Options) (*Store, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return nil, fmt.Errorf("%w: store path %q: %v", store.ErrUnavailable, path, err)
 	}
 	dir := filepath.Dir(abs)
-	st, err := os.Stat(dir)
-	if errors.Is(err, fs.ErrNotExist) {
+	dirfd, err := openDirFD(dir)
+	if errors.Is(err, unix.ENOENT) {
 		if err = os.MkdirAll(dir, 0o700); err == nil {
-			st, err = os.Stat(dir)
+			dirfd, err = openDirFD(dir)
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%w: store directory %s: %v", store.ErrUnavailable, dir, unwrapPath(err))
+		if errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) {
+			if st, lerr := os.Lstat(dir); lerr != nil || st.Mode()&fs.ModeSymlink == 0 {
+				return nil, fmt.Errorf("%w: store directory %s is not a directory", store.ErrUnavailable, dir)
+			}
+			return nil, fmt.Errorf("%w: store directory %s is a symbolic link: slotctl does not follow one to a store; "+
+				"name the directory it points to", store.ErrUnavailable, dir)
+		}
+		return nil, fmt.Errorf("%w: store directory %v", store.ErrUnavailable, pathError(dir, unwrapPath(err)))
 	}
-	if !st.IsDir() {
-		return nil, fmt.Errorf("%w: store directory %s is not a directory", store.ErrUnavailable, dir)
+	fds := &dirFDs{dir: dirfd, bells: -1}
+	var st unix.Stat_t
+	if err := fds.checkDir(dir, &st); err != nil {
+		fds.close()
+		return nil, err
 	}
-	if fsName, remote := networkFS(dir); remote {
+	if fsName, remote := networkFS(dirfd); remote {
+		fds.close()
 		return nil, fmt.Errorf("%w: store directory %s is on %s: bbolt's file lock is not reliable there; "+
 			"use a local path, or etcd for limits shared across hosts (--store etcd://HOST:2379)", store.ErrUnavailable, dir, fsName)
 	}
 	mode := fs.FileMode(0o600)
-	if st.Mode().Perm()&0o020 != 0 {
+	if st.Mode&0o020 != 0 {
 		mode = 0o660
 	}
-	s := &Store{path: abs, mode: mode, clock: opts.Clock, timeout: opts.Timeout, dead: opts.Dead, noSync: opts.NoSync, mut: opts.Mutations}
+	s := &Store{path: abs, name: filepath.Base(abs), fds: fds, mode: mode, clock: opts.Clock, timeout: opts.Timeout, dead: opts.Dead, noSync: opts.NoSync, mut: opts.Mutations}
+	// A Store has no Close: its descriptors go with it. Whatever uses them
+	// keeps the Store alive until done (runtime.KeepAlive), so that a number
+	// is never used after it was closed, or reused.
+	runtime.AddCleanup(s, func(fds *dirFDs) { fds.close() }, fds)
 	if s.clock == nil {
 		s.clock = SystemClock{}
 	}
@@ -95,6 +118,33 @@ func New(path string, opts Options) (*Store, error) {
 		s.timeout = DefaultTimeout
 	}
 	return s, nil
+}
+
+// dirFDs are a Store's descriptors: its directory, opened in New, and its
+// bells directory, opened by the first Watch or ring that finds it.
+type dirFDs struct {
+	dir   int
+	mu    sync.Mutex // guards bells
+	bells int        // -1 until opened
+}
+
+func (d *dirFDs) close() {
+	unix.Close(d.dir)
+	if d.bells >= 0 {
+		unix.Close(d.bells)
+	}
+}
+
+// checkDir fstats the store directory, as New does and every operation
+// again (its mode may have changed since), into st.
+func (d *dirFDs) checkDir(dir string, st *unix.Stat_t) error {
+	if err := unix.Fstat(d.dir, st); err != nil {
+		return fmt.Errorf("%w: store directory %s: %v", store.ErrUnavailable, dir, err)
+	}
+	if why := unsafeDir(st); why != "" {
+		return fmt.Errorf("%w: store directory %s %s", store.ErrUnavailable, dir, why)
+	}
+	return nil
 }
 
 // Path is the store file's absolute path.
@@ -115,10 +165,29 @@ func unwrapPath(err error) error {
 var errNoFile = errors.New("no store file")
 
 // open takes the store's lock and opens the bbolt file for one operation.
-// The returned func closes both.
+// The returned func closes both. The file is opened once, relative to the
+// store directory and checked (regularFile), before bbolt or any check reads
+// it; bbolt gets that very descriptor. A reader opens it before the lock, so
+// that reading a store that does not exist yet creates nothing.
 func (s *Store) open(ctx context.Context, write bool) (*bolt.DB, func(), error) {
+	defer runtime.KeepAlive(s) // its cleanup closes the directory this uses
+	var st unix.Stat_t
+	if err := s.fds.checkDir(filepath.Dir(s.path), &st); err != nil {
+		return nil, nil, err
+	}
+	var f *os.File
 	if !write {
-		if st, err := os.Stat(s.path); errors.Is(err, fs.ErrNotExist) || (err == nil && st.Size() == 0) {
+		var size int64
+		var err error
+		f, size, err = regularFile(s.fds.dir, s.name, s.path, unix.O_RDONLY, false, 0)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, nil, errNoFile
+		}
+		if err != nil {
+			return nil, nil, s.fileError(err)
+		}
+		if size == 0 {
+			f.Close()
 			return nil, nil, errNoFile
 		}
 	}
@@ -127,49 +196,54 @@ func (s *Store) open(ctx context.Context, write bool) (*bolt.DB, func(), error) 
 		timeout = time.Until(d)
 	}
 	start := time.Now()
-	unlock, err := lockFile(ctx, s.path+".lock", s.mode, write, timeout)
+	unlock, err := lockFile(ctx, s.fds.dir, s.name+".lock", s.path+".lock", s.mode, write, timeout)
 	if err != nil {
+		if f != nil {
+			f.Close()
+		}
 		if errors.Is(err, errLockTimeout) {
 			return nil, nil, fmt.Errorf("%w: store %s stayed locked by another process for %s (--store-timeout)", store.ErrUnavailable, s.path, timeout.Round(time.Millisecond))
 		}
-		return nil, nil, fmt.Errorf("%w: lock store %s: %v", store.ErrUnavailable, s.path, unwrapPath(err))
+		return nil, nil, fmt.Errorf("%w: lock store %s: %v", store.ErrUnavailable, s.path, err)
 	}
-	_, statErr := os.Stat(s.path)
-	created := errors.Is(statErr, fs.ErrNotExist)
-	if err := checkFileSize(s.path); err != nil {
+	if write {
+		if f, _, err = regularFile(s.fds.dir, s.name, s.path, unix.O_RDWR, true, s.mode); err != nil {
+			unlock()
+			return nil, nil, s.fileError(err)
+		}
+	}
+	if err := checkFileSize(f, s.path); err != nil {
+		f.Close()
 		unlock()
 		return nil, nil, err
 	}
 	left := max(timeout-time.Since(start), 10*time.Millisecond)
 	// bbolt reads the freelist while opening: open under guard too, and keep
 	// its file so that a fault there does not leave the file locked.
-	var f *os.File
 	opts := &bolt.Options{Timeout: left, ReadOnly: !write, NoSync: s.noSync,
-		OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
-			var err error
-			f, err = os.OpenFile(name, flag, perm)
-			return f, err
-		}}
+		OpenFile: func(string, int, os.FileMode) (*os.File, error) { return f, nil }}
 	var db *bolt.DB
 	err = s.guard(func() (err error) {
 		db, err = bolt.Open(s.path, s.mode, opts)
 		return err
 	})
 	if err != nil {
-		if f != nil {
-			f.Close() // bbolt closed it already, unless it faulted
-		}
+		f.Close() // bbolt closed it already, unless it faulted
 		unlock()
 		if errors.Is(err, store.ErrCorrupt) {
 			return nil, nil, err
 		}
 		return nil, nil, s.openError(err)
 	}
-	if created {
-		// The umask may have narrowed the mode; a shared store must stay group-writable.
-		_ = os.Chmod(s.path, s.mode)
-	}
 	return db, func() { db.Close(); unlock() }, nil
+}
+
+// fileError is the error of a store file that regularFile refused.
+func (s *Store) fileError(err error) error {
+	if errors.Is(err, fs.ErrPermission) {
+		return fmt.Errorf("%w: open store %s: permission denied", store.ErrUnavailable, s.path)
+	}
+	return fmt.Errorf("%w: store file %v", store.ErrUnavailable, err)
 }
 
 func (s *Store) openError(err error) error {
@@ -210,12 +284,11 @@ func (s *Store) update(ctx context.Context, fn func(x *txn) error) (err error) {
 	if err != nil {
 		return err
 	}
-	for _, id := range x.unbell {
-		ring(s.path, id) // a waiter whose ticket was removed learns it at once
-		removeBell(s.path, id)
+	for _, b := range x.unbell {
+		s.bell(b, true) // a waiter whose ticket was removed learns it at once
 	}
-	for _, id := range x.rings {
-		ring(s.path, id)
+	for _, b := range x.rings {
+		s.bell(b, false)
 	}
 	return nil
 }

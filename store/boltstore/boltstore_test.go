@@ -12,7 +12,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -354,6 +356,17 @@ func TestCorruptFormatVersion(t *testing.T) {
 
 func TestCorruptRecords(t *testing.T) {
 	ticketV2, _ := json.Marshal(map[string]any{"v": 2, "id": "t0", "limit": "x", "state": "held", "fence": 1})
+	// A ticket a request could not have written (SPEC §4.5: records are
+	// checked as strictly as requests; an id from the file names a bell).
+	ticket := func(change map[string]any) []byte {
+		m := map[string]any{"v": 1, "id": "t0", "limit": "x", "state": "held", "fence": 1, "slot": 0,
+			"ttl_ns": int64(testTTL), "deadline_boot": "b1", "deadline_mono_ns": int64(time.Hour), "holder": map[string]any{"host": "h", "pid": 1}}
+		for k, v := range change {
+			m[k] = v
+		}
+		b, _ := json.Marshal(m)
+		return b
+	}
 	all := []string{"Get", "Snapshot", "SnapshotLimit", "Enqueue", "Renew", "Release", "SetLimit", "RemoveLimit"}
 	cases := []struct {
 		name   string
@@ -366,6 +379,18 @@ func TestCorruptRecords(t *testing.T) {
 		{"ticket garbage", [][]byte{bucketQueue, []byte("x")}, u64key(1), []byte("\x00{garbage"), all},
 		{"ticket empty object", [][]byte{bucketQueue, []byte("x")}, u64key(1), []byte("{}"), all},
 		{"ticket JSON null", [][]byte{bucketQueue, []byte("x")}, u64key(1), []byte("null"), all},
+		{"ticket id a path", [][]byte{bucketQueue, []byte("x")}, u64key(1), ticket(map[string]any{"id": "../../x"}), all},
+		{"ticket id too long", [][]byte{bucketQueue, []byte("x")}, u64key(1), ticket(map[string]any{"id": strings.Repeat("a", 65)}), all},
+		{"ticket limit a path", [][]byte{bucketQueue, []byte("x")}, u64key(1), ticket(map[string]any{"limit": "../x"}), all},
+		{"ticket state", [][]byte{bucketQueue, []byte("x")}, u64key(1), ticket(map[string]any{"state": "gone"}), all},
+		{"ticket slot", [][]byte{bucketQueue, []byte("x")}, u64key(1), ticket(map[string]any{"slot": store.MaxSlots}), all},
+		{"ticket ttl", [][]byte{bucketQueue, []byte("x")}, u64key(1), ticket(map[string]any{"ttl_ns": 0}), all},
+		{"ticket pgid", [][]byte{bucketQueue, []byte("x")}, u64key(1), ticket(map[string]any{"holder": map[string]any{"pid": 1, "pgid": -1}}), all},
+		{"ticket bell uid", [][]byte{bucketQueue, []byte("x")}, u64key(1), ticket(map[string]any{"bell_uid": -1}), all},
+		{"limit slots", [][]byte{bucketLimits}, []byte("x"), []byte(`{"v":1,"slots":70000}`),
+			[]string{"Snapshot", "SnapshotLimit", "Enqueue", "Release", "SetLimit", "RemoveLimit"}},
+		{"limit named a path", [][]byte{bucketLimits}, []byte("../x"), []byte(`{"v":1,"slots":1}`), []string{"Snapshot"}},
+		{"id limit a path", [][]byte{bucketIDs}, []byte("t0"), []byte(`{"v":1,"limit":"../x","fence":1}`), []string{"Get", "Renew", "Release"}},
 		// Get and Renew of a held ticket do not read its limit.
 		{"limit v2", [][]byte{bucketLimits}, []byte("x"), []byte(`{"v":2,"slots":1}`),
 			[]string{"Snapshot", "SnapshotLimit", "Enqueue", "Release", "SetLimit", "RemoveLimit"}},
@@ -492,7 +517,10 @@ func TestFileModesPrivate(t *testing.T) {
 	if got := perm(t, bellDir(path)); got != 0o700 {
 		t.Errorf("bell directory %o, want 700", got)
 	}
-	if got := perm(t, filepath.Join(bellDir(path), "w1")); got != 0o600 {
+	if got := perm(t, filepath.Dir(bellPath(path, "w1"))); got != 0o700 {
+		t.Errorf("user's bell directory %o, want 700", got)
+	}
+	if got := perm(t, bellPath(path, "w1")); got != 0o600 {
 		t.Errorf("bell %o, want 600", got)
 	}
 }
@@ -525,8 +553,11 @@ func TestFileModesShared(t *testing.T) {
 			if got := perm(t, bellDir(path)); got != 0o770 {
 				t.Errorf("bell directory %o, want 770", got)
 			}
-			if got := perm(t, filepath.Join(bellDir(path), "w1")); got != 0o660 {
-				t.Errorf("bell %o, want 660", got)
+			if got := perm(t, filepath.Dir(bellPath(path, "w1"))); got != 0o750 {
+				t.Errorf("user's bell directory %o, want 750 (the group may open a bell, not change the directory)", got)
+			}
+			if got := perm(t, bellPath(path, "w1")); got != 0o620 {
+				t.Errorf("bell %o, want 620 (the group may ring it)", got)
 			}
 		})
 	}
@@ -596,7 +627,7 @@ func TestFileModesSetgidBellGroup(t *testing.T) {
 		t.Errorf("bell directory in a setgid store directory: %v, %v; want setgid kept", st.Mode(), err)
 	}
 	var st unix.Stat_t
-	if err := unix.Stat(filepath.Join(bellDir(path), "w1"), &st); err != nil {
+	if err := unix.Stat(bellPath(path, "w1"), &st); err != nil {
 		t.Fatal(err)
 	}
 	if int(st.Gid) != gid {
@@ -904,6 +935,11 @@ func rang(b store.Bell, within time.Duration) bool {
 	}
 }
 
+// bellPath is where this process's bell of ticket id is.
+func bellPath(storePath, id string) string {
+	return filepath.Join(bellDir(storePath), strconv.Itoa(os.Geteuid()), id)
+}
+
 func TestBellRingsOnPromotion(t *testing.T) {
 	s, _, _ := newTestStore(t, Options{})
 	ctx := context.Background()
@@ -960,7 +996,7 @@ func TestBellOnlyForPromoted(t *testing.T) {
 func TestBellFileRemoved(t *testing.T) {
 	s, _, path := newTestStore(t, Options{})
 	ctx := context.Background()
-	bellPath := func(id string) string { return filepath.Join(bellDir(path), id) }
+	bellPath := func(id string) string { return bellPath(path, id) }
 
 	// Close removes it.
 	b, err := s.Watch(ctx, "c1")
@@ -1053,4 +1089,38 @@ func TestRecordRoundTrip(t *testing.T) {
 	if !bytes.Equal(encode(&back), encode(&r)) {
 		t.Errorf("round trip changed the record:\n%s\n%s", encode(&r), encode(&back))
 	}
+}
+
+// A Store keeps its directory open (and its bells directory, once used) and
+// has no Close: the descriptors go when the Store does.
+func TestStoreDescriptorsReleased(t *testing.T) {
+	fds := func() int {
+		ents, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Skip("no /proc/self/fd")
+		}
+		return len(ents)
+	}
+	path := filepath.Join(t.TempDir(), "slots.db")
+	before := fds()
+	for i := range 200 {
+		s, err := New(path, Options{Clock: newClock(), NoSync: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := s.Watch(context.Background(), fmt.Sprintf("w%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.Close()
+	}
+	var after int
+	for range 50 {
+		runtime.GC()
+		time.Sleep(10 * time.Millisecond)
+		if after = fds(); after < before+20 {
+			return
+		}
+	}
+	t.Errorf("descriptors: %d before 200 stores, %d after they went", before, after)
 }

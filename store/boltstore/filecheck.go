@@ -23,13 +23,9 @@ const (
 // checkFileSize refuses a store file shorter than its own meta page says it
 // is. bbolt maps the file into memory and would touch pages past the end: the
 // process dies of SIGBUS, which no recover catches (SPEC §7: a truncated
-// store file is an error naming the file, never a crash).
-func checkFileSize(path string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil // bbolt's open reports it
-	}
-	defer f.Close()
+// store file is an error naming the file, never a crash). f is the store
+// file as open() opened it; path is for messages.
+func checkFileSize(f *os.File, path string) error {
 	st, err := f.Stat()
 	if err != nil || st.Size() == 0 {
 		return nil

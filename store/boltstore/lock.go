@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io/fs"
-	"os"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -12,20 +11,19 @@ import (
 
 var errLockTimeout = errors.New("lock timeout")
 
-// lockFile takes an flock on path (exclusive for writers, shared for readers)
-// and returns its release. bbolt's own lock polls every 50 ms; this one
+// lockFile takes an flock on the lock file name in dirfd (exclusive for
+// writers, shared for readers) and returns its release. The file is opened
+// as the store file is (regularFile): never through a symlink, a regular
+// file with one link, made with O_EXCL and its mode set on the descriptor;
+// path is its name in messages. bbolt's own lock polls every 50 ms; this one
 // blocks in the kernel, so the next process gets the store the moment the
 // previous one lets go. The blocking call runs in a goroutine so that the
 // timeout and ctx still bound the wait.
-func lockFile(ctx context.Context, path string, mode fs.FileMode, exclusive bool, timeout time.Duration) (func(), error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, mode)
-	if err == nil {
-		_ = f.Chmod(mode) // the umask narrowed it; a shared store's lock must stay group-writable
-	} else if errors.Is(err, fs.ErrExist) {
-		f, err = os.OpenFile(path, os.O_RDWR, 0)
-	}
+func lockFile(ctx context.Context, dirfd int, name, path string, mode fs.FileMode, exclusive bool, timeout time.Duration) (func(), error) {
+	f, _, err := regularFile(dirfd, name, path, unix.O_RDWR, true, mode)
 	if err != nil && !exclusive && errors.Is(err, fs.ErrPermission) {
-		f, err = os.OpenFile(path, os.O_RDONLY, 0) // a reader without write access may still lock shared
+		// a reader without write access may still lock shared
+		f, _, err = regularFile(dirfd, name, path, unix.O_RDONLY, false, 0)
 	}
 	if err != nil {
 		return nil, err

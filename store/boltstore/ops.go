@@ -50,7 +50,8 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 			return err
 		}
 		r := ticketRec{ID: req.ID, Limit: req.Limit, State: store.Waiting, Fence: fence, Slot: -1, TTL: req.TTL,
-			DeadlineBoot: x.now.Boot, DeadlineMono: x.now.Mono + req.TTL, Created: x.now.Wall, Holder: req.Holder}
+			DeadlineBoot: x.now.Boot, DeadlineMono: x.now.Mono + req.TTL, Created: x.now.Wall, Holder: req.Holder,
+			BellUID: ownUID()} // the enqueuer is the waiter: its Watch made the bell
 		if err := x.putTicket(r); err != nil {
 			return err
 		}
@@ -473,7 +474,14 @@ func (x *txn) limitNames(limits []string) ([]string, error) {
 	names := slices.Clone(limits)
 	if len(names) == 0 {
 		if b := x.bucket(bucketLimits); b != nil {
-			if err := b.ForEach(func(k, _ []byte) error { names = append(names, string(k)); return nil }); err != nil {
+			err := b.ForEach(func(k, _ []byte) error {
+				if !store.ValidLimitName(string(k)) { // a name from the file, checked as a request's
+					return fmt.Errorf("%w: limit named %q", store.ErrCorrupt, k)
+				}
+				names = append(names, string(k))
+				return nil
+			})
+			if err != nil {
 				return nil, err
 			}
 		}

@@ -4,6 +4,9 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"os"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/slotctl/slotctl/store"
@@ -47,7 +50,19 @@ type ticketRec struct {
 	Admitted     time.Time     `json:"admitted,omitzero"`
 	Renewed      time.Time     `json:"renewed,omitzero"`
 	Holder       store.Holder  `json:"holder"`
+	// BellUID is the user whose bell directory holds the waiter's bell
+	// (bell.go); absent in records of older versions.
+	BellUID *uint32 `json:"bell_uid,omitempty"`
 }
+
+// ownUID is this process's effective uid, as a record keeps it.
+func ownUID() *uint32 {
+	u := uint32(euid())
+	return &u
+}
+
+// euid is this process's effective uid, read once.
+var euid = sync.OnceValue(os.Geteuid)
 
 type limitRec struct {
 	V       int       `json:"v"`
@@ -75,9 +90,12 @@ type eventRec struct {
 	store.Event
 }
 
-// record is what every stored value is: versioned JSON.
+// record is what every stored value is: versioned JSON, checked as
+// strictly as the requests that write it (SPEC §4.5): a member can write the
+// store file, and an id read from it names a bell.
 type record interface {
 	version() int
+	check() error
 }
 
 func (r *ticketRec) version() int { return r.V }
@@ -86,13 +104,57 @@ func (r *idRec) version() int     { return r.V }
 func (r *tombRec) version() int   { return r.V }
 func (r *eventRec) version() int  { return r.V }
 
-// decode parses a stored value; anything it cannot read exactly is ErrCorrupt.
+func (r *ticketRec) check() error {
+	if err := store.CheckID(r.ID); err != nil {
+		return err
+	}
+	if err := store.CheckLimitName(r.Limit); err != nil {
+		return err
+	}
+	switch {
+	case r.State != store.Held && r.State != store.Waiting:
+		return fmt.Errorf("state %q", r.State)
+	case r.Fence == 0:
+		return fmt.Errorf("fence 0")
+	case r.State == store.Held && (r.Slot < 0 || r.Slot >= store.MaxSlots):
+		return fmt.Errorf("slot %d of a held ticket: want 0..%d", r.Slot, store.MaxSlots-1)
+	case r.State == store.Waiting && r.Slot != -1:
+		return fmt.Errorf("slot %d of a waiting ticket: want -1", r.Slot)
+	case r.Holder.Pid < 0 || r.Holder.Pgid < 0:
+		return fmt.Errorf("holder pid %d, group %d: want no negative pid", r.Holder.Pid, r.Holder.Pgid)
+	}
+	return store.CheckTTL(r.TTL)
+}
+
+func (r *limitRec) check() error { return store.CheckSlots(r.Slots) }
+
+func (r *idRec) check() error {
+	if r.Fence == 0 {
+		return fmt.Errorf("fence 0")
+	}
+	return store.CheckLimitName(r.Limit)
+}
+
+func (r *tombRec) check() error { return nil }
+
+func (r *eventRec) check() error {
+	if err := store.CheckID(r.Ticket); err != nil {
+		return err
+	}
+	return store.CheckLimitName(r.Limit)
+}
+
+// decode parses a stored value; anything it cannot read exactly, or that a
+// request could not have written, is ErrCorrupt.
 func decode(b []byte, r record) error {
 	if err := json.Unmarshal(b, r); err != nil {
 		return fmt.Errorf("%w: undecodable record: %v", store.ErrCorrupt, err)
 	}
 	if v := r.version(); v != formatVersion {
 		return fmt.Errorf("%w: record format version %d, this slotctl reads %d", store.ErrCorrupt, v, formatVersion)
+	}
+	if err := r.check(); err != nil {
+		return fmt.Errorf("%w: invalid record: %v", store.ErrCorrupt, strings.TrimPrefix(err.Error(), store.ErrInvalid.Error()+": "))
 	}
 	return nil
 }

@@ -26,8 +26,8 @@ type txn struct {
 	s      *Store
 	tx     *bolt.Tx // nil when the store file does not exist yet (reads only)
 	now    Instant
-	rings  []string // tickets promoted: wake their waiters after the commit
-	unbell []string // tickets removed: delete their bells after the commit
+	rings  []bellRef // tickets promoted: wake their waiters after the commit
+	unbell []bellRef // tickets removed: delete their bells after the commit
 }
 
 // init creates the buckets of a new file and checks the format of an old one.
@@ -248,7 +248,7 @@ func (x *txn) remove(r ticketRec, why store.Reason, evidence string) error {
 	if err := x.addTombstone(r.ID, why); err != nil {
 		return err
 	}
-	x.unbell = append(x.unbell, r.ID)
+	x.unbell = append(x.unbell, refOf(r))
 	return x.event(string(why), r, evidence)
 }
 
@@ -410,7 +410,7 @@ func (x *txn) promote(limit string, slots int, recs []ticketRec) error {
 		if err := x.event("admitted", recs[i], ""); err != nil {
 			return err
 		}
-		x.rings = append(x.rings, recs[i].ID)
+		x.rings = append(x.rings, refOf(recs[i]))
 	}
 	return nil
 }
