@@ -881,3 +881,34 @@ func TestPrivateDirectoryAsMember(t *testing.T) {
 		}
 	}
 }
+
+// A store directory named through a symlink of the caller's own, or root's,
+// is used (nobody else could have planted it); one a member made for
+// another user is refused (TestAttackLockFile).
+func TestTrustedSymlinkedDirectory(t *testing.T) {
+	st := newStage(t)
+	real := filepath.Join(st.Bob.Home, "real")
+	st.Bob.Sh(t, st.Bob.Home, "mkdir -m 700 real && ln -s real link")
+	path := filepath.Join(st.Bob.Home, "link", "slots.db")
+	if got := st.as(t, st.Bob, attackOp{Op: "enqueue", Store: path, ID: "b1"}); got.code != 0 {
+		t.Fatalf("bob's enqueue through his own symlink: exit %d, %s", got.code, got.msg)
+	}
+	if _, err := os.Stat(filepath.Join(real, "slots.db")); err != nil {
+		t.Fatalf("the store is not in the directory bob's link names: %v", err)
+	}
+	shared := st.dir(0o3770)
+	link := filepath.Join(st.Base, "roots-link")
+	if err := os.Symlink(shared, link); err != nil {
+		t.Fatal(err)
+	}
+	path = filepath.Join(link, "slots.db")
+	if got := st.as(t, st.Bob, attackOp{Op: "enqueue", Store: path, ID: "b2"}); got.code != 0 {
+		t.Fatalf("bob's enqueue through root's symlink: exit %d, %s", got.code, got.msg)
+	}
+	// Alice's link in root's directory: refused for Bob and root alike.
+	st.Alice.Sh(t, shared, "ln -s "+attacktest.Quote(real)+" alices")
+	path = filepath.Join(shared, "alices", "slots.db")
+	for _, v := range st.victims() {
+		refused(t, v.name+"'s enqueue through alice's symlink", v.do(t, attackOp{Op: "enqueue", Store: path, ID: "b3"}), filepath.Join(shared, "alices"))
+	}
+}

@@ -76,6 +76,9 @@ func New(path string, opts Options) (*Store, error) {
 	}
 	dir := filepath.Dir(abs)
 	dirfd, err := openDirFD(dir)
+	if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
+		dirfd, err = openTrustedLink(dir, err)
+	}
 	if errors.Is(err, unix.ENOENT) {
 		if err = os.MkdirAll(dir, 0o700); err == nil {
 			dirfd, err = openDirFD(dir)
