@@ -147,7 +147,12 @@ func (s *Store) open(ctx context.Context, write bool) (*bolt.DB, func(), error) 
 	opts := &bolt.Options{Timeout: left, ReadOnly: !write, NoSync: s.noSync,
 		OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
 			var err error
-			f, err = os.OpenFile(name, flag, perm)
+			if f, err = os.OpenFile(name, flag, perm); err == nil {
+				if err = checkPages(f, s.path); err != nil { // before bbolt reads a page of it
+					f.Close()
+					f = nil
+				}
+			}
 			return f, err
 		}}
 	var db *bolt.DB
