@@ -163,9 +163,11 @@ func (f *boltFile) appendPage(from uint64) uint64 {
 // hostileBase is a store with deep enough trees to patch: limit "x" with 300
 // tickets (t0 has fence 1), and 200 limits with 123-character names of one
 // ticket each, whose queue sub-buckets are inline.
-func hostileBase(t testing.TB, path string) {
+func hostileBase(t testing.TB, path string) { hostileBaseOn(t, path, newClock()) }
+
+func hostileBaseOn(t testing.TB, path string, clock Clock) {
 	t.Helper()
-	s, err := New(path, Options{Clock: newClock(), NoSync: true})
+	s, err := New(path, Options{Clock: clock, NoSync: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -553,4 +555,45 @@ func TestCheckPagesAcceptsBboltFiles(t *testing.T) {
 	}
 	db.Close()
 	check(400)
+}
+
+// BenchmarkCheckPages is the page check that every operation now runs
+// before bbolt opens the file: on a store of one limit with two tickets (the
+// usual one) and on one of 10,000 tickets in 100 limits.
+func BenchmarkCheckPages(b *testing.B) {
+	small := filepath.Join(b.TempDir(), "small.db")
+	s, err := New(small, Options{NoSync: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, id := range []string{"a", "b"} {
+		if _, err := s.Enqueue(context.Background(), req(id, "x", 1)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	big := filepath.Join(b.TempDir(), "10k.db")
+	bench10k(b, big)
+	for _, c := range []struct{ name, path string }{{"small", small}, {"tickets=10000", big}} {
+		b.Run(c.name, func(b *testing.B) {
+			f, err := os.Open(c.path)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer f.Close()
+			st, _ := f.Stat()
+			var read int64
+			b.ReportAllocs()
+			for b.Loop() {
+				m, ok := readMeta(f, st.Size())
+				if !ok {
+					b.Fatal("no meta")
+				}
+				if read, err = walkPages(f, st.Size(), m); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(read)/1e6, "MB-read/op")
+			b.ReportMetric(float64(st.Size())/1e6, "MB-file")
+		})
+	}
 }
