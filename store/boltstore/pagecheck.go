@@ -1,6 +1,7 @@
 package boltstore
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -17,7 +18,7 @@ import (
 // is itself or an ancestor sends its cursor into unbounded recursion (a stack
 // overflow, which is fatal in Go) or an ever-growing stack of pages; a page
 // reached from two parents is freed twice; counts and offsets reach past the
-// page; a freelist that claims 2^30 ids allocates as much. checkPages walks,
+// page; a freelist that claims 2^28 ids allocates 2 GiB. checkPages walks,
 // before bbolt touches the file, every page bbolt can read from it and
 // refuses the file unless those pages form a tree that bbolt's reads and
 // writes stay inside. It reads with ReadAt, never through a memory map, so a
@@ -33,14 +34,20 @@ const (
 	freelistPageFlag = 0x10
 	bucketLeafFlag   = 0x01
 	pgidNoFreelist   = ^uint64(0)
+	maxKeySize       = 32768 // bbolt.MaxKeySize: Put refuses longer keys
 
 	// maxPageDepth bounds how deep pages nest, counting a sub-bucket's root
 	// as one level below the leaf that holds it. bbolt's B+trees split at
 	// half a page, so a file written by bbolt is a handful of levels deep.
 	maxPageDepth = 64
-	// Page sizes bbolt itself probes for (DB.getPageSizeFromSecondMeta).
+	// bbolt creates a file with the OS page size (4 KiB to 64 KiB), and
+	// slotctl never asks for another.
 	minPageSize = 1 << 10
-	maxPageSize = 1 << 24
+	maxPageSize = 64 << 10
+	// maxBranchPage bounds a branch page with its overflow. bbolt splits a
+	// node past a page unless it has at most 4 keys (node.splitTwo), and a
+	// key is at most 32 KiB: a branch page it writes is under 256 KiB.
+	maxBranchPage = 1 << 20
 	// freeChunk is the most free page ids read at a time.
 	freeChunk = 8 << 10
 )
@@ -57,10 +64,12 @@ const (
 // freelist page, and checks that each page id lies between the meta pages
 // and the high-water mark, with its overflow; that each page is of the kind
 // its parent says and names itself; that element counts, offsets and sizes
-// stay inside the page; that no page is reached twice (a cycle, or a page
-// shared by two parents, or a free page in use); and that pages nest at most
-// maxPageDepth deep. Each page is visited once, so the walk reads at most
-// the file's pages, and holds one page (and its element headers) at a time.
+// stay inside the page; that keys are in order, within the bounds their
+// branch keys set, as bbolt's own Tx.Check wants them (a cursor's listing
+// and its lookups then agree); that no page is reached twice (a cycle, or a
+// page shared by two parents, or a free page in use); and that pages nest at
+// most maxPageDepth deep. Each page is visited once, so the walk reads at
+// most the file's pages, and holds at most one page per level.
 func checkPages(f *os.File, name string) error {
 	st, err := f.Stat()
 	if err != nil || !st.Mode().IsRegular() || st.Size() == 0 {
@@ -78,23 +87,15 @@ func checkPages(f *os.File, name string) error {
 }
 
 // pageWalker reads a bbolt file's pages. It checks a tree: each page is
-// marked when a parent first points at it, and a second pointer is refused.
+// marked when it is first reached, and a second path to it is refused.
 type pageWalker struct {
 	r      io.ReaderAt
 	psz    uint64
 	hwm    uint64
 	seen   pageSet
-	stack  []pageRef
-	page   []byte // the first page size of bytes of the page being visited
-	pageAt uint64 // its file offset
-	elems  []byte // scratch for a page's element headers past its first bytes
-	val    []byte // scratch for a value, an inline page, freelist ids
-	nbytes int64  // bytes read, for the benchmarks
-}
-
-type pageRef struct {
-	id, from uint64 // from: the page that points here (0: the meta page)
-	depth    int
+	levels [][]byte // per depth: the page being visited there (as much of it as was read)
+	val    []byte   // scratch for values past a page's first bytes, and freelist ids
+	nbytes int64    // bytes read, for the benchmarks
 }
 
 // walkPages checks the tree of the file's pages (see checkPages) and returns
@@ -107,16 +108,9 @@ func walkPages(r io.ReaderAt, size int64, m boltMeta) (int64, error) {
 	if m.pgid > uint64(size)/psz {
 		return 0, fmt.Errorf("%d bytes, its pages need %d pages of %d bytes", size, m.pgid, psz)
 	}
-	w := &pageWalker{r: r, psz: psz, hwm: m.pgid, seen: newPageSet(m.pgid), page: make([]byte, psz)}
-	if err := w.push(m.root, 0, 1); err != nil {
-		return w.nbytes, fmt.Errorf("meta page (txid %d): root bucket: %v", m.txid, err)
-	}
-	for len(w.stack) > 0 {
-		ref := w.stack[len(w.stack)-1]
-		w.stack = w.stack[:len(w.stack)-1]
-		if err := w.visit(ref); err != nil {
-			return w.nbytes, err
-		}
+	w := &pageWalker{r: r, psz: psz, hwm: m.pgid, seen: newPageSet(m.pgid)}
+	if _, err := w.tree(m.root, 0, 1, nil, nil); err != nil {
+		return w.nbytes, fmt.Errorf("root bucket (meta txid %d): %v", m.txid, err)
 	}
 	if m.freelist != pgidNoFreelist {
 		if err := w.freelist(m.freelist); err != nil {
@@ -124,18 +118,6 @@ func walkPages(r io.ReaderAt, size int64, m boltMeta) (int64, error) {
 		}
 	}
 	return w.nbytes, nil
-}
-
-// push marks page id as reached from page from and queues it.
-func (w *pageWalker) push(id, from uint64, depth int) error {
-	if err := w.mark(id); err != nil {
-		return err
-	}
-	if depth > maxPageDepth {
-		return fmt.Errorf("page %d: pages nest more than %d deep", id, maxPageDepth)
-	}
-	w.stack = append(w.stack, pageRef{id: id, from: from, depth: depth})
-	return nil
 }
 
 func (w *pageWalker) mark(id uint64) error {
@@ -148,20 +130,19 @@ func (w *pageWalker) mark(id uint64) error {
 	return nil
 }
 
-// header reads the first page size of bytes of page id into w.page, checks
+// header reads the first page size of bytes of page id into buf, checks
 // that the page names itself, that its flags are one of want and that its
 // overflow pages lie below the high-water mark, and marks those. It returns
 // the page's flags, count and size in bytes (with its overflow).
-func (w *pageWalker) header(id uint64, want ...uint16) (flags uint16, count int, size uint64, err error) {
-	w.pageAt = id * w.psz
-	if err := w.readAt(w.page, w.pageAt); err != nil {
+func (w *pageWalker) header(buf []byte, id uint64, want ...uint16) (flags uint16, count int, size uint64, err error) {
+	if err := w.readAt(buf[:w.psz], id*w.psz); err != nil {
 		return 0, 0, 0, fmt.Errorf("page %d: %v", id, err)
 	}
 	le := binary.LittleEndian
-	if got := le.Uint64(w.page); got != id {
+	if got := le.Uint64(buf); got != id {
 		return 0, 0, 0, fmt.Errorf("page %d says it is page %d", id, got)
 	}
-	flags = le.Uint16(w.page[8:])
+	flags = le.Uint16(buf[8:])
 	if !slices.Contains(want, flags) {
 		kinds := make([]string, len(want))
 		for i, f := range want {
@@ -169,8 +150,8 @@ func (w *pageWalker) header(id uint64, want ...uint16) (flags uint16, count int,
 		}
 		return 0, 0, 0, fmt.Errorf("page %d has flags %#x, want %s", id, flags, strings.Join(kinds, " or "))
 	}
-	count = int(le.Uint16(w.page[10:]))
-	overflow := uint64(le.Uint32(w.page[12:]))
+	count = int(le.Uint16(buf[10:]))
+	overflow := uint64(le.Uint32(buf[12:]))
 	if overflow >= w.hwm-id {
 		return 0, 0, 0, fmt.Errorf("page %d: its %d overflow pages run past the file's last page %d", id, overflow, w.hwm-1)
 	}
@@ -194,63 +175,146 @@ func pageKind(flags uint16) string {
 	return fmt.Sprintf("flags %#x", flags)
 }
 
-// visit checks one page of a B+tree (a bucket's root or a branch's child)
-// and queues the pages it points at.
-func (w *pageWalker) visit(ref pageRef) error {
-	flags, count, size, err := w.header(ref.id, branchPageFlag, leafPageFlag)
-	if err != nil {
-		return fmt.Errorf("%v (reached from page %d)", err, ref.from)
+// level returns the buffer of depth d, n bytes long, with what it held.
+func (w *pageWalker) level(d int, n uint64) []byte {
+	for len(w.levels) <= d {
+		w.levels = append(w.levels, nil)
 	}
-	if flags == branchPageFlag && count == 0 {
-		return fmt.Errorf("branch page %d has no elements", ref.id)
+	b := w.levels[d]
+	if uint64(cap(b)) < n {
+		b = append(b[:cap(b)], make([]byte, n-uint64(cap(b)))...)
 	}
-	elems, err := w.inPage(&w.elems, size, 0, pageHeaderSize+uint64(count)*pageElementSize)
+	w.levels[d] = b[:n]
+	return w.levels[d]
+}
+
+// tree checks the B+tree page id (a bucket's root, or a branch's child,
+// from page from) at depth d, whose keys must lie in [lo, hi) (nil: open),
+// and the sub-buckets its leaves hold. It returns the subtree's last key.
+// The key bounds are bbolt's Tx.Check's (recursivelyCheckPageKeyOrder).
+func (w *pageWalker) tree(id, from uint64, d int, lo, hi []byte) ([]byte, error) {
+	if err := w.mark(id); err != nil {
+		return nil, fmt.Errorf("page %d: %v", from, err)
+	}
+	if d > maxPageDepth {
+		return nil, fmt.Errorf("page %d: pages nest more than %d deep", id, maxPageDepth)
+	}
+	buf := w.level(d, w.psz)
+	flags, count, size, err := w.header(buf, id, branchPageFlag, leafPageFlag)
 	if err != nil {
-		return fmt.Errorf("page %d: %d elements: %v", ref.id, count, err)
+		return nil, fmt.Errorf("%v (reached from page %d)", err, from)
+	}
+	branch := flags == branchPageFlag
+	if branch && count == 0 {
+		return nil, fmt.Errorf("branch page %d has no elements", id)
+	}
+	if branch && size > maxBranchPage {
+		return nil, fmt.Errorf("branch page %d is %d bytes long; bbolt writes them under %d", id, size, maxBranchPage)
+	}
+	if need := pageHeaderSize + uint64(count)*pageElementSize; need > size {
+		return nil, fmt.Errorf("page %d: %d elements need %d bytes, the page has %d", id, count, need, size)
+	}
+	// Read the whole page when it is not too long (a branch page always),
+	// else its element headers, and its keys one by one.
+	whole := size <= maxBranchPage
+	if n := max(w.psz, pageHeaderSize+uint64(count)*pageElementSize); whole || n > w.psz {
+		if whole {
+			n = size
+		}
+		buf = w.level(d, n)
+		if err := w.readAt(buf[w.psz:], id*w.psz+w.psz); err != nil {
+			return nil, fmt.Errorf("page %d: %v", id, err)
+		}
 	}
 	le := binary.LittleEndian
+	prev := lo // the last key so far: the previous key of a leaf, the last key of a branch's previous child
+	var keys [2][]byte
 	for i := range count {
 		at := pageHeaderSize + uint64(i)*pageElementSize
-		e := elems[at:]
-		if flags == branchPageFlag {
-			pos, ksize, child := uint64(le.Uint32(e)), uint64(le.Uint32(e[4:])), le.Uint64(e[8:])
-			if ksize == 0 || at+pos+ksize > size {
-				return fmt.Errorf("branch page %d: element %d: key of %d bytes at %d is outside the page's %d bytes", ref.id, i, ksize, at+pos, size)
+		e := buf[at:]
+		pos, ksize := uint64(le.Uint32(e[4:])), uint64(le.Uint32(e[8:]))
+		var vsize uint64
+		if branch {
+			pos, ksize = uint64(le.Uint32(e)), uint64(le.Uint32(e[4:]))
+		} else {
+			vsize = uint64(le.Uint32(e[12:]))
+		}
+		if ksize == 0 || ksize > maxKeySize || at+pos+ksize+vsize > size {
+			return nil, fmt.Errorf("page %d: element %d: key of %d bytes and value of %d bytes at %d are outside the page's %d bytes", id, i, ksize, vsize, at+pos, size)
+		}
+		key, err := w.key(buf, &keys[i%2], id*w.psz, at+pos, ksize)
+		if err != nil {
+			return nil, fmt.Errorf("page %d: element %d: %v", id, i, err)
+		}
+		switch {
+		case i == 0 && prev != nil && bytes.Compare(prev, key) > 0:
+			return nil, fmt.Errorf("page %d: its first key sorts before its parent's key", id)
+		case i > 0 && bytes.Compare(prev, key) >= 0:
+			return nil, fmt.Errorf("page %d: key %d is not after the one before it", id, i)
+		case hi != nil && bytes.Compare(key, hi) >= 0:
+			return nil, fmt.Errorf("page %d: key %d is not before its parent's next key", id, i)
+		}
+		if branch {
+			next := hi
+			if i+1 < count {
+				ne := buf[at+pageElementSize:]
+				npos, nksize := uint64(le.Uint32(ne)), uint64(le.Uint32(ne[4:]))
+				if nksize == 0 || nksize > maxKeySize || at+pageElementSize+npos+nksize > size {
+					return nil, fmt.Errorf("page %d: element %d: key of %d bytes at %d is outside the page's %d bytes", id, i+1, nksize, at+pageElementSize+npos, size)
+				}
+				next = buf[at+pageElementSize+npos:][:nksize]
 			}
-			if err := w.push(child, ref.id, ref.depth+1); err != nil {
-				return fmt.Errorf("branch page %d: element %d: %v", ref.id, i, err)
+			last, err := w.tree(le.Uint64(e[8:]), id, d+1, key, next)
+			if err != nil {
+				return nil, err
 			}
+			prev = last
 			continue
 		}
-		eflags, pos, ksize, vsize := le.Uint32(e), uint64(le.Uint32(e[4:])), uint64(le.Uint32(e[8:])), uint64(le.Uint32(e[12:]))
+		prev = key
+		eflags := le.Uint32(e)
 		if eflags&^bucketLeafFlag != 0 {
-			return fmt.Errorf("leaf page %d: element %d has flags %#x", ref.id, i, eflags)
-		}
-		if ksize == 0 || at+pos+ksize+vsize > size {
-			return fmt.Errorf("leaf page %d: element %d: key of %d bytes and value of %d bytes at %d are outside the page's %d bytes", ref.id, i, ksize, vsize, at+pos, size)
+			return nil, fmt.Errorf("leaf page %d: element %d has flags %#x", id, i, eflags)
 		}
 		if eflags&bucketLeafFlag != 0 {
-			if err := w.bucket(ref, size, at+pos+ksize, vsize); err != nil {
-				return fmt.Errorf("leaf page %d: element %d: sub-bucket: %v", ref.id, i, err)
+			if err := w.bucket(buf, id, d, size, at+pos+ksize, vsize); err != nil {
+				return nil, fmt.Errorf("leaf page %d: element %d: sub-bucket: %v", id, i, err)
 			}
 		}
 	}
-	return nil
+	if branch || count > 0 {
+		return prev, nil
+	}
+	return nil, nil // an empty leaf ends no keys (as in bbolt's check)
+}
+
+// key returns the ksize bytes at offset off of page buf (at file offset
+// pageAt): from buf when it holds them, else read into *scratch.
+func (w *pageWalker) key(buf []byte, scratch *[]byte, pageAt, off, ksize uint64) ([]byte, error) {
+	if off+ksize <= uint64(len(buf)) {
+		return buf[off:][:ksize], nil
+	}
+	if uint64(cap(*scratch)) < ksize {
+		*scratch = make([]byte, ksize)
+	}
+	k := (*scratch)[:ksize]
+	return k, w.readAt(k, pageAt+off)
 }
 
 // bucket checks the sub-bucket whose value is vsize bytes at offset off of
-// leaf page ref (of size bytes), and queues its root page.
-func (w *pageWalker) bucket(ref pageRef, size, off, vsize uint64) error {
+// leaf page id (of size bytes, at depth d, in buf), and its tree.
+func (w *pageWalker) bucket(buf []byte, id uint64, d int, size, off, vsize uint64) error {
 	if vsize < bucketHeaderSize {
 		return fmt.Errorf("value of %d bytes, want at least %d", vsize, bucketHeaderSize)
 	}
 	le := binary.LittleEndian
-	v, err := w.inPage(&w.val, size, off, off+bucketHeaderSize)
+	v, err := w.inPage(buf, id*w.psz, off, min(vsize, bucketHeaderSize+pageHeaderSize))
 	if err != nil {
 		return err
 	}
 	if root := le.Uint64(v); root != 0 {
-		return w.push(root, ref.id, ref.depth+1)
+		_, err := w.tree(root, id, d+1, nil, nil)
+		return err
 	}
 	// An inline bucket: a leaf page inside the value. bbolt inlines only a
 	// bucket that holds no sub-bucket (Bucket.inlineable), and only a leaf
@@ -259,33 +323,34 @@ func (w *pageWalker) bucket(ref pageRef, size, off, vsize uint64) error {
 	if vsize < bucketHeaderSize+pageHeaderSize {
 		return fmt.Errorf("inline bucket value of %d bytes, want at least %d", vsize, bucketHeaderSize+pageHeaderSize)
 	}
-	ip := off + bucketHeaderSize // the inline page, within this page
-	isize := vsize - bucketHeaderSize
-	h, err := w.inPage(&w.val, size, ip, ip+pageHeaderSize)
-	if err != nil {
-		return err
-	}
-	if flags := le.Uint16(h[8:]); flags != leafPageFlag {
+	if flags := le.Uint16(v[bucketHeaderSize+8:]); flags != leafPageFlag {
 		return fmt.Errorf("inline page has flags %#x, want a leaf page", flags)
 	}
-	count := uint64(le.Uint16(h[10:]))
+	count := uint64(le.Uint16(v[bucketHeaderSize+10:]))
+	isize := vsize - bucketHeaderSize
 	if pageHeaderSize+count*pageElementSize > isize {
 		return fmt.Errorf("inline page: %d elements do not fit in its %d bytes", count, isize)
 	}
-	elems, err := w.inPage(&w.val, size, ip, ip+pageHeaderSize+count*pageElementSize)
+	ip, err := w.inPage(buf, id*w.psz, off+bucketHeaderSize, isize) // the inline page
 	if err != nil {
 		return err
 	}
+	var prev []byte
 	for i := range count {
 		at := pageHeaderSize + i*pageElementSize
-		e := elems[at:]
+		e := ip[at:]
 		eflags, pos, ksize, vsize := le.Uint32(e), uint64(le.Uint32(e[4:])), uint64(le.Uint32(e[8:])), uint64(le.Uint32(e[12:]))
 		if eflags != 0 {
 			return fmt.Errorf("inline page: element %d has flags %#x", i, eflags)
 		}
-		if ksize == 0 || at+pos+ksize+vsize > isize {
+		if ksize == 0 || ksize > maxKeySize || at+pos+ksize+vsize > isize {
 			return fmt.Errorf("inline page: element %d: key of %d bytes and value of %d bytes at %d are outside the page's %d bytes", i, ksize, vsize, at+pos, isize)
 		}
+		key := ip[at+pos:][:ksize]
+		if i > 0 && bytes.Compare(prev, key) >= 0 {
+			return fmt.Errorf("inline page: key %d is not after the one before it", i)
+		}
+		prev = key
 	}
 	return nil
 }
@@ -296,21 +361,21 @@ func (w *pageWalker) freelist(id uint64) error {
 	if err := w.mark(id); err != nil {
 		return fmt.Errorf("freelist: %v", err)
 	}
-	_, count, size, err := w.header(id, freelistPageFlag)
+	buf := w.level(0, w.psz)
+	_, count, size, err := w.header(buf, id, freelistPageFlag)
 	if err != nil {
 		return fmt.Errorf("freelist: %v", err)
 	}
 	n, first := uint64(count), uint64(0)
 	if count == 0xFFFF { // the real count is the first element
-		n, first = binary.LittleEndian.Uint64(w.page[pageHeaderSize:]), 1
+		n, first = binary.LittleEndian.Uint64(buf[pageHeaderSize:]), 1
 	}
 	if room := (size-pageHeaderSize)/8 - first; n > room || n > w.hwm {
 		return fmt.Errorf("freelist page %d lists %d free pages; it holds at most %d, the file has %d pages", id, n, room, w.hwm)
 	}
 	for done := uint64(0); done < n; {
 		k := min(n-done, freeChunk)
-		from := pageHeaderSize + (first+done)*8
-		b, err := w.inPage(&w.val, size, from, from+k*8)
+		b, err := w.inPage(buf, id*w.psz, pageHeaderSize+(first+done)*8, k*8)
 		if err != nil {
 			return fmt.Errorf("freelist page %d: %v", id, err)
 		}
@@ -324,24 +389,17 @@ func (w *pageWalker) freelist(id uint64) error {
 	return nil
 }
 
-// inPage returns bytes [from, to) of the page in w.page, of size bytes: from
-// w.page when they lie in its first page, else read into *scratch. A range
-// past the page's end is refused.
-func (w *pageWalker) inPage(scratch *[]byte, size, from, to uint64) ([]byte, error) {
-	if from > to || to > size {
-		return nil, fmt.Errorf("bytes %d to %d are outside the page's %d bytes", from, to, size)
+// inPage returns n bytes at offset off of the page in buf (at file offset
+// pageAt): from buf when it holds them, else read into w.val.
+func (w *pageWalker) inPage(buf []byte, pageAt, off, n uint64) ([]byte, error) {
+	if off+n <= uint64(len(buf)) {
+		return buf[off:][:n], nil
 	}
-	if to <= uint64(len(w.page)) {
-		return w.page[from:to], nil
+	if uint64(cap(w.val)) < n {
+		w.val = make([]byte, n)
 	}
-	if uint64(cap(*scratch)) < to-from {
-		*scratch = make([]byte, to-from)
-	}
-	b := (*scratch)[:to-from]
-	if err := w.readAt(b, w.pageAt+from); err != nil {
-		return nil, err
-	}
-	return b, nil
+	b := w.val[:n]
+	return b, w.readAt(b, pageAt+off)
 }
 
 func (w *pageWalker) readAt(b []byte, off uint64) error {
