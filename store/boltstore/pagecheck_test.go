@@ -480,28 +480,72 @@ func bounded(d time.Duration, fn func() error) (err error, alloc uint64, took ti
 }
 
 // TestCheckPagesAcceptsBboltFiles: every file bbolt writes passes, through a
-// workload that grows, splits, merges and empties trees and sub-buckets.
-// bbolt's own consistency check agrees at each step.
+// workload that grows, splits, merges and empties trees and sub-buckets two
+// levels down, with keys and values now and then longer than a page; and so
+// does the tree of the older meta page, which bbolt falls back to when the
+// newer one is torn. bbolt's own consistency check agrees on both.
 func TestCheckPagesAcceptsBboltFiles(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "slots.db")
+	dir := t.TempDir()
+	path := filepath.Join(dir, "slots.db")
 	rng := rand.New(rand.NewPCG(7, 7))
-	check := func(step int) {
+	check := func(step int, boltCheck bool) {
 		t.Helper()
-		f, err := os.Open(path)
+		b, err := os.ReadFile(path)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer f.Close()
-		if err := checkPages(f, path); err != nil {
-			t.Fatalf("step %d: %v", step, err)
+		torn := parseBoltFile(t, b)
+		torn.b = append([]byte(nil), b...)
+		torn.b[torn.meta+56] ^= 0xFF // bbolt reads the older meta's tree
+		for _, c := range []struct {
+			name string
+			b    []byte
+		}{{"newer meta", b}, {"older meta", torn.b}} {
+			p := filepath.Join(dir, strings.ReplaceAll(c.name, " ", "-")+".db")
+			if err := os.WriteFile(p, c.b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			f, err := os.Open(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = checkPages(f, p)
+			f.Close()
+			if err != nil {
+				t.Fatalf("step %d, %s: %v", step, c.name, err)
+			}
+			if !boltCheck {
+				continue
+			}
+			db, err := bolt.Open(p, 0o600, &bolt.Options{ReadOnly: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = db.View(func(tx *bolt.Tx) error {
+				for err := range tx.Check() {
+					return err
+				}
+				return nil
+			})
+			db.Close()
+			if err != nil {
+				t.Fatalf("step %d, %s: bbolt's check: %v", step, c.name, err)
+			}
 		}
 	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{NoSync: true})
-	if err != nil {
-		t.Fatal(err)
+	key := func() []byte {
+		k := fmt.Appendf(nil, "k%05d", rng.IntN(2000))
+		if rng.IntN(20) == 0 {
+			k = append(k, make([]byte, rng.IntN(6000))...) // past a page
+		}
+		return k
 	}
-	for step := range 400 {
-		err := db.Update(func(tx *bolt.Tx) error {
+	for step := range 201 {
+		db, err := bolt.Open(path, 0o600, &bolt.Options{NoSync: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = db.Update(func(tx *bolt.Tx) error {
 			top, err := tx.CreateBucketIfNotExists(fmt.Appendf(nil, "b%d", rng.IntN(4)))
 			if err != nil {
 				return err
@@ -510,6 +554,11 @@ func TestCheckPagesAcceptsBboltFiles(t *testing.T) {
 			if err != nil {
 				return err
 			}
+			if rng.IntN(3) == 0 {
+				if sub, err = sub.CreateBucketIfNotExists(fmt.Appendf(nil, "n%d", rng.IntN(3))); err != nil {
+					return err
+				}
+			}
 			switch rng.IntN(6) {
 			case 0:
 				if err := top.DeleteBucket(fmt.Appendf(nil, "s%d", rng.IntN(20))); !errors.Is(err, berrors.ErrBucketNotFound) {
@@ -517,44 +566,33 @@ func TestCheckPagesAcceptsBboltFiles(t *testing.T) {
 				}
 				return nil
 			case 1:
-				for k := range rng.IntN(400) {
-					if err := sub.Delete(fmt.Appendf(nil, "k%05d", k)); err != nil {
-						return err
+				c := sub.Cursor()
+				for k, v := c.First(); k != nil; k, v = c.Next() {
+					if v != nil && rng.IntN(3) > 0 {
+						if err := c.Delete(); err != nil {
+							return err
+						}
 					}
 				}
 				return nil
 			default:
 				for range rng.IntN(200) {
-					k := fmt.Appendf(nil, "k%05d", rng.IntN(2000))
 					v := make([]byte, rng.IntN(3)*rng.IntN(3000)) // now and then a value past a page
-					if err := sub.Put(k, v); err != nil {
+					if err := sub.Put(key(), v); err != nil {
 						return err
 					}
 				}
 				return nil
 			}
 		})
+		db.Close()
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("step %d: %v", step, err)
 		}
-		if step%10 == 0 {
-			if err := db.View(func(tx *bolt.Tx) error {
-				for err := range tx.Check() {
-					return err
-				}
-				return nil
-			}); err != nil {
-				t.Fatalf("step %d: bbolt's check: %v", step, err)
-			}
-			db.Close()
-			check(step)
-			if db, err = bolt.Open(path, 0o600, &bolt.Options{NoSync: true}); err != nil {
-				t.Fatal(err)
-			}
+		if step%5 == 0 {
+			check(step, step%25 == 0)
 		}
 	}
-	db.Close()
-	check(400)
 }
 
 // BenchmarkCheckPages is the page check that every operation now runs
