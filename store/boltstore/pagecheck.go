@@ -194,7 +194,10 @@ func (w *pageWalker) level(d int, n uint64) []byte {
 // The key bounds are bbolt's Tx.Check's (recursivelyCheckPageKeyOrder).
 func (w *pageWalker) tree(id, from uint64, d int, lo, hi []byte) ([]byte, error) {
 	if err := w.mark(id); err != nil {
-		return nil, fmt.Errorf("page %d: %v", from, err)
+		if from == 0 {
+			return nil, err
+		}
+		return nil, fmt.Errorf("from page %d: %v", from, err)
 	}
 	if d > maxPageDepth {
 		return nil, fmt.Errorf("page %d: pages nest more than %d deep", id, maxPageDepth)
