@@ -109,7 +109,7 @@ func walkPages(r io.ReaderAt, size int64, m boltMeta) (int64, error) {
 		return 0, fmt.Errorf("%d bytes, its pages need %d pages of %d bytes", size, m.pgid, psz)
 	}
 	w := &pageWalker{r: r, psz: psz, hwm: m.pgid, seen: newPageSet(m.pgid)}
-	if _, err := w.tree(m.root, 0, 1, nil, nil); err != nil {
+	if _, err := w.tree(m.root, 0, 1, nil, nil, rootBucket); err != nil {
 		return w.nbytes, fmt.Errorf("root bucket (meta txid %d): %v", m.txid, err)
 	}
 	if m.freelist != pgidNoFreelist {
@@ -192,7 +192,7 @@ func (w *pageWalker) level(d int, n uint64) []byte {
 // from page from) at depth d, whose keys must lie in [lo, hi) (nil: open),
 // and the sub-buckets its leaves hold. It returns the subtree's last key.
 // The key bounds are bbolt's Tx.Check's (recursivelyCheckPageKeyOrder).
-func (w *pageWalker) tree(id, from uint64, d int, lo, hi []byte) ([]byte, error) {
+func (w *pageWalker) tree(id, from uint64, d int, lo, hi []byte, holds holding) ([]byte, error) {
 	if err := w.mark(id); err != nil {
 		if from == 0 {
 			return nil, err
@@ -267,7 +267,7 @@ func (w *pageWalker) tree(id, from uint64, d int, lo, hi []byte) ([]byte, error)
 				}
 				next = buf[at+pageElementSize+npos:][:nksize]
 			}
-			last, err := w.tree(le.Uint64(e[8:]), id, d+1, key, next)
+			last, err := w.tree(le.Uint64(e[8:]), id, d+1, key, next, holds)
 			if err != nil {
 				return nil, err
 			}
@@ -279,8 +279,12 @@ func (w *pageWalker) tree(id, from uint64, d int, lo, hi []byte) ([]byte, error)
 		if eflags&^bucketLeafFlag != 0 {
 			return nil, fmt.Errorf("leaf page %d: element %d has flags %#x", id, i, eflags)
 		}
-		if eflags&bucketLeafFlag != 0 {
-			if err := w.bucket(buf, id, d, size, at+pos+ksize, vsize); err != nil {
+		isBucket := eflags&bucketLeafFlag != 0
+		if err := holds.allows(key, isBucket); err != nil {
+			return nil, fmt.Errorf("leaf page %d: element %d: %v", id, i, err)
+		}
+		if isBucket {
+			if err := w.bucket(buf, id, d, size, at+pos+ksize, vsize, holds.child(key)); err != nil {
 				return nil, fmt.Errorf("leaf page %d: element %d: sub-bucket: %v", id, i, err)
 			}
 		}
@@ -306,7 +310,7 @@ func (w *pageWalker) key(buf []byte, scratch *[]byte, pageAt, off, ksize uint64)
 
 // bucket checks the sub-bucket whose value is vsize bytes at offset off of
 // leaf page id (of size bytes, at depth d, in buf), and its tree.
-func (w *pageWalker) bucket(buf []byte, id uint64, d int, size, off, vsize uint64) error {
+func (w *pageWalker) bucket(buf []byte, id uint64, d int, size, off, vsize uint64, holds holding) error {
 	if vsize < bucketHeaderSize {
 		return fmt.Errorf("value of %d bytes, want at least %d", vsize, bucketHeaderSize)
 	}
@@ -316,15 +320,16 @@ func (w *pageWalker) bucket(buf []byte, id uint64, d int, size, off, vsize uint6
 		return err
 	}
 	if root := le.Uint64(v); root != 0 {
-		_, err := w.tree(root, id, d+1, nil, nil)
+		_, err := w.tree(root, id, d+1, nil, nil, holds)
 		return err
 	}
 	// An inline bucket: a leaf page inside the value. bbolt inlines only a
 	// bucket that holds no sub-bucket (Bucket.inlineable), and only a leaf
 	// (an inline branch would be its own child), so its elements are plain
 	// values.
-	if vsize < bucketHeaderSize+pageHeaderSize {
-		return fmt.Errorf("inline bucket value of %d bytes, want at least %d", vsize, bucketHeaderSize+pageHeaderSize)
+	if vsize < bucketHeaderSize+pageHeaderSize || vsize > bucketHeaderSize+w.psz {
+		// bbolt inlines a bucket of at most a quarter page (Bucket.maxInlineBucketSize).
+		return fmt.Errorf("inline bucket value of %d bytes, want %d to %d", vsize, bucketHeaderSize+pageHeaderSize, bucketHeaderSize+w.psz)
 	}
 	if flags := le.Uint16(v[bucketHeaderSize+8:]); flags != leafPageFlag {
 		return fmt.Errorf("inline page has flags %#x, want a leaf page", flags)
@@ -350,6 +355,9 @@ func (w *pageWalker) bucket(buf []byte, id uint64, d int, size, off, vsize uint6
 			return fmt.Errorf("inline page: element %d: key of %d bytes and value of %d bytes at %d are outside the page's %d bytes", i, ksize, vsize, at+pos, isize)
 		}
 		key := ip[at+pos:][:ksize]
+		if err := holds.allows(key, false); err != nil {
+			return fmt.Errorf("inline page: element %d: %v", i, err)
+		}
 		if i > 0 && bytes.Compare(prev, key) >= 0 {
 			return fmt.Errorf("inline page: key %d is not after the one before it", i)
 		}
@@ -418,6 +426,48 @@ func (w *pageWalker) readAt(b []byte, off uint64) error {
 		err = io.ErrUnexpectedEOF
 	}
 	return err
+}
+
+// holding is what a bucket's keys may hold, as the store nests its buckets
+// (records.go): bbolt's root bucket holds only buckets; the queue bucket
+// holds one sub-bucket per limit, and those hold tickets; every other bucket
+// of the store holds values only. A key of the wrong kind would make bbolt
+// refuse the store's Put or CreateBucket (ErrIncompatibleValue) or hide a
+// bucket from it. A bucket the store does not know holds anything.
+type holding int
+
+const (
+	anything holding = iota
+	rootBucket
+	onlyBuckets // of values
+	onlyValues
+)
+
+func (h holding) allows(key []byte, isBucket bool) error {
+	switch {
+	case (h == rootBucket || h == onlyBuckets) && !isBucket:
+		return fmt.Errorf("key %q holds a value where the store keeps buckets", key)
+	case h == onlyValues && isBucket:
+		return fmt.Errorf("key %q holds a bucket where the store keeps values", key)
+	}
+	return nil
+}
+
+// child is what the bucket at key of a bucket holding h may hold.
+func (h holding) child(key []byte) holding {
+	switch h {
+	case rootBucket:
+		if bytes.Equal(key, bucketQueue) {
+			return onlyBuckets
+		}
+		if slices.ContainsFunc(allBucketKey, func(k []byte) bool { return bytes.Equal(k, key) }) {
+			return onlyValues
+		}
+		return anything
+	case onlyBuckets:
+		return onlyValues
+	}
+	return h
 }
 
 // pageSet is the set of pages reached so far: a bitmap for files of up to

@@ -268,6 +268,10 @@ var hostileCases = []struct {
 		le.PutUint16(f.b[p+10:], 1)
 		f.put64(p+16+8, 0)
 	}},
+	{"a bucket of the root is a value", true, func(t testing.TB, f *boltFile) {
+		off, _ := f.value(t, f.root(f.meta), string(bucketTombs))
+		le.PutUint32(f.b[off-rootKeyLen(f, string(bucketTombs)):], 0) // its element's flags
+	}},
 	{"freelist with a huge count", true, func(t testing.TB, f *boltFile) {
 		p := f.off(f.freelist())
 		le.PutUint16(f.b[p+10:], 0xFFFF)
@@ -332,6 +336,21 @@ var hostileCases = []struct {
 		f.put64(f.old+16, id)
 		f.seal(f.old)
 	}},
+}
+
+// rootKeyLen is how far the element's flags of key in the root page lie
+// before its value: bbolt.value returns the value's offset, the element is
+// found again here.
+func rootKeyLen(f *boltFile, key string) int {
+	r := f.root(f.meta)
+	for i := range f.count(r) {
+		e := f.elem(r, i)
+		pos, ksize := int(le.Uint32(f.b[e+4:])), int(le.Uint32(f.b[e+8:]))
+		if string(f.b[e+pos:e+pos+ksize]) == key {
+			return pos + ksize
+		}
+	}
+	panic("no key " + key + " in the root page")
 }
 
 // queueBranch is the root page of the queue bucket, which must be a branch.
