@@ -66,7 +66,8 @@ const (
 // its parent says and names itself; that element counts, offsets and sizes
 // stay inside the page; that keys are in order, within the bounds their
 // branch keys set, as bbolt's own Tx.Check wants them (a cursor's listing
-// and its lookups then agree); that no page is reached twice (a cycle, or a
+// and its lookups then agree); that keys hold buckets or values where the
+// store nests them (see holding); that no page is reached twice (a cycle, or a
 // page shared by two parents, or a free page in use); and that pages nest at
 // most maxPageDepth deep. Each page is visited once, so the walk reads at
 // most the file's pages, and holds at most one page per level.
