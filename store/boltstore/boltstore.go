@@ -215,7 +215,9 @@ func (s *Store) open(ctx context.Context, write bool) (*bolt.DB, func(), error) 
 			return nil, nil, s.fileError(err)
 		}
 	}
-	if err := checkFileSize(f, s.path); err != nil {
+	// The page structure bbolt will read, on the descriptor it will read it
+	// through, before it maps a page of it.
+	if err := checkPages(f, s.path); err != nil {
 		f.Close()
 		unlock()
 		return nil, nil, err

@@ -20,50 +20,109 @@ const (
 	metaChecksumAt = metaOff + 56
 )
 
-// checkFileSize refuses a store file shorter than its own meta page says it
-// is. bbolt maps the file into memory and would touch pages past the end: the
-// process dies of SIGBUS, which no recover catches (SPEC §7: a truncated
-// store file is an error naming the file, never a crash). f is the store
-// file as open() opened it; path is for messages.
-func checkFileSize(f *os.File, path string) error {
-	st, err := f.Stat()
-	if err != nil || st.Size() == 0 {
-		return nil
+// boltMeta is the meta page bbolt reads a file by.
+type boltMeta struct {
+	pageSize uint64 // the page size bbolt computes pages by (see bboltPageSize), not the meta's own field
+	root     uint64 // page of the root bucket
+	freelist uint64 // page of the freelist, or pgidNoFreelist
+	pgid     uint64 // high-water mark: pages 0..pgid-1 are in use or free
+	txid     uint64
+}
+
+// parseMeta decodes the meta of the page that starts at p and reports
+// whether it is valid as bbolt's Meta.Validate judges it (magic, version,
+// checksum; nothing else).
+func parseMeta(p []byte) (m boltMeta, pageSize uint64, valid bool) {
+	le := binary.LittleEndian
+	b := p[metaOff : metaChecksumAt+8]
+	m = boltMeta{root: le.Uint64(b[16:]), freelist: le.Uint64(b[32:]), pgid: le.Uint64(b[40:]), txid: le.Uint64(b[48:])}
+	h := fnv.New64a()
+	h.Write(b[:56])
+	valid = le.Uint32(b[0:]) == boltMagic && le.Uint32(b[4:]) == boltVersion && h.Sum64() == le.Uint64(b[56:])
+	return m, uint64(le.Uint32(b[8:])), valid
+}
+
+// bboltPageSize is the page size bbolt computes for a file of size bytes
+// (DB.getPageSize in go.etcd.io/bbolt v1.5.0): the first meta page's, if that
+// one is valid; else that of the first valid meta found 1 KiB, 2 KiB, ...
+// 16 MiB into the file; else, if either read worked, the OS page size.
+// false: bbolt refuses the file.
+func bboltPageSize(r io.ReaderAt, size int64) (uint64, bool) {
+	var canRead bool
+	var buf [0x1000]byte
+	if n, err := r.ReadAt(buf[:], 0); err == nil && n == len(buf) {
+		canRead = true
+		if _, psz, ok := parseMeta(buf[:]); ok {
+			return psz, true
+		}
 	}
-	var best struct {
-		ok              bool
-		txid, pgid, psz uint64
+	for i := range 15 {
+		pos := int64(1024) << i
+		if pos >= size-1024 {
+			break
+		}
+		var buf [0x1000]byte // zeroed: a short read at the end leaves zeros, as in bbolt
+		n, err := r.ReadAt(buf[:], pos)
+		if (err == nil && n == len(buf)) || (err == io.EOF && int64(n) == size-pos) {
+			canRead = true
+			if _, psz, ok := parseMeta(buf[:]); ok {
+				return psz, true
+			}
+		}
 	}
-	pageSize := int64(os.Getpagesize())
-	for i := int64(0); i < 2; i++ {
+	if canRead {
+		return uint64(os.Getpagesize()), true
+	}
+	return 0, false
+}
+
+// readMeta returns the meta page bbolt will read the file by, chosen as
+// bbolt v1.5.0 chooses it (DB.mmap, DB.meta): page 0 and page 1 (one page
+// size in), the one with the higher txid if it is valid, else the other if
+// that one is valid; page 0 on a tie. false: bbolt refuses the file itself
+// (no valid meta, or shorter than two pages), and its own error says why.
+func readMeta(r io.ReaderAt, size int64) (boltMeta, bool) {
+	psz, ok := bboltPageSize(r, size)
+	if !ok || psz > uint64(size)/2 {
+		return boltMeta{}, false
+	}
+	var metas [2]boltMeta
+	var valid [2]bool
+	for i := range metas {
 		buf := make([]byte, metaChecksumAt+8)
-		off := i * pageSize
-		if i == 1 && best.ok {
-			off = int64(best.psz) // meta 1 sits one page in, by the file's own page size
+		if n, err := r.ReadAt(buf, int64(i)*int64(psz)); n < len(buf) && err != nil {
+			continue // past the end: not valid
 		}
-		if _, err := f.ReadAt(buf, off); err != nil && err != io.EOF {
-			continue
-		}
-		le := binary.LittleEndian
-		m := buf[metaOff:]
-		if le.Uint32(m[0:]) != boltMagic || le.Uint32(m[4:]) != boltVersion {
-			continue
-		}
-		h := fnv.New64a()
-		h.Write(m[:56])
-		if h.Sum64() != le.Uint64(m[56:]) {
-			continue
-		}
-		psz, pgid, txid := uint64(le.Uint32(m[8:])), le.Uint64(m[40:]), le.Uint64(m[48:])
-		if !best.ok || txid > best.txid {
-			best.ok, best.txid, best.pgid, best.psz = true, txid, pgid, psz
+		metas[i], _, valid[i] = parseMeta(buf)
+	}
+	a, b := 0, 1
+	if metas[1].txid > metas[0].txid {
+		a, b = 1, 0
+	}
+	for _, i := range []int{a, b} {
+		if valid[i] {
+			m := metas[i]
+			m.pageSize = psz
+			return m, true
 		}
 	}
-	if !best.ok {
-		return nil // not a bbolt file at all: bbolt's open says so
+	return boltMeta{}, false
+}
+
+// checkSize refuses a store file shorter than its meta page says it is.
+// bbolt maps the file into memory and would touch pages past the end: the
+// process dies of SIGBUS, which no recover catches (SPEC §7: a truncated
+// store file is an error naming the file, never a crash).
+func checkSize(m boltMeta, size int64, name string) error {
+	if m.pageSize == 0 {
+		return nil // checkPages refuses it
 	}
-	if need := best.pgid * best.psz; uint64(st.Size()) < need {
-		return fmt.Errorf("%w: %s is truncated: %d bytes, its pages need %d", store.ErrCorrupt, path, st.Size(), need)
+	if m.pgid > uint64(size)/m.pageSize {
+		need := fmt.Sprintf("%d pages of %d bytes", m.pgid, m.pageSize)
+		if m.pgid < 1<<32 && m.pageSize < 1<<31 {
+			need = fmt.Sprint(m.pgid * m.pageSize)
+		}
+		return fmt.Errorf("%w: %s is truncated: %d bytes, its pages need %s", store.ErrCorrupt, name, size, need)
 	}
 	return nil
 }
