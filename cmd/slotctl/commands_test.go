@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/slotctl/slotctl/store"
+	"github.com/slotctl/slotctl/store/boltstore"
 )
 
 // flagsFactory is a factory with buffers for streams and a private
@@ -233,5 +234,29 @@ func TestReleasePromptFromFactory(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "1  ") {
 		t.Errorf("the ticket went: %s", out)
+	}
+}
+
+// TestStatusLineWidthFromFactory: the waiting line on a terminal is cut to
+// the width the factory gives for stderr, not to the process's own stderr.
+func TestStatusLineWidthFromFactory(t *testing.T) {
+	e := newLsEnv(t)
+	clock := lsGoldenStore(t, e)
+	st, err := boltstore.New(e.store, boltstore.Options{Clock: clock, NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, _, errOut := lsFactory(e.env, clock, false, 0)
+	f.IO.ErrTTY = true
+	f.ErrWidth = func() int { return 50 }
+	s := newStatusLine(f, &logger{w: errOut}, st, "build")
+	s.t = store.Ticket{ID: "c04e1a9b7d2f4c6e8a1b3d5f7092a4c6", Limit: "build", State: store.Waiting, Position: 1}
+	s.draw(context.Background())
+	got := strings.TrimPrefix(errOut.String(), "\r\033[K")
+	if n := len([]rune(got)); n > 49 || !strings.HasSuffix(got, "…") {
+		t.Errorf("status line of %d columns for a 50-column stderr: %q", n, got)
+	}
+	if !strings.HasPrefix(got, `slotctl: waiting for limit "build" (2/2 held), `) {
+		t.Errorf("status line: %q", got)
 	}
 }

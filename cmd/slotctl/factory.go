@@ -17,7 +17,7 @@ type IOStreams struct {
 	In     io.Reader
 	Out    io.Writer
 	ErrOut io.Writer
-	// InTTY and ErrTTY: stdin and stderr are terminals.
+	// InTTY, OutTTY, ErrTTY: stdin, stdout and stderr are terminals.
 	InTTY, OutTTY, ErrTTY bool
 }
 
@@ -36,8 +36,12 @@ func SystemIO() *IOStreams {
 type Factory struct {
 	Version, Commit, Date string
 	IO                    *IOStreams
-	Getenv                func(string) string
-	Now                   func() time.Time
+	// Getenv and Environ are the environment the commands read (settings,
+	// NO_COLOR and the terminal's colour profile, HOME, the job variables);
+	// a test gives each command tree its own.
+	Getenv  func(string) string
+	Environ func() []string
+	Now     func() time.Time
 	// StoreClock is the bbolt store's clock; nil is the host's boot-time
 	// clock. Tests of the built binary shift it to test expiry without sleeping.
 	StoreClock boltstore.Clock
@@ -55,7 +59,7 @@ type Factory struct {
 
 // NewFactory returns the production factory.
 func NewFactory(version, commit, date string) *Factory {
-	return &Factory{Version: version, Commit: commit, Date: date, IO: SystemIO(), Getenv: os.Getenv, Now: time.Now,
+	return &Factory{Version: version, Commit: commit, Date: date, IO: SystemIO(), Getenv: os.Getenv, Environ: os.Environ, Now: time.Now,
 		TermWidth: func() int { return termWidth(os.Stdout) },
 		ErrWidth:  func() int { return termWidth(os.Stderr) }}
 }
@@ -80,7 +84,13 @@ func width(fn func() int) int {
 // environ is the factory's environment as termenv (lipgloss) reads it:
 // colour comes from Getenv (TERM, COLORTERM, NO_COLOR, CLICOLOR_FORCE), not
 // from the process's environment.
-type environ struct{ getenv func(string) string }
+type environ struct{ f *Factory }
 
-func (e environ) Getenv(k string) string { return e.getenv(k) }
-func (e environ) Environ() []string      { return nil }
+func (e environ) Getenv(k string) string { return e.f.Getenv(k) }
+
+func (e environ) Environ() []string {
+	if e.f.Environ == nil {
+		return nil
+	}
+	return e.f.Environ()
+}

@@ -29,7 +29,7 @@ func (f *Factory) tableOut() tableOut {
 		t.color = true
 		// The factory says what stdout is and holds the environment the
 		// colour profile comes from (under CI, as termenv has it, no TTY).
-		t.r = lipgloss.NewRenderer(f.IO.Out, termenv.WithEnvironment(environ{f.Getenv}), termenv.WithTTY(f.Getenv("CI") == ""))
+		t.r = lipgloss.NewRenderer(f.IO.Out, termenv.WithEnvironment(environ{f}), termenv.WithTTY(f.Getenv("CI") == ""))
 	}
 	if f.IO.OutTTY {
 		t.width = width(f.TermWidth)
