@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/spf13/cobra"
 )
@@ -13,11 +14,20 @@ import (
 // output must not depend on the machine's config file or environment.
 func noPreRun(*cobra.Command, []string) error { return nil }
 
+// CompletionOptions are slotctl completion's flags and argument (SPEC §2.7).
+type CompletionOptions struct {
+	Shell          string // bash, zsh, fish or powershell
+	Output         string // "" or "-": standard output
+	NoDescriptions bool
+}
+
+// completionShells are the shells slotctl writes completion scripts for.
+var completionShells = []string{"bash", "zsh", "fish", "powershell"}
+
 // newCompletionCmd replaces cobra's default completion command with one that
 // can write to a file (-o), since go:generate has no shell redirection.
-func newCompletionCmd(f *Factory) *cobra.Command {
-	var out string
-	var noDesc bool
+func newCompletionCmd(f *Factory, runF func(*CompletionOptions) error) *cobra.Command {
+	o := &CompletionOptions{}
 	cmd := &cobra.Command{
 		Use:   "completion bash|zsh|fish|powershell",
 		Short: "Print the shell completion script for bash, zsh, fish or PowerShell",
@@ -44,7 +54,7 @@ EXIT STATUS
 		Example: `  source <(slotctl completion bash)
   slotctl completion zsh -o "${fpath[1]}/_slotctl"
   slotctl completion fish --no-descriptions -o ~/.config/fish/completions/slotctl.fish`,
-		ValidArgs:         []string{"bash", "zsh", "fish", "powershell"},
+		ValidArgs:         completionShells,
 		PersistentPreRunE: noPreRun,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) != 1 {
@@ -53,38 +63,50 @@ EXIT STATUS
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var buf bytes.Buffer
-			var err error
-			root := cmd.Root()
-			switch args[0] {
-			case "bash":
-				err = root.GenBashCompletionV2(&buf, !noDesc)
-			case "zsh":
-				if noDesc {
-					err = root.GenZshCompletionNoDesc(&buf)
-				} else {
-					err = root.GenZshCompletion(&buf)
-				}
-			case "fish":
-				err = root.GenFishCompletion(&buf, !noDesc)
-			case "powershell":
-				if noDesc {
-					err = root.GenPowerShellCompletion(&buf)
-				} else {
-					err = root.GenPowerShellCompletionWithDesc(&buf)
-				}
-			default:
-				return errArgs(cmd, "shell %q: want bash, zsh, fish or powershell", args[0])
+			o.Shell = args[0]
+			if !slices.Contains(completionShells, o.Shell) {
+				return errArgs(cmd, "shell %q: want bash, zsh, fish or powershell", o.Shell)
 			}
-			if err != nil {
-				return err
+			if runF != nil {
+				return runF(o)
 			}
-			return writeOutput(f, out, buf.Bytes())
+			return runCompletion(f, cmd.Root(), o)
 		},
 	}
-	cmd.Flags().StringVarP(&out, "output", "o", "", "write the script to `FILE` instead of standard output")
-	cmd.Flags().BoolVar(&noDesc, "no-descriptions", false, "leave out the descriptions of the suggestions")
+	cmd.Flags().StringVarP(&o.Output, "output", "o", "", "write the script to `FILE` instead of standard output")
+	cmd.Flags().BoolVar(&o.NoDescriptions, "no-descriptions", false, "leave out the descriptions of the suggestions")
 	return cmd
+}
+
+// runCompletion writes root's completion script for o.Shell.
+func runCompletion(f *Factory, root *cobra.Command, o *CompletionOptions) error {
+	var buf bytes.Buffer
+	var err error
+	desc := !o.NoDescriptions
+	switch o.Shell {
+	case "bash":
+		err = root.GenBashCompletionV2(&buf, desc)
+	case "zsh":
+		if desc {
+			err = root.GenZshCompletion(&buf)
+		} else {
+			err = root.GenZshCompletionNoDesc(&buf)
+		}
+	case "fish":
+		err = root.GenFishCompletion(&buf, desc)
+	case "powershell":
+		if desc {
+			err = root.GenPowerShellCompletionWithDesc(&buf)
+		} else {
+			err = root.GenPowerShellCompletion(&buf)
+		}
+	default:
+		return usageError("shell %q: want bash, zsh, fish or powershell", o.Shell)
+	}
+	if err != nil {
+		return err
+	}
+	return writeOutput(f, o.Output, buf.Bytes())
 }
 
 // writeOutput writes b to the file named path (creating its directory), or

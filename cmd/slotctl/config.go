@@ -185,8 +185,8 @@ func (f *Factory) readLimits(file string) error {
 	}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
-		if !store.ValidLimitName(k.Value) {
-			return usageError("config file %s: line %d: bad limit name %q: want 1-128 characters of [A-Za-z0-9._:-], starting with a letter or digit", file, k.Line, k.Value)
+		if err := checkLimitName("bad limit name", k.Value); err != nil {
+			return usageError("config file %s: line %d: %v", file, k.Line, err)
 		}
 		var slots int
 		if v.Decode(&slots) != nil || store.CheckSlots(slots) != nil {

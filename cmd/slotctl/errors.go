@@ -23,7 +23,8 @@ const (
 )
 
 // ExitError ends a command with a given exit code. Err, if not nil, is
-// printed as "slotctl: ..."; Hint, if not empty, on its own line after it.
+// printed as "slotctl: ..."; Hint, if not empty, at the end of that same
+// line, after "; " (SPEC §7: exactly one line, and a hint belongs in it).
 type ExitError struct {
 	Code int
 	Err  error
@@ -65,7 +66,7 @@ func exitCode(err error) int {
 	}
 }
 
-// hint is the advice printed under an error, if any.
+// hint is the advice printed at the end of an error's line, if any.
 func hint(err error) string {
 	var ee *ExitError
 	if errors.As(err, &ee) && ee.Hint != "" {
@@ -83,15 +84,20 @@ func hint(err error) string {
 	return ""
 }
 
-// printError writes err as one line (plus a hint line) on w.
+// printError writes err on w as exactly one line, "slotctl: MESSAGE; HINT".
 func printError(w io.Writer, err error) {
+	fmt.Fprint(w, errorLine(err))
+}
+
+// errorLine is what printError writes: "" for an ExitError without a message.
+func errorLine(err error) string {
 	var ee *ExitError
 	if errors.As(err, &ee) && ee.Err == nil {
-		return
+		return ""
 	}
-	msg := escapeControls(strings.ReplaceAll(strings.TrimSpace(err.Error()), "\n", " "))
-	fmt.Fprintf(w, "slotctl: %s\n", msg)
-	if h := hint(err); h != "" {
-		fmt.Fprintf(w, "slotctl: hint: %s\n", escapeControls(h))
+	msg := strings.TrimSpace(err.Error())
+	if h := strings.TrimSpace(hint(err)); h != "" {
+		msg += "; " + h
 	}
+	return "slotctl: " + escapeControls(strings.ReplaceAll(msg, "\n", " ")) + "\n"
 }

@@ -17,7 +17,7 @@ type IOStreams struct {
 	In     io.Reader
 	Out    io.Writer
 	ErrOut io.Writer
-	// InTTY and ErrTTY: stdin and stderr are terminals.
+	// InTTY, OutTTY, ErrTTY: stdin, stdout and stderr are terminals.
 	InTTY, OutTTY, ErrTTY bool
 }
 
@@ -36,13 +36,18 @@ func SystemIO() *IOStreams {
 type Factory struct {
 	Version, Commit, Date string
 	IO                    *IOStreams
-	Getenv                func(string) string
-	Now                   func() time.Time
+	// Getenv and Environ are the environment the commands read (settings,
+	// NO_COLOR and the terminal's colour profile, HOME, the job variables);
+	// a test gives each command tree its own.
+	Getenv  func(string) string
+	Environ func() []string
+	Now     func() time.Time
 	// StoreClock is the bbolt store's clock; nil is the host's boot-time
 	// clock. Tests of the built binary shift it to test expiry without sleeping.
 	StoreClock boltstore.Clock
-	// TermWidth is the width of the terminal on stdout, 0 if unknown.
-	TermWidth func() int
+	// TermWidth and ErrWidth are the widths of the terminals on stdout and
+	// stderr, 0 if unknown (or nil).
+	TermWidth, ErrWidth func() int
 	// Identity, if not nil, replaces the holder identity that run records
 	// (host, boot id, pid namespace, pid, user): tests make one machine
 	// look like several hosts sharing a store. Nil is the real one.
@@ -54,12 +59,38 @@ type Factory struct {
 
 // NewFactory returns the production factory.
 func NewFactory(version, commit, date string) *Factory {
-	return &Factory{Version: version, Commit: commit, Date: date, IO: SystemIO(), Getenv: os.Getenv, Now: time.Now,
-		TermWidth: func() int {
-			w, _, err := term.GetSize(int(os.Stdout.Fd()))
-			if err != nil {
-				return 0
-			}
-			return w
-		}}
+	return &Factory{Version: version, Commit: commit, Date: date, IO: SystemIO(), Getenv: os.Getenv, Environ: os.Environ, Now: time.Now,
+		TermWidth: func() int { return termWidth(os.Stdout) },
+		ErrWidth:  func() int { return termWidth(os.Stderr) }}
+}
+
+// termWidth is the width of the terminal on f, 0 if it is none.
+func termWidth(f *os.File) int {
+	w, _, err := term.GetSize(int(f.Fd()))
+	if err != nil {
+		return 0
+	}
+	return w
+}
+
+// width calls a width function that may be nil.
+func width(fn func() int) int {
+	if fn == nil {
+		return 0
+	}
+	return fn()
+}
+
+// environ is the factory's environment as termenv (lipgloss) reads it:
+// colour comes from Getenv (TERM, COLORTERM, NO_COLOR, CLICOLOR_FORCE), not
+// from the process's environment.
+type environ struct{ f *Factory }
+
+func (e environ) Getenv(k string) string { return e.f.Getenv(k) }
+
+func (e environ) Environ() []string {
+	if e.f.Environ == nil {
+		return nil
+	}
+	return e.f.Environ()
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"io"
 	"strconv"
 
@@ -9,7 +10,32 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-func newLimitCmd(f *Factory, g *globalOptions) *cobra.Command {
+// LimitSetOptions are slotctl limit set's arguments (SPEC §2.4).
+type LimitSetOptions struct {
+	Name  string
+	Slots int
+}
+
+// LimitLsOptions are slotctl limit ls's flags and arguments.
+type LimitLsOptions struct {
+	Output string // table or json
+	Limits []string
+}
+
+// LimitRmOptions are slotctl limit rm's flags and argument.
+type LimitRmOptions struct {
+	Name  string
+	Force bool // remove the limit's tickets too
+}
+
+// limitRunFs are the test seams of limit's subcommands; nil runs them.
+type limitRunFs struct {
+	set func(*LimitSetOptions) error
+	ls  func(*LimitLsOptions) error
+	rm  func(*LimitRmOptions) error
+}
+
+func newLimitCmd(f *Factory, g *globalOptions, runFs limitRunFs) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "limit",
 		Short: "Create, resize, list and remove limits",
@@ -32,11 +58,12 @@ EXIT STATUS
 			return errArgs(cmd, "unknown command %q for %q: want set, ls or rm", args[0], cmd.CommandPath())
 		},
 	}
-	cmd.AddCommand(newLimitSetCmd(f, g), newLimitLsCmd(f, g), newLimitRmCmd(f, g))
+	cmd.AddCommand(newLimitSetCmd(f, g, runFs.set), newLimitLsCmd(f, g, runFs.ls), newLimitRmCmd(f, g, runFs.rm))
 	return cmd
 }
 
-func newLimitSetCmd(f *Factory, g *globalOptions) *cobra.Command {
+func newLimitSetCmd(f *Factory, g *globalOptions, runF func(*LimitSetOptions) error) *cobra.Command {
+	o := &LimitSetOptions{}
 	cmd := &cobra.Command{
 		Use:   "set NAME SLOTS",
 		Short: "Create a limit or change its number of slots",
@@ -59,32 +86,41 @@ EXIT STATUS
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			name := args[0]
-			if err := store.CheckLimitName(name); err != nil {
-				return usageError("limit name %q: want 1-128 characters of [A-Za-z0-9._:-], starting with a letter or digit", name)
+			o.Name = args[0]
+			if err := checkLimitName("limit name", o.Name); err != nil {
+				return err
 			}
 			n, err := strconv.Atoi(args[1])
 			if err != nil || store.CheckSlots(n) != nil {
 				return usageError("slot count %q: want a whole number 0..%d (0 pauses the limit)", args[1], store.MaxSlots)
 			}
-			st, err := f.openStore(g)
-			if err != nil {
-				return err
+			o.Slots = n
+			if runF != nil {
+				return runF(o)
 			}
-			l, err := st.SetLimit(cmd.Context(), name, n)
-			if err != nil {
-				return err
-			}
-			newLogger(f, g).info("limit %q: %d slots (%d held, %d waiting)", l.Name, l.Slots, l.Held, l.Waiting)
-			return nil
+			return runLimitSet(cmd.Context(), f, g, o)
 		},
 	}
 	cmd.Flags().SetInterspersed(false) // "limit set build -1" is a bad count, not a flag
 	return cmd
 }
 
-func newLimitLsCmd(f *Factory, g *globalOptions) *cobra.Command {
-	var output string
+// runLimitSet is slotctl limit set: create or resize.
+func runLimitSet(ctx context.Context, f *Factory, g *globalOptions, o *LimitSetOptions) error {
+	st, err := f.openStore(g)
+	if err != nil {
+		return err
+	}
+	l, err := st.SetLimit(ctx, o.Name, o.Slots)
+	if err != nil {
+		return err
+	}
+	newLogger(f, g).info("limit %q: %d slots (%d held, %d waiting)", l.Name, l.Slots, l.Held, l.Waiting)
+	return nil
+}
+
+func newLimitLsCmd(f *Factory, g *globalOptions, runF func(*LimitLsOptions) error) *cobra.Command {
+	o := &LimitLsOptions{}
 	cmd := &cobra.Command{
 		Use:   "ls [NAME...]",
 		Short: "List limits: slots, held, waiting",
@@ -98,29 +134,41 @@ EXIT STATUS
   slotctl limit ls -o json | jq '.limits[] | select(.waiting > 0) | .name'`,
 		ValidArgsFunction: f.completeLimits,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if output != "table" && output != "json" {
-				return usageError("-o %q: want table or json", output)
-			}
-			st, err := f.openStore(g)
-			if err != nil {
+			o.Limits = args
+			if err := checkOutput(o.Output, outTable, outJSON); err != nil {
 				return err
 			}
-			snap, err := st.Snapshot(cmd.Context(), args...)
-			if err != nil {
+			if err := checkLimitNames("limit", o.Limits); err != nil {
 				return err
 			}
-			if output == "json" {
-				return writeLimitsJSON(f.IO.Out, snap)
+			if runF != nil {
+				return runF(o)
 			}
-			return drawLimits(f.tableOut(), snap.Limits)
+			return runLimitLs(cmd.Context(), f, g, o)
 		},
 	}
-	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
+	addOutputFlag(cmd, &o.Output, "output format: table or json")
 	return cmd
 }
 
-func newLimitRmCmd(f *Factory, g *globalOptions) *cobra.Command {
-	var force bool
+// runLimitLs is slotctl limit ls.
+func runLimitLs(ctx context.Context, f *Factory, g *globalOptions, o *LimitLsOptions) error {
+	st, err := f.openStore(g)
+	if err != nil {
+		return err
+	}
+	snap, err := st.Snapshot(ctx, o.Limits...)
+	if err != nil {
+		return err
+	}
+	if o.Output == outJSON {
+		return writeLimitsJSON(f.IO.Out, snap)
+	}
+	return drawLimits(f.tableOut(), snap.Limits)
+}
+
+func newLimitRmCmd(f *Factory, g *globalOptions, runF func(*LimitRmOptions) error) *cobra.Command {
+	o := &LimitRmOptions{}
 	cmd := &cobra.Command{
 		Use:   "rm NAME",
 		Short: "Remove a limit",
@@ -139,19 +187,31 @@ EXIT STATUS
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			st, err := f.openStore(g)
-			if err != nil {
+			o.Name = args[0]
+			if err := checkLimitName("limit", o.Name); err != nil {
 				return err
 			}
-			if err := st.RemoveLimit(cmd.Context(), args[0], force); err != nil {
-				return err
+			if runF != nil {
+				return runF(o)
 			}
-			newLogger(f, g).info("limit %q removed", args[0])
-			return nil
+			return runLimitRm(cmd.Context(), f, g, o)
 		},
 	}
-	cmd.Flags().BoolVar(&force, "force", false, "remove the limit's tickets too")
+	cmd.Flags().BoolVar(&o.Force, "force", false, "remove the limit's tickets too")
 	return cmd
+}
+
+// runLimitRm is slotctl limit rm.
+func runLimitRm(ctx context.Context, f *Factory, g *globalOptions, o *LimitRmOptions) error {
+	st, err := f.openStore(g)
+	if err != nil {
+		return err
+	}
+	if err := st.RemoveLimit(ctx, o.Name, o.Force); err != nil {
+		return err
+	}
+	newLogger(f, g).info("limit %q removed", o.Name)
+	return nil
 }
 
 // limitsJSON is the schema of limit ls -o json.

@@ -1,9 +1,9 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -11,9 +11,15 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-func newLogCmd(f *Factory, g *globalOptions) *cobra.Command {
-	var n int
-	var output string
+// LogOptions are slotctl log's flags and argument (SPEC §2.6).
+type LogOptions struct {
+	N      int    // how many of the newest events
+	Output string // table or json
+	Limit  string // "": every limit
+}
+
+func newLogCmd(f *Factory, g *globalOptions, runF func(*LogOptions) error) *cobra.Command {
+	o := &LogOptions{}
 	cmd := &cobra.Command{
 		Use:   "log [LIMIT]",
 		Short: "Show the store's event log: admitted, released, reaped, lost",
@@ -37,51 +43,78 @@ EXIT STATUS
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkOutput(output); err != nil {
+			if err := checkOutput(o.Output, outTable, outJSON); err != nil {
 				return err
 			}
-			if n < 1 || n > store.MaxEvents {
-				return usageError("-n %d: want 1..%d", n, store.MaxEvents)
+			if o.N < 1 || o.N > store.MaxEvents {
+				return usageError("-n %d: want 1..%d", o.N, store.MaxEvents)
 			}
-			limit := ""
 			if len(args) == 1 {
-				limit = args[0]
-				if err := store.CheckLimitName(limit); err != nil {
-					return usageError("limit %q: want 1-128 characters of [A-Za-z0-9._:-], starting with a letter or digit", limit)
+				o.Limit = args[0]
+				if err := checkLimitName("limit", o.Limit); err != nil {
+					return err
 				}
 			}
-			st, err := f.openStore(g)
-			if err != nil {
-				return err
+			if runF != nil {
+				return runF(o)
 			}
-			events, err := st.Events(cmd.Context(), limit, n)
-			if err != nil {
-				return err
-			}
-			if output == "json" {
-				return writeEventsJSON(f.IO.Out, events)
-			}
-			return writeEventsTable(f.IO.Out, events)
+			return runLog(cmd.Context(), f, g, o)
 		},
 	}
-	cmd.Flags().IntVarP(&n, "n", "n", 20, "how many of the newest events")
-	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json (one object per line)")
+	cmd.Flags().IntVarP(&o.N, "n", "n", 20, "how many of the newest events")
+	addOutputFlag(cmd, &o.Output, "output format: table or json (one object per line)")
 	return cmd
 }
 
-func writeEventsTable(w io.Writer, events []store.Event) error {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "TIME\tEVENT\tLIMIT\tTICKET\tFENCE\tSLOT\tHOST\tPID\tUSER\tCOMMAND\tEVIDENCE")
+// runLog is slotctl log: the newest events, oldest first.
+func runLog(ctx context.Context, f *Factory, g *globalOptions, o *LogOptions) error {
+	st, err := f.openStore(g)
+	if err != nil {
+		return err
+	}
+	events, err := st.Events(ctx, o.Limit, o.N)
+	if err != nil {
+		return err
+	}
+	if o.Output == outJSON {
+		return writeEventsJSON(f.IO.Out, events)
+	}
+	return drawEvents(f.tableOut(), events)
+}
+
+var eventHeaders = []string{"TIME", "EVENT", "LIMIT", "TICKET", "FENCE", "SLOT", "HOST", "PID", "USER", "COMMAND", "EVIDENCE"}
+
+// drawEvents is log's table, on the renderer ls and limit ls use: plain
+// aligned text off a terminal, coloured by kind of event on one.
+func drawEvents(out tableOut, events []store.Event) error {
+	rows := make([][]string, 0, len(events))
 	for _, e := range events {
 		slot := "-"
 		if e.Slot >= 0 {
 			slot = fmt.Sprint(e.Slot)
 		}
 		p := store.Printable
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%s\t%s\t%s\n", e.Time.Local().Format(time.DateTime), p(e.Kind), p(e.Limit),
-			shortID(e.Ticket), e.Fence, slot, p(e.Host), e.Pid, p(e.User), p(e.Command), p(e.Evidence))
+		rows = append(rows, []string{e.Time.Local().Format(time.DateTime), p(e.Kind), p(e.Limit), shortID(e.Ticket),
+			fmt.Sprint(e.Fence), slot, p(e.Host), fmt.Sprint(e.Pid), p(e.User), p(e.Command), p(e.Evidence)})
 	}
-	return tw.Flush()
+	return out.draw(eventHeaders, rows, -1, func(row, col int) string {
+		if col != 1 {
+			return ""
+		}
+		switch k := events[row].Kind; store.Reason(k) {
+		case store.Released:
+			return colorGreen
+		case store.Cancelled:
+			return colorYellow
+		case store.Reaped, store.ForceReleased, store.Lost:
+			return colorRed
+		default:
+			if k == "admitted" {
+				return colorGreen
+			}
+		}
+		return ""
+	})
 }
 
 // eventJSON is one line of log -o json.

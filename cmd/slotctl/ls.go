@@ -13,14 +13,15 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-type lsOptions struct {
-	Output string // table, wide or json
-	Watch  time.Duration
+// LsOptions are slotctl ls's flags and arguments (SPEC §2.2).
+type LsOptions struct {
+	Output string        // table, wide or json
+	Watch  time.Duration // 0: draw once
 	Limits []string
 }
 
-func newLsCmd(f *Factory, g *globalOptions) *cobra.Command {
-	o := &lsOptions{}
+func newLsCmd(f *Factory, g *globalOptions, runF func(*LsOptions) error) *cobra.Command {
+	o := &LsOptions{}
 	cmd := &cobra.Command{
 		Use:   "ls [LIMIT...]",
 		Short: "Show limits, who holds their slots and who waits",
@@ -47,49 +48,61 @@ EXIT STATUS
 		ValidArgsFunction: f.completeLimits,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.Limits = args
-			if cmd.Flags().Changed("watch") && len(args) > 0 {
-				if _, err := time.ParseDuration(args[0]); err == nil {
-					return usageError("ls %s: write the interval with =: --watch=%s", args[0], args[0])
-				}
-			}
-			if o.Output != "table" && o.Output != "wide" && o.Output != "json" {
-				return usageError("-o %q: want table, wide or json", o.Output)
-			}
-			for _, a := range args {
-				if err := store.CheckLimitName(a); err != nil {
-					return usageError("limit %q: want 1-128 characters of [A-Za-z0-9._:-], starting with a letter or digit", a)
-				}
-			}
-			if cmd.Flags().Changed("watch") {
-				if err := checkDuration("watch", o.Watch, 100*time.Millisecond, time.Hour); err != nil {
-					return err
-				}
-			} else {
-				o.Watch = 0
-			}
-			st, err := f.openStore(g)
-			if err != nil {
+			if err := o.resolve(cmd); err != nil {
 				return err
 			}
-			if o.Watch > 0 {
-				return watchLs(cmd.Context(), f, st, o)
+			if runF != nil {
+				return runF(o)
 			}
-			snap, err := st.Snapshot(cmd.Context(), o.Limits...)
-			if err != nil {
-				return err
-			}
-			return writeLs(f.tableOut(), st.String(), snap, o.Output)
+			return runLs(cmd.Context(), f, g, o)
 		},
 	}
-	cmd.Flags().StringVarP(&o.Output, "output", "o", "table", "output format: table, wide (whole commands) or json")
+	addOutputFlag(cmd, &o.Output, "output format: table, wide (whole commands) or json")
 	cmd.Flags().DurationVarP(&o.Watch, "watch", "w", time.Second, "redraw on every change, and at least every `INTERVAL`")
 	cmd.Flags().Lookup("watch").NoOptDefVal = "1s"
 	return cmd
 }
 
+// resolve validates the flags and arguments.
+func (o *LsOptions) resolve(cmd *cobra.Command) error {
+	watch := cmd.Flags().Changed("watch")
+	if watch && len(o.Limits) > 0 {
+		if _, err := time.ParseDuration(o.Limits[0]); err == nil {
+			return usageError("ls %s: write the interval with =: --watch=%s", o.Limits[0], o.Limits[0])
+		}
+	}
+	if err := checkOutput(o.Output, outTable, outWide, outJSON); err != nil {
+		return err
+	}
+	if err := checkLimitNames("limit", o.Limits); err != nil {
+		return err
+	}
+	if !watch {
+		o.Watch = 0
+		return nil
+	}
+	return checkDuration("watch", o.Watch, 100*time.Millisecond, time.Hour)
+}
+
+// runLs is slotctl ls: one snapshot, or a redraw on every change with --watch.
+func runLs(ctx context.Context, f *Factory, g *globalOptions, o *LsOptions) error {
+	st, err := f.openStore(g)
+	if err != nil {
+		return err
+	}
+	if o.Watch > 0 {
+		return watchLs(ctx, f, st, o)
+	}
+	snap, err := st.Snapshot(ctx, o.Limits...)
+	if err != nil {
+		return err
+	}
+	return writeLs(f.tableOut(), st.String(), snap, o.Output)
+}
+
 // writeLs draws a snapshot in the chosen format.
 func writeLs(out tableOut, storeURL string, snap store.Snapshot, format string) error {
-	if format == "json" {
+	if format == outJSON {
 		return writeJSON(out.w, lsJSONOf(storeURL, snap))
 	}
 	if err := drawLimits(out, snap.Limits); err != nil {
@@ -99,7 +112,7 @@ func writeLs(out tableOut, storeURL string, snap store.Snapshot, format string) 
 		return nil
 	}
 	fmt.Fprintln(out.w)
-	return drawTickets(out, snap, format == "wide")
+	return drawTickets(out, snap, format == outWide)
 }
 
 var limitHeaders = []string{"LIMIT", "SLOTS", "HELD", "WAITING", "PAUSED"}
@@ -275,7 +288,7 @@ func seconds(d time.Duration) float64 {
 // watchLs redraws on every change of the store and at least every interval.
 // On a terminal it redraws in place; elsewhere it prints a snapshot each
 // time the tickets or limits change (renewals and ageing alone do not count).
-func watchLs(ctx context.Context, f *Factory, st store.Store, o *lsOptions) error {
+func watchLs(ctx context.Context, f *Factory, st store.Store, o *LsOptions) error {
 	ctx, stop := signalContext(ctx)
 	defer stop()
 	var changes <-chan struct{} // nil: redraw on the interval only
@@ -307,7 +320,7 @@ func watchLs(ctx context.Context, f *Factory, st store.Store, o *lsOptions) erro
 				if err := writeLs(out, st.String(), snap, o.Output); err != nil {
 					return err
 				}
-				if o.Output != "json" {
+				if o.Output != outJSON {
 					fmt.Fprintln(f.IO.Out)
 				}
 			}

@@ -437,12 +437,16 @@ func lsREADMEFields(t *testing.T) map[string]bool {
 
 var lsANSI = regexp.MustCompile(`\x1b\[[0-9;?]*[A-Za-z]`)
 
-// lsTTY renders ls for a terminal of the given width. lipgloss decides on
-// colour from the process environment and the writer (a buffer here), so
-// CLICOLOR_FORCE stands in for a terminal.
+// lsTTY renders ls for a terminal of the given width. The colour profile
+// comes from the factory's environment (not the process's), which has no
+// TERM here: CLICOLOR_FORCE in it asks for colour.
 func lsTTY(t *testing.T, e *lsEnv, clock boltstore.Clock, width int, args ...string) string {
 	t.Helper()
-	f, out, errOut := lsFactory(e.env, clock, true, width)
+	env := map[string]string{"CLICOLOR_FORCE": "1"}
+	for k, v := range e.env {
+		env[k] = v
+	}
+	f, out, errOut := lsFactory(env, clock, true, width)
 	if code := lsRun(t, f, args...); code != 0 {
 		t.Fatalf("slotctl %s: exit %d: %s", strings.Join(args, " "), code, errOut)
 	}
@@ -454,8 +458,8 @@ func lsTTY(t *testing.T, e *lsEnv, clock boltstore.Clock, width int, args ...str
 func TestLsTerminal(t *testing.T) {
 	e := newLsEnv(t)
 	clock := lsGoldenStore(t, e)
-	t.Setenv("CLICOLOR_FORCE", "1")
-	t.Setenv("CI", "")
+	t.Setenv("CLICOLOR_FORCE", "") // the process's environment has no say (lsTTY)
+	t.Setenv("CI", "1")
 	long := "make -j8 all 'CFLAGS=-O2 -g -fno-omit-frame-pointer -Wall -Wextra' PREFIX=/opt/build/release"
 
 	// The widest terminal that still cuts the long command, and 60 columns.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"time"
@@ -10,9 +11,15 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-func newReapCmd(f *Factory, g *globalOptions) *cobra.Command {
-	var dryRun bool
-	var output string
+// ReapOptions are slotctl reap's flags and arguments (SPEC §2.3).
+type ReapOptions struct {
+	DryRun bool
+	Output string // table or json
+	Limits []string
+}
+
+func newReapCmd(f *Factory, g *globalOptions, runF func(*ReapOptions) error) *cobra.Command {
+	o := &ReapOptions{}
 	cmd := &cobra.Command{
 		Use:   "reap [LIMIT...]",
 		Short: "Remove tickets whose lease expired or whose holder is proven dead",
@@ -38,40 +45,40 @@ EXIT STATUS
   slotctl reap -o json | jq -r '.removed[] | "\(.limit) \(.evidence)"'`,
 		ValidArgsFunction: f.completeLimits,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkOutput(output); err != nil {
+			o.Limits = args
+			if err := checkOutput(o.Output, outTable, outJSON); err != nil {
 				return err
 			}
-			for _, a := range args {
-				if err := store.CheckLimitName(a); err != nil {
-					return usageError("limit %q: want 1-128 characters of [A-Za-z0-9._:-], starting with a letter or digit", a)
-				}
-			}
-			st, err := f.openStore(g)
-			if err != nil {
+			if err := checkLimitNames("limit", o.Limits); err != nil {
 				return err
 			}
-			removed, err := st.Reap(cmd.Context(), dryRun, args...)
-			if err != nil {
-				return err
+			if runF != nil {
+				return runF(o)
 			}
-			if output == "json" {
-				return writeReapJSON(f.IO.Out, dryRun, removed)
-			}
-			writeReapText(f.IO.Out, dryRun, removed)
-			if len(removed) == 0 {
-				newLogger(f, g).info("nothing to reap")
-			}
-			return nil
+			return runReap(cmd.Context(), f, g, o)
 		},
 	}
-	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "report what would be removed, remove nothing")
-	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
+	cmd.Flags().BoolVar(&o.DryRun, "dry-run", false, "report what would be removed, remove nothing")
+	addOutputFlag(cmd, &o.Output, "output format: table or json")
 	return cmd
 }
 
-func checkOutput(o string) error {
-	if o != "table" && o != "json" {
-		return usageError("-o %q: want table or json", o)
+// runReap is slotctl reap: one line per removed ticket with its evidence.
+func runReap(ctx context.Context, f *Factory, g *globalOptions, o *ReapOptions) error {
+	st, err := f.openStore(g)
+	if err != nil {
+		return err
+	}
+	removed, err := st.Reap(ctx, o.DryRun, o.Limits...)
+	if err != nil {
+		return err
+	}
+	if o.Output == outJSON {
+		return writeReapJSON(f.IO.Out, o.DryRun, removed)
+	}
+	writeReapText(f.IO.Out, o.DryRun, removed)
+	if len(removed) == 0 {
+		newLogger(f, g).info("nothing to reap")
 	}
 	return nil
 }

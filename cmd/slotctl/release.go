@@ -12,8 +12,15 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-func newReleaseCmd(f *Factory, g *globalOptions) *cobra.Command {
-	var yes, force bool
+// ReleaseOptions are slotctl release's flags and arguments (SPEC §2.5).
+type ReleaseOptions struct {
+	Yes     bool // do not ask
+	Force   bool // release a holder alive on this host too
+	Tickets []string
+}
+
+func newReleaseCmd(f *Factory, g *globalOptions, runF func(*ReleaseOptions) error) *cobra.Command {
+	o := &ReleaseOptions{}
 	cmd := &cobra.Command{
 		Use:   "release TICKET...",
 		Short: "Release a ticket by hand (operator's override)",
@@ -42,59 +49,72 @@ EXIT STATUS
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			st, err := f.openStore(g)
-			if err != nil {
-				return err
-			}
-			log := newLogger(f, g)
-			var tickets []store.Ticket
+			o.Tickets = args
 			for _, a := range args {
-				t, err := findTicket(cmd.Context(), st, a)
-				if err != nil {
+				if err := checkTicketPrefix(a); err != nil {
 					return err
 				}
-				if alive, why := provablyAlive(t); alive && !force {
-					return &ExitError{Code: exitUsage, Err: fmt.Errorf("ticket %s (limit %s): %s", shortID(t.ID), store.Printable(t.Limit), why),
-						Hint: "releasing it lets another job in beside it; pass --force to release it anyway"}
-				}
-				tickets = append(tickets, t)
 			}
-			if !yes && f.IO.InTTY && f.IO.ErrTTY {
-				for _, t := range tickets {
-					fmt.Fprintf(f.IO.ErrOut, "slotctl: release ticket %s (limit %s, %s, %s, pid %d on %s)? [y/N] ",
-						shortID(t.ID), store.Printable(t.Limit), describeState(t), store.Printable(t.Holder.Command()),
-						t.Holder.Pid, store.Printable(t.Holder.Host))
-				}
-				line, _ := bufio.NewReader(f.IO.In).ReadString('\n')
-				if a := strings.ToLower(strings.TrimSpace(line)); a != "y" && a != "yes" {
-					return &ExitError{Code: 1, Err: fmt.Errorf("not released")}
-				}
+			if runF != nil {
+				return runF(o)
 			}
-			for _, t := range tickets {
-				removed, err := st.Release(cmd.Context(), t, store.ForceReleased)
-				if err != nil {
-					return err
-				}
-				if removed {
-					log.info("released ticket %s (limit %s, %s)", shortID(t.ID), store.Printable(t.Limit), describeState(t))
-				} else {
-					log.info("ticket %s was already gone", shortID(t.ID))
-				}
-			}
-			return nil
+			return runRelease(cmd.Context(), f, g, o)
 		},
 	}
-	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "do not ask")
-	cmd.Flags().BoolVar(&force, "force", false, "release even when the holder is alive on this host")
+	cmd.Flags().BoolVarP(&o.Yes, "yes", "y", false, "do not ask")
+	cmd.Flags().BoolVar(&o.Force, "force", false, "release even when the holder is alive on this host")
 	return cmd
+}
+
+// runRelease is slotctl release: find every ticket first, refuse live
+// holders without --force, ask on a terminal, then release them.
+func runRelease(ctx context.Context, f *Factory, g *globalOptions, o *ReleaseOptions) error {
+	st, err := f.openStore(g)
+	if err != nil {
+		return err
+	}
+	log := newLogger(f, g)
+	var tickets []store.Ticket
+	for _, a := range o.Tickets {
+		t, err := findTicket(ctx, st, a)
+		if err != nil {
+			return err
+		}
+		if alive, why := provablyAlive(t); alive && !o.Force {
+			return &ExitError{Code: exitUsage, Err: fmt.Errorf("ticket %s (limit %s): %s", shortID(t.ID), store.Printable(t.Limit), why),
+				Hint: "pass --force to release it anyway, letting another job in beside it"}
+		}
+		tickets = append(tickets, t)
+	}
+	if !o.Yes && f.IO.InTTY && f.IO.ErrTTY {
+		for _, t := range tickets {
+			fmt.Fprintf(f.IO.ErrOut, "slotctl: release ticket %s (limit %s, %s, %s, pid %d on %s)? [y/N] ",
+				shortID(t.ID), store.Printable(t.Limit), describeState(t), store.Printable(t.Holder.Command()),
+				t.Holder.Pid, store.Printable(t.Holder.Host))
+		}
+		line, _ := bufio.NewReader(f.IO.In).ReadString('\n')
+		if a := strings.ToLower(strings.TrimSpace(line)); a != "y" && a != "yes" {
+			return &ExitError{Code: 1, Err: fmt.Errorf("not released")}
+		}
+	}
+	for _, t := range tickets {
+		removed, err := st.Release(ctx, t, store.ForceReleased)
+		if err != nil {
+			return err
+		}
+		if removed {
+			log.info("released ticket %s (limit %s, %s)", shortID(t.ID), store.Printable(t.Limit), describeState(t))
+		} else {
+			log.info("ticket %s was already gone", shortID(t.ID))
+		}
+	}
+	return nil
 }
 
 // findTicket resolves a full id or a unique prefix among the live tickets.
 func findTicket(ctx context.Context, st store.Store, prefix string) (store.Ticket, error) {
-	if prefix == "" || strings.ContainsFunc(prefix, func(r rune) bool {
-		return !(r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r == '-' || r == '_')
-	}) {
-		return store.Ticket{}, usageError("ticket %q: want a ticket id or a prefix of one (letters, digits, - and _)", prefix)
+	if err := checkTicketPrefix(prefix); err != nil {
+		return store.Ticket{}, err
 	}
 	snap, err := st.Snapshot(ctx)
 	if err != nil {
@@ -120,6 +140,16 @@ func findTicket(ctx context.Context, st store.Store, prefix string) (store.Ticke
 		c = append(c, fmt.Sprintf("%s (limit %s, %s)", store.Printable(t.ID), store.Printable(t.Limit), store.Printable(t.Holder.Command())))
 	}
 	return store.Ticket{}, usageError("ticket prefix %q matches %d tickets: %s", prefix, len(matches), strings.Join(c, "; "))
+}
+
+// checkTicketPrefix refuses a TICKET argument that no ticket id can start with.
+func checkTicketPrefix(prefix string) error {
+	if prefix == "" || strings.ContainsFunc(prefix, func(r rune) bool {
+		return !(r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r == '-' || r == '_')
+	}) {
+		return usageError("ticket %q: want a ticket id or a prefix of one (letters, digits, - and _)", prefix)
+	}
+	return nil
 }
 
 // provablyAlive tells a holder that certainly still runs on this host.

@@ -22,14 +22,19 @@ type globalOptions struct {
 
 // Main runs slotctl with args and returns its exit status. It prints errors
 // itself, once, as "slotctl: ...".
-func Main(ctx context.Context, args []string, f *Factory) (code int) {
+func Main(ctx context.Context, args []string, f *Factory) int {
+	return mainWith(ctx, args, f, runFs{})
+}
+
+// mainWith is Main with the given run functions (tests of flag parsing).
+func mainWith(ctx context.Context, args []string, f *Factory, rf runFs) (code int) {
 	defer func() {
 		if r := recover(); r != nil {
 			fmt.Fprintf(f.IO.ErrOut, "slotctl: internal error (a bug, please report it): %s\n", escapeControls(fmt.Sprint(r)))
 			code = exitInternal
 		}
 	}()
-	root := newRootCmd(f)
+	root := newRootCmdWith(f, rf)
 	root.SetArgs(args)
 	err := root.ExecuteContext(ctx)
 	var ee *ExitError
@@ -43,7 +48,21 @@ func Main(ctx context.Context, args []string, f *Factory) (code int) {
 	return exitCode(err)
 }
 
-func newRootCmd(f *Factory) *cobra.Command {
+// runFs are the commands' run functions, replaced in tests that check
+// flag parsing alone (cli/cli's NewCmdX(f, runF)); nil fields run the command.
+type runFs struct {
+	run        func(*RunOptions) error
+	ls         func(*LsOptions) error
+	limit      limitRunFs
+	reap       func(*ReapOptions) error
+	release    func(*ReleaseOptions) error
+	log        func(*LogOptions) error
+	version    func(*VersionOptions) error
+	completion func(*CompletionOptions) error
+}
+
+// newRootCmdWith is the command tree with the given run functions.
+func newRootCmdWith(f *Factory, rf runFs) *cobra.Command {
 	g := &globalOptions{}
 	root := &cobra.Command{
 		Use:   "slotctl",
@@ -101,7 +120,8 @@ EXIT STATUS
 	pf.BoolVarP(&g.Verbose, "verbose", "v", false, "say more about what happens")
 	addEtcdFlags(pf)
 
-	root.AddCommand(newRunCmd(f, g, nil), newLsCmd(f, g), newLimitCmd(f, g), newReapCmd(f, g), newReleaseCmd(f, g), newLogCmd(f, g), newVersionCmd(f), newCompletionCmd(f))
+	root.AddCommand(newRunCmd(f, g, rf.run), newLsCmd(f, g, rf.ls), newLimitCmd(f, g, rf.limit), newReapCmd(f, g, rf.reap),
+		newReleaseCmd(f, g, rf.release), newLogCmd(f, g, rf.log), newVersionCmd(f, rf.version), newCompletionCmd(f, rf.completion))
 	root.AddCommand(extraCommands()...)
 	return root
 }

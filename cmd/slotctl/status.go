@@ -3,12 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"time"
-
-	"golang.org/x/term"
 
 	"github.com/slotctl/slotctl/store"
 )
@@ -79,11 +76,8 @@ func (s *statusLine) draw(ctx context.Context) {
 	s.mu.Lock()
 	t := s.t
 	s.mu.Unlock()
-	width := 0
-	if w, _, err := term.GetSize(int(os.Stderr.Fd())); err == nil {
-		width = w - 1
-	}
-	fmt.Fprintf(s.f.IO.ErrOut, "\r\033[Kslotctl: %s", s.text(ctx, t, width-9))
+	w := width(s.f.ErrWidth) - 1
+	fmt.Fprintf(s.f.IO.ErrOut, "\r\033[Kslotctl: %s", s.text(ctx, t, w-9))
 }
 
 // text is the status: "slotctl: waiting for limit "build" (2/2 held), 3rd in

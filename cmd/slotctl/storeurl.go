@@ -24,11 +24,9 @@ func (f *Factory) defaultStorePath() string {
 	}
 	state := f.Getenv("XDG_STATE_HOME")
 	if state == "" {
-		home := f.Getenv("HOME")
-		if home == "" {
-			home, _ = os.UserHomeDir()
-		}
-		state = filepath.Join(home, ".local", "state")
+		// The factory's HOME: os.UserHomeDir would read the process's
+		// (the same on Linux, where it is all that function reads).
+		state = filepath.Join(f.Getenv("HOME"), ".local", "state")
 	}
 	return filepath.Join(state, "slotctl", "slots.db")
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/charmbracelet/lipgloss/table"
 	"github.com/charmbracelet/x/ansi"
 	"github.com/mattn/go-runewidth"
+	"github.com/muesli/termenv"
 )
 
 // tableOut says how a data command draws its tables: lipgloss with colour
@@ -26,10 +27,12 @@ func (f *Factory) tableOut() tableOut {
 	t := tableOut{w: f.IO.Out}
 	if f.IO.OutTTY && f.Getenv("NO_COLOR") == "" {
 		t.color = true
-		t.r = lipgloss.NewRenderer(f.IO.Out)
+		// The factory says what stdout is and holds the environment the
+		// colour profile comes from (under CI, as termenv has it, no TTY).
+		t.r = lipgloss.NewRenderer(f.IO.Out, termenv.WithEnvironment(environ{f}), termenv.WithTTY(f.Getenv("CI") == ""))
 	}
 	if f.IO.OutTTY {
-		t.width = f.TermWidth()
+		t.width = width(f.TermWidth)
 	}
 	return t
 }

@@ -54,7 +54,13 @@ func (f *Factory) versionString() string {
 	return fmt.Sprintf("slotctl %s (commit %s, built %s, %s)", v, c, d, runtime.Version())
 }
 
-func newVersionCmd(f *Factory) *cobra.Command {
+// VersionOptions is what slotctl version prints.
+type VersionOptions struct {
+	Version string // "slotctl v1.2.3 (commit ..., built ..., go1.26)"
+}
+
+func newVersionCmd(f *Factory, runF func(*VersionOptions) error) *cobra.Command {
+	o := &VersionOptions{}
 	return &cobra.Command{
 		Use:   "version",
 		Short: "Print slotctl's version, commit, build date and Go version",
@@ -69,8 +75,12 @@ EXIT STATUS
   slotctl --version`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			fmt.Fprintln(f.IO.Out, f.versionString())
-			return nil
+			o.Version = f.versionString()
+			if runF != nil {
+				return runF(o)
+			}
+			_, err := fmt.Fprintln(f.IO.Out, o.Version)
+			return err
 		},
 	}
 }
