@@ -14,20 +14,22 @@ import (
 	"github.com/slotctl/slotctl/store/etcdstore/etcdtest"
 )
 
-// How slotctl is built. The released slotctl has no etcd client (-tags
-// noetcd) and hands etcd stores to slotctl-etcd, the same command built with
-// it (.goreleaser.yaml); both static, stripped, without build paths.
+// How slotctl is built. The released slotctl (cmd/slotctl) has no etcd
+// client and hands etcd stores to slotctl-etcd (cmd/slotctl-etcd), the same
+// command with it (.goreleaser.yaml); both static, stripped, without build
+// paths.
 var (
-	releaseSlotctl     = buildOptions{tags: "noetcd", release: true}
-	releaseSlotctlEtcd = buildOptions{tags: "grpcnotrace", release: true}
+	releaseSlotctl     = buildOptions{main: "slotctl", release: true}
+	releaseSlotctlEtcd = buildOptions{main: "slotctl-etcd", tags: "grpcnotrace", release: true}
 )
 
 type buildOptions struct {
+	main    string // the command under cmd/: slotctl or slotctl-etcd
 	tags    string
 	release bool // as released (slower to build: its own cache entries), else as go test builds
 }
 
-// buildSlotctl builds cmd/slotctl into bin.
+// buildSlotctl builds cmd/<o.main> into bin.
 func buildSlotctl(t testing.TB, bin string, o buildOptions) {
 	t.Helper()
 	args := []string{"build", "-tags", o.tags, "-o", bin}
@@ -36,35 +38,47 @@ func buildSlotctl(t testing.TB, bin string, o buildOptions) {
 		args = append(args, "-trimpath", "-ldflags", "-s -w")
 		env = append(env, "CGO_ENABLED=0") // static: no dynamic loader at start
 	}
-	build := exec.Command("go", append(args, ".")...)
+	args = append(args, "../../cmd/"+o.main)
+	build := exec.Command("go", args...)
 	build.Env = env
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 }
 
-// A slotctl built with -tags noetcd links no etcd client; given an etcd
-// store it becomes slotctl-etcd (beside it, else on PATH), arguments and
-// environment unchanged, and says plainly when there is none, or when
-// "slotctl-etcd" is a noetcd build itself (no exec loop).
-func TestNoEtcdBuildHandsEtcdToHelper(t *testing.T) {
+// cmd/slotctl links no etcd client (what go install gives, without build
+// tags); given an etcd store it becomes slotctl-etcd (beside it, else on
+// PATH), arguments and environment unchanged, and says plainly when there is
+// none, or when "slotctl-etcd" is slotctl itself (no exec loop).
+func TestSlotctlHandsEtcdToHelper(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds slotctl twice; skipped with -short")
 	}
-	deps, err := exec.Command("go", "list", "-deps", "-tags", "noetcd", ".").Output()
+	deps, err := exec.Command("go", "list", "-deps", "../../cmd/slotctl").Output()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, dep := range strings.Fields(string(deps)) {
-		if strings.HasPrefix(dep, "go.etcd.io/etcd/") || strings.HasPrefix(dep, "google.golang.org/grpc") {
-			t.Errorf("the noetcd build links %s", dep)
+		if strings.HasPrefix(dep, "go.etcd.io/etcd/") || strings.HasPrefix(dep, "google.golang.org/grpc") || dep == "github.com/slotctl/slotctl/internal/etcdcli" {
+			t.Errorf("cmd/slotctl links %s", dep)
 		}
 	}
 
 	dir := t.TempDir()
 	both, alone, loop := filepath.Join(dir, "both"), filepath.Join(dir, "alone"), filepath.Join(dir, "loop")
-	buildSlotctl(t, filepath.Join(both, "slotctl"), buildOptions{tags: "noetcd"})
-	buildSlotctl(t, filepath.Join(both, "slotctl-etcd"), buildOptions{})
+	buildSlotctl(t, filepath.Join(both, "slotctl"), buildOptions{main: "slotctl"})
+	buildSlotctl(t, filepath.Join(both, "slotctl-etcd"), buildOptions{main: "slotctl-etcd"})
+	// The binary itself, symbols unstripped: no etcd client code in it; and
+	// slotctl-etcd's has (the check can see it).
+	for bin, want := range map[string]bool{"slotctl": false, "slotctl-etcd": true} {
+		syms, err := exec.Command("go", "tool", "nm", filepath.Join(both, bin)).Output()
+		if err != nil {
+			t.Fatalf("go tool nm %s: %v", bin, err)
+		}
+		if got := strings.Contains(string(syms), " go.etcd.io/etcd/client/"); got != want {
+			t.Errorf("%s: has go.etcd.io/etcd/client symbols: %v, want %v", bin, got, want)
+		}
+	}
 	for _, d := range []string{alone, loop} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
@@ -137,7 +151,7 @@ func TestNoEtcdBuildHandsEtcdToHelper(t *testing.T) {
 		t.Errorf("slotctl-etcd on PATH: exit %d, stdout %q, stderr %q", code, out, errs)
 	}
 	if code, _, errs := slotctl(loop, "ls", "--store", etcdURL); code != exitUnavailable || !strings.Contains(errs, "is this slotctl") {
-		t.Errorf("a noetcd build installed as slotctl-etcd: exit %d, stderr %q; want 69 saying so", code, errs)
+		t.Errorf("slotctl installed as slotctl-etcd: exit %d, stderr %q; want 69 saying so", code, errs)
 	}
 }
 

@@ -1,14 +1,11 @@
-//go:build noetcd
-
 package cli
 
-// A slotctl built with -tags noetcd (the released slotctl) has no etcd
-// client: linking it costs every run, on every store, about 1.5 ms of
-// start-up and 5 MB of peak memory (README, Performance). An etcd store is
-// served by slotctl-etcd, the same command built with the client, installed
-// beside it: slotctl replaces itself with it, same arguments, same
-// environment, before it has done anything (openStore is every command's
-// first step that touches the world).
+// slotctl (cmd/slotctl) has no etcd client: linking it costs every run, on
+// every store, about 1.5 ms of start-up and 5 MB of peak memory (README,
+// Performance). An etcd store is served by slotctl-etcd (cmd/slotctl-etcd),
+// the same command with the client, installed beside it: slotctl replaces
+// itself with it, same arguments, same environment, before it has done
+// anything (openStore is every command's first step that touches the world).
 
 import (
 	"errors"
@@ -18,25 +15,25 @@ import (
 	"os/exec"
 	"path/filepath"
 	"syscall"
-
-	"github.com/slotctl/slotctl/store"
 )
 
 // etcdHelper is the name of the slotctl built with the etcd client.
 const etcdHelper = "slotctl-etcd"
 
-func (f *Factory) openEtcd(g *globalOptions, url string) (store.Store, error) {
+// execEtcdHelper replaces this process with slotctl-etcd, same arguments,
+// same environment; it returns only the error that it could not.
+func execEtcdHelper(url string) error {
 	helper, err := findEtcdHelper()
 	if err != nil {
-		return nil, &ExitError{Code: exitUnavailable, Err: fmt.Errorf("store %q: %v", url, err)}
+		return &ExitError{Code: exitUnavailable, Err: fmt.Errorf("store %q: %v", url, err)}
 	}
 	err = syscall.Exec(helper, append([]string{helper}, os.Args[1:]...), os.Environ())
-	return nil, &ExitError{Code: exitUnavailable, Err: fmt.Errorf("store %q: exec %s: %v", url, helper, err)}
+	return &ExitError{Code: exitUnavailable, Err: fmt.Errorf("store %q: exec %s: %v", url, helper, err)}
 }
 
 // findEtcdHelper finds slotctl-etcd beside this executable, else on PATH,
-// and refuses this very file (a noetcd build installed as slotctl-etcd
-// would exec itself for ever).
+// and refuses this very file (a slotctl installed as slotctl-etcd would
+// exec itself for ever).
 func findEtcdHelper() (string, error) {
 	self, err := os.Executable()
 	if err != nil {
@@ -50,24 +47,25 @@ func findEtcdHelper() (string, error) {
 		if onPath, perr := exec.LookPath(etcdHelper); perr == nil {
 			helper = onPath
 		} else {
-			return "", fmt.Errorf("this slotctl has no etcd client, and %s (which has) is neither beside it (%s) nor on PATH: install the package's %s, or build slotctl without -tags noetcd", etcdHelper, helper, etcdHelper)
+			return "", fmt.Errorf("this slotctl has no etcd client, and %s (which has) is neither beside it (%s) nor on PATH: install the package's %s, or go install github.com/slotctl/slotctl/cmd/%s", etcdHelper, helper, etcdHelper, etcdHelper)
 		}
 	}
 	a, aerr := os.Stat(self)
 	b, berr := os.Stat(helper)
 	if aerr == nil && berr == nil && os.SameFile(a, b) {
-		return "", fmt.Errorf("%s is this slotctl, built without the etcd client (-tags noetcd): install the %s built with it", helper, etcdHelper)
+		return "", fmt.Errorf("%s is this slotctl, which has no etcd client: install the %s built from cmd/%s", helper, etcdHelper, etcdHelper)
 	}
 	return helper, nil
 }
 
-// execEtcdEarly execs slotctl-etcd before the command line is parsed when
+// ExecEtcdEarly execs slotctl-etcd before the command line is parsed when
 // the store is plainly etcd: --store etcd://... before any "--", else
 // SLOTCTL_STORE=etcd://... without --store (the config file is left to
 // openEtcd, once resolved). It saves the etcd path the parsing, about 1.5 ms;
 // when it cannot tell, or finds no helper, it returns and openEtcd decides.
-func execEtcdEarly(args []string) {
-	if !etcdStoreGiven(args, os.Getenv) {
+// It does nothing once an etcd client is registered (slotctl-etcd).
+func ExecEtcdEarly(args []string) {
+	if etcdClient != nil || !etcdStoreGiven(args, os.Getenv) {
 		return
 	}
 	if helper, err := findEtcdHelper(); err == nil {
