@@ -34,7 +34,7 @@ type config struct {
 var knownSettings = []string{"store", "ttl", "store-timeout", "limits", "etcd"}
 
 // envSettings maps settings to the only environment variables slotctl reads
-// (SPEC §6). The variables slotctl exports to its child (SLOTCTL_LIMIT, ...)
+// (docs/leases.md §6). The variables slotctl exports to its child (SLOTCTL_LIMIT, ...)
 // are deliberately not among them: they must not configure a nested slotctl.
 var envSettings = map[string]string{
 	"store":         "SLOTCTL_STORE",
@@ -88,7 +88,7 @@ func unwrapPathError(err error) error {
 
 // loadConfig reads the config file and environment into a fresh viper and
 // fills every flag the user did not set from them: flag > SLOTCTL_* > file >
-// default (SPEC §6).
+// default (docs/leases.md §6).
 func (f *Factory) loadConfig(cmd *cobra.Command) error {
 	v := viper.New()
 	f.viper = v
@@ -323,7 +323,7 @@ const maxPasswordFile = 4096
 // read or write, and that its group cannot write. Unlike ssh, a
 // group-readable file (0640, 0440) is accepted: the packaged setup shares
 // one password among the members of group slotctl, who are trusted with
-// the store (SPEC §4.5). A symlink is followed; the mode checked is its
+// the store (docs/leases.md §4.5). A symlink is followed; the mode checked is its
 // target's. Trailing newlines are not part of the password.
 func readPasswordFile(path string) (string, error) {
 	fd, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)

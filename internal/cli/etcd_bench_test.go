@@ -129,7 +129,7 @@ func TestCompareEtcd(t *testing.T) {
 	etcdIdle(t, dir, env, bin, queued)
 }
 
-// etcdIdle: SPEC §8's idle goal on etcd. N waiters (SLOTCTL_BENCH_WAITERS,
+// etcdIdle: docs/leases.md §8's idle goal on etcd. N waiters (SLOTCTL_BENCH_WAITERS,
 // default 200) queue behind a holder; their CPU over 10 s, by schedstat
 // (every thread) and utime+stime, and the etcd server's (this process)
 // meanwhile. A waiter there watches, renews its lease by keep-alive every

@@ -24,7 +24,7 @@ type EtcdClient interface {
 	Open(EtcdConfig) (store.Store, error)
 }
 
-// EtcdConfig is an etcd store's URL and settings, resolved (SPEC §5).
+// EtcdConfig is an etcd store's URL and settings, resolved (docs/leases.md §5).
 type EtcdConfig struct {
 	Endpoints                   []string
 	Prefix                      string
@@ -41,7 +41,7 @@ type EtcdConfig struct {
 // TLS reports whether the store is reached over TLS.
 func (c EtcdConfig) TLS() bool { return c.CACert != "" || c.Cert != "" || c.Key != "" }
 
-// UsageError is a bad-input error (exit 64, SPEC §3): the message is one
+// UsageError is a bad-input error (exit 64, docs/leases.md §3): the message is one
 // line that names the input.
 func UsageError(format string, args ...any) error { return usageError(format, args...) }
 
@@ -54,7 +54,7 @@ var etcdClient EtcdClient
 func RegisterEtcd(c EtcdClient) { etcdClient = c }
 
 // openEtcd opens etcd://HOST:PORT[,HOST:PORT...][/PREFIX] with the etcd.*
-// settings (SPEC §5). Nothing is sent yet: the first request connects,
+// settings (docs/leases.md §5). Nothing is sent yet: the first request connects,
 // within the dial timeout.
 func (f *Factory) openEtcd(g *globalOptions, url string) (store.Store, error) {
 	if etcdClient == nil {
@@ -72,7 +72,7 @@ func (f *Factory) openEtcd(g *globalOptions, url string) (store.Store, error) {
 		Username: es.Username, Password: es.Password,
 		CACert: es.CACert, Cert: es.Cert, Key: es.Key, CACertFrom: es.source("cacert"), CertFrom: es.source("cert")}
 	if c.Username != "" && !c.TLS() && !es.InsecureCredentials {
-		// SPEC §4.5: credentials never go without TLS unless the operator says so.
+		// docs/leases.md §4.5: credentials never go without TLS unless the operator says so.
 		return nil, usageError("store %s: refusing to send the password of etcd user %q to %s without TLS: set etcd.cacert (--etcd-cacert) to use TLS, or etcd.insecure-credentials: true (--etcd-insecure-credentials) to send it in clear text",
 			url, c.Username, strings.Join(endpoints, ", "))
 	}

@@ -10,7 +10,7 @@ import (
 )
 
 // fuzzMain runs slotctl in-process with args and a private environment, and
-// checks what SPEC §7 asks of bad input: an exit code of SPEC §3 (never 70,
+// checks what docs/leases.md §7 asks of bad input: an exit code of docs/leases.md §3 (never 70,
 // which is a bug), no panic, and at most an error line plus a hint line.
 func fuzzMain(t *testing.T, dir string, args ...string) {
 	t.Helper()

@@ -6,7 +6,7 @@ import (
 	"github.com/slotctl/slotctl/internal/proc"
 )
 
-// The child's environment (SPEC §2.1 item 4, §4.5, §6).
+// The child's environment (docs/leases.md §2.1 item 4, §4.5, §6).
 //
 // slotctl run exports SLOTCTL_STORE, the store it runs under, to its child.
 // That variable also configures slotctl, and the exported value must not
@@ -59,7 +59,7 @@ func supervisorVar() []string {
 var jobVarNames = []string{"SLOTCTL_LIMIT", proc.TicketVar, "SLOTCTL_FENCE", "SLOTCTL_SLOT",
 	proc.SupervisorVar, storeVar, storeExportedVar, storeBeforeVar}
 
-// credentialVars never reach a child (SPEC §4.5): a job is not trusted with
+// credentialVars never reach a child (docs/leases.md §4.5): a job is not trusted with
 // the store's credentials. The username goes with the password: alone it
 // only makes a nested slotctl on etcd fail for want of one.
 var credentialVars = []string{"SLOTCTL_ETCD_PASSWORD", "SLOTCTL_ETCD_USERNAME"}

@@ -16,7 +16,7 @@ import (
 // package creates it, group slotctl, mode 3770), every user's jobs share it.
 const sharedStoreDir = "/var/lib/slotctl"
 
-// defaultStorePath is SPEC §5's default: the shared directory if present,
+// defaultStorePath is docs/leases.md §5's default: the shared directory if present,
 // else the user's own state directory.
 func (f *Factory) defaultStorePath() string {
 	if st, err := os.Stat(sharedStoreDir); err == nil && st.IsDir() {
@@ -33,7 +33,7 @@ func (f *Factory) defaultStorePath() string {
 	return filepath.Join(state, "slotctl", "slots.db")
 }
 
-// openStore resolves the --store URL (SPEC §5) into a store. Nothing is
+// openStore resolves the --store URL (docs/leases.md §5) into a store. Nothing is
 // opened yet: the bbolt file is opened per operation.
 func (f *Factory) openStore(g *globalOptions) (store.Store, error) {
 	url := g.Store

@@ -1,6 +1,6 @@
 package cli
 
-// Text from the store on its way out (SPEC §4.5): a record may hold any
+// Text from the store on its way out (docs/leases.md §4.5): a record may hold any
 // bytes, written by a member of the store's group or an older slotctl, and
 // what slotctl prints from it must never drive a terminal or forge a line
 // of output (root's ls, the reaper's journal). Every field of a record is
@@ -51,7 +51,7 @@ func escapeControls(s string) string {
 	return b.String()
 }
 
-// checkLabel refuses a --label that is not printable text (SPEC §7: bad
+// checkLabel refuses a --label that is not printable text (docs/leases.md §7: bad
 // input is refused where it enters, not stored for others to show). What
 // older or hostile writers stored is escaped on output all the same.
 func checkLabel(label string) error {

@@ -26,7 +26,7 @@ type client struct{}
 func (client) ParseURL(url string) ([]string, string, error) { return etcdstore.ParseURL(url) }
 
 // Open opens the store; its holders are proved dead on this host by
-// proc.Dead (SPEC §4.3).
+// proc.Dead (docs/leases.md §4.3).
 func (client) Open(c cli.EtcdConfig) (store.Store, error) {
 	o := etcdstore.Options{Endpoints: c.Endpoints, Prefix: c.Prefix,
 		DialTimeout: c.DialTimeout, RequestTimeout: c.RequestTimeout,
