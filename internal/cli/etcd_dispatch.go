@@ -47,7 +47,7 @@ func findEtcdHelper() (string, error) {
 		if onPath, perr := exec.LookPath(etcdHelper); perr == nil {
 			helper = onPath
 		} else {
-			return "", fmt.Errorf("this slotctl has no etcd client, and %s (which has) is neither beside it (%s) nor on PATH: install the package's %s, or go install github.com/slotctl/slotctl/cmd/%s", etcdHelper, helper, etcdHelper, etcdHelper)
+			return "", fmt.Errorf("this slotctl has no etcd client, and %s (which has) is neither beside it (%s) nor on PATH: install the package's %s, or go install github.com/slotctl/slotctl/cmd/%s@latest", etcdHelper, helper, etcdHelper, etcdHelper)
 		}
 	}
 	a, aerr := os.Stat(self)
