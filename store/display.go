@@ -8,7 +8,7 @@ import (
 
 // Printable returns text from the store (a label, host, user, command line,
 // ticket id, limit name, evidence) as it may be shown on a terminal or
-// written to a log (SPEC §4.5): whatever a record holds, the result holds
+// written to a log (docs/leases.md §4.5): whatever a record holds, the result holds
 // only graphic characters (strconv.IsGraphic: letters, marks, numbers,
 // punctuation, symbols and spaces), so it can neither drive a terminal
 // nor begin a line of output of its own.

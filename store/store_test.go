@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// TestValidLimitName checks the hand-written check against SPEC §7's regexp.
+// TestValidLimitName checks the hand-written check against docs/leases.md §7's regexp.
 func TestValidLimitName(t *testing.T) {
 	re := regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$`)
 	cases := []string{"", "a", "build", "B-1.x:y_z", "-x", ".x", "a/b", "a b", "é", strings.Repeat("a", 128), strings.Repeat("a", 129), "a\n", "x-"}

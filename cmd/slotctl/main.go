@@ -1,5 +1,9 @@
 // Command slotctl gates shell jobs, cron jobs and CI steps behind named
 // concurrency limits.
+//
+// It has no etcd client: given an etcd store it replaces itself with
+// slotctl-etcd (cmd/slotctl-etcd), the same command with the client,
+// installed beside it or on PATH. The command itself is internal/cli.
 package main
 
 // The checked-in completion scripts and man pages come from the command tree;
@@ -12,6 +16,8 @@ package main
 import (
 	"context"
 	"os"
+
+	"github.com/slotctl/slotctl/internal/cli"
 )
 
 // Stamped by the release build (goreleaser ldflags); otherwise read from the
@@ -23,6 +29,6 @@ var (
 )
 
 func main() {
-	execEtcdEarly(os.Args[1:]) // a noetcd build on an etcd store: become slotctl-etcd now
-	os.Exit(Main(context.Background(), os.Args[1:], NewFactory(version, commit, date)))
+	cli.ExecEtcdEarly(os.Args[1:]) // an etcd store: become slotctl-etcd now
+	os.Exit(cli.Main(context.Background(), os.Args[1:], cli.NewFactory(version, commit, date)))
 }

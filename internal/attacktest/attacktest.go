@@ -1,6 +1,6 @@
 //go:build linux
 
-// Package attacktest sets the stage for tests of SPEC §4.5 (trust): a
+// Package attacktest sets the stage for tests of docs/leases.md §4.5 (trust): a
 // throwaway group, two of its members and an outsider, shared directories
 // made as the packages make them, commands run as any of them, and
 // snapshots of files outside the store that an attack must leave alone.

@@ -11,7 +11,7 @@ import (
 
 var hostname = sync.OnceValue(func() string { h, _ := os.Hostname(); return h })
 
-// Dead proves a ticket's holder dead on this host (SPEC §4.3, LEASES rule 9)
+// Dead proves a ticket's holder dead on this host (docs/leases.md §4.3, rule 9)
 // and says how. A ticket from an earlier boot of this host is dead. On this
 // boot and in this pid namespace the holder is dead when its supervisor is
 // gone (or its pid now names another process) and no process of its job
@@ -19,7 +19,7 @@ var hostname = sync.OnceValue(func() string { h, _ := os.Hostname(); return h })
 // cannot see — is left to the TTL.
 //
 // The store's pids are only hints: a member of a shared store's group can
-// write any of them (SPEC §4.5). The job is what its own processes carry:
+// write any of them (docs/leases.md §4.5). The job is what its own processes carry:
 // SLOTCTL_TICKET with the ticket's id and SLOTCTL_SUPERVISOR naming their
 // supervisor (pid, start time, pid namespace), which its owner's processes
 // got from that supervisor and nobody else can put there. While a process

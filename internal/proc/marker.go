@@ -10,7 +10,7 @@ import (
 
 // The variables by which a job's processes say whose they are. slotctl run
 // exports both to its child, and every process the child starts inherits
-// them: they are what a reaper identifies a job by (SPEC §4.5), and what a
+// them: they are what a reaper identifies a job by (docs/leases.md §4.5), and what a
 // nested run proves its ancestor by.
 const (
 	TicketVar     = "SLOTCTL_TICKET"

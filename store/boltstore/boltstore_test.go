@@ -727,7 +727,7 @@ func TestLockReleaseWakesWaiterPromptly(t *testing.T) {
 	t.Logf("lock wake-up latency (release -> op committed): median %v, min %v, max %v", lat[len(lat)/2], lat[0], lat[len(lat)-1])
 }
 
-// --- clocks (SPEC §4.4) ---
+// --- clocks (docs/leases.md §4.4) ---
 
 func TestWallClockStepExpiresNothing(t *testing.T) {
 	s, clock, _ := newTestStore(t, Options{})

@@ -17,7 +17,7 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-// Proof of death through the store (SPEC §4.3, LEASES rule 9, catalogue E1
+// Proof of death through the store (docs/leases.md §4.3, rule 9, E1
 // and C8), with real processes and the real judge. The TTL is an hour, so
 // only a proof of death can free a slot here.
 

@@ -20,15 +20,15 @@
 // suite never reads the wall clock to judge a lease, and all leases use
 // [Harness.TTL].
 //
-// Each case is one subtest, named after the rule it checks (SPEC §4.1, §4.2
-// and LEASES.md), and each fails on a store that breaks that rule: FIFO
+// Each case is one subtest, named after the rule it checks (docs/leases.md
+// §4.1, §4.2 and its rules), and each fails on a store that breaks that rule: FIFO
 // promotion, held <= slots, unique slot indexes, one slot freed per removal,
 // compare-and-delete release, monotone expiry, tombstones for removed ids,
 // sweeps on Enqueue, renewal of waiters, resize and pause, limit removal,
 // snapshots, watches, input validation, durability across a reopen, and
 // concurrent use.
 //
-// The reaper's cases follow LEASES-CATALOGUE.md §3: a renewal that lands
+// The reaper's cases follow docs/leases.md's scenarios: a renewal that lands
 // between a reaper's scan and its reap wins (A1, RenewAfterScanWins; it
 // needs [Backend.Skewed], a second handle whose clock reads ahead); two
 // reapers free a slot once (A2, TwoReapersFreeOnce); a release racing a reap

@@ -1583,7 +1583,7 @@ func (s *suite) wantSucceeded(tr *trio) store.Ticket {
 
 // A reaper's scan is a hint: the removal is decided on the state current in
 // the step that removes, so a renewal that lands between the scan and the
-// reap wins (LEASES-CATALOGUE A1, scenario 1). The reaper's clock reads ahead
+// reap wins (docs/leases.md A1, scenario 1). The reaper's clock reads ahead
 // of the renewer's, so that it sees T expired while T can still renew.
 func testRenewAfterScan(s *suite) {
 	if s.b.Skewed == nil {
@@ -1626,7 +1626,7 @@ func testRenewAfterScan(s *suite) {
 }
 
 // Two reapers that both saw T expired free its slot once: only the step
-// that removes T frees it (LEASES-CATALOGUE A2, scenario 2).
+// that removes T frees it (docs/leases.md A2, scenario 2).
 func testTwoReapers(s *suite) {
 	const rounds = 6
 	limits := []string{"a2"}
@@ -1695,7 +1695,7 @@ func testTwoReapers(s *suite) {
 }
 
 // T's deadline passes as its child exits: its release and a reap race, in
-// either order or at once, and T is removed once (LEASES-CATALOGUE A3, scenario 3).
+// either order or at once, and T is removed once (docs/leases.md A3, scenario 3).
 func testReleaseRacingReap(s *suite) {
 	const rounds = 8
 	limits := []string{"a3a", "a3b"}
@@ -1763,7 +1763,7 @@ func testReleaseRacingReap(s *suite) {
 }
 
 // A holder that releases after its ticket was reaped frees nothing: its slot
-// is already B's (LEASES-CATALOGUE A4, scenario 4). With store.Lost the
+// is already B's (docs/leases.md A4, scenario 4). With store.Lost the
 // release is logged.
 func testReleaseAfterReap(s *suite) {
 	tr := s.trios("a4")[0]
@@ -1784,7 +1784,7 @@ func testReleaseAfterReap(s *suite) {
 }
 
 // A renewal delayed past the ticket's release is refused and re-creates
-// nothing (LEASES-CATALOGUE A7, scenario 12).
+// nothing (docs/leases.md A7, scenario 12).
 func testLateRenewAfterRelease(s *suite) {
 	a := s.enq("A", "l", 1)
 	b := s.enq("B", "l", 1)
@@ -1807,7 +1807,7 @@ func testLateRenewAfterRelease(s *suite) {
 }
 
 // A renewal delayed past the ticket's reap is refused and re-creates nothing;
-// the next holder keeps its fence and slot (LEASES-CATALOGUE A7, scenario 13).
+// the next holder keeps its fence and slot (docs/leases.md A7, scenario 13).
 func testLateRenewAfterReap(s *suite) {
 	a := s.enq("A", "l", 1)
 	b := s.enq("B", "l", 1)
@@ -1935,7 +1935,7 @@ func testReapFrees(s *suite) {
 }
 
 // A holder the judge proves dead is reaped at once, long before its TTL,
-// with the judge's evidence; its slot goes to the next waiter (LEASES.md rule 9).
+// with the judge's evidence; its slot goes to the next waiter (docs/leases.md rule 9).
 func testDeadHolderReaped(s *suite) {
 	a := s.enq("A", "dd", 1)
 	b := s.enq("B", "dd", 1)

@@ -1,0 +1,25 @@
+// Command slotctl-etcd is slotctl with the etcd client linked in: the
+// binary that serves etcd stores (slotctl hands them to it). Installed
+// beside slotctl; it serves the embedded store too.
+package main
+
+import (
+	"context"
+	"os"
+
+	"github.com/slotctl/slotctl/internal/cli"
+	"github.com/slotctl/slotctl/internal/etcdcli"
+)
+
+// Stamped by the release build (goreleaser ldflags); otherwise read from the
+// module's build info.
+var (
+	version = ""
+	commit  = ""
+	date    = ""
+)
+
+func main() {
+	cli.RegisterEtcd(etcdcli.Client)
+	os.Exit(cli.Main(context.Background(), os.Args[1:], cli.NewFactory(version, commit, date)))
+}

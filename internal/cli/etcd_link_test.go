@@ -1,0 +1,12 @@
+package cli_test
+
+// The test binary links the etcd client, as slotctl-etcd does: its etcd
+// tests and scripts run in-process (TestMain's "slotctl" is this binary).
+// An external test file, so that it may import etcdcli, which imports cli.
+
+import (
+	"github.com/slotctl/slotctl/internal/cli"
+	"github.com/slotctl/slotctl/internal/etcdcli"
+)
+
+func init() { cli.RegisterEtcd(etcdcli.Client) }

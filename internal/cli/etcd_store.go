@@ -1,0 +1,80 @@
+package cli
+
+// The etcd store. The etcd client is linked in only by cmd/slotctl-etcd,
+// which registers it (RegisterEtcd, with internal/etcdcli); cmd/slotctl has
+// none and hands etcd stores to slotctl-etcd instead (etcd_dispatch.go).
+// The etcd.* settings are resolved here, in both; their TLS files are read
+// by etcdcli (crypto/x509's certificate loading is ~0.5 MB slotctl does
+// without).
+
+import (
+	"strings"
+	"time"
+
+	"github.com/slotctl/slotctl/store"
+)
+
+// EtcdClient is what a binary with the etcd client registers: the store's
+// URL parser and its constructor.
+type EtcdClient interface {
+	// ParseURL splits etcd://HOST:PORT[,HOST:PORT...][/PREFIX].
+	ParseURL(url string) (endpoints []string, prefix string, err error)
+	// Open reads the TLS files and opens the store; nothing is sent yet.
+	// A bad TLS file is a UsageError naming it.
+	Open(EtcdConfig) (store.Store, error)
+}
+
+// EtcdConfig is an etcd store's URL and settings, resolved (docs/leases.md §5).
+type EtcdConfig struct {
+	Endpoints                   []string
+	Prefix                      string
+	DialTimeout, RequestTimeout time.Duration
+	Username, Password          string
+	// TLS files (PEM): the CA bundle that signed the cluster's certificates,
+	// the client certificate and its key; all empty: no TLS. CACertFrom and
+	// CertFrom say where the settings came from (for errors, e.g. "flag
+	// --etcd-cacert").
+	CACert, Cert, Key    string
+	CACertFrom, CertFrom string
+}
+
+// TLS reports whether the store is reached over TLS.
+func (c EtcdConfig) TLS() bool { return c.CACert != "" || c.Cert != "" || c.Key != "" }
+
+// UsageError is a bad-input error (exit 64, docs/leases.md §3): the message is one
+// line that names the input.
+func UsageError(format string, args ...any) error { return usageError(format, args...) }
+
+// etcdClient is the registered etcd client; nil in slotctl.
+var etcdClient EtcdClient
+
+// RegisterEtcd links the etcd client in: etcd stores are then served by
+// this binary (slotctl-etcd) instead of handed to slotctl-etcd. Call it
+// before Main.
+func RegisterEtcd(c EtcdClient) { etcdClient = c }
+
+// openEtcd opens etcd://HOST:PORT[,HOST:PORT...][/PREFIX] with the etcd.*
+// settings (docs/leases.md §5). Nothing is sent yet: the first request connects,
+// within the dial timeout.
+func (f *Factory) openEtcd(g *globalOptions, url string) (store.Store, error) {
+	if etcdClient == nil {
+		return nil, execEtcdHelper(url)
+	}
+	endpoints, prefix, err := etcdClient.ParseURL(url)
+	if err != nil {
+		return nil, usageError("%v", err)
+	}
+	es, err := f.etcdSettings(g)
+	if err != nil {
+		return nil, err
+	}
+	c := EtcdConfig{Endpoints: endpoints, Prefix: prefix, DialTimeout: es.DialTimeout, RequestTimeout: es.RequestTimeout,
+		Username: es.Username, Password: es.Password,
+		CACert: es.CACert, Cert: es.Cert, Key: es.Key, CACertFrom: es.source("cacert"), CertFrom: es.source("cert")}
+	if c.Username != "" && !c.TLS() && !es.InsecureCredentials {
+		// docs/leases.md §4.5: credentials never go without TLS unless the operator says so.
+		return nil, usageError("store %s: refusing to send the password of etcd user %q to %s without TLS: set etcd.cacert (--etcd-cacert) to use TLS, or etcd.insecure-credentials: true (--etcd-insecure-credentials) to send it in clear text",
+			url, c.Username, strings.Join(endpoints, ", "))
+	}
+	return etcdClient.Open(c)
+}

@@ -1,0 +1,147 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/slotctl/slotctl/store"
+)
+
+// LogOptions are slotctl log's flags and argument (SPEC §2.6).
+type LogOptions struct {
+	N      int    // how many of the newest events
+	Output string // table or json
+	Limit  string // "": every limit
+}
+
+func newLogCmd(f *Factory, g *globalOptions, runF func(*LogOptions) error) *cobra.Command {
+	o := &LogOptions{}
+	cmd := &cobra.Command{
+		Use:   "log [LIMIT]",
+		Short: "Show the store's event log: admitted, released, reaped, lost",
+		Long: `Show the newest events of the store's log, oldest first: admitted, released,
+cancelled (gave up waiting), reaped (with the evidence), force-released (by an
+operator) and lost (a holder that presumed its lease lost). The store keeps the
+newest 10,000 events.
+
+EXIT STATUS
+  0    shown
+  64   bad flag or limit name
+  69   the store cannot be opened or reached`,
+		Example: `  # which job held backup all night, and when did it go away?
+  slotctl log backup -n 50
+  slotctl log -o json | jq -r 'select(.kind == "reaped") | .evidence'`,
+		ValidArgsFunction: f.completeLimits,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 1 {
+				return errArgs(cmd, "want at most one LIMIT")
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(o.Output, outTable, outJSON); err != nil {
+				return err
+			}
+			if o.N < 1 || o.N > store.MaxEvents {
+				return usageError("-n %d: want 1..%d", o.N, store.MaxEvents)
+			}
+			if len(args) == 1 {
+				o.Limit = args[0]
+				if err := checkLimitName("limit", o.Limit); err != nil {
+					return err
+				}
+			}
+			if runF != nil {
+				return runF(o)
+			}
+			return runLog(cmd.Context(), f, g, o)
+		},
+	}
+	cmd.Flags().IntVarP(&o.N, "n", "n", 20, "how many of the newest events")
+	addOutputFlag(cmd, &o.Output, "output format: table or json (one object per line)")
+	return cmd
+}
+
+// runLog is slotctl log: the newest events, oldest first.
+func runLog(ctx context.Context, f *Factory, g *globalOptions, o *LogOptions) error {
+	st, err := f.openStore(g)
+	if err != nil {
+		return err
+	}
+	events, err := st.Events(ctx, o.Limit, o.N)
+	if err != nil {
+		return err
+	}
+	if o.Output == outJSON {
+		return writeEventsJSON(f.IO.Out, events)
+	}
+	return drawEvents(f.tableOut(), events)
+}
+
+var eventHeaders = []string{"TIME", "EVENT", "LIMIT", "TICKET", "FENCE", "SLOT", "HOST", "PID", "USER", "COMMAND", "EVIDENCE"}
+
+// drawEvents is log's table, on the renderer ls and limit ls use: plain
+// aligned text off a terminal, coloured by kind of event on one.
+func drawEvents(out tableOut, events []store.Event) error {
+	rows := make([][]string, 0, len(events))
+	for _, e := range events {
+		slot := "-"
+		if e.Slot >= 0 {
+			slot = fmt.Sprint(e.Slot)
+		}
+		p := store.Printable
+		rows = append(rows, []string{e.Time.Local().Format(time.DateTime), p(e.Kind), p(e.Limit), shortID(e.Ticket),
+			fmt.Sprint(e.Fence), slot, p(e.Host), fmt.Sprint(e.Pid), p(e.User), p(e.Command), p(e.Evidence)})
+	}
+	return out.draw(eventHeaders, rows, -1, func(row, col int) string {
+		if col != 1 {
+			return ""
+		}
+		switch k := events[row].Kind; store.Reason(k) {
+		case store.Released:
+			return colorGreen
+		case store.Cancelled:
+			return colorYellow
+		case store.Reaped, store.ForceReleased, store.Lost:
+			return colorRed
+		default:
+			if k == "admitted" {
+				return colorGreen
+			}
+		}
+		return ""
+	})
+}
+
+// eventJSON is one line of log -o json.
+type eventJSON struct {
+	SchemaVersion int    `json:"schema_version"`
+	Seq           uint64 `json:"seq"`
+	Time          string `json:"time"`
+	Kind          string `json:"kind"`
+	Limit         string `json:"limit"`
+	Ticket        string `json:"ticket"`
+	Fence         uint64 `json:"fence"`
+	Slot          int    `json:"slot"`
+	Host          string `json:"host"`
+	Pid           int    `json:"pid"`
+	User          string `json:"user"`
+	Command       string `json:"command"`
+	Evidence      string `json:"evidence"`
+}
+
+// writeEventsJSON writes one JSON object per line, so that a log streams into jq.
+func writeEventsJSON(w io.Writer, events []store.Event) error {
+	for _, e := range events {
+		if err := writeJSONLine(w, eventJSON{SchemaVersion: 1, Seq: e.Seq, Time: e.Time.UTC().Format(time.RFC3339Nano), Kind: e.Kind,
+			Limit: e.Limit, Ticket: e.Ticket, Fence: e.Fence, Slot: e.Slot, Host: e.Host, Pid: e.Pid, User: e.User,
+			Command: e.Command, Evidence: e.Evidence}); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,353 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/slotctl/slotctl/store"
+)
+
+// LsOptions are slotctl ls's flags and arguments (SPEC §2.2).
+type LsOptions struct {
+	Output string        // table, wide or json
+	Watch  time.Duration // 0: draw once
+	Limits []string
+}
+
+func newLsCmd(f *Factory, g *globalOptions, runF func(*LsOptions) error) *cobra.Command {
+	o := &LsOptions{}
+	cmd := &cobra.Command{
+		Use:   "ls [LIMIT...]",
+		Short: "Show limits, who holds their slots and who waits",
+		Long: `Show the limits (slots, held, waiting, paused) and their tickets: held first,
+then the waiters in queue order. A ticket whose lease has expired but that no
+admission or reap has removed yet shows as expired.
+
+On a terminal the tables are coloured and fit its width (long commands are
+cut with an ellipsis; -o wide shows them whole); piped, or with NO_COLOR, they
+are plain aligned text. -o json is a stable schema for scripts (see README).
+
+--watch redraws whenever the store changes, and at least every INTERVAL
+(default 1s), until interrupted. Off a terminal it prints a new snapshot each
+time a ticket or limit changes.
+
+EXIT STATUS
+  0    shown
+  64   bad flag, or no such limit
+  69   the store cannot be opened or reached`,
+		Example: `  slotctl ls
+  slotctl ls build -o wide
+  slotctl ls --watch
+  slotctl ls -o json | jq -r '.tickets[] | select(.state == "waiting" and .age_seconds > 600) | .limit' | sort -u`,
+		ValidArgsFunction: f.completeLimits,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			o.Limits = args
+			if err := o.resolve(cmd); err != nil {
+				return err
+			}
+			if runF != nil {
+				return runF(o)
+			}
+			return runLs(cmd.Context(), f, g, o)
+		},
+	}
+	addOutputFlag(cmd, &o.Output, "output format: table, wide (whole commands) or json")
+	cmd.Flags().DurationVarP(&o.Watch, "watch", "w", time.Second, "redraw on every change, and at least every `INTERVAL`")
+	cmd.Flags().Lookup("watch").NoOptDefVal = "1s"
+	return cmd
+}
+
+// resolve validates the flags and arguments.
+func (o *LsOptions) resolve(cmd *cobra.Command) error {
+	watch := cmd.Flags().Changed("watch")
+	if watch && len(o.Limits) > 0 {
+		if _, err := time.ParseDuration(o.Limits[0]); err == nil {
+			return usageError("ls %s: write the interval with =: --watch=%s", o.Limits[0], o.Limits[0])
+		}
+	}
+	if err := checkOutput(o.Output, outTable, outWide, outJSON); err != nil {
+		return err
+	}
+	if err := checkLimitNames("limit", o.Limits); err != nil {
+		return err
+	}
+	if !watch {
+		o.Watch = 0
+		return nil
+	}
+	return checkDuration("watch", o.Watch, 100*time.Millisecond, time.Hour)
+}
+
+// runLs is slotctl ls: one snapshot, or a redraw on every change with --watch.
+func runLs(ctx context.Context, f *Factory, g *globalOptions, o *LsOptions) error {
+	st, err := f.openStore(g)
+	if err != nil {
+		return err
+	}
+	if o.Watch > 0 {
+		return watchLs(ctx, f, st, o)
+	}
+	snap, err := st.Snapshot(ctx, o.Limits...)
+	if err != nil {
+		return err
+	}
+	return writeLs(f.tableOut(), st.String(), snap, o.Output)
+}
+
+// writeLs draws a snapshot in the chosen format.
+func writeLs(out tableOut, storeURL string, snap store.Snapshot, format string) error {
+	if format == outJSON {
+		return writeJSON(out.w, lsJSONOf(storeURL, snap))
+	}
+	if err := drawLimits(out, snap.Limits); err != nil {
+		return err
+	}
+	if len(snap.Tickets) == 0 {
+		return nil
+	}
+	fmt.Fprintln(out.w)
+	return drawTickets(out, snap, format == outWide)
+}
+
+var limitHeaders = []string{"LIMIT", "SLOTS", "HELD", "WAITING", "PAUSED"}
+
+// drawLimits is the limits table, shared by ls and limit ls.
+func drawLimits(out tableOut, limits []store.Limit) error {
+	rows := make([][]string, 0, len(limits))
+	for _, l := range limits {
+		paused := "no"
+		if l.Slots == 0 {
+			paused = "yes"
+		}
+		rows = append(rows, []string{store.Printable(l.Name), strconv.Itoa(l.Slots), strconv.Itoa(l.Held), strconv.Itoa(l.Waiting), paused})
+	}
+	return out.draw(limitHeaders, rows, -1, func(row, col int) string {
+		switch {
+		case col == 4 && rows[row][4] == "yes":
+			return colorYellow
+		case col == 3 && rows[row][3] != "0":
+			return colorYellow
+		}
+		return ""
+	})
+}
+
+var ticketHeaders = []string{"LIMIT", "STATE", "SLOT", "TICKET", "FENCE", "HOST", "PID", "USER", "AGE", "LEASE", "COMMAND"}
+
+// ticketState is held, waiting or expired (not reaped yet).
+func ticketState(t store.Ticket) string {
+	if t.Expired() {
+		return "expired"
+	}
+	return string(t.State)
+}
+
+// drawTickets is the tickets table: held first, then waiters by position.
+func drawTickets(out tableOut, snap store.Snapshot, wide bool) error {
+	rows := make([][]string, 0, len(snap.Tickets))
+	for _, t := range snap.Tickets {
+		slot := strconv.Itoa(t.Slot)
+		if t.State == store.Waiting {
+			slot = "#" + strconv.Itoa(t.Position) // its place in the queue
+		}
+		rows = append(rows, []string{store.Printable(t.Limit), ticketState(t), slot, shortID(t.ID), strconv.FormatUint(t.Fence, 10),
+			store.Printable(t.Holder.Host), strconv.Itoa(t.Holder.Pid), store.Printable(t.Holder.User),
+			human(snap.Now.Sub(t.Created)), human(t.Remaining), store.Printable(t.Holder.Command())})
+	}
+	headers, fit := ticketHeaders, len(ticketHeaders)-1
+	cols := make([]int, len(ticketHeaders)) // the columns shown: all but on a narrow terminal
+	for i := range cols {
+		cols[i] = i
+	}
+	if wide {
+		fit = -1
+	} else if out.width > 0 {
+		// Least needed first: FENCE, PID, HOST, USER, SLOT.
+		cols = narrowColumns(ticketHeaders, rows, out.width, []int{4, 6, 5, 7, 2})
+		headers, rows = project(ticketHeaders, rows, cols)
+		fit = len(cols) - 1
+	}
+	tickets := snap.Tickets
+	return out.draw(headers, rows, fit, func(row, col int) string {
+		t := tickets[row]
+		switch cols[col] {
+		case 1:
+			switch ticketState(t) {
+			case "held":
+				return colorGreen
+			case "waiting":
+				return colorYellow
+			default:
+				return colorRed
+			}
+		case 9:
+			if t.Remaining <= t.TTL/3 { // a lease this close to expiry has missed a renewal
+				return colorRed
+			}
+		case 10:
+			if t.Holder.Label != "" {
+				return colorGray
+			}
+		}
+		return ""
+	})
+}
+
+// human is a duration as people read it in a table: 45s, 3m12s, 2h5m, 3d4h.
+func human(d time.Duration) string {
+	neg := d < 0
+	if neg {
+		d = -d
+	}
+	var s string
+	switch {
+	case d < time.Minute:
+		s = fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < time.Hour:
+		s = fmt.Sprintf("%dm%02ds", int(d.Minutes()), int(d.Seconds())%60)
+	case d < 48*time.Hour:
+		s = fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
+	default:
+		s = fmt.Sprintf("%dd%02dh", int(d.Hours())/24, int(d.Hours())%24)
+	}
+	if neg {
+		return "-" + s
+	}
+	return s
+}
+
+// lsJSON is the schema of ls -o json, version 1 (documented in the README).
+type lsJSON struct {
+	SchemaVersion int          `json:"schema_version"`
+	Store         string       `json:"store"`
+	Now           string       `json:"now"`
+	Limits        []limitEntry `json:"limits"`
+	Tickets       []ticketJSON `json:"tickets"`
+}
+
+type ticketJSON struct {
+	ID                    string  `json:"id"`
+	Limit                 string  `json:"limit"`
+	State                 string  `json:"state"`    // held, waiting or expired
+	Held                  bool    `json:"held"`     // holds a slot (also when expired but not reaped)
+	Slot                  *int    `json:"slot"`     // null while waiting
+	Position              *int    `json:"position"` // 1-based queue position; null when held
+	Fence                 uint64  `json:"fence"`
+	Host                  string  `json:"host"`
+	Pid                   int     `json:"pid"`
+	User                  string  `json:"user"`
+	Command               string  `json:"command"` // the label if one was given, else the command line
+	Labelled              bool    `json:"labelled"`
+	Created               string  `json:"created"`
+	Admitted              *string `json:"admitted"`
+	Renewed               *string `json:"renewed"`
+	AgeSeconds            float64 `json:"age_seconds"`
+	TTLSeconds            float64 `json:"ttl_seconds"`
+	LeaseRemainingSeconds float64 `json:"lease_remaining_seconds"` // <= 0: expired
+}
+
+func lsJSONOf(storeURL string, snap store.Snapshot) lsJSON {
+	out := lsJSON{SchemaVersion: 1, Store: storeURL, Now: rfc3339(snap.Now), Limits: []limitEntry{}, Tickets: []ticketJSON{}}
+	for _, l := range snap.Limits {
+		out.Limits = append(out.Limits, limitEntryOf(l))
+	}
+	for _, t := range snap.Tickets {
+		j := ticketJSON{ID: t.ID, Limit: t.Limit, State: ticketState(t), Held: t.State == store.Held, Fence: t.Fence,
+			Host: t.Holder.Host, Pid: t.Holder.Pid, User: t.Holder.User, Command: t.Holder.Command(),
+			Labelled: t.Holder.Label != "", Created: rfc3339(t.Created),
+			AgeSeconds: seconds(snap.Now.Sub(t.Created)), TTLSeconds: seconds(t.TTL), LeaseRemainingSeconds: seconds(t.Remaining)}
+		if t.State == store.Held {
+			j.Slot = &t.Slot
+		} else {
+			j.Position = &t.Position
+		}
+		if !t.Admitted.IsZero() {
+			a := rfc3339(t.Admitted)
+			j.Admitted = &a
+		}
+		if !t.Renewed.IsZero() {
+			r := rfc3339(t.Renewed)
+			j.Renewed = &r
+		}
+		out.Tickets = append(out.Tickets, j)
+	}
+	return out
+}
+
+// seconds rounds to milliseconds: enough for a lease, stable in golden files.
+func seconds(d time.Duration) float64 {
+	return float64(d.Round(time.Millisecond)) / float64(time.Second)
+}
+
+// watchLs redraws on every change of the store and at least every interval.
+// On a terminal it redraws in place; elsewhere it prints a snapshot each
+// time the tickets or limits change (renewals and ageing alone do not count).
+func watchLs(ctx context.Context, f *Factory, st store.Store, o *LsOptions) error {
+	ctx, stop := signalContext(ctx)
+	defer stop()
+	var changes <-chan struct{} // nil: redraw on the interval only
+	if n, ok := st.(changeNotifier); ok {
+		if c, err := n.Changes(ctx); err == nil {
+			changes = c
+		}
+	}
+	out := f.tableOut()
+	tick := time.NewTicker(o.Watch)
+	defer tick.Stop()
+	var last string
+	for {
+		snap, err := st.Snapshot(ctx, o.Limits...)
+		if err != nil && ctx.Err() == nil {
+			return err
+		}
+		if err == nil {
+			if f.IO.OutTTY {
+				var b bytes.Buffer
+				o2 := out
+				o2.w = &b
+				if err := writeLs(o2, st.String(), snap, o.Output); err != nil {
+					return err
+				}
+				fmt.Fprint(f.IO.Out, "\033[H\033[2J", b.String()) // home, clear: redraw in place
+			} else if key := snapshotKey(snap); key != last {
+				last = key
+				if err := writeLs(out, st.String(), snap, o.Output); err != nil {
+					return err
+				}
+				if o.Output != outJSON {
+					fmt.Fprintln(f.IO.Out)
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changes:
+		case <-tick.C:
+		}
+	}
+}
+
+// changeNotifier is a store that can say when it changed (bbolt: a watch on
+// its file). A store that cannot is redrawn on the interval alone.
+type changeNotifier interface {
+	Changes(context.Context) (<-chan struct{}, error)
+}
+
+// snapshotKey is what a change means off a terminal: who holds, who waits, sizes.
+func snapshotKey(s store.Snapshot) string {
+	var b strings.Builder
+	for _, l := range s.Limits {
+		fmt.Fprintf(&b, "%s=%d;", l.Name, l.Slots)
+	}
+	for _, t := range s.Tickets {
+		fmt.Fprintf(&b, "%s:%s:%d:%d:%s;", t.ID, t.State, t.Slot, t.Position, ticketState(t))
+	}
+	return b.String()
+}

@@ -1,0 +1,168 @@
+package cli
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/slotctl/slotctl/internal/proc"
+	"github.com/slotctl/slotctl/store"
+)
+
+// ReleaseOptions are slotctl release's flags and arguments (SPEC §2.5).
+type ReleaseOptions struct {
+	Yes     bool // do not ask
+	Force   bool // release a holder alive on this host too
+	Tickets []string
+}
+
+func newReleaseCmd(f *Factory, g *globalOptions, runF func(*ReleaseOptions) error) *cobra.Command {
+	o := &ReleaseOptions{}
+	cmd := &cobra.Command{
+		Use:   "release TICKET...",
+		Short: "Release a ticket by hand (operator's override)",
+		Long: `Remove a ticket by hand and admit the next waiters. TICKET is a full ticket id
+or a unique prefix of one (slotctl ls shows them).
+
+On a terminal slotctl asks first, unless --yes. A holder that is provably
+still alive on this host is refused unless --force: its job still runs, and
+releasing its slot lets another job in beside it. The holder notices at its
+next renewal and applies its --on-lost (by default it stops its job, exit 76).
+A dead holder's ticket needs no release: slotctl reap removes it, and every
+admission does too, within the ticket's TTL.
+
+EXIT STATUS
+  0    released (or already gone)
+  1    not confirmed at the prompt
+  64   no ticket matches, a prefix matches several, or the holder is alive and --force was not given
+  69   the store cannot be opened or reached`,
+		Example: `  slotctl release 3f2a9c1e
+  slotctl release --yes 3f2a 77b0`,
+		ValidArgsFunction: f.completeTickets,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return errArgs(cmd, "want at least one TICKET id or prefix (slotctl ls shows them)")
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			o.Tickets = args
+			for _, a := range args {
+				if err := checkTicketPrefix(a); err != nil {
+					return err
+				}
+			}
+			if runF != nil {
+				return runF(o)
+			}
+			return runRelease(cmd.Context(), f, g, o)
+		},
+	}
+	cmd.Flags().BoolVarP(&o.Yes, "yes", "y", false, "do not ask")
+	cmd.Flags().BoolVar(&o.Force, "force", false, "release even when the holder is alive on this host")
+	return cmd
+}
+
+// runRelease is slotctl release: find every ticket first, refuse live
+// holders without --force, ask on a terminal, then release them.
+func runRelease(ctx context.Context, f *Factory, g *globalOptions, o *ReleaseOptions) error {
+	st, err := f.openStore(g)
+	if err != nil {
+		return err
+	}
+	log := newLogger(f, g)
+	var tickets []store.Ticket
+	for _, a := range o.Tickets {
+		t, err := findTicket(ctx, st, a)
+		if err != nil {
+			return err
+		}
+		if alive, why := provablyAlive(t); alive && !o.Force {
+			return &ExitError{Code: exitUsage, Err: fmt.Errorf("ticket %s (limit %s): %s", shortID(t.ID), store.Printable(t.Limit), why),
+				Hint: "pass --force to release it anyway, letting another job in beside it"}
+		}
+		tickets = append(tickets, t)
+	}
+	if !o.Yes && f.IO.InTTY && f.IO.ErrTTY {
+		for _, t := range tickets {
+			fmt.Fprintf(f.IO.ErrOut, "slotctl: release ticket %s (limit %s, %s, %s, pid %d on %s)? [y/N] ",
+				shortID(t.ID), store.Printable(t.Limit), describeState(t), store.Printable(t.Holder.Command()),
+				t.Holder.Pid, store.Printable(t.Holder.Host))
+		}
+		line, _ := bufio.NewReader(f.IO.In).ReadString('\n')
+		if a := strings.ToLower(strings.TrimSpace(line)); a != "y" && a != "yes" {
+			return &ExitError{Code: 1, Err: fmt.Errorf("not released")}
+		}
+	}
+	for _, t := range tickets {
+		removed, err := st.Release(ctx, t, store.ForceReleased)
+		if err != nil {
+			return err
+		}
+		if removed {
+			log.info("released ticket %s (limit %s, %s)", shortID(t.ID), store.Printable(t.Limit), describeState(t))
+		} else {
+			log.info("ticket %s was already gone", shortID(t.ID))
+		}
+	}
+	return nil
+}
+
+// findTicket resolves a full id or a unique prefix among the live tickets.
+func findTicket(ctx context.Context, st store.Store, prefix string) (store.Ticket, error) {
+	if err := checkTicketPrefix(prefix); err != nil {
+		return store.Ticket{}, err
+	}
+	snap, err := st.Snapshot(ctx)
+	if err != nil {
+		return store.Ticket{}, err
+	}
+	var matches []store.Ticket
+	for _, t := range snap.Tickets {
+		if t.ID == prefix {
+			return t, nil
+		}
+		if strings.HasPrefix(t.ID, prefix) {
+			matches = append(matches, t)
+		}
+	}
+	switch len(matches) {
+	case 0:
+		return store.Ticket{}, usageError("no live ticket matches %q (slotctl ls shows them)", prefix)
+	case 1:
+		return matches[0], nil
+	}
+	var c []string
+	for _, t := range matches {
+		c = append(c, fmt.Sprintf("%s (limit %s, %s)", store.Printable(t.ID), store.Printable(t.Limit), store.Printable(t.Holder.Command())))
+	}
+	return store.Ticket{}, usageError("ticket prefix %q matches %d tickets: %s", prefix, len(matches), strings.Join(c, "; "))
+}
+
+// checkTicketPrefix refuses a TICKET argument that no ticket id can start with.
+func checkTicketPrefix(prefix string) error {
+	if prefix == "" || strings.ContainsFunc(prefix, func(r rune) bool {
+		return !(r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r == '-' || r == '_')
+	}) {
+		return usageError("ticket %q: want a ticket id or a prefix of one (letters, digits, - and _)", prefix)
+	}
+	return nil
+}
+
+// provablyAlive tells a holder that certainly still runs on this host.
+func provablyAlive(t store.Ticket) (bool, string) {
+	h := t.Holder
+	if h.BootID != proc.BootID() || h.PidNS == 0 || h.PidNS != proc.PidNS() || h.Pid <= 0 {
+		return false, ""
+	}
+	if proc.Identify(h.Pid, h.PidStart) != proc.Alive {
+		if proc.JobRunning(t) {
+			return true, fmt.Sprintf("its supervisor (pid %d) is gone but its job still runs in process group %d; slotctl reap stops it and frees the slot", h.Pid, h.Pgid)
+		}
+		return false, ""
+	}
+	return true, fmt.Sprintf("its holder %s (pid %d) is alive on this host", store.Printable(h.Command()), h.Pid)
+}

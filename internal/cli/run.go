@@ -1,0 +1,465 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/user"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/slotctl/slotctl/gate"
+	"github.com/slotctl/slotctl/internal/proc"
+	"github.com/slotctl/slotctl/renew"
+	"github.com/slotctl/slotctl/store"
+)
+
+// RunOptions are slotctl run's flags and arguments (SPEC §2.1).
+type RunOptions struct {
+	Limit        string
+	Slots        int
+	SlotsSet     bool          // --slots was given: a different existing size is an error
+	Wait         time.Duration // < 0: no bound
+	BusyExitCode int
+	TTL          time.Duration
+	RenewEvery   time.Duration // 0: TTL/3
+	OnLost       string        // kill or continue
+	KillAfter    time.Duration
+	MaxHold      time.Duration // 0: none
+	Label        string
+	Argv         []string
+}
+
+const (
+	defaultTTL       = 30 * time.Second
+	defaultKillAfter = 10 * time.Second
+	minTTL           = time.Second
+	maxTTL           = 24 * time.Hour
+	releaseTimeout   = 5 * time.Second
+	childRecordDelay = 50 * time.Millisecond
+	// waiterPoll is a waiter's fallback poll: renewals (every TTL/3) wake
+	// it when they see it admitted, so the poll is only the last resort.
+	waiterPoll = 30 * time.Second
+)
+
+func newRunCmd(f *Factory, g *globalOptions, runF func(*RunOptions) error) *cobra.Command {
+	opts := &RunOptions{}
+	var noWait bool
+	var wait string
+	cmd := &cobra.Command{
+		Use:   "run --limit NAME [flags] -- COMMAND [ARGS...]",
+		Short: "Run a command once a slot of a limit is free",
+		Long: `Run COMMAND once a slot of the limit is free, keeping the slot until it exits.
+
+slotctl writes a waiting ticket, waits its turn in arrival order, starts
+COMMAND with SLOTCTL_LIMIT, SLOTCTL_TICKET, SLOTCTL_FENCE, SLOTCTL_SLOT and
+SLOTCTL_STORE in its environment, renews the ticket's lease while it runs, and
+releases the slot when it has exited. A limit that does not exist is created
+with --slots (else the config file's limits.NAME, else 1).
+
+COMMAND also gets SLOTCTL_SUPERVISOR=PID:START:PIDNS, this slotctl's pid,
+start time (clock ticks after boot) and pid namespace: with SLOTCTL_TICKET it
+is how a reaper tells the job's processes, which it kills only once that
+supervisor is gone, and how a nested slotctl run proves that its ancestor
+holds the ticket. SLOTCTL_STORE_EXPORTED (the same value as SLOTCTL_STORE)
+and SLOTCTL_STORE_BEFORE (what SLOTCTL_STORE held for this slotctl, absent if
+unset) keep the exported SLOTCTL_STORE from choosing a nested slotctl's store:
+while SLOTCTL_STORE equals SLOTCTL_STORE_EXPORTED, slotctl reads
+SLOTCTL_STORE_BEFORE instead. SLOTCTL_ETCD_USERNAME and SLOTCTL_ETCD_PASSWORD
+are removed from COMMAND's environment.
+
+If the lease cannot be renewed before it would expire, --on-lost decides:
+kill (the default) stops COMMAND and exits 76; continue warns and lets it run.
+
+EXIT STATUS
+  COMMAND's exit status, or 128+N if it was killed by signal N
+  64   usage error: bad flag, bad limit name, --slots disagrees with the limit
+  69   the store cannot be opened or reached
+  70   internal error
+  75   not admitted within --wait (--busy-exit-code changes it)
+  76   the lease was lost while COMMAND ran, and COMMAND was stopped
+  124  --max-hold ran out and COMMAND was stopped
+  126  COMMAND is not executable
+  127  COMMAND was not found`,
+		Example: `  # at most two builds at once, in arrival order
+  slotctl run --limit build --slots 2 -- make -j8
+
+  # cron: skip this run quietly if the previous one still holds the slot
+  slotctl run --limit backup --no-wait --busy-exit-code 0 -- /usr/local/bin/backup
+
+  # CI: wait at most ten minutes for a deploy slot
+  slotctl run --limit deploy --wait 10m -- ./deploy.sh`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return errArgs(cmd, "missing COMMAND: want slotctl run --limit NAME -- COMMAND [ARGS...]")
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			opts.Argv = args
+			opts.SlotsSet = cmd.Flags().Changed("slots")
+			if err := opts.resolve(f, cmd, wait, noWait); err != nil {
+				return err
+			}
+			if runF != nil {
+				return runF(opts)
+			}
+			return runRun(cmd.Context(), f, g, opts)
+		},
+	}
+	fl := cmd.Flags()
+	fl.SetInterspersed(false) // slotctl run --limit x make -j8: -j8 is make's
+	fl.StringVarP(&opts.Limit, "limit", "l", "", "name of the limit (required)")
+	fl.IntVar(&opts.Slots, "slots", 1, "size of the limit when it is created (default: config limits.NAME, else 1)")
+	fl.StringVar(&wait, "wait", "", "give up if not admitted within this duration (default: wait without bound; 0 = do not wait)")
+	fl.BoolVar(&noWait, "no-wait", false, "do not wait: exit 75 at once if no slot is free")
+	fl.IntVar(&opts.BusyExitCode, "busy-exit-code", exitBusy, "exit status when not admitted in time (0 for cron)")
+	fl.DurationVar(&opts.TTL, "ttl", defaultTTL, "lease time-to-live: a dead holder's slot comes back after it (env SLOTCTL_TTL)")
+	fl.DurationVar(&opts.RenewEvery, "renew-every", 0, "renewal period (default TTL/3, ±20% jitter)")
+	fl.StringVar(&opts.OnLost, "on-lost", "kill", "when the lease is lost: kill (stop COMMAND, exit 76) or continue (warn)")
+	fl.DurationVar(&opts.KillAfter, "kill-after", defaultKillAfter, "after stopping COMMAND with a signal, SIGKILL its process group after this long")
+	fl.DurationVar(&opts.MaxHold, "max-hold", 0, "stop COMMAND and free the slot after this long (exit 124; default: no bound)")
+	fl.StringVar(&opts.Label, "label", "", "text shown instead of the command line in ls (command lines can carry secrets)")
+	_ = cmd.RegisterFlagCompletionFunc("limit", f.completeLimits)
+	_ = cmd.RegisterFlagCompletionFunc("on-lost", cobra.FixedCompletions([]string{"kill", "continue"}, cobra.ShellCompDirectiveNoFileComp))
+	return cmd
+}
+
+// resolve validates the flags (SPEC §7: one line naming the input and what
+// would be accepted) and applies the config's limit sizes.
+func (o *RunOptions) resolve(f *Factory, cmd *cobra.Command, wait string, noWait bool) error {
+	if o.Limit == "" {
+		return errArgs(cmd, "--limit is required: name the limit to run under, e.g. --limit build")
+	}
+	if err := store.CheckLimitName(o.Limit); err != nil {
+		return usageError("--limit %q: want 1-128 characters of [A-Za-z0-9._:-], starting with a letter or digit", o.Limit)
+	}
+	if err := checkLabel(o.Label); err != nil {
+		return err
+	}
+	if err := store.CheckSlots(o.Slots); err != nil {
+		return usageError("--slots %d: want 0..%d (0 pauses the limit)", o.Slots, store.MaxSlots)
+	}
+	if !o.SlotsSet {
+		if n, ok := f.cfg.Limits[o.Limit]; ok {
+			o.Slots = n
+		}
+	}
+	var err error
+	if o.Wait, err = parseWait(wait); err != nil {
+		return err
+	}
+	if noWait {
+		if wait != "" && o.Wait != 0 {
+			return usageError("--no-wait and --wait %s disagree: pick one", wait)
+		}
+		o.Wait = 0
+	}
+	if o.BusyExitCode < 0 || o.BusyExitCode > 255 {
+		return usageError("--busy-exit-code %d: want 0..255", o.BusyExitCode)
+	}
+	if err := checkDuration("ttl", o.TTL, minTTL, maxTTL); err != nil {
+		return err
+	}
+	if o.RenewEvery != 0 {
+		if err := checkDuration("renew-every", o.RenewEvery, 10*time.Millisecond, o.TTL/2); err != nil {
+			return err
+		}
+	}
+	if err := (renew.Options{TTL: o.TTL, Every: o.RenewEvery}).Validate(); err != nil {
+		return usageError("--renew-every %s with --ttl %s: want a period well inside the ttl (at most ttl/2)", o.RenewEvery, o.TTL)
+	}
+	if o.OnLost != "kill" && o.OnLost != "continue" {
+		return usageError("--on-lost %q: want kill or continue", o.OnLost)
+	}
+	if err := checkDuration("kill-after", o.KillAfter, 0, 0); err != nil {
+		return err
+	}
+	if err := checkDuration("max-hold", o.MaxHold, 0, 0); err != nil {
+		return err
+	}
+	return nil
+}
+
+// parseWait reads --wait: "" waits without bound (-1), else a duration >= 0.
+func parseWait(wait string) (time.Duration, error) {
+	if wait == "" {
+		return -1, nil
+	}
+	d, err := time.ParseDuration(wait)
+	if err != nil || d < 0 {
+		return 0, usageError("--wait %q: want a duration such as 0, 30s or 10m", wait)
+	}
+	return d, nil
+}
+
+// runRun is slotctl run: admit, run, release (DESIGN: the supervisor).
+func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) error {
+	path, err := lookCommand(o.Argv[0])
+	if err != nil {
+		return err // before taking a slot: a typo must not wait its turn first
+	}
+	st, err := f.openStore(g)
+	if err != nil {
+		return err
+	}
+	log := newLogger(f, g)
+	sigs := notifySignals()
+	defer stopSignals(sigs)
+
+	if anc, ok := nestedTicket(ctx, f, log, st, o.Limit); ok {
+		log.verbose("nested run: %q already holds slot %d of %q in this store; running under its ticket %s", anc.Holder.Command(), anc.Slot, o.Limit, short(anc.ID))
+		c, err := startChild(f, path, o.Argv, nil)
+		if err != nil {
+			return err
+		}
+		return c.supervise(ctx, log, sigs, nil, o).exitErr()
+	}
+
+	// The keeper renews a waiting ticket every TTL/3 and nudges the wait
+	// when a renewal shows it held (the renewal of a waiter settles its
+	// limit): that covers a lost ring, so the fallback poll can be rare.
+	gt := &gate.Gate{Store: st, PollEvery: waiterPoll}
+	holder := holderIdentity(f, o)
+	req := store.EnqueueRequest{ID: gate.NewID(), Limit: o.Limit, Slots: o.Slots, CheckSlots: o.SlotsSet, TTL: o.TTL, Holder: holder}
+	renewClock := proc.Boottime
+	sentAt := renewClock()
+	entry, err := gt.Join(ctx, req)
+	if err != nil {
+		return err
+	}
+	defer entry.Close()
+	keeper := renew.Start(context.WithoutCancel(ctx), st, entry.Ticket(), sentAt, renew.Options{
+		TTL: o.TTL, Every: o.RenewEvery, Now: renewClock, WatchdogOnHold: true,
+		Logf: log.info,
+		OnRenew: func(t store.Ticket) {
+			if t.State == store.Held {
+				entry.Nudge()
+			}
+		},
+	})
+	stopKeeper := sync1(keeper.Stop)
+	defer stopKeeper()
+
+	t, err := waitAdmitted(ctx, f, log, st, entry, keeper, sigs, o)
+	if err != nil {
+		stopKeeper()
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		defer cancel()
+		if _, lerr := entry.Leave(rctx, store.Cancelled); lerr != nil {
+			log.warn("could not remove ticket %s: %v (it expires within %s)", short(t.ID), lerr, o.TTL)
+		}
+		return err
+	}
+	// Start the child only with a lease that has time left (LEASES rule 6).
+	if left := keeper.Deadline() - renewClock(); left <= 0 || keeper.Err() != nil {
+		stopKeeper()
+		return &ExitError{Code: exitLost, Err: fmt.Errorf("lease of ticket %s lost before %s could start", short(t.ID), o.Argv[0])}
+	}
+	keeper.Hold() // a job runs from now on: check the lease every second too (suspend)
+	log.verbose("admitted to %q: slot %d, ticket %s, fence %d", o.Limit, t.Slot, short(t.ID), t.Fence)
+
+	env := []string{
+		"SLOTCTL_LIMIT=" + o.Limit,
+		"SLOTCTL_TICKET=" + t.ID,
+		"SLOTCTL_FENCE=" + strconv.FormatUint(t.Fence, 10),
+		"SLOTCTL_SLOT=" + strconv.Itoa(t.Slot),
+	}
+	env = append(append(env, f.storeVars(st.String())...), supervisorVar()...)
+	c, err := startChild(f, path, o.Argv, env)
+	var res result
+	if err != nil {
+		res = result{err: err}
+	} else {
+		// Record the child's group once it has run for a moment: a job that
+		// is over by then needs no proof of death, and the common short job
+		// saves a store write. A supervisor killed within that moment leaves
+		// a ticket that its TTL frees (and its child dies with it).
+		recorded := make(chan struct{})
+		go func() {
+			defer close(recorded)
+			delay := time.NewTimer(childRecordDelay)
+			defer delay.Stop()
+			select {
+			case <-delay.C:
+				recordChild(ctx, log, st, t, c)
+			case <-c.exited:
+			}
+		}()
+		res = c.supervise(ctx, log, sigs, keeper, o)
+		<-recorded
+	}
+	// Drain before release: the child and its group are gone; no renewal is in flight after Stop.
+	stopKeeper()
+	why := store.Released
+	if keeper.Err() != nil {
+		why = store.Lost
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	removed, err := entry.Leave(rctx, why)
+	switch {
+	case err != nil:
+		log.warn("could not release ticket %s: %v (the slot comes back when its lease expires, within %s)", short(t.ID), err, o.TTL)
+	case !removed:
+		log.warn("ticket %s was already gone (reaped or released by an operator): this run was not protected by the limit for part of its life", short(t.ID))
+	}
+	return res.exitErr()
+}
+
+// recordChild writes the child's process group into the ticket: with it, a
+// reaper on this host can prove the job gone once slotctl dies (SPEC §4.3).
+// Without it the TTL decides, so a failure here is only a warning.
+func recordChild(ctx context.Context, log *logger, st store.Store, t store.Ticket, c *child) {
+	pgid := c.pgid
+	if pgid == 0 {
+		pgid = syscall.Getpgrp() // the child shares slotctl's (the terminal job's) group
+	}
+	start, _ := proc.StartTime(pgid)
+	sctx, cancel := context.WithTimeout(ctx, releaseTimeout)
+	defer cancel()
+	if _, err := st.SetChild(sctx, t, pgid, start); err != nil && !errors.Is(err, store.ErrLost) {
+		log.info("could not record the child's process group in ticket %s: %v", short(t.ID), err)
+	}
+}
+
+// sync1 makes f safe to call more than once.
+func sync1(f func()) func() {
+	done := false
+	return func() {
+		if !done {
+			done = true
+			f()
+		}
+	}
+}
+
+// nestedTicket finds an ancestor's ticket on the same limit and store
+// (SPEC §2.1 item 8): a nested run must not wait for its own ancestor. The
+// environment only names the ticket — any process can set SLOTCTL_TICKET —
+// so the ticket must be held on this boot and in this pid namespace by a
+// supervisor that is on this process's parent chain (pid and start time),
+// the one SLOTCTL_SUPERVISOR names. Anything else is gated normally. (Only
+// on Linux: elsewhere the parent chain is not read and the environment decides.)
+func nestedTicket(ctx context.Context, f *Factory, log *logger, st store.Store, limit string) (store.Ticket, bool) {
+	id := f.Getenv(proc.TicketVar)
+	if id == "" || f.Getenv("SLOTCTL_LIMIT") != limit || f.Getenv(storeVar) != st.String() {
+		return store.Ticket{}, false
+	}
+	t, err := st.Get(ctx, id)
+	if err != nil || t.State != store.Held || t.Limit != limit {
+		return store.Ticket{}, false
+	}
+	if !proc.AncestryKnown() {
+		return t, true // elsewhere than Linux the environment alone decides (README)
+	}
+	h := t.Holder
+	m, merr := proc.ParseMarker(f.Getenv(proc.SupervisorVar))
+	switch {
+	case merr != nil:
+		log.verbose("%s names held ticket %s, but %s is missing or malformed (%v): waiting for a slot like any run", proc.TicketVar, short(id), proc.SupervisorVar, merr)
+	case h.BootID != proc.BootID() || h.PidNS == 0 || h.PidNS != proc.PidNS() || m.PidNS != h.PidNS:
+		log.verbose("ticket %s is held on another boot, host or pid namespace: not an ancestor's; waiting for a slot like any run", short(id))
+	case m.Pid != h.Pid || m.Start != h.PidStart:
+		log.verbose("ticket %s is held by pid %d, not by the supervisor %d that %s names: waiting for a slot like any run", short(id), h.Pid, m.Pid, proc.SupervisorVar)
+	case !proc.IsAncestor(h.Pid, h.PidStart):
+		log.verbose("ticket %s is held by pid %d, which is not an ancestor of this process: waiting for a slot like any run", short(id), h.Pid)
+	default:
+		return t, true
+	}
+	return store.Ticket{}, false
+}
+
+// holderIdentity is what the ticket records of this process (SPEC §4.3).
+func holderIdentity(f *Factory, o *RunOptions) store.Holder {
+	if f.Identity != nil {
+		h := f.Identity()
+		h.Argv, h.Label = o.Argv, o.Label
+		return h
+	}
+	return realIdentity(o)
+}
+
+// realIdentity is this process's own identity.
+func realIdentity(o *RunOptions) store.Holder {
+	h := store.Holder{BootID: proc.BootID(), PidNS: proc.PidNS(), Pid: os.Getpid(), Argv: o.Argv, Label: o.Label}
+	h.Host, _ = os.Hostname()
+	h.PidStart, _ = proc.StartTime(h.Pid)
+	if u, err := user.Current(); err == nil {
+		h.User = u.Username
+	} else {
+		h.User = strconv.Itoa(os.Getuid())
+	}
+	return h
+}
+
+// short is the short form of a ticket id shown to people.
+func short(id string) string {
+	if len(id) > 8 {
+		return id[:8]
+	}
+	return id
+}
+
+// waitAdmitted waits for the ticket to be held, showing the status line, and
+// gives up at --wait, on a terminating signal, or when the waiting ticket is lost.
+func waitAdmitted(ctx context.Context, f *Factory, log *logger, st store.Store, entry *gate.Entry, keeper *renew.Keeper, sigs *signals, o *RunOptions) (store.Ticket, error) {
+	t := entry.Ticket()
+	if t.State == store.Held {
+		return t, nil
+	}
+	if o.Wait == 0 {
+		return t, &ExitError{Code: o.BusyExitCode, Err: busyError(ctx, st, o.Limit, true)}
+	}
+	wctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	status := newStatusLine(f, log, st, o.Limit)
+	status.start(wctx, t)
+	defer status.stop()
+	go func() {
+		for {
+			select {
+			case <-wctx.Done():
+				return
+			case <-keeper.Lost():
+				cancel(fmt.Errorf("%w while waiting: %w", store.ErrLost, keeper.Err()))
+				return
+			case s := <-sigs.C:
+				if s == sigCont {
+					keeper.Check()
+					continue
+				}
+				if isTerminating(s) {
+					cancel(&ExitError{Code: 128 + signalNumber(s), Err: fmt.Errorf("%v while waiting for limit %q: left the queue", s, o.Limit)})
+					return
+				}
+			}
+		}
+	}()
+	t, err := entry.Wait(wctx, o.Wait, status.update)
+	switch {
+	case err == nil:
+		return t, nil
+	case errors.Is(err, gate.ErrBusy):
+		return t, &ExitError{Code: o.BusyExitCode, Err: busyError(ctx, st, o.Limit, false), Hint: ""}
+	case errors.Is(err, store.ErrLost):
+		return t, &ExitError{Code: exitLost, Err: fmt.Errorf("ticket %s for limit %q was lost while waiting: %w", short(t.ID), o.Limit, err)}
+	}
+	return t, err
+}
+
+// busyError says why a run was not admitted (printed even with --busy-exit-code 0, unless -q).
+func busyError(ctx context.Context, st store.Store, limit string, noWait bool) error {
+	held, slots := "?", "?"
+	if snap, err := st.Snapshot(ctx, limit); err == nil && len(snap.Limits) == 1 {
+		held, slots = strconv.Itoa(snap.Limits[0].Held), strconv.Itoa(snap.Limits[0].Slots)
+	}
+	if noWait {
+		return fmt.Errorf("limit %q is full (%s/%s held)", limit, held, slots)
+	}
+	return fmt.Errorf("limit %q: not admitted within --wait (%s/%s held)", limit, held, slots)
+}

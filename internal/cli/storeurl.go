@@ -1,0 +1,109 @@
+package cli
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/pflag"
+
+	"github.com/slotctl/slotctl/internal/proc"
+	"github.com/slotctl/slotctl/store"
+	"github.com/slotctl/slotctl/store/boltstore"
+)
+
+// sharedStoreDir is the system-wide store directory: when it exists (the
+// package creates it, group slotctl, mode 3770), every user's jobs share it.
+const sharedStoreDir = "/var/lib/slotctl"
+
+// defaultStorePath is docs/leases.md §5's default: the shared directory if present,
+// else the user's own state directory.
+func (f *Factory) defaultStorePath() string {
+	if st, err := os.Stat(sharedStoreDir); err == nil && st.IsDir() {
+		return filepath.Join(sharedStoreDir, "slots.db")
+	}
+	state := f.Getenv("XDG_STATE_HOME")
+	if state == "" {
+		// The factory's HOME: os.UserHomeDir would read the process's
+		// (the same on Linux, where it is all that function reads).
+		state = filepath.Join(f.Getenv("HOME"), ".local", "state")
+	}
+	return filepath.Join(state, "slotctl", "slots.db")
+}
+
+// openStore resolves the --store URL (docs/leases.md §5) into a store. Nothing is
+// opened yet: the bbolt file is opened per operation.
+func (f *Factory) openStore(g *globalOptions) (store.Store, error) {
+	url := g.Store
+	var path string
+	switch {
+	case url == "":
+		path = f.defaultStorePath()
+	case strings.HasPrefix(url, "bolt://"):
+		path = strings.TrimPrefix(url, "bolt://")
+	case strings.HasPrefix(url, "etcd://"):
+		return f.openEtcd(g, url)
+	case strings.Contains(url, "://"):
+		scheme, _, _ := strings.Cut(url, "://")
+		return nil, usageError("store %q: unknown scheme %q: want PATH, bolt://PATH or etcd://HOST:PORT[/PREFIX]", url, scheme)
+	default:
+		path = url
+	}
+	if path == "" {
+		return nil, usageError("store %q: empty path: want PATH, bolt://PATH or etcd://HOST:PORT[/PREFIX]", url)
+	}
+	return boltstore.New(path, boltstore.Options{Timeout: g.StoreTimeout, Clock: f.StoreClock, Dead: proc.Dead})
+}
+
+// etcdFlags are the --etcd-* flags, one per etcd.* setting but the
+// password (which only comes from SLOTCTL_ETCD_PASSWORD or a file).
+var etcdFlags = []struct {
+	name, usage string
+	isBool      bool // --etcd-NAME alone means true
+}{
+	{"dial-timeout", "etcd: how long to wait for the cluster to answer at all, a `DURATION` (default --store-timeout)", false},
+	{"request-timeout", "etcd: how long to wait for each request, a `DURATION` (default --store-timeout)", false},
+	{"cacert", "etcd: CA bundle (PEM `FILE`) that signed the cluster's certificates; turns TLS on", false},
+	{"cert", "etcd: client certificate (PEM `FILE`), with --etcd-key", false},
+	{"key", "etcd: client certificate's private key (PEM `FILE`)", false},
+	{"username", "etcd: `USER` name (env SLOTCTL_ETCD_USERNAME; password from SLOTCTL_ETCD_PASSWORD)", false},
+	{"password-file", "etcd: `FILE` holding the password (instead of SLOTCTL_ETCD_PASSWORD); mode 0600 or 0400, 0640 or 0440 to share it with its group", false},
+	{"insecure-credentials", "etcd: send the username and password without TLS, in clear text (refused otherwise)", true},
+}
+
+// addEtcdFlags registers the --etcd-* flags on a command's flag set (the
+// root's persistent flags). loadConfig gives them precedence over the
+// config file and environment.
+func addEtcdFlags(fs *pflag.FlagSet) {
+	for _, fl := range etcdFlags {
+		if fl.isBool {
+			fs.Bool("etcd-"+fl.name, false, fl.usage)
+		} else {
+			fs.String("etcd-"+fl.name, "", fl.usage)
+		}
+	}
+}
+
+// etcdStoreGiven reports whether the command line or the environment plainly
+// names an etcd store, before any parsing: --store etcd://... (or
+// --store=etcd://...) before a "--", else SLOTCTL_STORE=etcd://... when no
+// --store is given. The config file is not read: false is "cannot tell yet".
+func etcdStoreGiven(args []string, getenv func(string) string) bool {
+	store, given := "", false
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			break
+		}
+		if v, ok := strings.CutPrefix(a, "--store="); ok {
+			store, given = v, true
+		} else if a == "--store" && i+1 < len(args) {
+			store, given = args[i+1], true
+			i++
+		}
+	}
+	if !given {
+		store = getenv("SLOTCTL_STORE")
+	}
+	return strings.HasPrefix(store, "etcd://")
+}

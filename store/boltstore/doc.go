@@ -1,0 +1,66 @@
+// Package boltstore is the embedded store: limits and tickets in one bbolt
+// file on one host, the default store of slotctl.
+//
+// # Files
+//
+// A store at PATH is three names in one directory (bell.go, lock.go and
+// boltstore.go say how each is opened and checked):
+//
+//   - PATH, the bbolt file: limits, each limit's queue of tickets in fence
+//     order, an index from ticket id to its place, tombstones of removed ids
+//     and the bounded event log (records.go has the buckets and the record
+//     formats). Created by the first write, 0600 in a private directory,
+//     0660 in a shared (group-writable) one.
+//   - PATH.lock, taken with flock before bbolt opens the file, exclusive
+//     for a write, shared for a read (lock.go): it blocks in the kernel,
+//     where bbolt's own lock on PATH polls every 50 ms, so the next process
+//     gets the store the moment the last one lets go.
+//   - PATH.bells/, one named pipe per waiting ticket: the transaction that
+//     admits a waiter rings its bell after the commit (bell.go).
+//
+// No file is held open between operations: each opens the file, takes the
+// lock, runs one transaction and closes both, so a waiter or a supervisor
+// whose child runs never blocks anybody. A directory on a network
+// filesystem (NFS, SMB) is refused: flock is not reliable there.
+//
+// # Clock
+//
+// Deadlines are kept on the host's boot-time clock together with the boot
+// id (clock.go, docs/leases.md rule 5 and §4.4): setting the date does not
+// expire a lease, suspend counts as time passing, and a ticket written in an
+// earlier boot is expired. Wall times are stored for display only. Tests
+// give a Clock of their own.
+//
+// # Where the protocol happens
+//
+// Every write that can add or free capacity ends with txn.settle, in the
+// same transaction: sweep removes the limit's expired tickets and the ones
+// whose holder is proven dead (verdict, judged on the records as they are in
+// this transaction, never on an earlier list), then promote admits waiters
+// in fence order into the lowest free slots. Renew refuses a ticket that is
+// gone or expired (store.ErrLost): expiry is monotone. Release and reap are
+// compare-and-delete; only the deletion frees a slot, and the id is
+// tombstoned so that it never comes back.
+//
+// # Caveats
+//
+//   - The judge (Options.Dead, internal/proc.Dead in slotctl) runs inside
+//     the write transaction, under the file lock. It reads /proc and, when
+//     it may act, kills the orphaned process group of a dead holder before
+//     the slot is handed on: a slow judge holds every other process's
+//     operation up, and a sweep can stop a job. Death is judged for every
+//     ticket only by Reap; an uncontended admission probes no process.
+//   - Every process on the host that uses the store writes the same file:
+//     members of a shared store's group can deny each other service or
+//     release each other's tickets (docs/leases.md §4.5); what they write is
+//     validated on every read, and hostile content is store.ErrCorrupt
+//     (exit 69), never a panic.
+//   - One host only: for limits shared across hosts use etcdstore.
+package boltstore
+
+// lead: the bells' layout (per-user directories under PATH.bells/), how the
+// three files are opened (relative to a directory descriptor, without
+// following symlinks) and the checks of the file and its pages are being
+// changed by issue 12's helpers: check the Files section of the package
+// comment against bell.go, lock.go, filecheck.go and pagecheck.go after
+// merging, then delete this note.
