@@ -7,8 +7,8 @@ import (
 	"context"
 	"os"
 
-	"github.com/slotctl/slotctl/internal/cli"
-	"github.com/slotctl/slotctl/internal/etcdcli"
+	"github.com/slotctl/slotctl/cmd/internal/cli"
+	"github.com/slotctl/slotctl/cmd/internal/etcdcli"
 )
 
 // Stamped by the release build (goreleaser ldflags); otherwise read from the

@@ -3,7 +3,7 @@
 //
 // It has no etcd client: given an etcd store it replaces itself with
 // slotctl-etcd (cmd/slotctl-etcd), the same command with the client,
-// installed beside it or on PATH. The command itself is internal/cli.
+// installed beside it or on PATH. The command itself is cmd/internal/cli.
 package main
 
 // The checked-in completion scripts and man pages come from the command tree;
@@ -17,7 +17,7 @@ import (
 	"context"
 	"os"
 
-	"github.com/slotctl/slotctl/internal/cli"
+	"github.com/slotctl/slotctl/cmd/internal/cli"
 )
 
 // Stamped by the release build (goreleaser ldflags); otherwise read from the

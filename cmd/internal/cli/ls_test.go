@@ -6,9 +6,9 @@ package cli
 // terminal rendering, --watch on a real terminal (tmux) and off one, and
 // the cost of ls on a large store.
 //
-//	go test ./internal/cli -run Golden -update   # rewrite testdata/golden
-//	go test ./internal/cli -run XXX -bench Ls10k -benchtime 10x
-//	SLOTCTL_BENCH=1 go test ./internal/cli -run LsBinaryMedian -v
+//	go test ./cmd/internal/cli -run Golden -update   # rewrite testdata/golden
+//	go test ./cmd/internal/cli -run XXX -bench Ls10k -benchtime 10x
+//	SLOTCTL_BENCH=1 go test ./cmd/internal/cli -run LsBinaryMedian -v
 
 import (
 	"bytes"
@@ -814,7 +814,7 @@ func BenchmarkLs10k(b *testing.B) {
 // /dev/null, and prints the medians (the goal is under 200ms). It asserts
 // nothing: timings on a shared machine are not a pass/fail.
 //
-//	SLOTCTL_BENCH=1 go test ./internal/cli -run LsBinaryMedian -v
+//	SLOTCTL_BENCH=1 go test ./cmd/internal/cli -run LsBinaryMedian -v
 func TestLsBinaryMedian(t *testing.T) {
 	if os.Getenv("SLOTCTL_BENCH") != "1" {
 		t.Skip("set SLOTCTL_BENCH=1 to time slotctl ls on 10,000 tickets")

@@ -15,7 +15,7 @@ import (
 // out) and with every setting uncommented: no example in it names a
 // setting slotctl would refuse. Its etcd paths are relative to the file.
 func TestPackagedConfigExample(t *testing.T) {
-	shipped, err := os.ReadFile("../../packaging/config.yaml")
+	shipped, err := os.ReadFile("../../../packaging/config.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,7 @@
 package cli
 
 // The etcd store. The etcd client is linked in only by cmd/slotctl-etcd,
-// which registers it (RegisterEtcd, with internal/etcdcli); cmd/slotctl has
+// which registers it (RegisterEtcd, with cmd/internal/etcdcli); cmd/slotctl has
 // none and hands etcd stores to slotctl-etcd instead (etcd_dispatch.go).
 // The etcd.* settings are resolved here, in both; their TLS files are read
 // by etcdcli (crypto/x509's certificate loading is ~0.5 MB slotctl does

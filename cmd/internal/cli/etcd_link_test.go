@@ -5,8 +5,8 @@ package cli_test
 // An external test file, so that it may import etcdcli, which imports cli.
 
 import (
-	"github.com/slotctl/slotctl/internal/cli"
-	"github.com/slotctl/slotctl/internal/etcdcli"
+	"github.com/slotctl/slotctl/cmd/internal/cli"
+	"github.com/slotctl/slotctl/cmd/internal/etcdcli"
 )
 
 func init() { cli.RegisterEtcd(etcdcli.Client) }

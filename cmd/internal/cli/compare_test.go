@@ -6,8 +6,8 @@ package cli
 // util-linux, sem from GNU parallel), one figure per subtest, one table at
 // the end:
 //
-//	go test -tags bench -run 'Compare$' -v -timeout 20m ./internal/cli
-//	go test -tags bench -run 'Compare$/handoff' -v ./internal/cli     # one figure
+//	go test -tags bench -run 'Compare$' -v -timeout 20m ./cmd/internal/cli
+//	go test -tags bench -run 'Compare$/handoff' -v ./cmd/internal/cli     # one figure
 //
 // It builds slotctl with go build (the real binary, not this test binary),
 // installs nothing, and skips a peer that is not installed. Everything runs
@@ -125,7 +125,7 @@ func TestCompare(t *testing.T) {
 		fmt.Fprintf(&out, "\nFAILED (no figure): %s\n", strings.Join(b.failed, ", "))
 	}
 	fmt.Fprintf(&out, "\n%s\n", machine)
-	fmt.Fprintf(&out, "command: go test -tags bench -run 'Compare$' -v -timeout 20m ./internal/cli (SLOTCTL_BENCH_RUNS=%d)\n", b.runs)
+	fmt.Fprintf(&out, "command: go test -tags bench -run 'Compare$' -v -timeout 20m ./cmd/internal/cli (SLOTCTL_BENCH_RUNS=%d)\n", b.runs)
 	fmt.Print(out.String())
 }
 

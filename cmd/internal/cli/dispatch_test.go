@@ -38,7 +38,7 @@ func buildSlotctl(t testing.TB, bin string, o buildOptions) {
 		args = append(args, "-trimpath", "-ldflags", "-s -w")
 		env = append(env, "CGO_ENABLED=0") // static: no dynamic loader at start
 	}
-	args = append(args, "../../cmd/"+o.main)
+	args = append(args, "../../../cmd/"+o.main)
 	build := exec.Command("go", args...)
 	build.Env = env
 	if out, err := build.CombinedOutput(); err != nil {
@@ -54,12 +54,12 @@ func TestSlotctlHandsEtcdToHelper(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds slotctl twice; skipped with -short")
 	}
-	deps, err := exec.Command("go", "list", "-deps", "../../cmd/slotctl").Output()
+	deps, err := exec.Command("go", "list", "-deps", "../../../cmd/slotctl").Output()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, dep := range strings.Fields(string(deps)) {
-		if strings.HasPrefix(dep, "go.etcd.io/etcd/") || strings.HasPrefix(dep, "google.golang.org/grpc") || dep == "github.com/slotctl/slotctl/internal/etcdcli" {
+		if strings.HasPrefix(dep, "go.etcd.io/etcd/") || strings.HasPrefix(dep, "google.golang.org/grpc") || dep == "github.com/slotctl/slotctl/cmd/internal/etcdcli" {
 			t.Errorf("cmd/slotctl links %s", dep)
 		}
 	}

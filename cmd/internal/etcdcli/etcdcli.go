@@ -12,7 +12,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/slotctl/slotctl/internal/cli"
+	"github.com/slotctl/slotctl/cmd/internal/cli"
 	"github.com/slotctl/slotctl/internal/proc"
 	"github.com/slotctl/slotctl/store"
 	"github.com/slotctl/slotctl/store/etcdstore"

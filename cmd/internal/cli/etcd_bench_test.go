@@ -20,7 +20,7 @@ import (
 // on one etcd server (in this process, fsyncing as a production one does),
 // interleaved so that the machine's noise hits both alike:
 //
-//	go test -tags bench -run CompareEtcd -v ./internal/cli
+//	go test -tags bench -run CompareEtcd -v ./cmd/internal/cli
 //
 // etcdctl is found on PATH or at $SLOTCTL_BENCH_ETCDCTL (etcdctl v3.7.3:
 // build go.etcd.io/etcd/etcdctl/v3 from a module that requires it; it has
