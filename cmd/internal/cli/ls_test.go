@@ -384,7 +384,7 @@ func mapsKeys(m map[string]bool) func(func(string) bool) {
 // its meaning column.
 func lsREADMEFields(t *testing.T) map[string]bool {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	b, err := os.ReadFile(filepath.Join("..", "..", "..", "README.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
