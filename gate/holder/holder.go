@@ -186,13 +186,15 @@ func Run(ctx context.Context, cfg Config) Outcome {
 	if r.bug(mutation.WaiterNotRenewed) {
 		r.lease = r.startLease(ctx, t, r.now()) // counts from the admission it observed
 	}
-	// Start the job only with a lease that has time left.
+	// Start the job only with a lease that has time left; else give the
+	// slot back now, as lost, rather than at expiry.
 	if left := r.lease.Deadline() - r.now(); left <= 0 || r.lease.Err() != nil {
 		r.lease.Stop()
 		err := r.lease.Err()
 		if err == nil {
 			err = renew.ErrDeadline
 		}
+		r.release(ctx, store.Lost, false)
 		return Outcome{Result: LostBeforeStart, Ticket: t, Err: err}
 	}
 	r.lease.Hold() // a job runs from now on: check the lease every second too (suspend)
@@ -215,7 +217,7 @@ func Run(ctx context.Context, cfg Config) Outcome {
 		if r.lease.Err() != nil {
 			why = store.Lost
 		}
-		r.release(ctx, why)
+		r.release(ctx, why, true)
 	}
 	return out
 }
@@ -323,28 +325,34 @@ func (r *runner) wait(ctx context.Context) (store.Ticket, Outcome, bool) {
 	return t, Outcome{}, true
 }
 
-// leave removes a ticket that was never admitted, and returns out.
+// leave removes a ticket that was never admitted, and returns out: as
+// cancelled, or as lost when the wait ended in a loss.
 func (r *runner) leave(ctx context.Context, out Outcome) Outcome {
 	if r.lease != nil {
 		r.lease.Stop()
 	}
+	why := store.Cancelled
+	if out.Result == LostWaiting {
+		why = store.Lost
+	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ReleaseTimeout)
 	defer cancel()
-	if _, err := r.entry.Leave(rctx, store.Cancelled); err != nil {
+	if _, err := r.entry.Leave(rctx, why); err != nil {
 		r.note(Note{Kind: LeaveFailed, Ticket: r.entry.Ticket(), Err: err})
 	}
 	return out
 }
 
-// release removes the held ticket, as released or lost.
-func (r *runner) release(ctx context.Context, why store.Reason) {
+// release removes the held ticket, as released or lost. ran: the job ran,
+// so a ticket already gone is worth a note.
+func (r *runner) release(ctx context.Context, why store.Reason, ran bool) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ReleaseTimeout)
 	defer cancel()
 	removed, err := r.entry.Leave(rctx, why)
 	switch {
 	case err != nil:
 		r.note(Note{Kind: ReleaseFailed, Ticket: r.entry.Ticket(), Err: err})
-	case !removed:
+	case !removed && ran:
 		r.note(Note{Kind: AlreadyGone, Ticket: r.entry.Ticket()})
 	}
 }
@@ -394,7 +402,7 @@ func (r *runner) supervise(ctx context.Context, c Child, t store.Ticket, cancelJ
 			case Terminating(s):
 				if r.bug(mutation.ReleaseBeforeExit) && r.lease != nil && !r.released {
 					r.lease.Stop()
-					r.release(ctx, store.Released)
+					r.release(ctx, store.Released, true)
 					r.released = true
 				}
 				stop(s)
