@@ -373,12 +373,14 @@ func (r *runner) supervise(ctx context.Context, c Child, t store.Ticket, cancelJ
 		maxHoldAt = now + r.cfg.MaxHold
 	}
 	stopAt, killed := never, false
+	killBy := never // on a lost lease: SIGKILL no later than this
 	stop := func(s syscall.Signal) {
 		c.Signal(s)
 		if !killed && killAt == never {
 			stopAt = r.now()
 			killAt = stopAt + r.cfg.KillAfter
 		}
+		killAt = min(killAt, killBy)
 	}
 	done := ctx.Done()
 	for {
@@ -386,7 +388,11 @@ func (r *runner) supervise(ctx context.Context, c Child, t store.Ticket, cancelJ
 		switch ev.Kind {
 		case Exited:
 			out.Exit, out.ExitErr = c.Exit()
-			c.Drain(r.cfg.KillAfter)
+			grace := r.cfg.KillAfter
+			if killBy != never {
+				grace = max(0, min(grace, killBy-r.now()))
+			}
+			c.Drain(grace)
 			return out
 		case Signal:
 			s, ok := ev.Signal.(syscall.Signal)
@@ -416,6 +422,7 @@ func (r *runner) supervise(ctx context.Context, c Child, t store.Ticket, cancelJ
 			r.note(Note{Kind: LeaseLost, Ticket: t, Err: err})
 			if !r.cfg.Continue {
 				out.Lost = true
+				killBy = r.killBy()
 				stop(syscall.SIGTERM)
 			}
 		case Done:
@@ -441,6 +448,18 @@ func (r *runner) supervise(ctx context.Context, c Child, t store.Ticket, cancelJ
 			}
 		}
 	}
+}
+
+// killBy is when a job stopped for a lost lease must get SIGKILL: the
+// whole stop must fit before the earliest moment the store could judge the
+// lease expired (the local deadline + the margin), so SIGKILL comes half the
+// margin past the deadline, or past the loss if the store refused the lease
+// sooner, whatever KillAfter says. A loss noticed later than that (after a
+// suspend) kills at once.
+func (r *runner) killBy() time.Duration {
+	dl := r.lease.Deadline()
+	half := (r.lease.Expiry() - dl) / 2
+	return min(dl, r.now()) + half
 }
 
 // record writes the job's process group into the ticket: with it, a reaper

@@ -77,7 +77,8 @@
 //	S8  fences strictly increase and never change
 //	S9  a holder's local deadline + margin ≤ the store's deadline; a child is
 //	    stopped within the kill grace of its local deadline, a lost lease or
-//	    a SIGTERM
+//	    a SIGTERM, and a child whose lease was lost is gone by the lease's
+//	    expiry (local deadline + margin), whatever the kill grace
 //	S10 a holder releases only after its child is gone
 //	S12 the store answers (no corrupt or failed calls)
 //	S13 the store judges on one clock (remaining lease = deadline − now)
