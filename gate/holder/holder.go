@@ -273,10 +273,13 @@ func (r *runner) wait(ctx context.Context) (store.Ticket, Outcome, bool) {
 		lostC = r.lease.Lost()
 	}
 	done := ctx.Done()
-	for t.State != store.Held {
+	armExpiry := func() {
 		if d, ok := e.Expiry(ctx); ok {
 			expiryAt = r.now() + d
 		}
+	}
+	armExpiry()
+	for t.State != store.Held {
 		ev := r.w.Wait(Wake{At: at(deadline, nextPoll, expiryAt), Done: done, Lost: lostC, Bell: e.Bell(), Nudge: e.Nudged()})
 		switch ev.Kind {
 		case Done:
@@ -321,6 +324,9 @@ func (r *runner) wait(ctx context.Context) (store.Ticket, Outcome, bool) {
 		}
 		t = nt
 		r.note(Note{Kind: WaitUpdate, Ticket: t})
+		if t.State != store.Held {
+			armExpiry()
+		}
 	}
 	return t, Outcome{}, true
 }
@@ -335,7 +341,7 @@ func (r *runner) leave(ctx context.Context, out Outcome) Outcome {
 	if out.Result == LostWaiting {
 		why = store.Lost
 	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ReleaseTimeout)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.releaseTimeout(why))
 	defer cancel()
 	if _, err := r.entry.Leave(rctx, why); err != nil {
 		r.note(Note{Kind: LeaveFailed, Ticket: r.entry.Ticket(), Err: err})
@@ -346,7 +352,7 @@ func (r *runner) leave(ctx context.Context, out Outcome) Outcome {
 // release removes the held ticket, as released or lost. ran: the job ran,
 // so a ticket already gone is worth a note.
 func (r *runner) release(ctx context.Context, why store.Reason, ran bool) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ReleaseTimeout)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.releaseTimeout(why))
 	defer cancel()
 	removed, err := r.entry.Leave(rctx, why)
 	switch {
@@ -355,6 +361,22 @@ func (r *runner) release(ctx context.Context, why store.Reason, ran bool) {
 	case !removed && ran:
 		r.note(Note{Kind: AlreadyGone, Ticket: r.entry.Ticket()})
 	}
+}
+
+// minLostRelease is the least a release after a loss is given: enough for
+// a store that answers, when nothing is left of the lease.
+const minLostRelease = 250 * time.Millisecond
+
+// releaseTimeout bounds a release. After a loss the store will expire the
+// ticket on its own by the lease's expiry, so a release that cannot get
+// through (the store unreachable) is not worth waiting for longer than
+// what is left of the lease.
+func (r *runner) releaseTimeout(why store.Reason) time.Duration {
+	d := r.cfg.ReleaseTimeout
+	if why == store.Lost && r.lease != nil {
+		d = min(d, max(r.lease.Expiry()-r.now(), minLostRelease))
+	}
+	return d
 }
 
 // supervise waits for the job, forwarding signals, stopping it when the
@@ -470,7 +492,9 @@ func (r *runner) record(ctx context.Context, c Child, t store.Ticket) {
 	if !ok {
 		return
 	}
-	sctx, cancel := context.WithTimeout(ctx, r.cfg.ReleaseTimeout)
+	// Bounded by the lease: a store that does not answer must not hold up
+	// the watch past the local deadline.
+	sctx, cancel := context.WithTimeout(ctx, max(min(r.cfg.ReleaseTimeout, r.lease.Deadline()-r.now()), minLostRelease))
 	defer cancel()
 	if _, err := r.cfg.Store.SetChild(sctx, t, pgid, start); err != nil && !errors.Is(err, store.ErrLost) {
 		r.note(Note{Kind: RecordFailed, Ticket: t, Err: err})

@@ -136,3 +136,95 @@ func TestLostWhileWaitingLogsLost(t *testing.T) {
 		t.Errorf("last event of the ticket %q, want %q", k, store.Lost)
 	}
 }
+
+// unreachable is the store with its network gone once down is set: every
+// call hangs until its context ends, as on etcd with the server gone.
+type unreachable struct {
+	*boltstore.Store
+	down atomic.Bool
+	e    *env
+	slow bool // the enqueue takes longer than the lease (slowEnqueue), then the store goes
+}
+
+// hang waits as a call to a store that does not answer: until its
+// context ends or the store's own timeout (--store-timeout, 5s) runs out.
+func (u *unreachable) hang(ctx context.Context) error {
+	select {
+	case <-ctx.Done():
+	case <-time.After(5 * time.Second):
+	}
+	return store.ErrUnavailable
+}
+
+func (u *unreachable) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ticket, error) {
+	t, err := u.Store.Enqueue(ctx, req)
+	if u.slow {
+		u.e.skew.Add(int64(ttl))
+		u.down.Store(true)
+	}
+	return t, err
+}
+
+func (u *unreachable) Release(ctx context.Context, t store.Ticket, why store.Reason) (bool, error) {
+	if u.down.Load() {
+		return false, u.hang(ctx)
+	}
+	return u.Store.Release(ctx, t, why)
+}
+
+func (u *unreachable) Get(ctx context.Context, id string) (store.Ticket, error) {
+	if u.down.Load() {
+		return store.Ticket{}, u.hang(ctx)
+	}
+	return u.Store.Get(ctx, id)
+}
+
+func (u *unreachable) Snapshot(ctx context.Context, limits ...string) (store.Snapshot, error) {
+	if u.down.Load() {
+		return store.Snapshot{}, u.hang(ctx)
+	}
+	return u.Store.Snapshot(ctx, limits...)
+}
+
+// TestReleaseAfterLossIsBounded: after a lost lease with the store
+// unreachable, the release that cannot succeed is bounded by what is left
+// of the lease, not the whole release timeout (5s).
+func TestReleaseAfterLossIsBounded(t *testing.T) {
+	for _, tc := range []string{"before start", "while waiting"} {
+		t.Run(tc, func(t *testing.T) {
+			e := newEnv(t)
+			ctx := context.Background()
+			u := &unreachable{Store: e.st, e: e, slow: tc == "before start"}
+			if tc == "while waiting" {
+				if _, err := e.st.Enqueue(ctx, store.EnqueueRequest{ID: gate.NewID(), Limit: "u", Slots: 1, TTL: time.Hour, Holder: store.Holder{Host: "h", Pid: 1}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			cfg := e.config(u, "u")
+			waiting := make(chan struct{})
+			cfg.Notify = func(n holder.Note) {
+				if n.Kind == holder.WaitStart {
+					close(waiting)
+				}
+			}
+			done := make(chan holder.Outcome)
+			start := time.Now()
+			go func() { done <- holder.Run(ctx, cfg) }()
+			if tc == "while waiting" {
+				<-waiting
+				u.down.Store(true)
+				e.skew.Add(int64(ttl))
+				start = time.Now()
+				e.sigs <- syscall.SIGCONT
+			}
+			out := <-done
+			took := time.Since(start)
+			if out.Result != holder.LostBeforeStart && out.Result != holder.LostWaiting {
+				t.Fatalf("result %v (%v), want a loss", out.Result, out.Err)
+			}
+			if took > 2*time.Second {
+				t.Errorf("Run took %s to return after the loss with the store unreachable, want well under the 5s release timeout", took)
+			}
+		})
+	}
+}
