@@ -211,13 +211,13 @@ func (e *Entry) Expiry(ctx context.Context) (time.Duration, bool) {
 // clock agrees it passed; no sooner than 50 ms after an expired lease, so
 // that a sweep that failed (a locked store) is not retried in a hot loop.
 func HeadExpiry(snap store.Snapshot) (d time.Duration, ok bool) {
-	first := time.Duration(-1)
+	first, found := time.Duration(0), false
 	for _, t := range snap.Tickets {
-		if t.State == store.Held && (first < 0 || t.Remaining < first) {
-			first = t.Remaining
+		if t.State == store.Held && (!found || t.Remaining < first) {
+			first, found = t.Remaining, true
 		}
 	}
-	if first < 0 {
+	if !found {
 		return 0, false
 	}
 	if first <= 0 {
