@@ -472,16 +472,15 @@ func (r *runner) supervise(ctx context.Context, c Child, t store.Ticket, cancelJ
 	}
 }
 
-// killBy is when a job stopped for a lost lease must get SIGKILL: the
-// whole stop must fit before the earliest moment the store could judge the
-// lease expired (the local deadline + the margin), so SIGKILL comes half the
-// margin past the deadline, or past the loss if the store refused the lease
-// sooner, whatever KillAfter says. A loss noticed later than that (after a
-// suspend) kills at once.
+// killBy is when a job stopped for a lost lease must get SIGKILL, whatever
+// KillAfter says: the whole stop must fit before the earliest moment the
+// store could judge the lease expired (the local deadline + the margin),
+// so SIGKILL comes half the margin after the loss is noticed, which at the
+// local deadline is half the margin before that moment. A loss noticed
+// later (after a suspend, when the slot may already be another's) gets the
+// same half margin, for the job's SIGTERM handler.
 func (r *runner) killBy() time.Duration {
-	dl := r.lease.Deadline()
-	half := (r.lease.Expiry() - dl) / 2
-	return min(dl, r.now()) + half
+	return r.now() + (r.lease.Expiry()-r.lease.Deadline())/2
 }
 
 // record writes the job's process group into the ticket: with it, a reaper
