@@ -71,6 +71,9 @@ are removed from COMMAND's environment.
 
 If the lease cannot be renewed before it would expire, --on-lost decides:
 kill (the default) stops COMMAND and exits 76; continue warns and lets it run.
+A COMMAND stopped for a lost lease gets SIGTERM and, TTL/20 later, SIGKILL,
+whatever --kill-after says: the whole stop fits before the store could judge
+the lease expired and hand the slot on.
 
 EXIT STATUS
   COMMAND's exit status, or 128+N if it was killed by signal N
@@ -118,7 +121,7 @@ EXIT STATUS
 	fl.DurationVar(&opts.TTL, "ttl", defaultTTL, "lease time-to-live: a dead holder's slot comes back after it (env SLOTCTL_TTL)")
 	fl.DurationVar(&opts.RenewEvery, "renew-every", 0, "renewal period (default TTL/3, ±20% jitter)")
 	fl.StringVar(&opts.OnLost, "on-lost", "kill", "when the lease is lost: kill (stop COMMAND, exit 76) or continue (warn)")
-	fl.DurationVar(&opts.KillAfter, "kill-after", defaultKillAfter, "after stopping COMMAND with a signal, SIGKILL its process group after this long")
+	fl.DurationVar(&opts.KillAfter, "kill-after", defaultKillAfter, "after stopping COMMAND with a signal, SIGKILL its process group after this long (on a lost lease: at most TTL/20)")
 	fl.DurationVar(&opts.MaxHold, "max-hold", 0, "stop COMMAND and free the slot after this long (exit 124; default: no bound)")
 	fl.StringVar(&opts.Label, "label", "", "text shown instead of the command line in ls (command lines can carry secrets)")
 	_ = cmd.RegisterFlagCompletionFunc("limit", f.completeLimits)
