@@ -1,5 +1,6 @@
 // Package sim is a deterministic simulation of the slot protocol: the real
-// gate, renew and store code (the bbolt backend on a real file) driven by a
+// holder (gate/holder, what slotctl run runs), gate, renew and store code
+// (the bbolt backend on a real file) driven by a
 // seeded scheduler under a simulated clock, checked after every step against
 // an independent model of what must be true (LEASES-CATALOGUE.md §2). Only
 // tests import it.
