@@ -20,9 +20,19 @@ const DefaultPoll = 5 * time.Second
 // ErrBusy is returned by Wait when the ticket was not admitted in time.
 var ErrBusy = errors.New("not admitted in time")
 
+// Store is the part of store.Store that a Gate needs.
+type Store interface {
+	Watch(ctx context.Context, id string) (store.Bell, error)
+	Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ticket, error)
+	Get(ctx context.Context, id string) (store.Ticket, error)
+	Release(ctx context.Context, t store.Ticket, why store.Reason) (bool, error)
+	Reap(ctx context.Context, dryRun bool, limits ...string) ([]store.Removal, error)
+	Snapshot(ctx context.Context, limits ...string) (store.Snapshot, error)
+}
+
 // Gate admits jobs through one store.
 type Gate struct {
-	Store store.Store
+	Store Store
 	// PollEvery is the fallback poll period; 0 means DefaultPoll.
 	PollEvery time.Duration
 	// Rand returns numbers in [0,1) for jitter; nil means math/rand/v2.
@@ -93,6 +103,10 @@ func (e *Entry) Ticket() store.Ticket { return e.t }
 // and the ticket is still in the queue: call Leave. A ticket removed while
 // waiting (it expired, an operator released it) returns an error wrapping
 // store.ErrLost. update, if not nil, sees each fresh read of the ticket.
+//
+// Wait is built from the steps a caller that waits on more (package
+// gate/holder) uses on its own: Bell, Nudged, PollPeriod, Expiry, Sweep and
+// Refresh.
 func (e *Entry) Wait(ctx context.Context, timeout time.Duration, update func(store.Ticket)) (store.Ticket, error) {
 	var deadline <-chan time.Time
 	if timeout >= 0 {
@@ -100,7 +114,7 @@ func (e *Entry) Wait(ctx context.Context, timeout time.Duration, update func(sto
 		defer tm.Stop()
 		deadline = tm.C
 	}
-	poll := time.NewTimer(e.pollPeriod())
+	poll := time.NewTimer(e.PollPeriod())
 	defer poll.Stop()
 	expiry := time.NewTimer(time.Hour)
 	expiry.Stop()
@@ -112,54 +126,83 @@ func (e *Entry) Wait(ctx context.Context, timeout time.Duration, update func(sto
 		if timeout == 0 {
 			return e.t, ErrBusy
 		}
-		e.watchExpiry(ctx, expiry)
+		if d, ok := e.Expiry(ctx); ok {
+			expiry.Reset(d)
+		}
 		select {
 		case <-ctx.Done():
 			return e.t, context.Cause(ctx)
 		case <-deadline:
-			// One last look: the promotion may have landed with the deadline.
-			if t, err := e.g.Store.Get(ctx, e.t.ID); err == nil && t.State == store.Held {
-				e.t = t
-				return t, nil
-			}
-			return e.t, ErrBusy
+			return e.LastLook(ctx)
 		case <-e.bell.C():
 		case <-e.nudge:
 		case <-poll.C:
-			poll.Reset(e.pollPeriod())
+			poll.Reset(e.PollPeriod())
 		case <-expiry.C:
-			// A holder's lease ran out: sweep now rather than at the next
-			// write, so a dead holder's slot comes back within its TTL.
-			_, _ = e.g.Store.Reap(ctx, false, e.t.Limit)
+			e.Sweep(ctx)
 		}
-		t, err := e.g.Store.Get(ctx, e.t.ID)
+		t, err := e.Refresh(ctx)
 		switch {
-		case errors.Is(err, store.ErrNotFound):
-			return e.t, fmt.Errorf("%w: %w", store.ErrLost, err)
+		case errors.Is(err, store.ErrLost):
+			return t, err
 		case err != nil:
 			continue // transient: the next poll tries again; the renewer judges the lease
 		}
-		e.t = t
 		if update != nil {
 			update(t)
 		}
 	}
 }
 
-// watchExpiry arms the expiry timer for the moment the first holder's lease
-// runs out, when this ticket is next in line. Only the head of the queue
-// watches, so a long queue costs one read per wake-up, not one per waiter.
-func (e *Entry) watchExpiry(ctx context.Context, expiry *time.Timer) {
+// Bell is the channel the entry's bell rings on: the ticket changed.
+func (e *Entry) Bell() <-chan struct{} { return e.bell.C() }
+
+// Nudged receives the wake-ups of Nudge.
+func (e *Entry) Nudged() <-chan struct{} { return e.nudge }
+
+// Refresh reads the ticket once. A ticket that is gone returns an error
+// wrapping store.ErrLost; any other error is transient and leaves the
+// entry's ticket as it was.
+func (e *Entry) Refresh(ctx context.Context) (store.Ticket, error) {
+	t, err := e.g.Store.Get(ctx, e.t.ID)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return e.t, fmt.Errorf("%w: %w", store.ErrLost, err)
+	case err != nil:
+		return e.t, err
+	}
+	e.t = t
+	return t, nil
+}
+
+// LastLook is the read at the end of a bounded wait: the promotion may have
+// landed with the deadline. Not held, it returns ErrBusy.
+func (e *Entry) LastLook(ctx context.Context) (store.Ticket, error) {
+	if t, err := e.g.Store.Get(ctx, e.t.ID); err == nil && t.State == store.Held {
+		e.t = t
+		return t, nil
+	}
+	return e.t, ErrBusy
+}
+
+// Sweep reaps the entry's limit: the first holder's lease ran out, so sweep
+// now rather than at the next write, and a dead holder's slot comes back
+// within its TTL.
+func (e *Entry) Sweep(ctx context.Context) { _, _ = e.g.Store.Reap(ctx, false, e.t.Limit) }
+
+// Expiry is how long to sleep before Sweep, when this ticket is next in
+// line: until the first holder's lease runs out (HeadExpiry). Only the head
+// of the queue watches, so a long queue costs one read per wake-up, not one
+// per waiter. ok is false when there is nothing to watch.
+func (e *Entry) Expiry(ctx context.Context) (time.Duration, bool) {
 	if e.t.Position != 1 {
-		return
+		return 0, false
 	}
 	snap, err := e.g.Store.Snapshot(ctx, e.t.Limit)
 	if err != nil {
-		return
+		return 0, false
 	}
-	if d, ok := HeadExpiry(snap); ok {
-		expiry.Reset(d)
-	}
+	return HeadExpiry(snap)
 }
 
 // HeadExpiry is how long the head of a limit's queue sleeps before it sweeps
@@ -168,13 +211,13 @@ func (e *Entry) watchExpiry(ctx context.Context, expiry *time.Timer) {
 // clock agrees it passed; no sooner than 50 ms after an expired lease, so
 // that a sweep that failed (a locked store) is not retried in a hot loop.
 func HeadExpiry(snap store.Snapshot) (d time.Duration, ok bool) {
-	first := time.Duration(-1)
+	first, found := time.Duration(0), false
 	for _, t := range snap.Tickets {
-		if t.State == store.Held && (first < 0 || t.Remaining < first) {
-			first = t.Remaining
+		if t.State == store.Held && (!found || t.Remaining < first) {
+			first, found = t.Remaining, true
 		}
 	}
-	if first < 0 {
+	if !found {
 		return 0, false
 	}
 	if first <= 0 {
@@ -183,7 +226,8 @@ func HeadExpiry(snap store.Snapshot) (d time.Duration, ok bool) {
 	return first + 5*time.Millisecond, true
 }
 
-func (e *Entry) pollPeriod() time.Duration {
+// PollPeriod is the fallback poll period, jittered ±20%.
+func (e *Entry) PollPeriod() time.Duration {
 	p := e.g.PollEvery
 	if p <= 0 {
 		p = DefaultPoll

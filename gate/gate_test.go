@@ -510,3 +510,23 @@ func TestConcurrentHoldersNeverExceedSlots(t *testing.T) {
 		t.Errorf("tickets left after all workers left: %+v, %v", snap.Tickets, err)
 	}
 }
+
+// TestHeadExpiryExpiredHolder: a holder whose lease has already run out
+// (Remaining 0 or below, as the store reports it) is the first expiry: the
+// head waiter sweeps 50ms later, not at its next poll or renewal.
+func TestHeadExpiryExpiredHolder(t *testing.T) {
+	for _, rem := range []time.Duration{-time.Second, -time.Millisecond, 0} {
+		snap := store.Snapshot{Tickets: []store.Ticket{
+			{ID: "a", State: store.Held, Remaining: rem},
+			{ID: "b", State: store.Held, Remaining: 10 * time.Second},
+			{ID: "w", State: store.Waiting, Position: 1, Remaining: 20 * time.Second},
+		}}
+		d, ok := HeadExpiry(snap)
+		if !ok || d != 55*time.Millisecond {
+			t.Errorf("holder with %v left: HeadExpiry = %v, %v; want 55ms, true", rem, d, ok)
+		}
+	}
+	if _, ok := HeadExpiry(store.Snapshot{Tickets: []store.Ticket{{ID: "w", State: store.Waiting, Remaining: time.Second}}}); ok {
+		t.Error("HeadExpiry with no holder: ok, want false")
+	}
+}

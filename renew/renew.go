@@ -105,8 +105,6 @@ func (o Options) Validate() error {
 type Keeper struct {
 	r        Renewer
 	o        Options
-	base     time.Duration // first retry delay
-	cap      time.Duration // longest retry delay
 	lost     chan struct{}
 	stop     chan struct{}
 	done     chan struct{}
@@ -139,6 +137,11 @@ type Lease struct {
 func NewLease(sent, ttl, margin time.Duration) Lease {
 	return Lease{ttl: ttl, margin: margin, sent: sent, deadline: sent + ttl - margin}
 }
+
+// Expiry is the earliest moment the store could judge the lease expired:
+// Sent + TTL, the local deadline + Margin. A job stopped on loss must be
+// gone by then.
+func (l Lease) Expiry() time.Duration { return l.sent + l.ttl }
 
 // Sent is the send time of the last acknowledged renewal.
 func (l Lease) Sent() time.Duration { return l.sent }
@@ -179,8 +182,6 @@ func Start(ctx context.Context, r Renewer, t store.Ticket, sentAt time.Duration,
 	k := &Keeper{
 		r:      r,
 		o:      o,
-		cap:    o.Every / 2,
-		base:   min(max(o.Every/10, 100*time.Millisecond), o.Every/2),
 		lost:   make(chan struct{}),
 		stop:   make(chan struct{}),
 		done:   make(chan struct{}),
@@ -210,6 +211,14 @@ func (k *Keeper) Deadline() time.Duration {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	return k.lease.Deadline()
+}
+
+// Expiry is the earliest moment, on the Now clock, the store could judge
+// the lease expired: the send time of the last acknowledged renewal + TTL.
+func (k *Keeper) Expiry() time.Duration {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.lease.Expiry()
 }
 
 // Ticket is the latest ticket the store returned (t until the first ack).
@@ -292,13 +301,19 @@ func (k *Keeper) jitter(d time.Duration) time.Duration {
 	return time.Duration(float64(d) * (1 + k.o.Jitter*(2*k.o.Rand()-1)))
 }
 
-// backoff is the delay before retry n (1-based): doubling from base, capped.
-func (k *Keeper) backoff(n int) time.Duration {
-	d := k.base
-	for i := 1; i < n && d < k.cap; i++ {
+// backoff is the delay before retry n (1-based), jittered.
+func (k *Keeper) backoff(n int) time.Duration { return k.jitter(RetryDelay(k.o.Every, n)) }
+
+// RetryDelay is the delay before retry n (1-based) of a failed renewal with
+// renewal period every, before jitter: doubling from every/10 (at least
+// 100ms), capped at every/2. The simulation (gate/sim) uses it too.
+func RetryDelay(every time.Duration, n int) time.Duration {
+	cap := every / 2
+	d := min(max(every/10, 100*time.Millisecond), cap)
+	for i := 1; i < n && d < cap; i++ {
 		d *= 2
 	}
-	return k.jitter(min(d, k.cap))
+	return min(d, cap)
 }
 
 type result struct {

@@ -44,10 +44,7 @@ type conn struct {
 
 	// Fault for the next Enqueue: 0 none, 1 not executed, 2 reply lost.
 	enqFault int
-	// oneShot, if set, is called after a Get: it ends one Entry.Wait poll.
-	oneShot  func()
 	bell     *simBell
-	lastSnap *store.Snapshot // the last Snapshot read (gate's watchExpiry)
 }
 
 var _ store.Store = (*conn)(nil)
@@ -104,9 +101,6 @@ func (c *conn) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Tic
 
 // Get implements store.Store.
 func (c *conn) Get(ctx context.Context, id string) (store.Ticket, error) {
-	if c.oneShot != nil {
-		defer c.oneShot()
-	}
 	if c.dead() {
 		return store.Ticket{}, errDead
 	}
@@ -174,9 +168,6 @@ func (c *conn) Snapshot(ctx context.Context, limits ...string) (store.Snapshot, 
 	}
 	snap, err := c.st.Snapshot(ctx, limits...)
 	c.record(&op{kind: "snapshot", err: err})
-	if err == nil {
-		c.lastSnap = &snap
-	}
 	return snap, err
 }
 
@@ -194,8 +185,8 @@ func (c *conn) RemoveLimit(ctx context.Context, name string, force bool) error {
 
 // Watch implements store.Store with a bell the simulation rings: a real
 // bell is a named pipe and a goroutine, which a step-driven run cannot
-// order. The holder rings it before each poll; the promotion it stands for
-// is what the model sees in the snapshot.
+// order. The scheduler delivers a ring as an event to the holder's Run when
+// the model sees, in the snapshot, the promotion it stands for.
 func (c *conn) Watch(ctx context.Context, id string) (store.Bell, error) {
 	c.bell = &simBell{c: make(chan struct{}, 1)}
 	return c.bell, nil
@@ -208,10 +199,3 @@ type simBell struct{ c chan struct{} }
 
 func (b *simBell) C() <-chan struct{} { return b.c }
 func (b *simBell) Close() error       { return nil }
-
-func (b *simBell) ring() {
-	select {
-	case b.c <- struct{}{}:
-	default:
-	}
-}

@@ -1,5 +1,6 @@
 // Package sim is a deterministic simulation of the slot protocol: the real
-// gate, renew and store code (the bbolt backend on a real file) driven by a
+// holder (gate/holder, what slotctl run runs), gate, renew and store code
+// (the bbolt backend on a real file) driven by a
 // seeded scheduler under a simulated clock, checked after every step against
 // an independent model of what must be true (LEASES-CATALOGUE.md §2). Only
 // tests import it.
@@ -16,19 +17,22 @@
 //
 // # Actors
 //
-//   - Holders follow cmd/slotctl/run.go step by step: mint an id, gate.Join
-//     (bell, then enqueue; cancel when the outcome is unknown), renew from the
-//     first write, wait (gate's Entry.Wait, one poll per step), check the local
-//     deadline, start a simulated child, record its group (SetChild),
-//     supervise it (renewals; at the local deadline, an ErrLost or a SIGTERM:
-//     stop the child, SIGKILL after the kill grace), drain (the child is gone
-//     and any renewal in flight has returned) and release. The lease
-//     arithmetic is renew.Lease, the Keeper's own; the renewal cadence and
-//     retry backoff copy the Keeper's (its goroutines and timers cannot run
-//     step by step). Two protocol steps live only in cmd/slotctl, renewing
-//     while waiting and draining before release: the holder implements them
-//     here, with the switches mutation.WaiterNotRenewed and
-//     mutation.ReleaseBeforeExit.
+//   - Holders run the real protocol, gate/holder's Run (the one slotctl run
+//     calls), each in a goroutine that runs only while the scheduler waits
+//     for it: Run blocks only in its Waiter, which here parks and returns the
+//     event the scheduler delivers (a timer due, the lease lost, the child's
+//     exit, a ring of its bell, SIGTERM, SIGCONT after a pause). So Run
+//     mints nothing on its own: it joins (gate.Join: bell, then enqueue;
+//     cancel when the outcome is unknown), renews from the first write,
+//     waits (gate's Entry steps), checks the local deadline, starts the
+//     simulated child, records its group (SetChild), stops it on loss, on
+//     SIGTERM or at its kill escalation, drains and releases, as it does in
+//     slotctl. What is simulated is the renewer beside it: renewals are sent
+//     by the scheduler (so that they can be delayed, lost or fail), decided
+//     with renew.Lease, the Keeper's own arithmetic, and retried after
+//     renew.RetryDelay. The supervisor-side mutations
+//     (mutation.WaiterNotRenewed, mutation.ReleaseBeforeExit) switch
+//     gate/holder's code through its Config.Mutations.
 //   - A child runs from its start until its holder observes that it exited
 //     or killed it. A crashed holder's child dies with it (parent-death
 //     signal); a paused holder's child runs on.
@@ -74,7 +78,8 @@
 //	S8  fences strictly increase and never change
 //	S9  a holder's local deadline + margin ≤ the store's deadline; a child is
 //	    stopped within the kill grace of its local deadline, a lost lease or
-//	    a SIGTERM
+//	    a SIGTERM, and a child whose lease was lost is gone by the lease's
+//	    expiry (local deadline + margin), whatever the kill grace
 //	S10 a holder releases only after its child is gone
 //	S12 the store answers (no corrupt or failed calls)
 //	S13 the store judges on one clock (remaining lease = deadline − now)

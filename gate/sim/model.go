@@ -494,6 +494,12 @@ func (m *model) holder(h *holder, now Instant, running map[string]int, exempt ma
 		m.fail("S9", "%s's child runs %v past its local deadline", h.name, now.Mono-h.lease.Deadline())
 		return
 	}
+	if h.lost && now.Mono > h.lease.Expiry() {
+		// The whole stop fits before the earliest moment the store could
+		// judge the lease expired, whatever the kill grace.
+		m.fail("S9", "%s's child still runs %v after its lost lease could expire in the store (kill grace %v, margin %v)", h.name, now.Mono-h.lease.Expiry(), h.grace, h.margin)
+		return
+	}
 	if h.lost && now.Mono > h.lostAt+h.grace || h.handledSig && now.Mono > h.sigtermAt+h.grace {
 		m.fail("S9", "%s's child still runs more than the kill grace %v after it was stopped", h.name, h.grace)
 	}

@@ -187,6 +187,9 @@ func Run(cfg Config) (res Result) {
 	res.Config = cfg
 	defer func() {
 		res.Violation, res.Stats, res.Trace = s.viol, s.stats, s.trace
+		for _, h := range s.holders {
+			h.kill() // end the goroutines of the runs still parked
+		}
 	}()
 	nb := cfg.Backend
 	if nb == nil {

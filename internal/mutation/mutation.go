@@ -15,9 +15,9 @@ import (
 // A Bug is one known defect that the design prevents.
 type Bug string
 
-// The store-side bugs live at their real location in store/boltstore; the
-// supervisor-side ones are switches of the simulation's holder actor, because
-// that protocol step lives only in cmd/slotctl.
+// The store-side bugs live at their real location in store/boltstore, the
+// supervisor-side ones in gate/holder (Config.Mutations), the protocol that
+// slotctl run and the simulation both run.
 const (
 	// BlindReap: a reaper frees a slot for every ticket its earlier scan
 	// listed, whether or not this reap deleted it, so two reapers free one

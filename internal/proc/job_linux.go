@@ -19,7 +19,15 @@ import (
 type job struct {
 	procs  []jobProc
 	marker Marker // the supervisor all of them name
+	// unread counts the running processes outside the group whose
+	// environment could not be read and that might be the job's: not
+	// kernel threads, not this process's ancestors.
+	unread int
 }
+
+// pfKthread is PF_KTHREAD in /proc/PID/stat's flags: a kernel thread,
+// which has no environment and is nobody's job.
+const pfKthread = 0x00200000
 
 type jobProc struct {
 	pid   int
@@ -65,6 +73,9 @@ func findJob(id string, pgid int) (job, error) {
 		if err != nil {
 			if inGroup && !goneSince(pid, st) {
 				return j, errNotTheJob{fmt.Sprintf("member %d of process group %d cannot be read: %v", pid, pgid, unwrap(err))}
+			}
+			if st.Flags&pfKthread == 0 && !IsAncestor(pid, st.Start) && !goneSince(pid, st) {
+				j.unread++
 			}
 			continue
 		}

@@ -75,11 +75,15 @@ func Dead(t store.Ticket, act bool) (string, bool) {
 			return "", false // a member we cannot see
 		case t.State == store.Waiting:
 			return sup + ", no child started", true
-		default:
+		case j.unread == 0:
 			// Held, but the child's group was never recorded: the supervisor
-			// died between admission and recording it. Its child (if any) got
-			// the parent-death signal, and no process we can read carries the
-			// ticket, but one we cannot read might: the TTL decides.
+			// died between admission and recording it (the job's first
+			// 50ms). Its child got the parent-death signal, and every process
+			// that could be the job's was read: none carries the ticket.
+			return sup + ", no process carries the ticket", true
+		default:
+			// The same, but a process that could be the job's cannot be read
+			// (another user's): it might carry the ticket, so the TTL decides.
 			return "", false
 		}
 	}

@@ -265,11 +265,39 @@ func TestDeadNoChildStarted(t *testing.T) {
 	if want := fmt.Sprintf("supervisor %d gone, no child started", pid); !dead || ev != want {
 		t.Errorf("Dead(waiting, no child) = %q, %v; want %q, true", ev, dead, want)
 	}
-	// Held without a recorded group: the child may run; the TTL decides.
+	// Held without a recorded group (the supervisor died in the job's first
+	// 50ms): every process that could be the job's is read, and none
+	// carries the ticket, so it is dead at once (issue 13; before, the TTL
+	// decided).
 	for _, act := range []bool{false, true} {
-		if ev, dead := Dead(ticket(store.Held, pid, start, 0, 0), act); dead {
-			t.Errorf("Dead(held, no group recorded, act=%v) = %q, true; want the TTL to decide", act, ev)
+		ev, dead := Dead(ticket(store.Held, pid, start, 0, 0), act)
+		if want := fmt.Sprintf("supervisor %d gone, no process carries the ticket", pid); !dead || ev != want {
+			t.Errorf("Dead(held, no group recorded, act=%v) = %q, %v; want %q, true", act, ev, dead, want)
 		}
+	}
+}
+
+// TestDeadNoGroupJobRunning: held without a recorded group, a process that
+// carries the ticket is found by what it carries: its orphaned job is
+// killed (and only then is the holder dead), not ignored for want of a group.
+func TestDeadNoGroupJobRunning(t *testing.T) {
+	pid, start := gonePid(t)
+	job := orphanJob(t)
+	tk := ticket(store.Held, pid, start, 0, 0)
+	if ev, dead := Dead(tk, false); !dead || !strings.Contains(ev, "would be killed") {
+		t.Fatalf("Dead(held, no group, job running, dry run) = %q, %v; want it would be killed", ev, dead)
+	}
+	if Identify(job.Pid, job.Start) != Alive {
+		t.Fatal("dry run touched the job")
+	}
+	if ev, dead := Dead(tk, true); !dead || !strings.Contains(ev, "killed") {
+		t.Fatalf("Dead(held, no group, job running) = %q, %v; want killed", ev, dead)
+	}
+	if err := job.Wait(); err == nil {
+		t.Errorf("killed job exited cleanly")
+	}
+	if ev, dead := Dead(tk, true); !dead || !strings.Contains(ev, "no process carries the ticket") {
+		t.Errorf("Dead(after the kill) = %q, %v; want no process carries the ticket", ev, dead)
 	}
 }
 

@@ -44,6 +44,7 @@ func KillGroup(pgid int, wait time.Duration) bool { return false }
 type job struct {
 	procs  []struct{ pgrp int }
 	marker Marker
+	unread int
 }
 
 func findJob(id string, pgid int) (job, error) { return job{}, errors.ErrUnsupported }

@@ -2,17 +2,16 @@ package cli
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/user"
 	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/slotctl/slotctl/gate"
+	"github.com/slotctl/slotctl/gate/holder"
 	"github.com/slotctl/slotctl/internal/proc"
 	"github.com/slotctl/slotctl/renew"
 	"github.com/slotctl/slotctl/store"
@@ -39,8 +38,6 @@ const (
 	defaultKillAfter = 10 * time.Second
 	minTTL           = time.Second
 	maxTTL           = 24 * time.Hour
-	releaseTimeout   = 5 * time.Second
-	childRecordDelay = 50 * time.Millisecond
 	// waiterPoll is a waiter's fallback poll: renewals (every TTL/3) wake
 	// it when they see it admitted, so the poll is only the last resort.
 	waiterPoll = 30 * time.Second
@@ -74,6 +71,9 @@ are removed from COMMAND's environment.
 
 If the lease cannot be renewed before it would expire, --on-lost decides:
 kill (the default) stops COMMAND and exits 76; continue warns and lets it run.
+A COMMAND stopped for a lost lease gets SIGTERM and, TTL/20 later, SIGKILL,
+whatever --kill-after says: the whole stop fits before the store could judge
+the lease expired and hand the slot on.
 
 EXIT STATUS
   COMMAND's exit status, or 128+N if it was killed by signal N
@@ -121,7 +121,7 @@ EXIT STATUS
 	fl.DurationVar(&opts.TTL, "ttl", defaultTTL, "lease time-to-live: a dead holder's slot comes back after it (env SLOTCTL_TTL)")
 	fl.DurationVar(&opts.RenewEvery, "renew-every", 0, "renewal period (default TTL/3, ±20% jitter)")
 	fl.StringVar(&opts.OnLost, "on-lost", "kill", "when the lease is lost: kill (stop COMMAND, exit 76) or continue (warn)")
-	fl.DurationVar(&opts.KillAfter, "kill-after", defaultKillAfter, "after stopping COMMAND with a signal, SIGKILL its process group after this long")
+	fl.DurationVar(&opts.KillAfter, "kill-after", defaultKillAfter, "after stopping COMMAND with a signal, SIGKILL its process group after this long (on a lost lease: at most TTL/20)")
 	fl.DurationVar(&opts.MaxHold, "max-hold", 0, "stop COMMAND and free the slot after this long (exit 124; default: no bound)")
 	fl.StringVar(&opts.Label, "label", "", "text shown instead of the command line in ls (command lines can carry secrets)")
 	_ = cmd.RegisterFlagCompletionFunc("limit", f.completeLimits)
@@ -197,7 +197,8 @@ func parseWait(wait string) (time.Duration, error) {
 	return d, nil
 }
 
-// runRun is slotctl run: admit, run, release (DESIGN: the supervisor).
+// runRun is slotctl run: the protocol is gate/holder's; here are the
+// command, its messages, its status line and the real child.
 func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) error {
 	path, err := lookCommand(o.Argv[0])
 	if err != nil {
@@ -211,131 +212,121 @@ func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) er
 	sigs := notifySignals()
 	defer stopSignals(sigs)
 
+	cfg := holder.Config{
+		Store:     st,
+		Signals:   sigs.C,
+		Continue:  o.OnLost == "continue",
+		KillAfter: o.KillAfter,
+		MaxHold:   o.MaxHold,
+		Now:       proc.Boottime,
+	}
 	if anc, ok := nestedTicket(ctx, f, log, st, o.Limit); ok {
 		log.verbose("nested run: %q already holds slot %d of %q in this store; running under its ticket %s", anc.Holder.Command(), anc.Slot, o.Limit, short(anc.ID))
-		c, err := startChild(f, path, o.Argv, nil)
+		c, err := startChild(f, path, o.Argv, nil, log)
 		if err != nil {
 			return err
 		}
-		return c.supervise(ctx, log, sigs, nil, o).exitErr()
+		cfg.Notify = runNotes(ctx, f, log, st, o)
+		return outcomeErr(ctx, st, o, holder.Supervise(ctx, cfg, c))
 	}
 
 	// The keeper renews a waiting ticket every TTL/3 and nudges the wait
 	// when a renewal shows it held (the renewal of a waiter settles its
 	// limit): that covers a lost ring, so the fallback poll can be rare.
-	gt := &gate.Gate{Store: st, PollEvery: waiterPoll}
-	holder := holderIdentity(f, o)
-	req := store.EnqueueRequest{ID: gate.NewID(), Limit: o.Limit, Slots: o.Slots, CheckSlots: o.SlotsSet, TTL: o.TTL, Holder: holder}
-	renewClock := proc.Boottime
-	sentAt := renewClock()
-	entry, err := gt.Join(ctx, req)
-	if err != nil {
-		return err
-	}
-	defer entry.Close()
-	keeper := renew.Start(context.WithoutCancel(ctx), st, entry.Ticket(), sentAt, renew.Options{
-		TTL: o.TTL, Every: o.RenewEvery, Now: renewClock, WatchdogOnHold: true,
-		Logf: log.info,
-		OnRenew: func(t store.Ticket) {
-			if t.State == store.Held {
-				entry.Nudge()
-			}
-		},
-	})
-	stopKeeper := sync1(keeper.Stop)
-	defer stopKeeper()
-
-	t, err := waitAdmitted(ctx, f, log, st, entry, keeper, sigs, o)
-	if err != nil {
-		stopKeeper()
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-		defer cancel()
-		if _, lerr := entry.Leave(rctx, store.Cancelled); lerr != nil {
-			log.warn("could not remove ticket %s: %v (it expires within %s)", short(t.ID), lerr, o.TTL)
+	cfg.Gate = gate.Gate{PollEvery: waiterPoll}
+	cfg.Request = store.EnqueueRequest{ID: gate.NewID(), Limit: o.Limit, Slots: o.Slots, CheckSlots: o.SlotsSet, TTL: o.TTL, Holder: holderIdentity(f, o)}
+	cfg.Wait = o.Wait
+	cfg.Renew = renew.Options{TTL: o.TTL, Every: o.RenewEvery, WatchdogOnHold: true, Logf: log.info}
+	cfg.Notify = runNotes(ctx, f, log, st, o)
+	cfg.Start = func(_ context.Context, t store.Ticket) (holder.Child, error) {
+		env := []string{
+			"SLOTCTL_LIMIT=" + o.Limit,
+			"SLOTCTL_TICKET=" + t.ID,
+			"SLOTCTL_FENCE=" + strconv.FormatUint(t.Fence, 10),
+			"SLOTCTL_SLOT=" + strconv.Itoa(t.Slot),
 		}
-		return err
+		env = append(append(env, f.storeVars(st.String())...), supervisorVar()...)
+		return startChild(f, path, o.Argv, env, log)
 	}
-	// Start the child only with a lease that has time left (LEASES rule 6).
-	if left := keeper.Deadline() - renewClock(); left <= 0 || keeper.Err() != nil {
-		stopKeeper()
-		return &ExitError{Code: exitLost, Err: fmt.Errorf("lease of ticket %s lost before %s could start", short(t.ID), o.Argv[0])}
-	}
-	keeper.Hold() // a job runs from now on: check the lease every second too (suspend)
-	log.verbose("admitted to %q: slot %d, ticket %s, fence %d", o.Limit, t.Slot, short(t.ID), t.Fence)
+	return outcomeErr(ctx, st, o, holder.Run(ctx, cfg))
+}
 
-	env := []string{
-		"SLOTCTL_LIMIT=" + o.Limit,
-		"SLOTCTL_TICKET=" + t.ID,
-		"SLOTCTL_FENCE=" + strconv.FormatUint(t.Fence, 10),
-		"SLOTCTL_SLOT=" + strconv.Itoa(t.Slot),
-	}
-	env = append(append(env, f.storeVars(st.String())...), supervisorVar()...)
-	c, err := startChild(f, path, o.Argv, env)
-	var res result
-	if err != nil {
-		res = result{err: err}
-	} else {
-		// Record the child's group once it has run for a moment: a job that
-		// is over by then needs no proof of death, and the common short job
-		// saves a store write. A supervisor killed within that moment leaves
-		// a ticket that its TTL frees (and its child dies with it).
-		recorded := make(chan struct{})
-		go func() {
-			defer close(recorded)
-			delay := time.NewTimer(childRecordDelay)
-			defer delay.Stop()
-			select {
-			case <-delay.C:
-				recordChild(ctx, log, st, t, c)
-			case <-c.exited:
+// runNotes turns what the holder reports into slotctl run's messages and
+// status line.
+func runNotes(ctx context.Context, f *Factory, log *logger, st store.Store, o *RunOptions) func(holder.Note) {
+	var status *statusLine
+	var stopStatus context.CancelFunc
+	return func(n holder.Note) {
+		id := short(n.Ticket.ID)
+		switch n.Kind {
+		case holder.WaitStart:
+			var sctx context.Context
+			sctx, stopStatus = context.WithCancel(ctx)
+			status = newStatusLine(f, log, st, o.Limit)
+			status.start(sctx, n.Ticket)
+		case holder.WaitUpdate:
+			if status != nil {
+				status.update(n.Ticket)
 			}
-		}()
-		res = c.supervise(ctx, log, sigs, keeper, o)
-		<-recorded
+		case holder.WaitEnd:
+			if status != nil {
+				stopStatus()
+				status.stop()
+				status = nil
+			}
+		case holder.Admitted:
+			log.verbose("admitted to %q: slot %d, ticket %s, fence %d", o.Limit, n.Ticket.Slot, id, n.Ticket.Fence)
+		case holder.LeaseLost:
+			if o.OnLost == "kill" {
+				log.warn("lease of limit %q lost (%v): stopping %s", o.Limit, n.Err, o.Argv[0])
+			} else {
+				log.warn("LEASE LOST for limit %q (%v): %s keeps running without a slot (--on-lost continue)", o.Limit, n.Err, o.Argv[0])
+			}
+		case holder.MaxHoldOut:
+			log.warn("--max-hold %s ran out: stopping %s", o.MaxHold, o.Argv[0])
+		case holder.Kill:
+			log.warn("%s still running %s after being stopped: sending SIGKILL", o.Argv[0], n.After)
+		case holder.RecordFailed:
+			log.info("could not record the child's process group in ticket %s: %v", id, n.Err)
+		case holder.LeaveFailed:
+			log.warn("could not remove ticket %s: %v (it expires within %s)", id, n.Err, o.TTL)
+		case holder.ReleaseFailed:
+			log.warn("could not release ticket %s: %v (the slot comes back when its lease expires, within %s)", id, n.Err, o.TTL)
+		case holder.AlreadyGone:
+			log.warn("ticket %s was already gone (reaped or released by an operator): this run was not protected by the limit for part of its life", id)
+		}
 	}
-	// Drain before release: the child and its group are gone; no renewal is in flight after Stop.
-	stopKeeper()
-	why := store.Released
-	if keeper.Err() != nil {
-		why = store.Lost
+}
+
+// outcomeErr turns the holder's outcome into Main's error (SPEC §3): the
+// child's status passes through, 128+N for a signal.
+func outcomeErr(ctx context.Context, st store.Store, o *RunOptions, out holder.Outcome) error {
+	id := short(out.Ticket.ID)
+	switch out.Result {
+	case holder.Busy:
+		return &ExitError{Code: o.BusyExitCode, Err: busyError(ctx, st, o.Limit, o.Wait == 0)}
+	case holder.LostWaiting:
+		return &ExitError{Code: exitLost, Err: fmt.Errorf("ticket %s for limit %q was lost while waiting: %w", id, o.Limit, out.Err)}
+	case holder.LostBeforeStart:
+		return &ExitError{Code: exitLost, Err: fmt.Errorf("lease of ticket %s lost before %s could start", id, o.Argv[0])}
+	case holder.Signalled:
+		return &ExitError{Code: 128 + signalNumber(out.Signal), Err: fmt.Errorf("%v while waiting for limit %q: left the queue", out.Signal, o.Limit)}
+	case holder.Failed:
+		return out.Err
 	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-	defer cancel()
-	removed, err := entry.Leave(rctx, why)
 	switch {
-	case err != nil:
-		log.warn("could not release ticket %s: %v (the slot comes back when its lease expires, within %s)", short(t.ID), err, o.TTL)
-	case !removed:
-		log.warn("ticket %s was already gone (reaped or released by an operator): this run was not protected by the limit for part of its life", short(t.ID))
+	case out.Lost:
+		return &ExitError{Code: exitLost}
+	case out.MaxHold:
+		return &ExitError{Code: exitMaxHold}
+	case out.ExitErr != nil:
+		return &ExitError{Code: exitInternal, Err: fmt.Errorf("wait for %s: %v", o.Argv[0], out.ExitErr)}
+	case out.Exit.Signal != 0:
+		return &ExitError{Code: 128 + int(out.Exit.Signal)}
+	case out.Exit.Code != 0:
+		return &ExitError{Code: out.Exit.Code}
 	}
-	return res.exitErr()
-}
-
-// recordChild writes the child's process group into the ticket: with it, a
-// reaper on this host can prove the job gone once slotctl dies (SPEC §4.3).
-// Without it the TTL decides, so a failure here is only a warning.
-func recordChild(ctx context.Context, log *logger, st store.Store, t store.Ticket, c *child) {
-	pgid := c.pgid
-	if pgid == 0 {
-		pgid = syscall.Getpgrp() // the child shares slotctl's (the terminal job's) group
-	}
-	start, _ := proc.StartTime(pgid)
-	sctx, cancel := context.WithTimeout(ctx, releaseTimeout)
-	defer cancel()
-	if _, err := st.SetChild(sctx, t, pgid, start); err != nil && !errors.Is(err, store.ErrLost) {
-		log.info("could not record the child's process group in ticket %s: %v", short(t.ID), err)
-	}
-}
-
-// sync1 makes f safe to call more than once.
-func sync1(f func()) func() {
-	done := false
-	return func() {
-		if !done {
-			done = true
-			f()
-		}
-	}
+	return nil
 }
 
 // nestedTicket finds an ancestor's ticket on the same limit and store
@@ -403,53 +394,6 @@ func short(id string) string {
 		return id[:8]
 	}
 	return id
-}
-
-// waitAdmitted waits for the ticket to be held, showing the status line, and
-// gives up at --wait, on a terminating signal, or when the waiting ticket is lost.
-func waitAdmitted(ctx context.Context, f *Factory, log *logger, st store.Store, entry *gate.Entry, keeper *renew.Keeper, sigs *signals, o *RunOptions) (store.Ticket, error) {
-	t := entry.Ticket()
-	if t.State == store.Held {
-		return t, nil
-	}
-	if o.Wait == 0 {
-		return t, &ExitError{Code: o.BusyExitCode, Err: busyError(ctx, st, o.Limit, true)}
-	}
-	wctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	status := newStatusLine(f, log, st, o.Limit)
-	status.start(wctx, t)
-	defer status.stop()
-	go func() {
-		for {
-			select {
-			case <-wctx.Done():
-				return
-			case <-keeper.Lost():
-				cancel(fmt.Errorf("%w while waiting: %w", store.ErrLost, keeper.Err()))
-				return
-			case s := <-sigs.C:
-				if s == sigCont {
-					keeper.Check()
-					continue
-				}
-				if isTerminating(s) {
-					cancel(&ExitError{Code: 128 + signalNumber(s), Err: fmt.Errorf("%v while waiting for limit %q: left the queue", s, o.Limit)})
-					return
-				}
-			}
-		}
-	}()
-	t, err := entry.Wait(wctx, o.Wait, status.update)
-	switch {
-	case err == nil:
-		return t, nil
-	case errors.Is(err, gate.ErrBusy):
-		return t, &ExitError{Code: o.BusyExitCode, Err: busyError(ctx, st, o.Limit, false), Hint: ""}
-	case errors.Is(err, store.ErrLost):
-		return t, &ExitError{Code: exitLost, Err: fmt.Errorf("ticket %s for limit %q was lost while waiting: %w", short(t.ID), o.Limit, err)}
-	}
-	return t, err
 }
 
 // busyError says why a run was not admitted (printed even with --busy-exit-code 0, unless -q).

@@ -1,0 +1,523 @@
+package holder
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/slotctl/slotctl/gate"
+	"github.com/slotctl/slotctl/internal/mutation"
+	"github.com/slotctl/slotctl/internal/proc"
+	"github.com/slotctl/slotctl/renew"
+	"github.com/slotctl/slotctl/store"
+)
+
+// Defaults of Config.
+const (
+	// DefaultRecordDelay: the job's process group is recorded in the
+	// ticket once the job has run this long. A job that is over by then
+	// needs no proof of death, and the common short job saves a write.
+	DefaultRecordDelay = 50 * time.Millisecond
+	// DefaultReleaseTimeout bounds a release, and the recording of the
+	// job's group.
+	DefaultReleaseTimeout = 5 * time.Second
+)
+
+// Config is one run of the protocol.
+type Config struct {
+	Store   Store
+	Gate    gate.Gate            // PollEvery and Rand; its Store is Config.Store
+	Request store.EnqueueRequest // the ticket to write; ID minted by the caller (gate.NewID)
+	// Wait bounds the wait for a slot: < 0 waits without bound, 0 does not wait.
+	Wait time.Duration
+	// Renew configures the default lease, a renew.Keeper (TTL required);
+	// its Now is Config.Now and its OnRenew nudges the wait.
+	Renew renew.Options
+	// Continue lets the job run on when the lease is lost (--on-lost
+	// continue); otherwise it is stopped.
+	Continue bool
+	// KillAfter is how long a job stopped with a signal has before
+	// SIGKILL; on a lost lease it is cut to what the lease's margin leaves.
+	KillAfter time.Duration
+	MaxHold   time.Duration // 0: none
+	// RecordDelay: 0 means DefaultRecordDelay.
+	RecordDelay time.Duration
+	// ReleaseTimeout: 0 means DefaultReleaseTimeout.
+	ReleaseTimeout time.Duration
+
+	// Now is the holder's monotonic clock, counting through suspend; nil
+	// means proc.Boottime.
+	Now func() time.Duration
+	// Signals are the signals the supervisor catches (RealWaiter only).
+	Signals <-chan os.Signal
+	// Waiter: nil means RealWaiter{Now, Signals}.
+	Waiter Waiter
+	// NewLease: nil means renew.Start with Renew.
+	NewLease NewLease
+	// Start starts the job.
+	Start Starter
+	// Notify, if not nil, is told what happens, for messages and the
+	// status line. It is called from Run's goroutine.
+	Notify func(Note)
+	// Mutations is test-only (internal/mutation): known supervisor bugs
+	// switched back on, so that the simulation proves it catches them.
+	Mutations mutation.Set
+}
+
+// NoteKind says what a Note reports.
+type NoteKind int
+
+// The notes.
+const (
+	Joined        NoteKind = iota // the ticket is written (Ticket)
+	WaitStart                     // waiting for a slot begins (Ticket)
+	WaitUpdate                    // a fresh read of the waiting ticket (Ticket)
+	WaitEnd                       // waiting is over
+	Admitted                      // the ticket is held and the lease alive: the job starts (Ticket)
+	Started                       // the job started
+	LeaseLost                     // the lease was lost while the job ran (Err); stopped unless Config.Continue
+	MaxHoldOut                    // MaxHold ran out: the job is being stopped
+	Kill                          // the stopped job is still there after After: SIGKILL
+	RecordFailed                  // the job's group could not be recorded (Err)
+	LeaveFailed                   // the waiting ticket could not be removed (Err)
+	ReleaseFailed                 // the held ticket could not be released (Err)
+	AlreadyGone                   // the held ticket was gone at release (reaped or released by an operator)
+)
+
+// A Note is one thing that happened.
+type Note struct {
+	Kind   NoteKind
+	Ticket store.Ticket
+	Err    error
+	After  time.Duration
+}
+
+// Result is how a run ended.
+type Result int
+
+// The results.
+const (
+	Ran             Result = iota // the job ran; Outcome.Exit is its status
+	Busy                          // not admitted within Config.Wait
+	LostWaiting                   // the ticket was lost while waiting (Err)
+	LostBeforeStart               // admitted, but the lease was lost before the job could start (Err)
+	Signalled                     // a terminating signal while waiting (Signal)
+	Failed                        // joining, waiting or starting the job failed (Err)
+)
+
+// Outcome is what Run returns, for the caller to turn into an exit status.
+type Outcome struct {
+	Result  Result
+	Ticket  store.Ticket
+	Exit    Exit  // Ran: the job's status
+	ExitErr error // Ran: the job's status is unknown
+	// Lost: the lease was lost while the job ran, and the job was stopped
+	// for it (not with Config.Continue).
+	Lost    bool
+	MaxHold bool // MaxHold ran out and the job was stopped
+	Signal  os.Signal
+	Err     error
+}
+
+const never = time.Duration(math.MaxInt64)
+
+type runner struct {
+	cfg      Config
+	now      func() time.Duration
+	w        Waiter
+	entry    *gate.Entry
+	lease    Lease
+	released bool // mutation.ReleaseBeforeExit: released before the job stopped
+}
+
+func newRunner(cfg Config) *runner {
+	r := &runner{cfg: cfg, now: cfg.Now, w: cfg.Waiter}
+	if r.now == nil {
+		r.now = proc.Boottime
+	}
+	if r.w == nil {
+		r.w = RealWaiter{Now: r.now, Signals: cfg.Signals}
+	}
+	if r.cfg.RecordDelay == 0 {
+		r.cfg.RecordDelay = DefaultRecordDelay
+	}
+	if r.cfg.ReleaseTimeout == 0 {
+		r.cfg.ReleaseTimeout = DefaultReleaseTimeout
+	}
+	return r
+}
+
+func (r *runner) note(n Note) {
+	if r.cfg.Notify != nil {
+		r.cfg.Notify(n)
+	}
+}
+
+func (r *runner) bug(b mutation.Bug) bool { return r.cfg.Mutations.Has(b) }
+
+// Run runs the protocol once: join, wait, start the job, watch it, stop
+// it, drain it and release. It returns when the job and its group are gone
+// and the ticket is released (or the release failed).
+func Run(ctx context.Context, cfg Config) Outcome {
+	r := newRunner(cfg)
+	g := cfg.Gate
+	g.Store = cfg.Store
+	sent := r.now()
+	entry, err := g.Join(ctx, cfg.Request)
+	if err != nil {
+		return Outcome{Result: Failed, Err: err}
+	}
+	defer entry.Close()
+	r.entry = entry
+	t := entry.Ticket()
+	r.note(Note{Kind: Joined, Ticket: t})
+	if !r.bug(mutation.WaiterNotRenewed) {
+		// Renew from the first write: the enqueue counts as the first ack.
+		r.lease = r.startLease(ctx, t, sent)
+	}
+	t, out, ok := r.wait(ctx)
+	if !ok {
+		return out
+	}
+	if r.bug(mutation.WaiterNotRenewed) {
+		r.lease = r.startLease(ctx, t, r.now()) // counts from the admission it observed
+	}
+	// Start the job only with a lease that has time left; else give the
+	// slot back now, as lost, rather than at expiry.
+	if left := r.lease.Deadline() - r.now(); left <= 0 || r.lease.Err() != nil {
+		r.lease.Stop()
+		err := r.lease.Err()
+		if err == nil {
+			err = renew.ErrDeadline
+		}
+		r.release(ctx, store.Lost, false)
+		return Outcome{Result: LostBeforeStart, Ticket: t, Err: err}
+	}
+	r.lease.Hold() // a job runs from now on: check the lease every second too (suspend)
+	r.note(Note{Kind: Admitted, Ticket: t})
+
+	jobCtx, cancelJob := context.WithCancelCause(ctx)
+	defer cancelJob(nil)
+	c, err := cfg.Start(jobCtx, t)
+	if err != nil {
+		out = Outcome{Result: Failed, Ticket: t, Err: err}
+	} else {
+		r.note(Note{Kind: Started, Ticket: t})
+		out = r.supervise(ctx, c, t, cancelJob)
+	}
+	// Drain before release: the job and its group are gone; no renewal is
+	// in flight after Stop.
+	r.lease.Stop()
+	if !r.released {
+		why := store.Released
+		if r.lease.Err() != nil {
+			why = store.Lost
+		}
+		r.release(ctx, why, true)
+	}
+	return out
+}
+
+// Supervise watches a job that runs without a ticket of its own (a nested
+// run, under its ancestor's): forwarded signals, MaxHold and its exit.
+func Supervise(ctx context.Context, cfg Config, c Child) Outcome {
+	r := newRunner(cfg)
+	return r.supervise(ctx, c, store.Ticket{}, func(error) {})
+}
+
+func (r *runner) startLease(ctx context.Context, t store.Ticket, sent time.Duration) Lease {
+	onRenew := func(nt store.Ticket) {
+		if nt.State == store.Held {
+			r.entry.Nudge() // a renewal shows the ticket held: a lost ring costs one period
+		}
+	}
+	if r.cfg.NewLease != nil {
+		return r.cfg.NewLease(t, sent, onRenew)
+	}
+	o := r.cfg.Renew
+	o.Now = r.now
+	if prev := o.OnRenew; prev != nil {
+		o.OnRenew = func(nt store.Ticket) { prev(nt); onRenew(nt) }
+	} else {
+		o.OnRenew = onRenew
+	}
+	return renew.Start(context.WithoutCancel(ctx), r.cfg.Store, t, sent, o)
+}
+
+// wait waits for the ticket to be held. Not held, it leaves the queue and
+// reports how the wait ended (ok false).
+func (r *runner) wait(ctx context.Context) (store.Ticket, Outcome, bool) {
+	e := r.entry
+	t := e.Ticket()
+	if t.State == store.Held {
+		return t, Outcome{}, true
+	}
+	if r.cfg.Wait == 0 {
+		return t, r.leave(ctx, Outcome{Result: Busy, Ticket: t, Err: gate.ErrBusy}), false
+	}
+	r.note(Note{Kind: WaitStart, Ticket: t})
+	defer r.note(Note{Kind: WaitEnd})
+	now := r.now()
+	deadline := never
+	if r.cfg.Wait > 0 {
+		deadline = now + r.cfg.Wait
+	}
+	nextPoll := now + e.PollPeriod()
+	expiryAt := never
+	var lostC <-chan struct{}
+	if r.lease != nil {
+		lostC = r.lease.Lost()
+	}
+	done := ctx.Done()
+	armExpiry := func() {
+		if d, ok := e.Expiry(ctx); ok {
+			expiryAt = r.now() + d
+		}
+	}
+	armExpiry()
+	for t.State != store.Held {
+		ev := r.w.Wait(Wake{At: at(deadline, nextPoll, expiryAt), Done: done, Lost: lostC, Bell: e.Bell(), Nudge: e.Nudged()})
+		switch ev.Kind {
+		case Done:
+			return t, r.leave(ctx, Outcome{Result: Failed, Ticket: t, Err: context.Cause(ctx)}), false
+		case Lost:
+			err := fmt.Errorf("%w while waiting: %w", store.ErrLost, r.lease.Err())
+			return t, r.leave(ctx, Outcome{Result: LostWaiting, Ticket: t, Err: err}), false
+		case Signal:
+			if ev.Signal == syscall.SIGCONT {
+				if r.lease != nil {
+					r.lease.Check()
+				}
+			} else if Terminating(ev.Signal) {
+				return t, r.leave(ctx, Outcome{Result: Signalled, Ticket: t, Signal: ev.Signal}), false
+			}
+			continue
+		case Timer:
+			now := r.now()
+			switch {
+			case now >= deadline:
+				lt, err := e.LastLook(ctx)
+				if err == nil {
+					return lt, Outcome{}, true
+				}
+				return lt, r.leave(ctx, Outcome{Result: Busy, Ticket: lt, Err: err}), false
+			case now >= expiryAt:
+				// A holder's lease ran out: sweep now rather than at the next write.
+				expiryAt = never
+				e.Sweep(ctx)
+			case now >= nextPoll:
+				nextPoll = now + e.PollPeriod()
+			default:
+				continue // early: nothing is due yet
+			}
+		}
+		nt, err := e.Refresh(ctx)
+		switch {
+		case errors.Is(err, store.ErrLost):
+			return t, r.leave(ctx, Outcome{Result: LostWaiting, Ticket: t, Err: err}), false
+		case err != nil:
+			continue // transient: the next poll tries again; the renewer judges the lease
+		}
+		t = nt
+		r.note(Note{Kind: WaitUpdate, Ticket: t})
+		if t.State != store.Held {
+			armExpiry()
+		}
+	}
+	return t, Outcome{}, true
+}
+
+// leave removes a ticket that was never admitted, and returns out: as
+// cancelled, or as lost when the wait ended in a loss.
+func (r *runner) leave(ctx context.Context, out Outcome) Outcome {
+	if r.lease != nil {
+		r.lease.Stop()
+	}
+	why := store.Cancelled
+	if out.Result == LostWaiting {
+		why = store.Lost
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.releaseTimeout(why))
+	defer cancel()
+	if _, err := r.entry.Leave(rctx, why); err != nil {
+		r.note(Note{Kind: LeaveFailed, Ticket: r.entry.Ticket(), Err: err})
+	}
+	return out
+}
+
+// release removes the held ticket, as released or lost. ran: the job ran,
+// so a ticket already gone is worth a note.
+func (r *runner) release(ctx context.Context, why store.Reason, ran bool) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.releaseTimeout(why))
+	defer cancel()
+	removed, err := r.entry.Leave(rctx, why)
+	switch {
+	case err != nil:
+		r.note(Note{Kind: ReleaseFailed, Ticket: r.entry.Ticket(), Err: err})
+	case !removed && ran:
+		r.note(Note{Kind: AlreadyGone, Ticket: r.entry.Ticket()})
+	}
+}
+
+// minLostRelease is the least a release after a loss is given: enough for
+// a store that answers, when nothing is left of the lease.
+const minLostRelease = 250 * time.Millisecond
+
+// releaseTimeout bounds a release. After a loss the store will expire the
+// ticket on its own by the lease's expiry, so a release that cannot get
+// through (the store unreachable) is not worth waiting for longer than
+// what is left of the lease.
+func (r *runner) releaseTimeout(why store.Reason) time.Duration {
+	d := r.cfg.ReleaseTimeout
+	if why == store.Lost && r.lease != nil {
+		d = min(d, max(r.lease.Expiry()-r.now(), minLostRelease))
+	}
+	return d
+}
+
+// supervise waits for the job, forwarding signals, stopping it when the
+// lease is lost (unless Continue) or MaxHold runs out, and escalating to
+// SIGKILL. It returns only when the job and its group are gone.
+func (r *runner) supervise(ctx context.Context, c Child, t store.Ticket, cancelJob context.CancelCauseFunc) Outcome {
+	out := Outcome{Result: Ran, Ticket: t}
+	now := r.now()
+	var lostC <-chan struct{}
+	recordAt, maxHoldAt, killAt := never, never, never
+	if r.lease != nil {
+		lostC = r.lease.Lost()
+		recordAt = now + r.cfg.RecordDelay
+	}
+	if r.cfg.MaxHold > 0 {
+		maxHoldAt = now + r.cfg.MaxHold
+	}
+	stopAt, killed := never, false
+	killBy := never // on a lost lease: SIGKILL no later than this
+	stop := func(s syscall.Signal) {
+		c.Signal(s)
+		if !killed && killAt == never {
+			stopAt = r.now()
+			killAt = stopAt + r.cfg.KillAfter
+		}
+		killAt = min(killAt, killBy)
+	}
+	done := ctx.Done()
+	for {
+		ev := r.w.Wait(Wake{At: at(recordAt, maxHoldAt, killAt), Done: done, Lost: lostC, Exited: c.Exited()})
+		switch ev.Kind {
+		case Exited:
+			out.Exit, out.ExitErr = c.Exit()
+			grace := r.cfg.KillAfter
+			if killBy != never {
+				grace = max(0, min(grace, killBy-r.now()))
+			}
+			c.Drain(grace)
+			return out
+		case Signal:
+			s, ok := ev.Signal.(syscall.Signal)
+			switch {
+			case !ok:
+			case s == syscall.SIGCONT:
+				if r.lease != nil {
+					r.lease.Check()
+				}
+			case c.Foreground() && (s == syscall.SIGINT || s == syscall.SIGQUIT):
+				// A terminal sends Ctrl-C and Ctrl-\ to the whole foreground
+				// group, the job included: do not deliver them twice.
+			case Terminating(s):
+				if r.bug(mutation.ReleaseBeforeExit) && r.lease != nil && !r.released {
+					r.lease.Stop()
+					r.release(ctx, store.Released, true)
+					r.released = true
+				}
+				stop(s)
+			default:
+				c.Signal(s)
+			}
+		case Lost:
+			lostC = nil
+			err := r.lease.Err()
+			cancelJob(fmt.Errorf("%w: %w", store.ErrLost, err))
+			r.note(Note{Kind: LeaseLost, Ticket: t, Err: err})
+			if !r.cfg.Continue {
+				out.Lost = true
+				killBy = r.killBy()
+				stop(syscall.SIGTERM)
+			}
+		case Done:
+			done = nil
+			stop(syscall.SIGTERM)
+		case Timer:
+			now := r.now()
+			if now >= recordAt {
+				recordAt = never
+				r.record(ctx, c, t)
+			}
+			if now >= maxHoldAt {
+				maxHoldAt = never
+				r.note(Note{Kind: MaxHoldOut, Ticket: t})
+				out.MaxHold = true
+				stop(syscall.SIGTERM)
+			}
+			if now >= killAt {
+				after := killAt - stopAt
+				killAt, killed = never, true
+				r.note(Note{Kind: Kill, Ticket: t, After: after})
+				c.Signal(syscall.SIGKILL)
+			}
+		}
+	}
+}
+
+// killBy is when a job stopped for a lost lease must get SIGKILL, whatever
+// KillAfter says: the whole stop must fit before the earliest moment the
+// store could judge the lease expired (the local deadline + the margin),
+// so SIGKILL comes half the margin after the loss is noticed, which at the
+// local deadline is half the margin before that moment. A loss noticed
+// later (after a suspend, when the slot may already be another's) gets the
+// same half margin, for the job's SIGTERM handler.
+func (r *runner) killBy() time.Duration {
+	return r.now() + (r.lease.Expiry()-r.lease.Deadline())/2
+}
+
+// record writes the job's process group into the ticket: with it, a reaper
+// on this host can prove the job gone once the supervisor dies. Without it
+// the TTL decides, so a failure is only a note.
+func (r *runner) record(ctx context.Context, c Child, t store.Ticket) {
+	pgid, start, ok := c.Group()
+	if !ok {
+		return
+	}
+	// Bounded by the lease: a store that does not answer must not hold up
+	// the watch past the local deadline.
+	sctx, cancel := context.WithTimeout(ctx, max(min(r.cfg.ReleaseTimeout, r.lease.Deadline()-r.now()), minLostRelease))
+	defer cancel()
+	if _, err := r.cfg.Store.SetChild(sctx, t, pgid, start); err != nil && !errors.Is(err, store.ErrLost) {
+		r.note(Note{Kind: RecordFailed, Ticket: t, Err: err})
+	}
+}
+
+// at is the earliest of the moments, as a Wake's At (0: none).
+func at(ts ...time.Duration) time.Duration {
+	m := never
+	for _, t := range ts {
+		m = min(m, t)
+	}
+	if m == never {
+		return 0
+	}
+	return max(m, 1)
+}
+
+// Terminating reports the signals whose default action ends a process, on
+// which a waiting run leaves the queue and a running one stops its job.
+func Terminating(s os.Signal) bool {
+	switch s {
+	case syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT:
+		return true
+	}
+	return false
+}

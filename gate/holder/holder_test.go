@@ -1,0 +1,230 @@
+package holder_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/slotctl/slotctl/gate"
+	"github.com/slotctl/slotctl/gate/holder"
+	"github.com/slotctl/slotctl/renew"
+	"github.com/slotctl/slotctl/store"
+	"github.com/slotctl/slotctl/store/boltstore"
+)
+
+const ttl = 30 * time.Second
+
+// env is a real bbolt store on a fake clock, and the holder's own clock:
+// the store's plus skew, so a test can make the holder's lease run out
+// (a suspend, a slow write) while the store still has it.
+type env struct {
+	st    *boltstore.Store
+	clock *boltstore.FakeClock
+	skew  atomic.Int64
+	sigs  chan os.Signal
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	e := &env{clock: boltstore.NewFakeClock(boltstore.Instant{Boot: "b1", Mono: time.Hour, Wall: time.Now()}), sigs: make(chan os.Signal, 4)}
+	st, err := boltstore.New(filepath.Join(t.TempDir(), "slots.db"), boltstore.Options{Clock: e.clock, NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.st = st
+	return e
+}
+
+func (e *env) now() time.Duration { return e.clock.Now().Mono + time.Duration(e.skew.Load()) }
+
+func (e *env) config(s holder.Store, limit string) holder.Config {
+	return holder.Config{
+		Store:   s,
+		Gate:    gate.Gate{PollEvery: time.Hour},
+		Request: store.EnqueueRequest{ID: gate.NewID(), Limit: limit, Slots: 1, TTL: ttl, Holder: store.Holder{Host: "h", Pid: os.Getpid()}},
+		Wait:    -1, KillAfter: 10 * time.Second,
+		Renew:   renew.Options{TTL: ttl},
+		Now:     e.now,
+		Signals: e.sigs,
+		Start: func(context.Context, store.Ticket) (holder.Child, error) {
+			return nil, errors.New("the job must not start")
+		},
+	}
+}
+
+// event is the newest event of ticket id, or "".
+func (e *env) event(t *testing.T, limit, id string) string {
+	t.Helper()
+	evs, err := e.st.Events(context.Background(), limit, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kind := ""
+	for _, ev := range evs {
+		if ev.Ticket == id {
+			kind = ev.Kind
+		}
+	}
+	return kind
+}
+
+// slowEnqueue's enqueue takes longer than the lease on the holder's clock.
+type slowEnqueue struct {
+	*boltstore.Store
+	e *env
+}
+
+func (s slowEnqueue) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ticket, error) {
+	t, err := s.Store.Enqueue(ctx, req)
+	s.e.skew.Add(int64(ttl))
+	return t, err
+}
+
+// TestLostBeforeStartReleases: admitted with a lease already used up, the
+// holder does not start the job, and releases the ticket as lost (a `lost`
+// event; the slot comes back now, not at expiry).
+func TestLostBeforeStartReleases(t *testing.T) {
+	e := newEnv(t)
+	cfg := e.config(slowEnqueue{e.st, e}, "a")
+	out := holder.Run(context.Background(), cfg)
+	if out.Result != holder.LostBeforeStart {
+		t.Fatalf("result %v (%v), want LostBeforeStart", out.Result, out.Err)
+	}
+	if _, err := e.st.Get(context.Background(), cfg.Request.ID); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("ticket still in the store after a loss before start (Get: %v): the slot stays held until it expires", err)
+	}
+	if k := e.event(t, "a", cfg.Request.ID); k != string(store.Lost) {
+		t.Errorf("last event of the ticket %q, want %q", k, store.Lost)
+	}
+}
+
+// TestLostWhileWaitingLogsLost: a waiting ticket whose lease runs out
+// leaves the queue as lost, not as cancelled.
+func TestLostWhileWaitingLogsLost(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	if _, err := e.st.Enqueue(ctx, store.EnqueueRequest{ID: gate.NewID(), Limit: "w", Slots: 1, TTL: time.Hour, Holder: store.Holder{Host: "h", Pid: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := e.config(e.st, "w")
+	waiting := make(chan struct{})
+	cfg.Notify = func(n holder.Note) {
+		if n.Kind == holder.WaitStart {
+			close(waiting)
+		}
+	}
+	done := make(chan holder.Outcome)
+	go func() { done <- holder.Run(ctx, cfg) }()
+	<-waiting
+	e.skew.Add(int64(ttl))    // suspended past the lease...
+	e.sigs <- syscall.SIGCONT // ...and resumed: the holder checks its lease
+	var out holder.Outcome
+	select {
+	case out = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after its waiting lease ran out")
+	}
+	if out.Result != holder.LostWaiting || !errors.Is(out.Err, store.ErrLost) {
+		t.Fatalf("result %v (%v), want LostWaiting wrapping ErrLost", out.Result, out.Err)
+	}
+	if k := e.event(t, "w", cfg.Request.ID); k != string(store.Lost) {
+		t.Errorf("last event of the ticket %q, want %q", k, store.Lost)
+	}
+}
+
+// unreachable is the store with its network gone once down is set: every
+// call hangs until its context ends, as on etcd with the server gone.
+type unreachable struct {
+	*boltstore.Store
+	down atomic.Bool
+	e    *env
+	slow bool // the enqueue takes longer than the lease (slowEnqueue), then the store goes
+}
+
+// hang waits as a call to a store that does not answer: until its
+// context ends or the store's own timeout (--store-timeout, 5s) runs out.
+func (u *unreachable) hang(ctx context.Context) error {
+	select {
+	case <-ctx.Done():
+	case <-time.After(5 * time.Second):
+	}
+	return store.ErrUnavailable
+}
+
+func (u *unreachable) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ticket, error) {
+	t, err := u.Store.Enqueue(ctx, req)
+	if u.slow {
+		u.e.skew.Add(int64(ttl))
+		u.down.Store(true)
+	}
+	return t, err
+}
+
+func (u *unreachable) Release(ctx context.Context, t store.Ticket, why store.Reason) (bool, error) {
+	if u.down.Load() {
+		return false, u.hang(ctx)
+	}
+	return u.Store.Release(ctx, t, why)
+}
+
+func (u *unreachable) Get(ctx context.Context, id string) (store.Ticket, error) {
+	if u.down.Load() {
+		return store.Ticket{}, u.hang(ctx)
+	}
+	return u.Store.Get(ctx, id)
+}
+
+func (u *unreachable) Snapshot(ctx context.Context, limits ...string) (store.Snapshot, error) {
+	if u.down.Load() {
+		return store.Snapshot{}, u.hang(ctx)
+	}
+	return u.Store.Snapshot(ctx, limits...)
+}
+
+// TestReleaseAfterLossIsBounded: after a lost lease with the store
+// unreachable, the release that cannot succeed is bounded by what is left
+// of the lease, not the whole release timeout (5s).
+func TestReleaseAfterLossIsBounded(t *testing.T) {
+	for _, tc := range []string{"before start", "while waiting"} {
+		t.Run(tc, func(t *testing.T) {
+			e := newEnv(t)
+			ctx := context.Background()
+			u := &unreachable{Store: e.st, e: e, slow: tc == "before start"}
+			if tc == "while waiting" {
+				if _, err := e.st.Enqueue(ctx, store.EnqueueRequest{ID: gate.NewID(), Limit: "u", Slots: 1, TTL: time.Hour, Holder: store.Holder{Host: "h", Pid: 1}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			cfg := e.config(u, "u")
+			waiting := make(chan struct{})
+			cfg.Notify = func(n holder.Note) {
+				if n.Kind == holder.WaitStart {
+					close(waiting)
+				}
+			}
+			done := make(chan holder.Outcome)
+			start := time.Now()
+			go func() { done <- holder.Run(ctx, cfg) }()
+			if tc == "while waiting" {
+				<-waiting
+				u.down.Store(true)
+				e.skew.Add(int64(ttl))
+				start = time.Now()
+				e.sigs <- syscall.SIGCONT
+			}
+			out := <-done
+			took := time.Since(start)
+			if out.Result != holder.LostBeforeStart && out.Result != holder.LostWaiting {
+				t.Fatalf("result %v (%v), want a loss", out.Result, out.Err)
+			}
+			if took > 2*time.Second {
+				t.Errorf("Run took %s to return after the loss with the store unreachable, want well under the 5s release timeout", took)
+			}
+		})
+	}
+}

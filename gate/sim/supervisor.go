@@ -1,0 +1,589 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"syscall"
+	"time"
+
+	"github.com/slotctl/slotctl/gate"
+	gh "github.com/slotctl/slotctl/gate/holder"
+	"github.com/slotctl/slotctl/renew"
+	"github.com/slotctl/slotctl/store"
+)
+
+// A holder is one `slotctl run`: the real protocol, gate/holder's Run, in a
+// goroutine of its own that runs only while the scheduler waits for it.
+// Run blocks in one place, its Waiter: this one hands control back to the
+// scheduler, which later resumes it with the event it chose (a timer, the
+// lease lost, the child's exit, a ring, a signal). So only one goroutine
+// runs at a time, and a seed replays. The holder's lease is simulated here
+// step by step (its arithmetic is renew.Lease, its retry delay
+// renew.RetryDelay), and so is its child.
+type holder struct {
+	s          *sim
+	n, pid     int
+	name       string
+	limit      string
+	ttl, every time.Duration
+	margin     time.Duration
+	grace      time.Duration // --kill-after
+	waitFor    time.Duration // --wait; < 0 waits without bound
+	runFor     time.Duration // how long the job runs if nobody stops it
+
+	phase          hphase
+	crashed        bool
+	crashAfterCall bool
+	paused         bool
+	resumeAt       time.Duration
+	wasPaused      bool
+	resumedAt      time.Duration
+	outageUntil    time.Duration // renewals fail until then
+
+	c  *conn
+	id string
+
+	// Run's goroutine.
+	started bool
+	inside  bool // Run's goroutine runs (the scheduler waits for it)
+	parked  bool
+	wk      gh.Wake // what the parked Run waits for
+	park    chan gh.Wake
+	resume  chan gh.Event
+	gone    chan struct{}
+	out     gh.Outcome
+
+	// The lease.
+	ticket    store.Ticket // the renewer's ticket, as last acknowledged
+	lease     renew.Lease
+	leased    bool // the renewer runs
+	lost      bool
+	lostAt    time.Duration
+	lostErr   error
+	lostC     chan struct{}
+	nextRenew time.Duration
+	failures  int
+	inflight  *renewCall
+
+	rung bool // the promoter rang the bell
+
+	child      child
+	sigterm    bool
+	sigtermAt  time.Duration
+	handledSig bool
+	exit       string
+}
+
+type hphase int
+
+// A holder's phases, as far as the scheduler needs them.
+const (
+	hJoin hphase = iota // Run not started
+	hWait               // joined: waiting (or just admitted)
+	hRun                // the child started
+	hDone
+)
+
+func (p hphase) String() string { return [...]string{"join", "wait", "run", "done"}[p] }
+
+// crashEvent makes the Waiter end Run's goroutine: the process died.
+const crashEvent = gh.EventKind(-1)
+
+// A child is the simulated job. It runs from start until its holder sees
+// it exit (at end, or once stopped) or kills it.
+type child struct {
+	start, end time.Duration
+	running    bool
+	stopAt     time.Duration // SIGTERM sent; 0 if not
+	exited     chan struct{}
+}
+
+// A renewCall is a renewal in flight: the network delivers it to the store
+// at deliverAt and its answer reaches the holder replyDelay later.
+type renewCall struct {
+	h          *holder
+	t          store.Ticket
+	sent       time.Duration
+	deliverAt  time.Duration
+	replyDelay time.Duration
+	delivered  bool
+	replyAt    time.Duration
+	res        store.Ticket
+	err        error
+}
+
+func (c *renewCall) wake() time.Duration {
+	if c.delivered {
+		return never
+	}
+	return c.deliverAt
+}
+
+func (c *renewCall) act() { c.deliver() }
+
+// deliver runs the delayed renewal in the store, on the network's handle:
+// the request left its holder before anything that happened to it since.
+func (c *renewCall) deliver() {
+	s := c.h.s
+	n := s.netConn
+	n.who, n.owner = "net→"+c.h.name, c.h
+	c.res, c.err = n.Renew(s.ctx, c.t, c.h.ttl)
+	n.who, n.owner = "net", nil
+	c.delivered = true
+	c.replyAt = s.now().Mono + c.replyDelay
+	s.tracef("renewal of %s (sent %v ago) reaches the store: %s", c.h.name, s.now().Mono-c.sent, result(c.res, c.err))
+	if c.h.crashed {
+		c.h.inflight = nil // nobody reads the answer
+	}
+}
+
+func newHolder(s *sim, n int) *holder {
+	lim := s.limits[s.rng.IntN(len(s.limits))]
+	ttl := ttls[s.rng.IntN(len(ttls))]
+	h := &holder{s: s, n: n, pid: 1000 + n, name: fmt.Sprintf("h%d", n), limit: lim.name,
+		ttl: ttl, every: ttl / 3, margin: ttl / 10, grace: ttl / 5, waitFor: -1}
+	if s.chance(0.25) {
+		h.waitFor = s.between(ttl/2, 4*ttl)
+	}
+	h.runFor = s.between(ttl/20, 3*ttl/2)
+	h.c = s.newConn(h.name, h)
+	return h
+}
+
+func (h *holder) live() bool { return !h.crashed && h.phase != hDone }
+
+// renewing: the renewer sends renewals now.
+func (h *holder) renewing() bool {
+	return h.leased && !h.lost && h.inflight == nil && (h.phase == hWait || h.phase == hRun)
+}
+
+// ready is the event the parked Run waits for that is ready now, if any.
+func (h *holder) ready(now time.Duration) (gh.Event, bool) {
+	if !h.parked {
+		return gh.Event{}, false
+	}
+	w := h.wk
+	switch {
+	case w.Lost != nil && closed(w.Lost):
+		return gh.Event{Kind: gh.Lost}, true
+	case h.sigterm && !h.handledSig:
+		return gh.Event{Kind: gh.Signal, Signal: syscall.SIGTERM}, true
+	case w.Exited != nil && closed(w.Exited):
+		return gh.Event{Kind: gh.Exited}, true
+	case w.Bell != nil && h.rung:
+		return gh.Event{Kind: gh.Bell}, true
+	case w.At != 0 && w.At <= now:
+		return gh.Event{Kind: gh.Timer}, true
+	}
+	return gh.Event{}, false
+}
+
+func closed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+func (h *holder) wake() time.Duration {
+	if !h.live() {
+		return never
+	}
+	if h.paused {
+		return h.resumeAt
+	}
+	if !h.started {
+		return 0
+	}
+	now := h.s.now().Mono
+	if _, ok := h.ready(now); ok {
+		return 0
+	}
+	w := never
+	if c := h.inflight; c != nil && c.delivered {
+		w = min(w, c.replyAt)
+	}
+	if h.leased && !h.lost {
+		w = min(w, h.lease.Deadline())
+	}
+	if h.renewing() {
+		w = min(w, h.nextRenew)
+	}
+	if h.child.running {
+		w = min(w, h.child.end)
+	}
+	if h.parked && h.wk.At != 0 {
+		w = min(w, h.wk.At)
+	}
+	return w
+}
+
+// act does the one thing due now, in the order the Keeper and the
+// supervisor would notice them.
+func (h *holder) act() {
+	s := h.s
+	now := s.now().Mono
+	switch {
+	case h.paused:
+		h.paused, h.resumedAt = false, now
+		s.tracef("%s resumes (SIGCONT) and checks its lease", h.name)
+		h.deliver(gh.Event{Kind: gh.Signal, Signal: syscall.SIGCONT})
+		return
+	case !h.started:
+		h.start()
+		return
+	}
+	if c := h.inflight; c != nil && c.delivered && c.replyAt <= now {
+		h.inflight = nil
+		s.tracef("%s reads its late renewal answer", h.name)
+		h.answer(now, c.sent, c.res, c.err)
+		return
+	}
+	if h.leased && !h.lost && h.lease.Expired(now) {
+		h.loseLease(now, renew.ErrDeadline)
+		return
+	}
+	if h.child.running && now >= h.child.end {
+		h.child.running = false
+		close(h.child.exited)
+		s.tracef("%s: child exited (ran %v)", h.name, now-h.child.start)
+	}
+	if ev, ok := h.ready(now); ok {
+		switch ev.Kind {
+		case gh.Signal:
+			h.handledSig, h.sigtermAt = true, now
+			s.tracef("%s: SIGTERM", h.name)
+		case gh.Bell:
+			h.rung = false
+		}
+		h.deliver(ev)
+		return
+	}
+	if h.renewing() && now >= h.nextRenew {
+		h.sendRenewal(now)
+	}
+}
+
+// start starts Run in its goroutine and waits until it blocks.
+func (h *holder) start() {
+	s := h.s
+	h.started = true
+	h.id = s.newID()
+	slots := 1
+	for _, l := range s.limits {
+		if l.name == h.limit {
+			slots = l.slots
+		}
+	}
+	if !s.quiet && s.cfg.Faults.Has(LostReply) && s.chance(0.06) {
+		h.c.enqFault = 1 + s.rng.IntN(2)
+	}
+	cfg := gh.Config{
+		Store:   h.c,
+		Gate:    gate.Gate{PollEvery: pollEvery, Rand: s.rng.Float64},
+		Request: store.EnqueueRequest{ID: h.id, Limit: h.limit, Slots: slots, TTL: h.ttl, Holder: store.Holder{Host: "sim", Pid: h.pid, Label: h.name}},
+		Wait:    h.waitFor, KillAfter: h.grace,
+		Now:       func() time.Duration { return s.now().Mono },
+		Waiter:    simWaiter{h},
+		NewLease:  h.newLease,
+		Start:     h.startChild,
+		Notify:    h.note,
+		Mutations: s.cfg.Mutations,
+	}
+	h.park, h.resume, h.gone = make(chan gh.Wake), make(chan gh.Event), make(chan struct{})
+	h.inside = true
+	go func() {
+		defer close(h.gone)
+		h.out = gh.Run(s.ctx, cfg)
+	}()
+	h.await()
+}
+
+// deliver resumes the parked Run with ev and waits until it blocks again.
+func (h *holder) deliver(ev gh.Event) {
+	h.parked, h.inside = false, true
+	h.resume <- ev
+	h.await()
+}
+
+func (h *holder) await() {
+	select {
+	case w := <-h.park:
+		h.parked, h.wk = true, w
+	case <-h.gone:
+		h.finished()
+	}
+	h.inside = false
+}
+
+// simWaiter is Run's Waiter: park, and wait for the scheduler's event.
+type simWaiter struct{ h *holder }
+
+func (w simWaiter) Wait(wk gh.Wake) gh.Event {
+	w.h.park <- wk
+	ev := <-w.h.resume
+	if ev.Kind == crashEvent {
+		runtime.Goexit()
+	}
+	return ev
+}
+
+// finished: Run returned.
+func (h *holder) finished() {
+	if h.crashed {
+		return
+	}
+	o := h.out
+	switch o.Result {
+	case gh.Ran:
+		h.exit = "ok"
+		if o.Lost {
+			h.exit = "lost"
+		}
+	case gh.Busy:
+		h.exit = "busy"
+	case gh.LostWaiting:
+		h.exit = "lost while waiting"
+	case gh.LostBeforeStart:
+		h.exit = "lost before start"
+	case gh.Signalled:
+		h.exit = "signalled"
+	default:
+		h.exit = fmt.Sprintf("failed: %v", o.Err)
+	}
+	if h.exit == "ok" {
+		h.s.stats.Finished++
+	}
+	h.s.tracef("%s: run over: %s", h.name, h.exit)
+	h.phase, h.leased = hDone, false
+}
+
+// note is Run's Notify.
+func (h *holder) note(n gh.Note) {
+	s := h.s
+	switch n.Kind {
+	case gh.Joined:
+		h.phase = hWait
+		s.tracef("%s joins %s as %s: %s", h.name, h.limit, short(h.id), result(n.Ticket, nil))
+	case gh.WaitUpdate:
+		s.tracef("%s polls: %s", h.name, result(n.Ticket, nil))
+	case gh.Admitted:
+		s.stats.Admitted++
+		s.tracef("%s: admitted to slot %d, starts its job (local deadline in %v)", h.name, n.Ticket.Slot, h.lease.Deadline()-s.now().Mono)
+	case gh.LeaseLost:
+		s.tracef("%s: lease lost while its job runs: stops it", h.name)
+	case gh.Kill:
+		s.tracef("%s: child still there %v after SIGTERM: SIGKILL", h.name, n.After)
+	case gh.ReleaseFailed, gh.LeaveFailed:
+		s.tracef("%s: release failed: %v", h.name, n.Err)
+	case gh.AlreadyGone:
+		s.tracef("%s: its ticket was already gone at release", h.name)
+	}
+}
+
+// newLease is Run's NewLease: the simulated renewer.
+func (h *holder) newLease(t store.Ticket, sent time.Duration, _ func(store.Ticket)) gh.Lease {
+	h.ticket = t
+	h.lease = renew.NewLease(sent, h.ttl, h.margin)
+	h.leased = true
+	h.lostC = make(chan struct{})
+	h.nextRenew = sent + h.s.jitter(h.every)
+	return simLease{h}
+}
+
+// simLease is the holder's side of the simulated renewer.
+type simLease struct{ h *holder }
+
+func (l simLease) Lost() <-chan struct{}   { return l.h.lostC }
+func (l simLease) Deadline() time.Duration { return l.h.lease.Deadline() }
+func (l simLease) Expiry() time.Duration   { return l.h.lease.Expiry() }
+func (l simLease) Hold()                   {}
+func (l simLease) Check()                  { l.h.checkLease(l.h.s.now().Mono) }
+
+func (l simLease) Err() error {
+	if l.h.lost {
+		return l.h.lostErr
+	}
+	return nil
+}
+
+// Stop is keeper.Stop: a renewal still in flight either reaches the store
+// now or is cancelled before it does; either way it is over.
+func (l simLease) Stop() {
+	h := l.h
+	if h.crashed {
+		return
+	}
+	if c := h.inflight; c != nil {
+		if !c.delivered && h.s.chance(0.5) {
+			c.deliver()
+		}
+		h.inflight = nil
+	}
+	h.leased = false
+}
+
+// startChild is Run's Starter.
+func (h *holder) startChild(_ context.Context, t store.Ticket) (gh.Child, error) {
+	now := h.s.now().Mono
+	h.child = child{start: now, end: now + h.runFor, running: true, exited: make(chan struct{})}
+	h.phase = hRun
+	return simChild{h}, nil
+}
+
+// simChild is the holder's handle on its simulated child.
+type simChild struct{ h *holder }
+
+func (c simChild) Exited() <-chan struct{}    { return c.h.child.exited }
+func (c simChild) Foreground() bool           { return false }
+func (c simChild) Group() (int, uint64, bool) { return c.h.pid + 100000, 1, true }
+func (c simChild) Drain(time.Duration)        {}
+func (c simChild) Exit() (gh.Exit, error)     { return gh.Exit{}, nil }
+
+// Signal: SIGTERM makes the child exit within 1.5 kill graces (it may
+// ignore it for longer than the grace); SIGKILL ends it at once.
+func (c simChild) Signal(sig syscall.Signal) {
+	h := c.h
+	ch := &h.child
+	now := h.s.now().Mono
+	if !ch.running {
+		return
+	}
+	switch sig {
+	case syscall.SIGTERM:
+		if ch.stopAt != 0 {
+			return
+		}
+		ch.stopAt = now
+		ch.end = min(ch.end, now+h.s.between(0, 3*h.grace/2))
+		h.s.tracef("%s: SIGTERM to its child", h.name)
+	case syscall.SIGKILL:
+		ch.end = now
+		h.s.tracef("%s: SIGKILL to its child", h.name)
+	}
+}
+
+func (h *holder) sendRenewal(now time.Duration) {
+	s := h.s
+	t := h.ticket
+	s.remember(request{kind: "renew", t: t, ttl: h.ttl, owner: h, who: h.name})
+	switch {
+	case now < h.outageUntil:
+		s.tracef("%s renews: store unreachable", h.name)
+		h.answer(now, now, store.Ticket{}, errReplyLost)
+		return
+	case !s.quiet && s.cfg.Faults.Has(RenewFail) && s.chance(0.04):
+		s.tracef("%s renews: the call fails before the store", h.name)
+		h.answer(now, now, store.Ticket{}, errReplyLost)
+		return
+	case !s.quiet && s.cfg.Faults.Has(RenewFail) && s.chance(0.04):
+		res, err := h.c.Renew(s.ctx, t, h.ttl)
+		s.tracef("%s renews: the store answers %s, the answer is lost", h.name, result(res, err))
+		h.answer(now, now, store.Ticket{}, errReplyLost)
+		return
+	case !s.quiet && s.cfg.Faults.Has(RenewDelay) && s.chance(0.12):
+		c := &renewCall{h: h, t: t, sent: now, deliverAt: now + s.between(0, 3*h.ttl/5), replyDelay: s.between(0, 2*h.ttl/5)}
+		switch r := s.rng.IntN(10); {
+		case r < 3:
+			c.deliverAt = now // only the answer is late
+		case r < 5:
+			c.deliverAt = now + s.between(3*h.ttl/5, 6*h.ttl/5) // very late: past the lease
+		}
+		h.inflight = c
+		s.tracef("%s renews: delayed %v there, %v back", h.name, c.deliverAt-now, c.replyDelay)
+		if c.deliverAt == now {
+			c.deliver()
+		}
+		return
+	}
+	res, err := h.c.Renew(s.ctx, t, h.ttl)
+	s.tracef("%s renews: %s", h.name, result(res, err))
+	h.answer(now, now, res, err)
+}
+
+// answer is the Keeper's handling of a renewal's result.
+func (h *holder) answer(now, sent time.Duration, res store.Ticket, err error) {
+	if h.crashed || h.lost || !h.leased {
+		return
+	}
+	switch {
+	case err == nil:
+		if !h.lease.Acked(sent, now) {
+			h.loseLease(now, fmt.Errorf("%w: the ack came after the local deadline", renew.ErrDeadline))
+			return
+		}
+		h.ticket = res
+		h.failures = 0
+		h.nextRenew = sent + h.s.jitter(h.every)
+	case errors.Is(err, store.ErrLost):
+		h.loseLease(now, fmt.Errorf("store refused the renewal: %w", err))
+	default:
+		if h.lease.Expired(now) {
+			h.loseLease(now, renew.ErrDeadline)
+			return
+		}
+		h.failures++
+		h.nextRenew = now + h.s.jitter(renew.RetryDelay(h.every, h.failures))
+	}
+}
+
+func (h *holder) checkLease(now time.Duration) {
+	if h.leased && !h.lost && h.lease.Expired(now) {
+		h.loseLease(now, fmt.Errorf("%w: the local deadline passed while stopped", renew.ErrDeadline))
+	}
+}
+
+// loseLease: the lease is presumed lost; Run learns it from Lost.
+func (h *holder) loseLease(now time.Duration, err error) {
+	s := h.s
+	h.lost, h.lostAt, h.lostErr = true, now, err
+	s.stats.Lost++
+	s.tracef("%s: lease lost: %v", h.name, err)
+	close(h.lostC)
+}
+
+// crash: the supervisor dies; its child with it (parent-death signal).
+func (h *holder) crash() {
+	if h.crashed {
+		return
+	}
+	h.crashed, h.paused = true, false
+	h.child.running = false
+	h.s.stats.Crashes++
+	h.s.tracef("%s crashes (in %s)", h.name, h.phase)
+	if h.inside {
+		runtime.Goexit() // in Run's goroutine, in a store call: its next calls are never made
+	}
+	h.kill()
+}
+
+// kill ends a parked Run's goroutine.
+func (h *holder) kill() {
+	if h.parked {
+		h.parked = false
+		h.resume <- gh.Event{Kind: crashEvent}
+		<-h.gone
+	}
+}
+
+func (h *holder) pause(d time.Duration) {
+	h.paused, h.wasPaused = true, true
+	h.resumeAt = h.s.now().Mono + d
+	h.s.stats.Pauses++
+	h.s.tracef("%s stopped (SIGSTOP) for %v; its child runs on", h.name, d)
+}
+
+func (s *sim) newID() string {
+	return fmt.Sprintf("%016x%016x", s.rng.Uint64(), s.rng.Uint64())
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	return "error: " + err.Error()
+}
