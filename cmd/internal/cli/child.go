@@ -84,9 +84,13 @@ var _ holder.Child = (*child)(nil)
 func startChild(f *Factory, path string, argv, env []string, log *logger) (*child, error) {
 	cmd := exec.Command(path, argv[1:]...)
 	cmd.Args = argv
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	cmd.Env = childEnv(os.Environ(), env)
-	fg := foregroundTTY()
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = f.IO.In, f.IO.Out, f.IO.ErrOut
+	environ := os.Environ
+	if f.Environ != nil {
+		environ = f.Environ
+	}
+	cmd.Env = childEnv(environ(), env)
+	fg := f.IO.InTTY && foregroundTTY()
 	cmd.SysProcAttr = childAttr(!fg)
 	becomeSubreaper()
 	if err := cmd.Start(); err != nil {

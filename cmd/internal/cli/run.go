@@ -135,8 +135,8 @@ func (o *RunOptions) resolve(f *Factory, cmd *cobra.Command, wait string, noWait
 	if o.Limit == "" {
 		return errArgs(cmd, "--limit is required: name the limit to run under, e.g. --limit build")
 	}
-	if err := store.CheckLimitName(o.Limit); err != nil {
-		return usageError("--limit %q: want 1-128 characters of [A-Za-z0-9._:-], starting with a letter or digit", o.Limit)
+	if err := checkLimitName("--limit", o.Limit); err != nil {
+		return err
 	}
 	if err := checkLabel(o.Label); err != nil {
 		return err
