@@ -136,7 +136,7 @@ type Event struct {
 // MaxEvents is how many of the newest events a store keeps.
 const MaxEvents = 10000
 
-// A Judge proves a ticket's holder dead on this host (SPEC §4.3) and says
+// A Judge proves a ticket's holder dead on this host (docs/leases.md §4.3) and says
 // how; anything it cannot prove is left to the TTL. A holder whose
 // supervisor is dead but whose job still runs is orphaned: unleased work.
 // With act set the judge may stop that work (and then call it dead); without

@@ -2,7 +2,7 @@
 
 package boltstore
 
-// The attack suite of SPEC §4.5 for the files of a bbolt store (issue 12,
+// The attack suite of docs/leases.md §4.5 for the files of a bbolt store (issue 12,
 // items 1, 2, 3, 4, 7 and 9): a member of the store's group (Alice) prepares
 // an attack in a 2770 and in a 3770 directory, and a victim uses the store
 // through this package's API: root (this test process), and Bob, another

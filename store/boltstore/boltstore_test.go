@@ -356,7 +356,7 @@ func TestCorruptFormatVersion(t *testing.T) {
 
 func TestCorruptRecords(t *testing.T) {
 	ticketV2, _ := json.Marshal(map[string]any{"v": 2, "id": "t0", "limit": "x", "state": "held", "fence": 1})
-	// A ticket a request could not have written (SPEC §4.5: records are
+	// A ticket a request could not have written (docs/leases.md §4.5: records are
 	// checked as strictly as requests; an id from the file names a bell).
 	ticket := func(change map[string]any) []byte {
 		m := map[string]any{"v": 1, "id": "t0", "limit": "x", "state": "held", "fence": 1, "slot": 0,

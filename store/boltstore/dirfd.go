@@ -11,7 +11,7 @@ import (
 )
 
 // Every file of a store is reached from one descriptor of its directory
-// (SPEC §4.5): the directory is opened once per Store without following a
+// (docs/leases.md §4.5): the directory is opened once per Store without following a
 // symlink and checked, and the store file, its lock and its bells are opened,
 // made and removed relative to it, never by a path that a member of a shared
 // directory could redirect between two calls. Nothing is followed through a
@@ -71,7 +71,7 @@ func openat(dirfd int, name string, flags int, mode uint32) (int, error) {
 
 // unsafeDir says why a directory that others could fill is not to be used:
 // writable by everyone without the sticky bit, anyone may replace any file
-// in it (SPEC §4.5). "" if it is fine.
+// in it (docs/leases.md §4.5). "" if it is fine.
 func unsafeDir(st *unix.Stat_t) string {
 	if uint32(st.Mode)&unix.S_IFMT != unix.S_IFDIR {
 		return "is not a directory"

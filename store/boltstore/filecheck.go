@@ -111,7 +111,7 @@ func readMeta(r io.ReaderAt, size int64) (boltMeta, bool) {
 
 // checkSize refuses a store file shorter than its meta page says it is.
 // bbolt maps the file into memory and would touch pages past the end: the
-// process dies of SIGBUS, which no recover catches (SPEC §7: a truncated
+// process dies of SIGBUS, which no recover catches (docs/leases.md §7: a truncated
 // store file is an error naming the file, never a crash).
 func checkSize(m boltMeta, size int64, name string) error {
 	if m.pageSize == 0 {

@@ -12,7 +12,7 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-// A member of a shared store's group can write the store file (SPEC §4.5),
+// A member of a shared store's group can write the store file (docs/leases.md §4.5),
 // and bbolt trusts its pages: it follows page ids and element offsets read
 // from the file without checking them against anything. A branch whose child
 // is itself or an ancestor sends its cursor into unbounded recursion (a stack

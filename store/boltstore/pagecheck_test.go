@@ -392,7 +392,7 @@ var hostileOps = []struct {
 }
 
 // TestHostilePages runs every store operation on store files whose page
-// structure a member of the store's group rewrote (SPEC §4.5): each must end
+// structure a member of the store's group rewrote (docs/leases.md §4.5): each must end
 // within seconds, without a crash or a runaway allocation, in an error
 // wrapping ErrCorrupt that names the file. Each case runs in a child process,
 // since a stack overflow or an exhausted memory is fatal to the process.

@@ -35,7 +35,7 @@ var (
 )
 
 // ticketRec is a ticket as stored. Its deadline is on the boot-time clock of
-// the boot it was written in (SPEC §4.4); wall times are for display only.
+// the boot it was written in (docs/leases.md §4.4); wall times are for display only.
 type ticketRec struct {
 	V            int           `json:"v"`
 	ID           string        `json:"id"`
@@ -91,7 +91,7 @@ type eventRec struct {
 }
 
 // record is what every stored value is: versioned JSON, checked as
-// strictly as the requests that write it (SPEC §4.5): a member can write the
+// strictly as the requests that write it (docs/leases.md §4.5): a member can write the
 // store file, and an id read from it names a bell.
 type record interface {
 	version() int

@@ -1,7 +1,7 @@
 package cli
 
 // The checks that several commands make of their input, written once so
-// that every command says the same thing about the same mistake (SPEC §7:
+// that every command says the same thing about the same mistake (docs/leases.md §7:
 // one line naming the input and what would be accepted).
 
 import (

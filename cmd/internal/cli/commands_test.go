@@ -2,7 +2,7 @@ package cli
 
 // Tests of the commands' flag parsing alone: each command fills its Options
 // and hands them to a stub run function (cli/cli's NewCmdX(f, runF)), so
-// nothing here opens a store. Bad input is exactly one line (SPEC §7).
+// nothing here opens a store. Bad input is exactly one line (docs/leases.md §7).
 
 import (
 	"bytes"

@@ -10,7 +10,7 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-// Exit codes of SPEC §3 that slotctl itself chooses.
+// Exit codes of docs/leases.md §3 that slotctl itself chooses.
 const (
 	exitUsage       = 64
 	exitUnavailable = 69
@@ -24,7 +24,7 @@ const (
 
 // ExitError ends a command with a given exit code. Err, if not nil, is
 // printed as "slotctl: ..."; Hint, if not empty, at the end of that same
-// line, after "; " (SPEC §7: exactly one line, and a hint belongs in it).
+// line, after "; " (docs/leases.md §7: exactly one line, and a hint belongs in it).
 type ExitError struct {
 	Code int
 	Err  error
@@ -45,7 +45,7 @@ func usageError(format string, args ...any) error {
 	return &ExitError{Code: exitUsage, Err: fmt.Errorf(format, args...)}
 }
 
-// exitCode maps an error to SPEC §3's exit codes, translating store errors once, here.
+// exitCode maps an error to docs/leases.md §3's exit codes, translating store errors once, here.
 func exitCode(err error) int {
 	var ee *ExitError
 	var conflict *store.SlotsConflictError

@@ -13,7 +13,7 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-// LsOptions are slotctl ls's flags and arguments (SPEC §2.2).
+// LsOptions are slotctl ls's flags and arguments (docs/leases.md §2.2).
 type LsOptions struct {
 	Output string        // table, wide or json
 	Watch  time.Duration // 0: draw once

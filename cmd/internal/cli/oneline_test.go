@@ -8,12 +8,12 @@ import (
 	"testing"
 )
 
-// badInputScripts are the scripts of bad input (SPEC §7).
+// badInputScripts are the scripts of bad input (docs/leases.md §7).
 var badInputScripts = []string{"bad_input_*.txtar", "config_errors.txtar", "ls_errors.txtar", "etcd_bad_input.txtar", "usage_unknown_command.txtar"}
 
 // TestBadInputScriptsAssertOneLine keeps the bad-input scripts honest: every
 // slotctl that they expect to fail is followed, among the checks of its
-// output, by stderr -count=1 '^.' (SPEC §7: exactly one line on stderr, a
+// output, by stderr -count=1 '^.' (docs/leases.md §7: exactly one line on stderr, a
 // hint, if any, in that line). The scripts then fail wherever slotctl
 // prints a second line.
 func TestBadInputScriptsAssertOneLine(t *testing.T) {

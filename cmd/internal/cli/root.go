@@ -11,7 +11,7 @@ import (
 	"github.com/spf13/pflag"
 )
 
-// globalOptions are the flags every command takes (SPEC §2).
+// globalOptions are the flags every command takes (docs/leases.md §2).
 type globalOptions struct {
 	Store        string
 	Config       string

@@ -17,7 +17,7 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-// RunOptions are slotctl run's flags and arguments (SPEC §2.1).
+// RunOptions are slotctl run's flags and arguments (docs/leases.md §2.1).
 type RunOptions struct {
 	Limit        string
 	Slots        int
@@ -129,7 +129,7 @@ EXIT STATUS
 	return cmd
 }
 
-// resolve validates the flags (SPEC §7: one line naming the input and what
+// resolve validates the flags (docs/leases.md §7: one line naming the input and what
 // would be accepted) and applies the config's limit sizes.
 func (o *RunOptions) resolve(f *Factory, cmd *cobra.Command, wait string, noWait bool) error {
 	if o.Limit == "" {
@@ -298,7 +298,7 @@ func runNotes(ctx context.Context, f *Factory, log *logger, st store.Store, o *R
 	}
 }
 
-// outcomeErr turns the holder's outcome into Main's error (SPEC §3): the
+// outcomeErr turns the holder's outcome into Main's error (docs/leases.md §3): the
 // child's status passes through, 128+N for a signal.
 func outcomeErr(ctx context.Context, st store.Store, o *RunOptions, out holder.Outcome) error {
 	id := short(out.Ticket.ID)
@@ -330,7 +330,7 @@ func outcomeErr(ctx context.Context, st store.Store, o *RunOptions, out holder.O
 }
 
 // nestedTicket finds an ancestor's ticket on the same limit and store
-// (SPEC §2.1 item 8): a nested run must not wait for its own ancestor. The
+// (docs/leases.md §2.1 item 8): a nested run must not wait for its own ancestor. The
 // environment only names the ticket — any process can set SLOTCTL_TICKET —
 // so the ticket must be held on this boot and in this pid namespace by a
 // supervisor that is on this process's parent chain (pid and start time),
@@ -365,7 +365,7 @@ func nestedTicket(ctx context.Context, f *Factory, log *logger, st store.Store, 
 	return store.Ticket{}, false
 }
 
-// holderIdentity is what the ticket records of this process (SPEC §4.3).
+// holderIdentity is what the ticket records of this process (docs/leases.md §4.3).
 func holderIdentity(f *Factory, o *RunOptions) store.Holder {
 	if f.Identity != nil {
 		h := f.Identity()

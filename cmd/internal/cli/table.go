@@ -15,7 +15,7 @@ import (
 )
 
 // tableOut says how a data command draws its tables: lipgloss with colour
-// on a terminal, plain aligned text elsewhere or with NO_COLOR (SPEC §2).
+// on a terminal, plain aligned text elsewhere or with NO_COLOR (docs/leases.md §2).
 type tableOut struct {
 	w     io.Writer
 	color bool
