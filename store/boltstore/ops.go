@@ -247,19 +247,11 @@ func (s *Store) Snapshot(ctx context.Context, limits ...string) (store.Snapshot,
 			if err != nil {
 				return err
 			}
-			l := store.Limit{Name: name, Slots: lim.Slots, Created: lim.Created}
-			var waiting []store.Ticket
-			for _, r := range recs {
-				if r.State == store.Held {
-					l.Held++
-					out.Tickets = append(out.Tickets, x.view(r, 0))
-				} else {
-					l.Waiting++
-					waiting = append(waiting, x.view(r, l.Waiting))
-				}
+			ts := make([]store.Ticket, len(recs))
+			for i, r := range recs {
+				ts[i] = x.view(r, 0)
 			}
-			out.Tickets = append(out.Tickets, waiting...)
-			out.Limits = append(out.Limits, l)
+			out.AddLimit(store.Limit{Name: name, Slots: lim.Slots, Created: lim.Created}, ts)
 		}
 		return nil
 	})
