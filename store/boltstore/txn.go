@@ -458,12 +458,11 @@ func fastState(v []byte) (store.State, bool) {
 }
 
 // quiet reports whether a limit's settle would change nothing: no ticket has
-// expired, no slot is free for a waiter, and (when someone waits for a full
-// limit) no holder or next-in-line waiter is proven dead. It reads the
-// queue's fixed fields without decoding the records (see fastFields), and
-// decodes only the few tickets it must show the judge. A waiter's renewal
-// asks it first: hundreds of queued waiters renew a full limit all the time,
-// and each full settle would decode the whole queue.
+// expired, and store.PlanSettle finds nobody to admit or prove dead. It reads
+// the queue's fixed fields without decoding the records (see fastFields),
+// and decodes only the few tickets the planner shows the judge. A waiter's
+// renewal asks it first: hundreds of queued waiters renew a full limit all
+// the time, and each full settle would decode the whole queue.
 func (x *txn) quiet(limit string) (bool, error) {
 	lim, ok, err := x.limit(limit)
 	if err != nil || !ok {
@@ -473,22 +472,15 @@ func (x *txn) quiet(limit string) (bool, error) {
 	if err != nil || b == nil {
 		return false, err
 	}
-	held, waiting := 0, 0
-	var probe [][]byte // held tickets and the waiters next in line
+	in := store.SettleInput{Slots: map[string]int{limit: lim.Slots}}
+	var raw [][]byte // the records, by the index each Queued carries as its ID
 	err = b.ForEach(func(_, v []byte) error {
 		f, ok := fastFields(v)
 		if !ok || f.boot != x.now.Boot || x.now.Mono >= f.deadline {
-			return errNotQuiet
+			return errNotQuiet // expired (or to be decoded): the full settle sweeps it
 		}
-		if f.state == store.Held {
-			held++
-			probe = append(probe, v)
-		} else {
-			if waiting < lim.Slots {
-				probe = append(probe, v)
-			}
-			waiting++
-		}
+		in.Tickets = append(in.Tickets, store.Queued{Ticket: store.Ticket{ID: strconv.Itoa(len(raw)), Limit: limit, State: f.state}})
+		raw = append(raw, v)
 		return nil
 	})
 	if err == errNotQuiet {
@@ -497,21 +489,17 @@ func (x *txn) quiet(limit string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if waiting > 0 && held < lim.Slots {
-		return false, nil // a promotion is due
-	}
-	if waiting > 0 && x.s.dead != nil {
-		for _, v := range probe {
+	if x.s.dead != nil {
+		in.Judge = func(t store.Ticket, act bool) (string, bool) {
+			i, _ := strconv.Atoi(t.ID)
 			var r ticketRec
-			if err := decode(v, &r); err != nil {
-				return false, nil // let the full settle report it
+			if err := decode(raw[i], &r); err != nil {
+				return "", true // not quiet: let the full settle report it
 			}
-			if _, dead := x.s.dead(x.view(r, 0), true); dead {
-				return false, nil
-			}
+			return x.s.dead(x.view(r, 0), act)
 		}
 	}
-	return true, nil
+	return store.PlanSettle(in).Empty(), nil
 }
 
 var errNotQuiet = fmt.Errorf("not quiet")
