@@ -273,8 +273,9 @@ var errNoCommit = errors.New("nothing to commit")
 // concurrency.NewSTM — its apply function reruns on a conflict — with the
 // reads done up front (st) and the compares named by the plan. build
 // returns errNoCommit to stop without writing: commit then returns the plan
-// and a nil response. Any other error of build or of the commit is returned
-// (with the plan, for a commit whose outcome is unknown).
+// and a nil response. An error of build, or giving up on conflicts, comes
+// with a nil plan; an error of the transaction itself comes with its plan
+// (its outcome may be unknown: the caller may read again and retry).
 func (s *Store) commit(ctx context.Context, st *lstate, id string, build func(p *plan) error) (*plan, *clientv3.TxnResponse, error) {
 	var r retrier
 	for {
