@@ -121,8 +121,13 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 			lost = fmt.Errorf("%w: ticket %s has fence %d, not %d", store.ErrLost, t.ID, r.Fence, t.Fence)
 			return nil
 		}
-		// The renewer is alive by definition: only the clock judges it here.
-		ev, gone := x.verdict(r, false, true)
+		// The renewer is alive by definition: only the clock judges it here
+		// (and the judge only adds what it knows of an expired one).
+		ev := x.expiry(r)
+		gone := ev != ""
+		if gone {
+			ev, _ = store.Verdict(store.Queued{Ticket: x.view(r, 0), Expired: ev}, x.s.dead, true)
+		}
 		if x.s.mut.Has(mutation.RenewExpired) { // mutation (test-only): renew an expired, unswept ticket (A7)
 			gone = false
 		}
@@ -242,19 +247,11 @@ func (s *Store) Snapshot(ctx context.Context, limits ...string) (store.Snapshot,
 			if err != nil {
 				return err
 			}
-			l := store.Limit{Name: name, Slots: lim.Slots, Created: lim.Created}
-			var waiting []store.Ticket
-			for _, r := range recs {
-				if r.State == store.Held {
-					l.Held++
-					out.Tickets = append(out.Tickets, x.view(r, 0))
-				} else {
-					l.Waiting++
-					waiting = append(waiting, x.view(r, l.Waiting))
-				}
+			ts := make([]store.Ticket, len(recs))
+			for i, r := range recs {
+				ts[i] = x.view(r, 0)
 			}
-			out.Tickets = append(out.Tickets, waiting...)
-			out.Limits = append(out.Limits, l)
+			out.AddLimit(store.Limit{Name: name, Slots: lim.Slots, Created: lim.Created}, ts)
 		}
 		return nil
 	})
@@ -401,17 +398,24 @@ func (s *Store) Reap(ctx context.Context, dryRun bool, limits ...string) ([]stor
 		}
 		err := s.view(ctx, func(x *txn) error {
 			return each(x, func(name string) error {
+				lim, _, err := x.limit(name)
+				if err != nil {
+					return err
+				}
 				recs, err := x.tickets(name)
 				if err != nil {
 					return err
 				}
-				for _, r := range recs {
-					ev, gone := x.verdict(r, true, false)
-					if s.mut.Has(mutation.BlindReap) || s.mut.Has(mutation.StaleVerdict) { // mutation (test-only): remember this scan
-						s.mutNoteScan(r, gone)
-					}
-					if gone {
-						removed = append(removed, store.Removal{Ticket: x.view(r, 0), Reason: store.Reaped, Evidence: ev})
+				in := x.settleInput(name, lim.Slots, recs)
+				in.All, in.DryRun, in.Judge = true, true, s.dead
+				gone := make([]bool, len(recs))
+				for _, rm := range store.PlanSettle(in).Remove {
+					gone[rm.Index] = true
+					removed = append(removed, store.Removal{Ticket: in.Tickets[rm.Index].Ticket, Reason: store.Reaped, Evidence: rm.Evidence})
+				}
+				if s.mut.Has(mutation.BlindReap) || s.mut.Has(mutation.StaleVerdict) { // mutation (test-only): remember this scan
+					for i, r := range recs {
+						s.mutNoteScan(r, gone[i])
 					}
 				}
 				return nil

@@ -197,27 +197,16 @@ func (x *txn) tombstone(id string) (tombRec, bool, error) {
 	return t, true, nil
 }
 
-// verdict judges a ticket by the store's clock and, if withDeath, by the
-// proof of death on this host. act lets the judge stop an orphaned job (a
-// dry run does not). An expired ticket is also shown to the judge when one is
-// set: its removal frees the slot, so a job left running by a dead
-// supervisor must be stopped before someone else is admitted beside it.
-func (x *txn) verdict(r ticketRec, withDeath, act bool) (string, bool) {
-	expired := ""
+// expiry is the store's clock's verdict on a ticket: why its lease is
+// over, or "" while it runs.
+func (x *txn) expiry(r ticketRec) string {
 	if r.DeadlineBoot != x.now.Boot {
-		expired = "previous boot"
-	} else if late := x.now.Mono - r.DeadlineMono; late >= 0 {
-		expired = "expired " + roundAgo(late) + " ago"
+		return "previous boot"
 	}
-	if (withDeath || expired != "") && x.s.dead != nil {
-		if ev, dead := x.s.dead(x.view(r, 0), act); dead {
-			if expired != "" && expired != ev {
-				ev = expired + "; " + ev
-			}
-			return ev, true
-		}
+	if late := x.now.Mono - r.DeadlineMono; late >= 0 {
+		return "expired " + roundAgo(late) + " ago"
 	}
-	return expired, expired != ""
+	return ""
 }
 
 func roundAgo(d time.Duration) string {
@@ -337,86 +326,13 @@ func (x *txn) event(kind string, r ticketRec, evidence string) error {
 	return nil
 }
 
-// sweep removes the limit's expired and proven-dead tickets, judged now in
-// this transaction (a list made earlier is never trusted), and returns the
-// tickets that remain, in order. Expiry is judged for every ticket. Death is
-// judged for every ticket when all is set (reap), else only when somebody
-// waits for a full limit, and then for the holders and the waiters next in
-// line: a dead ticket further back blocks nobody, and the TTL or reap will
-// take it. That keeps an uncontended admission free of process probes.
-func (x *txn) sweep(recs []ticketRec, slots int, all bool) ([]ticketRec, []store.Removal, error) {
-	held, waiting := 0, 0
-	for _, r := range recs {
-		if r.State == store.Held {
-			held++
-		} else {
-			waiting++
-		}
-	}
-	contended := waiting > 0 && held >= slots
-	live := recs[:0:0]
-	var removed []store.Removal
-	ahead := 0 // waiters kept so far
-	for _, r := range recs {
-		probe := all || (contended && (r.State == store.Held || ahead < slots))
-		ev, gone := x.verdict(r, probe, true)
-		if x.s.mut.Has(mutation.StaleVerdict) { // mutation (test-only): judge on the deadline an earlier scan read (A1)
-			ev, gone = x.mutStaleVerdict(r, ev, gone)
-		}
-		if !gone {
-			if r.State == store.Waiting {
-				ahead++
-			}
-			live = append(live, r)
-			continue
-		}
-		if err := x.remove(r, store.Reaped, ev); err != nil {
-			return nil, nil, err
-		}
-		removed = append(removed, store.Removal{Ticket: x.view(r, 0), Reason: store.Reaped, Evidence: ev})
-	}
-	return live, removed, nil
-}
-
-// promote admits waiters in fence order while fewer than slots are held. A
-// waiter is never passed over: FIFO is strict. Each admitted ticket takes the
-// lowest free slot index. recs is updated in place.
-func (x *txn) promote(limit string, slots int, recs []ticketRec) error {
-	held := 0
-	used := map[int]bool{}
-	for _, r := range recs {
-		if r.State == store.Held {
-			held++
-			used[r.Slot] = true
-		}
-	}
-	next := 0
-	for i := range recs {
-		if held >= slots {
-			break
-		}
-		if recs[i].State != store.Waiting {
-			continue
-		}
-		for used[next] {
-			next++
-		}
-		recs[i].State, recs[i].Slot, recs[i].Admitted = store.Held, next, x.now.Wall
-		used[next] = true
-		held++
-		if err := x.putTicket(recs[i]); err != nil {
-			return err
-		}
-		if err := x.event("admitted", recs[i], ""); err != nil {
-			return err
-		}
-		x.rings = append(x.rings, refOf(recs[i]))
-	}
-	return nil
-}
-
 // settle sweeps a limit and promotes its waiters: the step every write that
-// can free or add capacity ends with. all: judge every ticket (reap).
+// can free or add capacity ends with. The policy is store.PlanSettle's, on
+// the tickets read in this transaction (a list made earlier is never
+// trusted); an expired ticket is shown to the judge too, so that a job its
+// dead supervisor left running is stopped before its slot is handed on.
+// all: judge every ticket (reap). It returns the tickets that remain, in
+// order, and the removals.
 func (x *txn) settle(limit string, all bool) ([]ticketRec, []store.Removal, error) {
 	lim, ok, err := x.limit(limit)
 	if err != nil || !ok {
@@ -426,11 +342,55 @@ func (x *txn) settle(limit string, all bool) ([]ticketRec, []store.Removal, erro
 	if err != nil {
 		return nil, nil, err
 	}
-	recs, removed, err := x.sweep(recs, lim.Slots, all)
-	if err != nil {
-		return nil, nil, err
+	in := x.settleInput(limit, lim.Slots, recs)
+	in.All, in.Judge, in.JudgeExpired = all, x.s.dead, true
+	if x.s.mut.Has(mutation.StaleVerdict) { // mutation (test-only): judge on the deadlines an earlier scan read (A1)
+		x.mutStaleVerdict(&in)
 	}
-	return recs, removed, x.promote(limit, lim.Slots, recs)
+	return x.apply(recs, store.PlanSettle(in))
+}
+
+// settleInput is a limit's tickets as the planner sees them, judged by the store's clock.
+func (x *txn) settleInput(limit string, slots int, recs []ticketRec) store.SettleInput {
+	in := store.SettleInput{Slots: map[string]int{limit: slots}, Tickets: make([]store.Queued, len(recs))}
+	for i, r := range recs {
+		in.Tickets[i] = store.Queued{Ticket: x.view(r, 0), Expired: x.expiry(r)}
+	}
+	return in
+}
+
+// apply carries out a settle's plan on recs (the planner's input): each
+// removal reaps its ticket, each admission takes its slot index. It returns
+// the tickets that remain, in order, with the admitted ones held.
+func (x *txn) apply(recs []ticketRec, plan store.SettlePlan) ([]ticketRec, []store.Removal, error) {
+	var removed []store.Removal
+	gone := make([]bool, len(recs))
+	for _, rm := range plan.Remove {
+		r := recs[rm.Index]
+		if err := x.remove(r, store.Reaped, rm.Evidence); err != nil {
+			return nil, nil, err
+		}
+		gone[rm.Index] = true
+		removed = append(removed, store.Removal{Ticket: x.view(r, 0), Reason: store.Reaped, Evidence: rm.Evidence})
+	}
+	for _, a := range plan.Admit {
+		r := &recs[a.Index]
+		r.State, r.Slot, r.Admitted = store.Held, a.Slot, x.now.Wall
+		if err := x.putTicket(*r); err != nil {
+			return nil, nil, err
+		}
+		if err := x.event("admitted", *r, ""); err != nil {
+			return nil, nil, err
+		}
+		x.rings = append(x.rings, refOf(*r))
+	}
+	live := recs[:0:0]
+	for i, r := range recs {
+		if !gone[i] {
+			live = append(live, r)
+		}
+	}
+	return live, removed, nil
 }
 
 // view turns a record into the caller's Ticket; position is 1-based among waiters.
@@ -498,12 +458,11 @@ func fastState(v []byte) (store.State, bool) {
 }
 
 // quiet reports whether a limit's settle would change nothing: no ticket has
-// expired, no slot is free for a waiter, and (when someone waits for a full
-// limit) no holder or next-in-line waiter is proven dead. It reads the
-// queue's fixed fields without decoding the records (see fastFields), and
-// decodes only the few tickets it must show the judge. A waiter's renewal
-// asks it first: hundreds of queued waiters renew a full limit all the time,
-// and each full settle would decode the whole queue.
+// expired, and store.PlanSettle finds nobody to admit or prove dead. It reads
+// the queue's fixed fields without decoding the records (see fastFields),
+// and decodes only the few tickets the planner shows the judge. A waiter's
+// renewal asks it first: hundreds of queued waiters renew a full limit all
+// the time, and each full settle would decode the whole queue.
 func (x *txn) quiet(limit string) (bool, error) {
 	lim, ok, err := x.limit(limit)
 	if err != nil || !ok {
@@ -513,22 +472,15 @@ func (x *txn) quiet(limit string) (bool, error) {
 	if err != nil || b == nil {
 		return false, err
 	}
-	held, waiting := 0, 0
-	var probe [][]byte // held tickets and the waiters next in line
+	in := store.SettleInput{Slots: map[string]int{limit: lim.Slots}}
+	var raw [][]byte // the records, by the index each Queued carries as its ID
 	err = b.ForEach(func(_, v []byte) error {
 		f, ok := fastFields(v)
 		if !ok || f.boot != x.now.Boot || x.now.Mono >= f.deadline {
-			return errNotQuiet
+			return errNotQuiet // expired (or to be decoded): the full settle sweeps it
 		}
-		if f.state == store.Held {
-			held++
-			probe = append(probe, v)
-		} else {
-			if waiting < lim.Slots {
-				probe = append(probe, v)
-			}
-			waiting++
-		}
+		in.Tickets = append(in.Tickets, store.Queued{Ticket: store.Ticket{ID: strconv.Itoa(len(raw)), Limit: limit, State: f.state}})
+		raw = append(raw, v)
 		return nil
 	})
 	if err == errNotQuiet {
@@ -537,21 +489,17 @@ func (x *txn) quiet(limit string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if waiting > 0 && held < lim.Slots {
-		return false, nil // a promotion is due
-	}
-	if waiting > 0 && x.s.dead != nil {
-		for _, v := range probe {
+	if x.s.dead != nil {
+		in.Judge = func(t store.Ticket, act bool) (string, bool) {
+			i, _ := strconv.Atoi(t.ID)
 			var r ticketRec
-			if err := decode(v, &r); err != nil {
-				return false, nil // let the full settle report it
+			if err := decode(raw[i], &r); err != nil {
+				return "", true // not quiet: let the full settle report it
 			}
-			if _, dead := x.s.dead(x.view(r, 0), true); dead {
-				return false, nil
-			}
+			return x.s.dead(x.view(r, 0), act)
 		}
 	}
-	return true, nil
+	return store.PlanSettle(in).Empty(), nil
 }
 
 var errNotQuiet = fmt.Errorf("not quiet")
@@ -657,18 +605,32 @@ func (s *Store) mutNoteScan(r ticketRec, gone bool) {
 }
 
 // mutStaleVerdict (StaleVerdict) judges expiry on the deadline the last scan
-// read, when it read one, instead of on the record of this transaction.
-func (x *txn) mutStaleVerdict(r ticketRec, ev string, gone bool) (string, bool) {
+// read, when it read one, instead of on the record of this transaction; a
+// ticket the scan read is judged by that deadline alone.
+func (x *txn) mutStaleVerdict(in *store.SettleInput) {
 	x.s.mutMu.Lock()
-	old, ok := x.s.mutScan.deadlines[r.ID]
-	x.s.mutMu.Unlock()
-	if !ok {
-		return ev, gone
+	defer x.s.mutMu.Unlock()
+	scanned := map[string]bool{}
+	for i := range in.Tickets {
+		q := &in.Tickets[i]
+		old, ok := x.s.mutScan.deadlines[q.Ticket.ID]
+		if !ok {
+			continue
+		}
+		scanned[q.Ticket.ID] = true
+		q.Expired = ""
+		if old.DeadlineBoot != x.now.Boot || x.now.Mono >= old.DeadlineMono {
+			q.Expired = "expired (as scanned)"
+		}
 	}
-	if old.DeadlineBoot != x.now.Boot || x.now.Mono >= old.DeadlineMono {
-		return "expired (as scanned)", true
+	if judge := in.Judge; judge != nil {
+		in.Judge = func(t store.Ticket, act bool) (string, bool) {
+			if scanned[t.ID] {
+				return "", false
+			}
+			return judge(t, act)
+		}
 	}
-	return "", false
 }
 
 // mutFreeOne (ReleaseCounter) admits one waiter beyond the held count of the
@@ -688,7 +650,12 @@ func (x *txn) mutFreeOne(limit string) error {
 			held++
 		}
 	}
-	return x.promote(limit, max(held+1, lim.Slots), recs)
+	in := x.settleInput(limit, max(held+1, lim.Slots), recs)
+	for i := range in.Tickets {
+		in.Tickets[i].Expired = "" // no sweep: only the promotion
+	}
+	_, _, err = x.apply(recs, store.PlanSettle(in))
+	return err
 }
 
 // mutReleaseSlot (ReleaseNoCompare) removes whichever ticket holds the slot

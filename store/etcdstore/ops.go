@@ -65,7 +65,6 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 	}()
 
 	st, err := rr.st, rr.err
-	var r retrier
 	for {
 		if err != nil {
 			// A lost answer (or a lost read) is retried for as long as one
@@ -77,44 +76,50 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 			st, err = s.read(ctx, req.Limit, req.ID, false)
 			continue
 		}
-		if st.idKV != nil {
-			t, mine, err := s.existing(ctx, st, req, lease)
-			used = used || mine
-			return t, err
-		}
-		if st.lim != nil && req.CheckSlots && st.lim.Slots != req.Slots {
-			return store.Ticket{}, &store.SlotsConflictError{Limit: req.Limit, Have: st.lim.Slots, Want: req.Slots}
-		}
-		p := s.newPlan(st)
-		p.compareLimit()
-		if st.lim == nil {
-			lim := limitRec{V: formatVersion, Slots: req.Slots, Created: p.now}
-			p.put(s.k.limit(req.Limit), writeOp{val: encode(lim)})
-			st.lim = &lim
-		}
-		p.cmp(clientv3.Compare(clientv3.CreateRevision(s.k.id(req.ID)), "=", 0))
-		e := &entry{isNew: true, r: rec{V: formatVersion, ID: req.ID, Limit: req.Limit, Lease: lease, State: store.Waiting,
-			Slot: -1, TTL: req.TTL, Holder: req.Holder, Created: p.now}}
-		st.entries = append(st.entries, e)
-		p.settle(false)
-		if e.r.State == store.Held {
-			// Admitted on the strength of its place in the queue: no ticket
-			// may have been created (ahead of it) since the read.
-			p.cmp(clientv3.Compare(clientv3.CreateRevision(s.k.tickets(req.Limit)).WithPrefix(), "<", st.rev+1))
-		} else {
-			p.putNew(e)
-		}
-		resp, nst, cerr := s.commit(ctx, p, req.Limit, req.ID)
-		if errors.Is(cerr, errRetry) {
-			if err := r.next(ctx); err != nil {
-				return store.Ticket{}, err
+		var e *entry
+		var answer func() (store.Ticket, error)
+		p, resp, cerr := s.commit(ctx, st, req.ID, func(p *plan) error {
+			st := p.st
+			if st.idKV != nil {
+				answer = func() (store.Ticket, error) {
+					t, mine, err := s.existing(ctx, st, req, lease)
+					used = used || mine
+					return t, err
+				}
+				return errNoCommit
 			}
-			st = nst
-			continue
-		}
+			if st.lim != nil && req.CheckSlots && st.lim.Slots != req.Slots {
+				return &store.SlotsConflictError{Limit: req.Limit, Have: st.lim.Slots, Want: req.Slots}
+			}
+			p.compareLimit()
+			if st.lim == nil {
+				lim := limitRec{V: formatVersion, Slots: req.Slots, Created: p.now}
+				p.put(s.k.limit(req.Limit), writeOp{val: encode(lim)})
+				st.lim = &lim
+			}
+			p.cmp(clientv3.Compare(clientv3.CreateRevision(s.k.id(req.ID)), "=", 0))
+			e = &entry{isNew: true, r: rec{V: formatVersion, ID: req.ID, Limit: req.Limit, Lease: lease, State: store.Waiting,
+				Slot: -1, TTL: req.TTL, Holder: req.Holder, Created: p.now}}
+			st.entries = append(st.entries, e)
+			p.settle(false)
+			if e.r.State == store.Held {
+				// Admitted on the strength of its place in the queue: no ticket
+				// may have been created (ahead of it) since the read.
+				p.cmp(clientv3.Compare(clientv3.CreateRevision(s.k.tickets(req.Limit)).WithPrefix(), "<", st.rev+1))
+			} else {
+				p.putNew(e)
+			}
+			return nil
+		})
 		if cerr != nil {
+			if p == nil {
+				return store.Ticket{}, cerr // refused, or gave up on conflicts
+			}
 			err = cerr
 			continue
+		}
+		if resp == nil {
+			return answer()
 		}
 		used = true
 		e.fence = resp.Header.Revision
@@ -397,23 +402,18 @@ func (s *Store) settleLimit(ctx context.Context, limit, id string) (*lstate, err
 // committing only when there is something to do, and returns the limit as
 // it then stands (id's key read along, when not "").
 func (s *Store) settleState(ctx context.Context, st *lstate, id string) (*lstate, error) {
-	var r retrier
 	for {
-		p := s.newPlan(st)
-		p.settle(false)
-		if p.empty() {
-			return st, nil
-		}
-		_, nst, err := s.commit(ctx, p, st.name, id)
-		if errors.Is(err, errRetry) {
-			if err := r.next(ctx); err != nil {
-				return nil, err
+		p, resp, err := s.commit(ctx, st, id, func(p *plan) error {
+			if p.settle(false); p.empty() {
+				return errNoCommit
 			}
-			st = nst
-			continue
-		}
+			return nil
+		})
 		if err != nil {
 			return nil, err
+		}
+		if resp == nil {
+			return p.st, nil
 		}
 		s.afterCommit(p)
 		if !p.full {
@@ -442,55 +442,60 @@ func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (
 		return s.releaseAbsent(ctx, t, why, idr)
 	}
 	st, err := s.read(ctx, limit, t.ID, true)
-	var r retrier
-	uncertain := false // a release was sent whose answer was lost
+	uncertain, tries := false, 0 // a release was sent whose answer was lost
 	for {
 		if err != nil {
 			return false, err
 		}
-		var ir idRec
-		if st.idKV == nil {
-			s.forget(t.ID)
-			return s.releaseAbsent(ctx, t, why, nil)
-		}
-		if err := decode("ticket id "+t.ID, st.idKV.Value, &ir); err != nil {
-			return false, err
-		}
-		if ir.Removed != "" {
-			s.forget(t.ID)
-			if uncertain && ir.Removed == why {
-				return true, nil // the lost answer's release landed
+		var answer func() (bool, error)
+		p, resp, cerr := s.commit(ctx, st, t.ID, func(p *plan) error {
+			st := p.st
+			if st.idKV == nil {
+				answer = func() (bool, error) {
+					s.forget(t.ID)
+					return s.releaseAbsent(ctx, t, why, nil)
+				}
+				return errNoCommit
 			}
-			return s.releaseAbsent(ctx, t, why, &ir)
-		}
-		e, _ := st.find(t.ID)
-		if e == nil {
-			return false, fmt.Errorf("%w: ticket id %s names limit %q, which has no such ticket", store.ErrCorrupt, t.ID, limit)
-		}
-		if t.Fence != 0 && uint64(e.fence) != t.Fence {
-			return false, nil
-		}
-		p := s.newPlan(st)
-		p.remove(e, why, "")
-		p.settle(false)
-		_, nst, cerr := s.commit(ctx, p, limit, t.ID)
-		if errors.Is(cerr, errRetry) {
-			if err := r.next(ctx); err != nil {
-				return false, err
+			var ir idRec
+			if err := decode("ticket id "+t.ID, st.idKV.Value, &ir); err != nil {
+				return err
 			}
-			st, err = nst, nil
-			continue
-		}
+			if ir.Removed != "" {
+				answer = func() (bool, error) {
+					s.forget(t.ID)
+					if uncertain && ir.Removed == why {
+						return true, nil // the lost answer's release landed
+					}
+					return s.releaseAbsent(ctx, t, why, &ir)
+				}
+				return errNoCommit
+			}
+			e, _ := st.find(t.ID)
+			if e == nil {
+				return fmt.Errorf("%w: ticket id %s names limit %q, which has no such ticket", store.ErrCorrupt, t.ID, limit)
+			}
+			if t.Fence != 0 && uint64(e.fence) != t.Fence {
+				answer = func() (bool, error) { return false, nil }
+				return errNoCommit
+			}
+			p.remove(e, why, "")
+			p.settle(false)
+			return nil
+		})
 		if cerr != nil {
-			if unknownOutcome(cerr) && ctx.Err() == nil && r.n < 3 {
+			if p != nil && unknownOutcome(cerr) && ctx.Err() == nil && tries < 3 {
 				// The answer may be lost: look again. If it landed, the
 				// ticket is tombstoned with this reason: nothing is freed twice.
-				r.n++
+				tries++
 				uncertain = true
 				st, err = s.read(ctx, limit, t.ID, false)
 				continue
 			}
 			return false, cerr
+		}
+		if resp == nil {
+			return answer()
 		}
 		s.forget(t.ID)
 		s.afterCommit(p)
@@ -584,38 +589,30 @@ func (s *Store) SetChild(ctx context.Context, t store.Ticket, pgid int, pgidStar
 	} else {
 		st, err = s.read(ctx, limit, t.ID, true)
 	}
-	var r retrier
-	for {
-		if err != nil {
-			return store.Ticket{}, err
-		}
-		e, _ := st.find(t.ID)
+	if err != nil {
+		return store.Ticket{}, err
+	}
+	var e *entry
+	p, resp, err := s.commit(ctx, st, t.ID, func(p *plan) error {
+		e, _ = p.st.find(t.ID)
 		if e == nil || uint64(e.fence) != t.Fence {
-			return store.Ticket{}, fmt.Errorf("%w: ticket %s is gone", store.ErrLost, t.ID)
+			return fmt.Errorf("%w: ticket %s is gone", store.ErrLost, t.ID)
 		}
 		if !e.live() {
-			return store.Ticket{}, fmt.Errorf("%w: ticket %s: %s", store.ErrLost, t.ID, expiredEvidence)
+			return fmt.Errorf("%w: ticket %s: %s", store.ErrLost, t.ID, expiredEvidence)
 		}
-		p := s.newPlan(st)
 		e.r.Holder.Pgid, e.r.Holder.PgidStart = pgid, pgidStart
 		p.cmp(clientv3.Compare(clientv3.ModRevision(s.k.ticket(limit, t.ID)), "=", e.tkv.ModRevision))
 		p.put(s.k.ticket(limit, t.ID), writeOp{val: encode(e.r), keep: true})
 		p.put(s.k.record(limit, t.ID), writeOp{val: encode(e.r)})
-		resp, nst, cerr := s.commit(ctx, p, limit, t.ID)
-		if errors.Is(cerr, errRetry) {
-			if err := r.next(ctx); err != nil {
-				return store.Ticket{}, err
-			}
-			st, err = nst, nil
-			continue
-		}
-		if cerr != nil {
-			return store.Ticket{}, cerr
-		}
-		s.remember(e, resp.Header.Revision)
-		out, _ := s.viewOf(ctx, p.after(), t.ID)
-		return out, nil
+		return nil
+	})
+	if err != nil {
+		return store.Ticket{}, err
 	}
+	s.remember(e, resp.Header.Revision)
+	out, _ := s.viewOf(ctx, p.after(), t.ID)
+	return out, nil
 }
 
 // Snapshot implements [store.Store]: one consistent read of the limits'
@@ -701,23 +698,11 @@ func (s *Store) Snapshot(ctx context.Context, limits ...string) (store.Snapshot,
 	rem := s.remainingAll(ctx, all)
 	out := store.Snapshot{Now: time.Now(), Limits: []store.Limit{}, Tickets: []store.Ticket{}}
 	for _, n := range names {
-		es := entries[n]
-		sort.SliceStable(es, func(i, j int) bool { return es[i].fence < es[j].fence })
-		l := store.Limit{Name: n, Slots: lims[n].Slots, Created: lims[n].Created}
-		var waiting []store.Ticket
-		pos := positions(es)
-		for _, e := range es {
-			t := s.view(e, pos[e], rem[e.r.Lease])
-			if t.State == store.Held {
-				l.Held++
-				out.Tickets = append(out.Tickets, t)
-			} else {
-				l.Waiting++
-				waiting = append(waiting, t)
-			}
+		var ts []store.Ticket
+		for _, e := range entries[n] {
+			ts = append(ts, s.view(e, 0, rem[e.r.Lease]))
 		}
-		out.Tickets = append(out.Tickets, waiting...)
-		out.Limits = append(out.Limits, l)
+		out.AddLimit(store.Limit{Name: n, Slots: lims[n].Slots, Created: lims[n].Created}, ts)
 	}
 	return out, nil
 }
@@ -731,48 +716,41 @@ func (s *Store) SetLimit(ctx context.Context, name string, slots int) (store.Lim
 		return store.Limit{}, err
 	}
 	st, err := s.read(ctx, name, "", true)
-	var r retrier
-	for {
-		if err != nil {
-			return store.Limit{}, err
-		}
-		p := s.newPlan(st)
+	if err != nil {
+		return store.Limit{}, err
+	}
+	var lim limitRec
+	p, _, err := s.commit(ctx, st, "", func(p *plan) error {
 		p.compareLimit()
-		lim := limitRec{V: formatVersion, Slots: slots, Created: p.now}
-		if st.lim != nil {
-			lim.Created = st.lim.Created
+		lim = limitRec{V: formatVersion, Slots: slots, Created: p.now}
+		if p.st.lim != nil {
+			lim.Created = p.st.lim.Created
 		}
 		p.put(s.k.limit(name), writeOp{val: encode(lim)})
-		st.lim = &lim
+		l := lim
+		p.st.lim = &l
 		p.settle(false)
-		_, nst, cerr := s.commit(ctx, p, name, "")
-		if errors.Is(cerr, errRetry) {
-			if err := r.next(ctx); err != nil {
-				return store.Limit{}, err
-			}
-			st, err = nst, nil
-			continue
-		}
-		if cerr != nil {
-			return store.Limit{}, cerr
-		}
-		s.afterCommit(p)
-		after := p.after()
-		if p.full {
-			if nst, err := s.settleLimit(ctx, name, ""); err == nil {
-				after = nst
-			}
-		}
-		out := store.Limit{Name: name, Slots: slots, Created: lim.Created}
-		for _, e := range after.entries {
-			if e.r.State == store.Held {
-				out.Held++
-			} else {
-				out.Waiting++
-			}
-		}
-		return out, nil
+		return nil
+	})
+	if err != nil {
+		return store.Limit{}, err
 	}
+	s.afterCommit(p)
+	after := p.after()
+	if p.full {
+		if nst, err := s.settleLimit(ctx, name, ""); err == nil {
+			after = nst
+		}
+	}
+	out := store.Limit{Name: name, Slots: slots, Created: lim.Created}
+	for _, e := range after.entries {
+		if e.r.State == store.Held {
+			out.Held++
+		} else {
+			out.Waiting++
+		}
+	}
+	return out, nil
 }
 
 // RemoveLimit implements [store.Store].
@@ -781,37 +759,31 @@ func (s *Store) RemoveLimit(ctx context.Context, name string, force bool) error 
 		return err
 	}
 	st, err := s.read(ctx, name, "", true)
-	var r retrier
 	for {
 		if err != nil {
 			return err
 		}
-		if st.lim == nil {
-			return fmt.Errorf("%w: %q", store.ErrLimitNotFound, name)
-		}
-		if len(st.entries) > 0 && !force {
-			return fmt.Errorf("%w: limit %q has %d tickets", store.ErrLimitInUse, name, len(st.entries))
-		}
-		p := s.newPlan(st)
-		p.compareLimit()
-		for _, e := range st.entries {
-			if !p.remove(e, store.ForceReleased, "limit removed") {
-				break
+		p, _, cerr := s.commit(ctx, st, "", func(p *plan) error {
+			st := p.st
+			if st.lim == nil {
+				return fmt.Errorf("%w: %q", store.ErrLimitNotFound, name)
 			}
-		}
-		if !p.full {
-			// Nobody joined since the read: the limit goes with its last ticket.
-			p.cmp(clientv3.Compare(clientv3.CreateRevision(s.k.records(name)).WithPrefix(), "<", st.rev+1))
-			p.del(s.k.limit(name))
-		}
-		_, nst, cerr := s.commit(ctx, p, name, "")
-		if errors.Is(cerr, errRetry) {
-			if err := r.next(ctx); err != nil {
-				return err
+			if len(st.entries) > 0 && !force {
+				return fmt.Errorf("%w: limit %q has %d tickets", store.ErrLimitInUse, name, len(st.entries))
 			}
-			st, err = nst, nil
-			continue
-		}
+			p.compareLimit()
+			for _, e := range st.entries {
+				if !p.remove(e, store.ForceReleased, "limit removed") {
+					break
+				}
+			}
+			if !p.full {
+				// Nobody joined since the read: the limit goes with its last ticket.
+				p.cmp(clientv3.Compare(clientv3.CreateRevision(s.k.records(name)).WithPrefix(), "<", st.rev+1))
+				p.del(s.k.limit(name))
+			}
+			return nil
+		})
 		if cerr != nil {
 			return cerr
 		}
@@ -849,26 +821,21 @@ func (s *Store) Reap(ctx context.Context, dryRun bool, limits ...string) ([]stor
 			continue
 		}
 		st, err := s.read(ctx, name, "", true)
-		var r retrier
 		for {
 			if err != nil {
 				return nil, err
 			}
-			p := s.newPlan(st)
-			p.settle(true)
-			if p.empty() {
-				break
-			}
-			_, nst, cerr := s.commit(ctx, p, name, "")
-			if errors.Is(cerr, errRetry) {
-				if err := r.next(ctx); err != nil {
-					return nil, err
+			p, resp, cerr := s.commit(ctx, st, "", func(p *plan) error {
+				if p.settle(true); p.empty() {
+					return errNoCommit
 				}
-				st, err = nst, nil
-				continue
-			}
+				return nil
+			})
 			if cerr != nil {
 				return nil, cerr
+			}
+			if resp == nil {
+				break
 			}
 			s.revokeRemoved(p, true)
 			removed = append(removed, p.removed...)
@@ -918,26 +885,25 @@ func (s *Store) reapDry(ctx context.Context, name string) ([]store.Removal, erro
 	if err != nil {
 		return nil, err
 	}
+	slots := 0
+	if st.lim != nil {
+		slots = st.lim.Slots
+	}
+	p := s.newPlan(st)
+	in := store.SettleInput{Slots: map[string]int{name: slots}, Judge: s.dead, All: true, DryRun: true}
+	es := p.queued(&in, 0)
+	gone := map[int]string{}
+	for _, rm := range store.PlanSettle(in).Remove {
+		gone[rm.Index] = rm.Evidence
+	}
 	var out []store.Removal
-	for _, e := range st.entries {
-		t := s.view(e, 0, 0)
-		if !e.live() {
-			ev := expiredEvidence
-			if s.dead != nil {
-				if dev, dead := s.dead(t, false); dead {
-					ev += "; " + dev
-				}
-			}
+	for i, e := range es {
+		t := in.Tickets[i].Ticket
+		if ev, ok := gone[i]; ok {
 			out = append(out, store.Removal{Ticket: t, Reason: store.Reaped, Evidence: ev})
 			continue
 		}
-		if s.dead != nil {
-			if ev, dead := s.dead(t, false); dead {
-				out = append(out, store.Removal{Ticket: t, Reason: store.Reaped, Evidence: ev})
-				continue
-			}
-		}
-		if s.o.skew > 0 {
+		if s.o.skew > 0 && e.live() {
 			if rem := s.remaining(ctx, e.r.Lease); rem-s.o.skew <= 0 {
 				out = append(out, store.Removal{Ticket: t, Reason: store.Reaped,
 					Evidence: "expired " + ago(s.o.skew-rem) + " ago by this reaper's reading (the server has not expired it)"})

@@ -142,125 +142,80 @@ func (p *plan) remove(e *entry, why store.Reason, evidence string) bool {
 }
 
 // settle sweeps the limit and promotes its waiters, the step every write
-// that can free or add capacity ends with. Expired tickets (records whose
-// lease the server revoked) are removed; so are holders proven dead, probed
-// like the bbolt store does: everyone when all is set (reap), else only when
-// somebody waits for a full limit, and then the holders and the waiters next
-// in line. The judge may stop an orphaned job (act). Tickets the plan
-// removes already (a release) count as gone.
+// that can free or add capacity ends with. The policy is store.PlanSettle's:
+// expired tickets (records whose lease the server revoked) are removed, and
+// so are holders proven dead, probed as the bbolt store does; an expired one
+// is shown to the judge only by a reap (all). The judge may stop an
+// orphaned job (act). Tickets the plan removes already (a release) count as
+// gone; the ticket being enqueued is admitted but not judged.
 func (p *plan) settle(all bool) {
 	st := p.st
 	if st.lim == nil {
 		return
 	}
-	gone := p.gone
-	slots := st.lim.Slots
-	held, waiting := 0, 0
-	for _, e := range st.entries {
-		if gone[e] || !e.live() {
-			continue
+	in := store.SettleInput{Slots: map[string]int{st.name: st.lim.Slots}, Judge: p.s.dead, All: all}
+	es := p.queued(&in, time.Millisecond)
+	plan := store.PlanSettle(in)
+	for _, rm := range plan.Remove {
+		e := es[rm.Index]
+		if !p.remove(e, store.Reaped, rm.Evidence) {
+			return // out of room: the admissions may rest on this removal
 		}
-		if e.r.State == store.Held {
-			held++
-		} else {
-			waiting++
+		p.removed = append(p.removed, store.Removal{Ticket: p.s.view(e, 0, 0), Reason: store.Reaped, Evidence: rm.Evidence})
+	}
+	for _, a := range plan.Admit {
+		if !p.admit(es[a.Index], a.Slot) {
+			return
 		}
 	}
-	contended := waiting > 0 && held >= slots
-	ahead := 0
-	for _, e := range st.entries {
-		if gone[e] || e.isNew {
-			continue
-		}
-		if !e.live() {
-			ev := expiredEvidence
-			if p.s.dead != nil && all {
-				// The slot went with the lease; a job its dead supervisor
-				// left running is stopped all the same.
-				if dev, dead := p.s.dead(p.s.view(e, 0, 0), true); dead {
-					ev += "; " + dev
-				}
-			}
-			if !p.remove(e, store.Reaped, ev) {
-				return
-			}
-			p.removed = append(p.removed, store.Removal{Ticket: p.s.view(e, 0, 0), Reason: store.Reaped, Evidence: ev})
-			continue
-		}
-		probe := all || (contended && (e.r.State == store.Held || ahead < slots))
-		if probe && p.s.dead != nil {
-			if ev, dead := p.s.dead(p.s.view(e, 0, time.Millisecond), true); dead {
-				if !p.remove(e, store.Reaped, ev) {
-					return
-				}
-				p.removed = append(p.removed, store.Removal{Ticket: p.s.view(e, 0, 0), Reason: store.Reaped, Evidence: ev})
-				continue
-			}
-		}
-		if e.r.State != store.Held {
-			ahead++
-		}
-	}
-	p.promote(gone)
 }
 
-// promote admits the waiters among the first <slots> live tickets, in
-// queue order, each into the lowest free slot index. Held tickets are
-// always a prefix of the queue, so this never passes a waiter over, and the
-// held never outnumber the slots (after a shrink nobody is admitted until
-// they do not).
-func (p *plan) promote(gone map[*entry]bool) {
+// queued fills in's tickets with the limit's entries that this plan keeps,
+// in queue order, and returns those entries. A live ticket is shown to the
+// judge with remaining left (its lease is the server's to tell).
+func (p *plan) queued(in *store.SettleInput, remaining time.Duration) []*entry {
+	var es []*entry
+	for _, e := range p.st.entries {
+		if p.gone[e] {
+			continue
+		}
+		q := store.Queued{Fresh: e.isNew, Ticket: p.s.view(e, 0, remaining)}
+		if !e.live() {
+			q.Expired = expiredEvidence
+		}
+		q.Ticket.Limit = p.st.name
+		es = append(es, e)
+		in.Tickets = append(in.Tickets, q)
+	}
+	return es
+}
+
+// admit puts the waiter e into slot index i: compare the slot key as read
+// (absent, or freed in this plan by a removal whose compare covers it) and
+// the limit's size, and rewrite the ticket held. It reports false when out of room.
+func (p *plan) admit(e *entry, i int) bool {
 	st := p.st
-	slots := st.lim.Slots
-	used := map[int]bool{}
-	held := 0
-	var live []*entry
-	for _, e := range st.entries {
-		if gone[e] || !e.live() {
-			continue
-		}
-		live = append(live, e)
-		if e.r.State == store.Held {
-			held++
-			used[e.r.Slot] = true
-		}
+	if !p.room(4, 3) {
+		return false
 	}
-	next := 0
-	for k, e := range live {
-		if k >= slots || held >= slots {
-			return
-		}
-		if e.r.State == store.Held {
-			continue
-		}
-		for used[next] {
-			next++
-		}
-		if !p.room(4, 3) {
-			return
-		}
-		p.compareLimit()
-		i := next
-		used[i] = true
-		held++
-		if kv := st.slots[i]; kv == nil {
-			p.cmp(clientv3.Compare(clientv3.CreateRevision(p.s.k.slot(st.name, i)), "=", 0))
-		} else {
-			// Freed in this plan by a removal whose compare covers it.
-			p.cmp(clientv3.Compare(clientv3.ModRevision(p.s.k.slot(st.name, i)), "=", kv.ModRevision))
-		}
-		e.r.State, e.r.Slot, e.r.Admitted = store.Held, i, p.now
-		if e.isNew {
-			p.putNew(e)
-		} else {
-			p.cmp(clientv3.Compare(clientv3.ModRevision(p.s.k.ticket(st.name, e.r.ID)), "=", e.tkv.ModRevision))
-			p.put(p.s.k.ticket(st.name, e.r.ID), writeOp{val: encode(e.r), keep: true})
-			p.put(p.s.k.record(st.name, e.r.ID), writeOp{val: encode(e.r)})
-		}
-		p.put(p.s.k.slot(st.name, i), writeOp{val: e.r.ID, lease: e.r.Lease})
-		p.event("admitted", e.r, e.fence, "")
-		p.promoted = append(p.promoted, e)
+	p.compareLimit()
+	if kv := st.slots[i]; kv == nil {
+		p.cmp(clientv3.Compare(clientv3.CreateRevision(p.s.k.slot(st.name, i)), "=", 0))
+	} else {
+		p.cmp(clientv3.Compare(clientv3.ModRevision(p.s.k.slot(st.name, i)), "=", kv.ModRevision))
 	}
+	e.r.State, e.r.Slot, e.r.Admitted = store.Held, i, p.now
+	if e.isNew {
+		p.putNew(e)
+	} else {
+		p.cmp(clientv3.Compare(clientv3.ModRevision(p.s.k.ticket(st.name, e.r.ID)), "=", e.tkv.ModRevision))
+		p.put(p.s.k.ticket(st.name, e.r.ID), writeOp{val: encode(e.r), keep: true})
+		p.put(p.s.k.record(st.name, e.r.ID), writeOp{val: encode(e.r)})
+	}
+	p.put(p.s.k.slot(st.name, i), writeOp{val: e.r.ID, lease: e.r.Lease})
+	p.event("admitted", e.r, e.fence, "")
+	p.promoted = append(p.promoted, e)
+	return true
 }
 
 // putNew writes a new ticket's keys (Enqueue).
@@ -308,11 +263,45 @@ func (p *plan) ops(day int64) []clientv3.Op {
 // errRetry: the plan's compares failed; plan again on the state returned.
 var errRetry = errors.New("state changed: plan again")
 
-// commit runs the plan. On a failed compare it returns errRetry and the
+// errNoCommit, returned by a build, ends commit without a transaction: the
+// plan has nothing to write, or the caller has its answer already.
+var errNoCommit = errors.New("nothing to commit")
+
+// commit builds a plan on st and commits it: the one loop of every write.
+// When a compare fails it builds again, on the state the failed transaction
+// read in the same round trip, pacing the retries (retrier). This is etcd's
+// concurrency.NewSTM — its apply function reruns on a conflict — with the
+// reads done up front (st) and the compares named by the plan. build
+// returns errNoCommit to stop without writing: commit then returns the plan
+// and a nil response. An error of build, or giving up on conflicts, comes
+// with a nil plan; an error of the transaction itself comes with its plan
+// (its outcome may be unknown: the caller may read again and retry).
+func (s *Store) commit(ctx context.Context, st *lstate, id string, build func(p *plan) error) (*plan, *clientv3.TxnResponse, error) {
+	var r retrier
+	for {
+		p := s.newPlan(st)
+		if err := build(p); errors.Is(err, errNoCommit) {
+			return p, nil, nil
+		} else if err != nil {
+			return nil, nil, err
+		}
+		resp, nst, err := s.try(ctx, p, st.name, id)
+		if errors.Is(err, errRetry) {
+			if err := r.next(ctx); err != nil {
+				return nil, nil, err
+			}
+			st = nst
+			continue
+		}
+		return p, resp, err
+	}
+}
+
+// try runs the plan once. On a failed compare it returns errRetry and the
 // state at the revision of the failure (read in the same transaction). A
 // lease that vanished between the read and the commit (a waiter's expired,
 // the day lease ran out) is also a retry, on a fresh read.
-func (s *Store) commit(ctx context.Context, p *plan, limit, id string) (*clientv3.TxnResponse, *lstate, error) {
+func (s *Store) try(ctx context.Context, p *plan, limit, id string) (*clientv3.TxnResponse, *lstate, error) {
 	var day int64
 	if p.needDay {
 		var err error

@@ -1,0 +1,229 @@
+package store
+
+import (
+	"fmt"
+	"reflect"
+	"testing"
+)
+
+func TestPlanSettle(t *testing.T) {
+	held := func(id string, slot int) Queued {
+		return Queued{Ticket: Ticket{ID: id, Limit: "l", State: Held, Slot: slot}}
+	}
+	waiting := func(id string) Queued {
+		return Queued{Ticket: Ticket{ID: id, Limit: "l", State: Waiting, Slot: -1}}
+	}
+	expired := func(q Queued, why string) Queued { q.Expired = why; return q }
+	in := func(limit string, q Queued) Queued { q.Ticket.Limit = limit; return q }
+	fresh := func(q Queued) Queued { q.Fresh = true; return q }
+
+	tests := []struct {
+		name    string
+		slots   map[string]int
+		tickets []Queued
+		dead    []string // ids the judge proves dead
+		all     bool
+		expJudg bool
+		dry     bool
+		want    SettlePlan
+		asked   []string // ids shown to the judge, in order
+	}{
+		{
+			name:    "nothing to do",
+			slots:   map[string]int{"l": 2},
+			tickets: []Queued{held("a", 0), held("b", 1), waiting("c")},
+			want:    SettlePlan{},
+			asked:   []string{"a", "b", "c"}, // contended: holders and the next in line
+		},
+		{
+			name:  "empty limit",
+			slots: map[string]int{"l": 2},
+			want:  SettlePlan{},
+		},
+		{
+			name:    "uncontended: nobody is judged",
+			slots:   map[string]int{"l": 3},
+			tickets: []Queued{held("a", 0), held("b", 1)},
+			dead:    []string{"a"},
+			want:    SettlePlan{},
+		},
+		{
+			name:    "expiry frees a slot for the head waiter",
+			slots:   map[string]int{"l": 1},
+			tickets: []Queued{expired(held("a", 0), "expired 3s ago"), waiting("b"), waiting("c")},
+			want:    SettlePlan{Remove: []Remove{{0, "expired 3s ago"}}, Admit: []Admit{{1, 0}}},
+		},
+		{
+			name:    "an expired waiter is removed and passes nobody",
+			slots:   map[string]int{"l": 1},
+			tickets: []Queued{held("a", 0), expired(waiting("b"), "expired 1s ago"), waiting("c")},
+			want:    SettlePlan{Remove: []Remove{{1, "expired 1s ago"}}},
+			asked:   []string{"a", "c"},
+		},
+		{
+			name:    "proof of death frees a contended slot",
+			slots:   map[string]int{"l": 1},
+			tickets: []Queued{held("a", 0), waiting("b"), waiting("c")},
+			dead:    []string{"a"},
+			want:    SettlePlan{Remove: []Remove{{0, "dead"}}, Admit: []Admit{{1, 0}}},
+			asked:   []string{"a", "b"}, // c is behind the next in line
+		},
+		{
+			name:    "a dead ticket far back is left to its TTL",
+			slots:   map[string]int{"l": 1},
+			tickets: []Queued{held("a", 0), waiting("b"), waiting("c")},
+			dead:    []string{"c"},
+			want:    SettlePlan{},
+			asked:   []string{"a", "b"},
+		},
+		{
+			name:    "reap judges everyone",
+			slots:   map[string]int{"l": 1},
+			tickets: []Queued{held("a", 0), waiting("b"), waiting("c")},
+			dead:    []string{"c"},
+			all:     true,
+			want:    SettlePlan{Remove: []Remove{{2, "dead"}}},
+			asked:   []string{"a", "b", "c"},
+		},
+		{
+			name:    "dry run: the judge is asked without act",
+			slots:   map[string]int{"l": 1},
+			tickets: []Queued{expired(held("a", 0), "expired 2s ago"), waiting("b"), waiting("c")},
+			dead:    []string{"a", "c"},
+			all:     true,
+			dry:     true,
+			want:    SettlePlan{Remove: []Remove{{0, "expired 2s ago; dead"}, {2, "dead"}}, Admit: []Admit{{1, 0}}},
+			asked:   []string{"a", "b", "c"},
+		},
+		{
+			name:    "expired and dead: both said",
+			slots:   map[string]int{"l": 1},
+			tickets: []Queued{expired(held("a", 0), "expired 2s ago"), waiting("b")},
+			dead:    []string{"a"},
+			expJudg: true,
+			want:    SettlePlan{Remove: []Remove{{0, "expired 2s ago; dead"}}, Admit: []Admit{{1, 0}}},
+			asked:   []string{"a"}, // b is alone once a expired: uncontended
+		},
+		{
+			name:    "an expired ticket is not shown to the judge unless asked",
+			slots:   map[string]int{"l": 1},
+			tickets: []Queued{expired(held("a", 0), "expired 2s ago"), waiting("b")},
+			dead:    []string{"a"},
+			want:    SettlePlan{Remove: []Remove{{0, "expired 2s ago"}}, Admit: []Admit{{1, 0}}},
+		},
+		{
+			name:    "FIFO: a blocked head blocks those behind it",
+			slots:   map[string]int{"l": 2},
+			tickets: []Queued{held("a", 0), held("b", 1), waiting("c"), waiting("d")},
+			want:    SettlePlan{},
+			asked:   []string{"a", "b", "c", "d"},
+		},
+		{
+			name:    "FIFO: admissions in queue order while slots are free",
+			slots:   map[string]int{"l": 3},
+			tickets: []Queued{held("a", 1), waiting("b"), waiting("c"), waiting("d")},
+			want:    SettlePlan{Admit: []Admit{{1, 0}, {2, 2}}},
+			asked:   []string{}, // 1 held of 3: not contended
+		},
+		{
+			name:    "shrunk: nobody admitted while the holders are as many as the slots",
+			slots:   map[string]int{"l": 1},
+			tickets: []Queued{held("a", 0), held("b", 1), held("c", 2), waiting("d")},
+			want:    SettlePlan{},
+			asked:   []string{"a", "b", "c", "d"},
+		},
+		{
+			name:    "shrunk: a removal below the size still admits nobody",
+			slots:   map[string]int{"l": 2},
+			tickets: []Queued{expired(held("a", 0), "expired 1s ago"), held("b", 1), held("c", 2), waiting("d")},
+			want:    SettlePlan{Remove: []Remove{{0, "expired 1s ago"}}},
+			asked:   []string{"b", "c", "d"},
+		},
+		{
+			name:    "shrunk: admitted once below the size, into the lowest free index",
+			slots:   map[string]int{"l": 2},
+			tickets: []Queued{expired(held("a", 0), "x"), expired(held("b", 1), "x"), held("c", 2), waiting("d"), waiting("e")},
+			want:    SettlePlan{Remove: []Remove{{0, "x"}, {1, "x"}}, Admit: []Admit{{3, 0}}},
+		},
+		{
+			name:    "slot index reuse: the freed index is taken first",
+			slots:   map[string]int{"l": 3},
+			tickets: []Queued{held("a", 0), expired(held("b", 1), "x"), held("c", 2), waiting("d")},
+			want:    SettlePlan{Remove: []Remove{{1, "x"}}, Admit: []Admit{{3, 1}}},
+		},
+		{
+			name:    "paused limit admits nobody",
+			slots:   map[string]int{"l": 0},
+			tickets: []Queued{waiting("a")},
+			want:    SettlePlan{},
+			asked:   []string{}, // next in line: the first 0 waiters
+		},
+		{
+			name:    "a fresh ticket is admitted but not judged",
+			slots:   map[string]int{"l": 1},
+			tickets: []Queued{held("a", 0), fresh(waiting("b"))},
+			dead:    []string{"b"},
+			all:     true,
+			want:    SettlePlan{},
+			asked:   []string{"a"},
+		},
+		{
+			name:    "a fresh ticket takes a free slot",
+			slots:   map[string]int{"l": 1},
+			tickets: []Queued{fresh(waiting("a"))},
+			want:    SettlePlan{Admit: []Admit{{0, 0}}},
+		},
+		{
+			name:  "limits are counted apart; an unknown limit is left alone",
+			slots: map[string]int{"l": 1, "m": 1},
+			tickets: []Queued{held("a", 0), in("m", waiting("b")), waiting("c"),
+				in("x", expired(waiting("d"), "x"))},
+			want:  SettlePlan{Admit: []Admit{{1, 0}}},
+			asked: []string{"a", "c"},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			asked := []string{}
+			judge := func(tk Ticket, act bool) (string, bool) {
+				if act == tc.dry {
+					t.Errorf("judge asked about %s with act=%v in a dry run=%v", tk.ID, act, tc.dry)
+				}
+				asked = append(asked, tk.ID)
+				for _, id := range tc.dead {
+					if id == tk.ID {
+						return "dead", true
+					}
+				}
+				return "", false
+			}
+			got := PlanSettle(SettleInput{Slots: tc.slots, Tickets: tc.tickets, Judge: judge, All: tc.all, JudgeExpired: tc.expJudg, DryRun: tc.dry})
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("plan = %s, want %s", show(got), show(tc.want))
+			}
+			if tc.asked == nil {
+				tc.asked = []string{}
+			}
+			if !reflect.DeepEqual(asked, tc.asked) {
+				t.Errorf("judge asked about %v, want %v", asked, tc.asked)
+			}
+		})
+	}
+}
+
+// Without a judge only expiry removes.
+func TestPlanSettleNoJudge(t *testing.T) {
+	got := PlanSettle(SettleInput{Slots: map[string]int{"l": 1}, All: true, JudgeExpired: true, Tickets: []Queued{
+		{Ticket: Ticket{ID: "a", Limit: "l", State: Held}},
+		{Ticket: Ticket{ID: "b", Limit: "l", State: Waiting, Slot: -1}, Expired: "gone"},
+	}})
+	want := SettlePlan{Remove: []Remove{{1, "gone"}}}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("plan = %s, want %s", show(got), show(want))
+	}
+	if got.Empty() || !(SettlePlan{}).Empty() {
+		t.Errorf("Empty is wrong")
+	}
+}
+
+func show(p SettlePlan) string { return fmt.Sprintf("remove %v admit %v", p.Remove, p.Admit) }
