@@ -57,7 +57,7 @@ type Store struct {
 	dead    store.Judge
 	noSync  bool
 
-	mut     mutation.Set // test-only, nil in production
+	mut     mutation.Set // test-only: nil in production, empty without the tag
 	mutMu   sync.Mutex   // guards mutScan
 	mutScan mutScan      // what this handle's last dry-run reap read (mutations only)
 }
