@@ -65,6 +65,8 @@ type Config struct {
 	Notify func(Note)
 	// Mutations is test-only (internal/mutation): known supervisor bugs
 	// switched back on, so that the simulation proves it catches them.
+	// Without the build tag slotctl_mutations it is empty and the bugs are
+	// compiled out.
 	Mutations mutation.Set
 }
 

@@ -37,7 +37,8 @@ type Options struct {
 	// NoSync skips fsync at commit. Only for tests and benchmarks.
 	NoSync bool
 	// Mutations is test-only: it re-introduces known bugs so that the
-	// simulation (gate/sim) can prove it catches them. nil in production.
+	// simulation (internal/sim) can prove it catches them. Without the
+	// build tag slotctl_mutations it is empty and the bugs are compiled out.
 	Mutations mutation.Set
 }
 
@@ -56,7 +57,7 @@ type Store struct {
 	dead    store.Judge
 	noSync  bool
 
-	mut     mutation.Set // test-only, nil in production
+	mut     mutation.Set // test-only: nil in production, empty without the tag
 	mutMu   sync.Mutex   // guards mutScan
 	mutScan mutScan      // what this handle's last dry-run reap read (mutations only)
 }

@@ -579,8 +579,9 @@ func (x *txn) viewIn(recs []ticketRec, id string) (store.Ticket, bool) {
 }
 
 // --- Test-only mutations (internal/mutation). Each re-introduces a bug of
-// LEASES.md so that gate/sim can prove it catches it; with a nil
-// Options.Mutations none of this runs.
+// LEASES.md so that internal/sim can prove it catches it; with a nil
+// Options.Mutations none of this runs, and without the build tag
+// slotctl_mutations none of it is linked in.
 
 // mutScan is what a store handle's last dry-run reap read: the tickets it
 // listed as removable (a reap "job queue") and every deadline it saw.

@@ -195,7 +195,7 @@ func Run(cfg Config) (res Result) {
 	if nb == nil {
 		nb = NewBolt
 	}
-	be, err := nb(cfg.Dir, s.judge, storeBugs(cfg.Mutations))
+	be, err := nb(cfg.Dir, s.judge, mutation.InStore(cfg.Mutations))
 	if err != nil {
 		s.fail("setup", "backend: %v", err)
 		return res
@@ -216,16 +216,6 @@ func Run(cfg Config) (res Result) {
 		s.stats.Steps = s.viol.Step
 	}
 	return res
-}
-
-func storeBugs(set mutation.Set) mutation.Set {
-	out := mutation.Set{}
-	for b := range set {
-		if b.InStore() && set[b] {
-			out[b] = true
-		}
-	}
-	return out
 }
 
 func (s *sim) setup() {

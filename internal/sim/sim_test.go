@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/slotctl/slotctl/gate/sim"
 	"github.com/slotctl/slotctl/internal/mutation"
+	"github.com/slotctl/slotctl/internal/sim"
 	"github.com/slotctl/slotctl/renew"
 	"github.com/slotctl/slotctl/store"
 	"github.com/slotctl/slotctl/store/boltstore"
@@ -84,7 +84,7 @@ func (d *dirs) next() string {
 // TestSim runs the simulation over many seeds (or replays one with -seed)
 // and fails with the first violation, reduced, with its replay command.
 //
-// Soak: SLOTCTL_SIM_SEEDS=4000 SLOTCTL_SIM_STEPS=500 go test ./gate/sim -run 'TestSim$' -timeout 30m
+// Soak: SLOTCTL_SIM_SEEDS=4000 SLOTCTL_SIM_STEPS=500 go test ./internal/sim -run 'TestSim$' -timeout 30m
 // (SLOTCTL_SIM_SEED0 picks the first seed; -v prints the figures.)
 func TestSim(t *testing.T) {
 	d := &dirs{root: t.TempDir()}
@@ -172,71 +172,6 @@ func TestSim(t *testing.T) {
 	}
 }
 
-// Budget for finding each mutation.
-const (
-	mutSeeds = 200
-	mutSteps = 500
-)
-
-// TestMutationsCaught switches each known bug back on and asserts that the
-// simulation finds it within mutSeeds seeds of mutSteps steps, and that the
-// failing run replays to the same violation.
-func TestMutationsCaught(t *testing.T) {
-	for _, bug := range mutation.All() {
-		t.Run(string(bug), func(t *testing.T) {
-			t.Parallel()
-			d := &dirs{root: t.TempDir()}
-			steps := 0
-			for seed := uint64(1); seed <= mutSeeds; seed++ {
-				c := sim.Config{Seed: seed, Steps: mutSteps, Mutations: mutation.Of(bug), Dir: d.next()}
-				r := sim.Run(c)
-				steps += r.Stats.Steps
-				v := r.Violation
-				if v == nil {
-					continue
-				}
-				t.Logf("%s caught at seed %d, step %d (%d steps searched): %v", bug, seed, v.Step, steps, v)
-				// A violation in the random phase replays with the budget
-				// cut to its step; one found in the quiescent phase after it
-				// replays with the same budget.
-				c.Steps, c.Dir = min(v.Step, c.Steps), d.next()
-				again := sim.Run(c)
-				if again.Violation == nil || *again.Violation != *v {
-					t.Errorf("replay with -steps %d found %v, not the same violation", c.Steps, again.Violation)
-				}
-				return
-			}
-			t.Errorf("%s: not caught in %d seeds × %d steps (%d steps)", bug, mutSeeds, mutSteps, steps)
-		})
-	}
-}
-
-// TestReduce checks the failure report: the reduced run breaks the same
-// rule, in no more steps, and its command replays it.
-func TestReduce(t *testing.T) {
-	d := &dirs{root: t.TempDir()}
-	var r sim.Result
-	for seed := uint64(1); seed <= mutSeeds && r.Violation == nil; seed++ {
-		r = sim.Run(sim.Config{Seed: seed, Steps: mutSteps, Mutations: mutation.Of(mutation.ReleaseNoCompare), Dir: d.next()})
-	}
-	if r.Violation == nil {
-		t.Fatal("release-no-compare not caught")
-	}
-	red := sim.Reduce(r, d.next)
-	if red.Violation == nil || red.Violation.Rule != r.Violation.Rule {
-		t.Fatalf("reduced run: %v, want a %s violation", red.Violation, r.Violation.Rule)
-	}
-	if red.Config.Steps > r.Violation.Step || len(red.Trace) != red.Violation.Step {
-		t.Errorf("reduced to %d steps (trace %d lines), more than the original violation's step %d", red.Config.Steps, len(red.Trace), r.Violation.Step)
-	}
-	c := red.Config
-	c.Dir, c.Trace = d.next(), false
-	if again := sim.Run(c); again.Violation == nil || *again.Violation != *red.Violation {
-		t.Errorf("the replay command's config found %v, not %v", again.Violation, red.Violation)
-	}
-	t.Logf("\n%s", sim.Report(r, red, 30))
-}
-
 // TestDeterministic: a seed replays step for step.
 func TestDeterministic(t *testing.T) {
 	d := &dirs{root: t.TempDir()}
@@ -310,37 +245,5 @@ func TestRenewOfDeadWaiter(t *testing.T) {
 	case errors.Is(err, store.ErrLost):
 	default:
 		t.Fatalf("Renew of a waiter proven dead: %v, want ErrLost", err)
-	}
-}
-
-// TestMutationConsequences: the supervisor-side bugs are caught by a rule
-// about the holder itself (S9: its deadline; S10: release after exit). With
-// that rule ignored, the simulation still finds what the bug does: a child
-// running without a lease (S2).
-func TestMutationConsequences(t *testing.T) {
-	for _, c := range []struct {
-		bug    mutation.Bug
-		ignore string
-	}{
-		{mutation.WaiterNotRenewed, "S9"},
-		{mutation.ReleaseBeforeExit, "S10"},
-	} {
-		t.Run(string(c.bug), func(t *testing.T) {
-			t.Parallel()
-			d := &dirs{root: t.TempDir()}
-			steps := 0
-			for seed := uint64(1); seed <= mutSeeds; seed++ {
-				r := sim.Run(sim.Config{Seed: seed, Steps: mutSteps, Mutations: mutation.Of(c.bug), Ignore: []string{c.ignore}, Dir: d.next()})
-				steps += r.Stats.Steps
-				if v := r.Violation; v != nil {
-					t.Logf("with %s ignored: caught at seed %d, step %d (%d steps searched): %v", c.ignore, seed, v.Step, steps, v)
-					if v.Rule != "S2" {
-						t.Errorf("caught by %s, want S2", v.Rule)
-					}
-					return
-				}
-			}
-			t.Errorf("with %s ignored: not caught in %d seeds × %d steps", c.ignore, mutSeeds, mutSteps)
-		})
 	}
 }

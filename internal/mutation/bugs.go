@@ -1,19 +1,18 @@
 // Package mutation names the known lease bugs (LEASES.md, LEASES-CATALOGUE.md
 // §1) that a test can switch back on in the real code, so that the
-// simulation in gate/sim can prove it catches each of them.
+// simulation in internal/sim can prove it catches each of them.
 //
-// Test-only: production code never sets a Set, and a nil Set has no bug
-// switched on. The package is internal, so no other module can use it.
+// Test-only, and only with the build tag slotctl_mutations: without it (go
+// build, go install, the released binaries) a Set has no state and Has is a
+// constant false, so the compiler drops every guarded bug and the linker
+// everything they call; the binary carries no code and no symbol of this
+// package (cmd/internal/cli's TestNoMutationSymbols checks it). The
+// mutation tests run with the tag:
+//
+//	go test -tags slotctl_mutations ./internal/sim/...
+//
+// The package is internal, so no other module can use it.
 package mutation
-
-import (
-	"fmt"
-	"slices"
-	"strings"
-)
-
-// A Bug is one known defect that the design prevents.
-type Bug string
 
 // The store-side bugs live at their real location in store/boltstore, the
 // supervisor-side ones in gate/holder (Config.Mutations), the protocol that
@@ -56,49 +55,4 @@ const (
 func All() []Bug {
 	return []Bug{BlindReap, ReleaseCounter, ReleaseNoCompare, RenewExpired, StaleVerdict, NoTombstone, WallClock,
 		WaiterNotRenewed, ReleaseBeforeExit}
-}
-
-// InStore reports whether b is switched in the store (else in the holder).
-func (b Bug) InStore() bool { return b != WaiterNotRenewed && b != ReleaseBeforeExit }
-
-// A Set is the bugs switched on. The nil Set is production: none.
-type Set map[Bug]bool
-
-// Has reports whether b is switched on.
-func (s Set) Has(b Bug) bool { return s[b] }
-
-// Of is the Set of the given bugs.
-func Of(bugs ...Bug) Set {
-	s := Set{}
-	for _, b := range bugs {
-		s[b] = true
-	}
-	return s
-}
-
-// String lists the bugs switched on, comma-separated, in All's order.
-func (s Set) String() string {
-	var out []string
-	for _, b := range All() {
-		if s.Has(b) {
-			out = append(out, string(b))
-		}
-	}
-	return strings.Join(out, ",")
-}
-
-// Parse reads a comma-separated list of bug names ("" is none).
-func Parse(list string) (Set, error) {
-	s := Set{}
-	for _, name := range strings.Split(list, ",") {
-		name = strings.TrimSpace(name)
-		if name == "" {
-			continue
-		}
-		if !slices.Contains(All(), Bug(name)) {
-			return nil, fmt.Errorf("mutation %q: want one of %v", name, All())
-		}
-		s[Bug(name)] = true
-	}
-	return s, nil
 }

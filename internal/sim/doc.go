@@ -9,7 +9,7 @@
 //
 // The simulation is single-threaded. Each step picks one actor and performs
 // one action, at most a few real store calls at one instant of the simulated
-// clock, so a seed replays exactly: go test ./gate/sim -run TestSim -seed N.
+// clock, so a seed replays exactly: go test ./internal/sim -run TestSim -seed N.
 // Time moves only in "tick" steps, and never past a moment at which a
 // responsive actor must act (a renewal or poll due, a local deadline, a
 // child's exit, a kill escalation, a reaper's turn): timers fire on time
@@ -99,7 +99,13 @@
 // Each bug class of LEASES.md that the design prevents can be switched back
 // on (internal/mutation; store-side ones in store/boltstore at their real
 // location). TestMutationsCaught asserts that the simulation finds each
-// within a bounded budget of seeds and steps.
+// within a bounded budget of seeds and steps. The switches exist only in a
+// build with the tag slotctl_mutations, so those tests (and TestReduce,
+// which needs a failing run) run only with it:
+//
+//	go test -tags slotctl_mutations ./internal/sim -run 'TestMutations|TestReduce'
+//
+// Without the tag the bugs are compiled out: go test ./... runs the rest.
 //
 // # Other stores
 //

@@ -3,6 +3,8 @@ package sim
 import (
 	"fmt"
 	"strings"
+
+	"github.com/slotctl/slotctl/internal/mutation"
 )
 
 // Reduce looks for a shorter, simpler run that breaks the same rule as r:
@@ -67,7 +69,11 @@ func Reduce(r Result, newDir func() string) Result {
 // Replay is the command that replays a run.
 func Replay(c Config) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "go test ./gate/sim -run 'TestSim$' -seed %d -steps %d", c.Seed, c.Steps)
+	b.WriteString("go test ")
+	if m := mutation.String(c.Mutations); m != "" {
+		b.WriteString("-tags slotctl_mutations ") // -mutations needs it
+	}
+	fmt.Fprintf(&b, "./internal/sim -run 'TestSim$' -seed %d -steps %d", c.Seed, c.Steps)
 	if c.Faults != nil {
 		f := c.Faults.String()
 		if f == "" {
@@ -75,7 +81,7 @@ func Replay(c Config) string {
 		}
 		fmt.Fprintf(&b, " -faults %s", f)
 	}
-	if m := c.Mutations.String(); m != "" {
+	if m := mutation.String(c.Mutations); m != "" {
 		fmt.Fprintf(&b, " -mutations %s", m)
 	}
 	b.WriteString(" -simtrace -v")
@@ -91,7 +97,7 @@ func Report(orig, reduced Result, tail int) string {
 	fmt.Fprintf(&b, "seed %d: %v\n", orig.Config.Seed, v)
 	rc := reduced.Config
 	fmt.Fprintf(&b, "reduced to %d steps (violation at step %d) with faults %q", rc.Steps, reduced.Violation.Step, rc.Faults.String())
-	if m := rc.Mutations.String(); m != "" {
+	if m := mutation.String(rc.Mutations); m != "" {
 		fmt.Fprintf(&b, ", mutations %s", m)
 	}
 	b.WriteString(":\n")

@@ -1,0 +1,107 @@
+//go:build slotctl_mutations
+
+package sim_test
+
+import (
+	"testing"
+
+	"github.com/slotctl/slotctl/internal/mutation"
+	"github.com/slotctl/slotctl/internal/sim"
+)
+
+// Budget for finding each mutation.
+const (
+	mutSeeds = 200
+	mutSteps = 500
+)
+
+// TestMutationsCaught switches each known bug back on and asserts that the
+// simulation finds it within mutSeeds seeds of mutSteps steps, and that the
+// failing run replays to the same violation.
+func TestMutationsCaught(t *testing.T) {
+	for _, bug := range mutation.All() {
+		t.Run(string(bug), func(t *testing.T) {
+			t.Parallel()
+			d := &dirs{root: t.TempDir()}
+			steps := 0
+			for seed := uint64(1); seed <= mutSeeds; seed++ {
+				c := sim.Config{Seed: seed, Steps: mutSteps, Mutations: mutation.Of(bug), Dir: d.next()}
+				r := sim.Run(c)
+				steps += r.Stats.Steps
+				v := r.Violation
+				if v == nil {
+					continue
+				}
+				t.Logf("%s caught at seed %d, step %d (%d steps searched): %v", bug, seed, v.Step, steps, v)
+				// A violation in the random phase replays with the budget
+				// cut to its step; one found in the quiescent phase after it
+				// replays with the same budget.
+				c.Steps, c.Dir = min(v.Step, c.Steps), d.next()
+				again := sim.Run(c)
+				if again.Violation == nil || *again.Violation != *v {
+					t.Errorf("replay with -steps %d found %v, not the same violation", c.Steps, again.Violation)
+				}
+				return
+			}
+			t.Errorf("%s: not caught in %d seeds × %d steps (%d steps)", bug, mutSeeds, mutSteps, steps)
+		})
+	}
+}
+
+// TestReduce checks the failure report: the reduced run breaks the same
+// rule, in no more steps, and its command replays it.
+func TestReduce(t *testing.T) {
+	d := &dirs{root: t.TempDir()}
+	var r sim.Result
+	for seed := uint64(1); seed <= mutSeeds && r.Violation == nil; seed++ {
+		r = sim.Run(sim.Config{Seed: seed, Steps: mutSteps, Mutations: mutation.Of(mutation.ReleaseNoCompare), Dir: d.next()})
+	}
+	if r.Violation == nil {
+		t.Fatal("release-no-compare not caught")
+	}
+	red := sim.Reduce(r, d.next)
+	if red.Violation == nil || red.Violation.Rule != r.Violation.Rule {
+		t.Fatalf("reduced run: %v, want a %s violation", red.Violation, r.Violation.Rule)
+	}
+	if red.Config.Steps > r.Violation.Step || len(red.Trace) != red.Violation.Step {
+		t.Errorf("reduced to %d steps (trace %d lines), more than the original violation's step %d", red.Config.Steps, len(red.Trace), r.Violation.Step)
+	}
+	c := red.Config
+	c.Dir, c.Trace = d.next(), false
+	if again := sim.Run(c); again.Violation == nil || *again.Violation != *red.Violation {
+		t.Errorf("the replay command's config found %v, not %v", again.Violation, red.Violation)
+	}
+	t.Logf("\n%s", sim.Report(r, red, 30))
+}
+
+// TestMutationConsequences: the supervisor-side bugs are caught by a rule
+// about the holder itself (S9: its deadline; S10: release after exit). With
+// that rule ignored, the simulation still finds what the bug does: a child
+// running without a lease (S2).
+func TestMutationConsequences(t *testing.T) {
+	for _, c := range []struct {
+		bug    mutation.Bug
+		ignore string
+	}{
+		{mutation.WaiterNotRenewed, "S9"},
+		{mutation.ReleaseBeforeExit, "S10"},
+	} {
+		t.Run(string(c.bug), func(t *testing.T) {
+			t.Parallel()
+			d := &dirs{root: t.TempDir()}
+			steps := 0
+			for seed := uint64(1); seed <= mutSeeds; seed++ {
+				r := sim.Run(sim.Config{Seed: seed, Steps: mutSteps, Mutations: mutation.Of(c.bug), Ignore: []string{c.ignore}, Dir: d.next()})
+				steps += r.Stats.Steps
+				if v := r.Violation; v != nil {
+					t.Logf("with %s ignored: caught at seed %d, step %d (%d steps searched): %v", c.ignore, seed, v.Step, steps, v)
+					if v.Rule != "S2" {
+						t.Errorf("caught by %s, want S2", v.Rule)
+					}
+					return
+				}
+			}
+			t.Errorf("with %s ignored: not caught in %d seeds × %d steps", c.ignore, mutSeeds, mutSteps)
+		})
+	}
+}
