@@ -1,5 +1,5 @@
-// Package mutation names the known lease bugs (LEASES.md, LEASES-CATALOGUE.md
-// §1) that a test can switch back on in the real code, so that the
+// Package mutation names the known lease bugs (docs/leases.md, "Bug classes";
+// ids as there) that a test can switch back on in the real code, so that the
 // simulation in internal/sim can prove it catches each of them.
 //
 // Test-only, and only with the build tag slotctl_mutations: without it (go

@@ -2,7 +2,7 @@
 // holder (gate/holder, what slotctl run runs), gate, renew and store code
 // (the bbolt backend on a real file) driven by a
 // seeded scheduler under a simulated clock, checked after every step against
-// an independent model of what must be true (LEASES-CATALOGUE.md §2). Only
+// an independent model of what must be true (docs/leases.md, "Simulation invariants"). Only
 // tests import it.
 //
 // # Steps
@@ -62,7 +62,7 @@
 // and each holder's child, built only from the calls' answers and the
 // actors' observations, never from the store's internals. After every step
 // that called the store, a Snapshot is compared with it. The rules checked
-// (names as in LEASES-CATALOGUE.md §2):
+// (names as in docs/leases.md, "Simulation invariants"):
 //
 //	S1  held ≤ slots outside a shrink; a grant only below the limit; slot
 //	    indexes unique and below the limit
@@ -96,7 +96,7 @@
 //
 // # Mutations
 //
-// Each bug class of LEASES.md that the design prevents can be switched back
+// Each bug class of docs/leases.md that the design prevents can be switched back
 // on (internal/mutation; store-side ones in store/boltstore at their real
 // location). TestMutationsCaught asserts that the simulation finds each
 // within a bounded budget of seeds and steps. The switches exist only in a

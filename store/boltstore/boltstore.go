@@ -30,7 +30,7 @@ type Options struct {
 	Clock Clock
 	// Timeout bounds the wait for the file lock of one operation; 0 means DefaultTimeout.
 	Timeout time.Duration
-	// Dead, if set, proves a ticket's holder dead on this host (SPEC §4.3)
+	// Dead, if set, proves a ticket's holder dead on this host (docs/leases.md §4.3)
 	// and gives the evidence. Expiry and tickets from an earlier boot are
 	// judged without it.
 	Dead store.Judge
@@ -69,7 +69,7 @@ var _ store.Store = (*Store)(nil)
 // first write: 0600 in a private directory, 0660 in a group-writable (shared)
 // one. A directory on a network filesystem is refused: use etcd there; so is
 // one whose last component is a symlink, or that everyone may write to
-// without its sticky bit (SPEC §4.5).
+// without its sticky bit (docs/leases.md §4.5).
 func New(path string, opts Options) (*Store, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {

@@ -579,7 +579,7 @@ func (x *txn) viewIn(recs []ticketRec, id string) (store.Ticket, bool) {
 }
 
 // --- Test-only mutations (internal/mutation). Each re-introduces a bug of
-// LEASES.md so that internal/sim can prove it catches it; with a nil
+// docs/leases.md so that internal/sim can prove it catches it; with a nil
 // Options.Mutations none of this runs, and without the build tag
 // slotctl_mutations none of it is linked in.
 

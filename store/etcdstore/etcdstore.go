@@ -81,7 +81,7 @@ type Options struct {
 	TLS *tls.Config
 	// Username and Password authenticate to a cluster with auth enabled.
 	Username, Password string
-	// Dead proves a ticket's holder dead on this host (SPEC §4.3); nil
+	// Dead proves a ticket's holder dead on this host (docs/leases.md §4.3); nil
 	// leaves every ticket to its lease.
 	Dead store.Judge
 	// DialOptions are added to the gRPC connection's (tests use them to
