@@ -52,6 +52,10 @@ const (
 	freeChunk = 8 << 10
 )
 
+// readWhole is the largest store file checkPages reads in one call (a
+// variable so that the tests can walk small files page by page too).
+var readWhole int64 = 1 << 20
+
 // checkPages refuses, with an error wrapping store.ErrCorrupt that names the
 // file, a bbolt file whose pages bbolt could not read within bounds. f is the
 // descriptor bbolt will map, name is the file's name for the message. A file
@@ -76,14 +80,24 @@ func checkPages(f *os.File, name string) error {
 	if err != nil || !st.Mode().IsRegular() || st.Size() == 0 {
 		return nil
 	}
-	m, ok := readMeta(f, st.Size())
+	// A small store is read whole, in one call: a page at a time costs a
+	// system call per page on every operation (80 for a store of a few
+	// tickets). A larger one is read page by page, to bound the memory.
+	var r io.ReaderAt = f
+	if st.Size() <= readWhole {
+		buf := make([]byte, st.Size())
+		if _, err := f.ReadAt(buf, 0); err == nil {
+			r = bytes.NewReader(buf)
+		}
+	}
+	m, ok := readMeta(r, st.Size())
 	if !ok {
 		return nil
 	}
 	if err := checkSize(m, st.Size(), name); err != nil {
 		return err
 	}
-	_, err = walkPages(f, st.Size(), m)
+	_, err = walkPages(r, st.Size(), m)
 	if err != nil {
 		return fmt.Errorf("%w: %s: %v", store.ErrCorrupt, name, err)
 	}

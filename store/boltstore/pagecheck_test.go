@@ -400,6 +400,9 @@ func TestHostilePages(t *testing.T) {
 	if name := os.Getenv("BOLTSTORE_HOSTILE_CASE"); name != "" {
 		for _, c := range hostileCases {
 			if c.name == name {
+				if os.Getenv("BOLTSTORE_HOSTILE_PAGEWISE") != "" {
+					readWhole = 0 // the walk a large store gets: one read per page
+				}
 				hostileChild(t, os.Getenv("BOLTSTORE_HOSTILE_BASE"), c.corrupt, c.patch)
 				return
 			}
@@ -409,25 +412,30 @@ func TestHostilePages(t *testing.T) {
 	base := filepath.Join(t.TempDir(), "base.db")
 	hostileBase(t, base)
 	for _, c := range hostileCases {
-		t.Run(c.name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			defer cancel()
-			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHostilePages$", "-test.count=1", "-test.v")
-			cmd.Env = append(os.Environ(), "BOLTSTORE_HOSTILE_CASE="+c.name, "BOLTSTORE_HOSTILE_BASE="+base)
-			out, err := cmd.CombinedOutput()
-			if err != nil {
-				lines := strings.Split(string(out), "\n")
-				if len(lines) > 40 {
-					lines = lines[:40]
+		for _, read := range []string{"whole", "pagewise"} {
+			t.Run(c.name+"/"+read, func(t *testing.T) {
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+				defer cancel()
+				cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHostilePages$", "-test.count=1", "-test.v")
+				cmd.Env = append(os.Environ(), "BOLTSTORE_HOSTILE_CASE="+c.name, "BOLTSTORE_HOSTILE_BASE="+base)
+				if read == "pagewise" {
+					cmd.Env = append(cmd.Env, "BOLTSTORE_HOSTILE_PAGEWISE=1")
 				}
-				t.Fatalf("the child process failed or crashed (%v):\n%s", err, strings.Join(lines, "\n"))
-			}
-			for _, l := range strings.Split(string(out), "\n") {
-				if _, what, ok := strings.Cut(l, "Reap(dry run): "); ok {
-					t.Logf("Reap(dry run): %s", what)
+				out, err := cmd.CombinedOutput()
+				if err != nil {
+					lines := strings.Split(string(out), "\n")
+					if len(lines) > 40 {
+						lines = lines[:40]
+					}
+					t.Fatalf("the child process failed or crashed (%v):\n%s", err, strings.Join(lines, "\n"))
 				}
-			}
-		})
+				for _, l := range strings.Split(string(out), "\n") {
+					if _, what, ok := strings.Cut(l, "Reap(dry run): "); ok {
+						t.Logf("Reap(dry run): %s", what)
+					}
+				}
+			})
+		}
 	}
 }
 
