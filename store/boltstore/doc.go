@@ -3,20 +3,26 @@
 //
 // # Files
 //
-// A store at PATH is three names in one directory (bell.go, lock.go and
-// boltstore.go say how each is opened and checked):
+// A store at PATH is three names in one directory, every one reached from
+// one descriptor of that directory (dirfd.go), opened without following a
+// symlink and refused if anyone may write it without the sticky bit:
 //
 //   - PATH, the bbolt file: limits, each limit's queue of tickets in fence
 //     order, an index from ticket id to its place, tombstones of removed ids
 //     and the bounded event log (records.go has the buckets and the record
-//     formats). Created by the first write, 0600 in a private directory,
-//     0660 in a shared (group-writable) one.
+//     formats, and checks every record as strictly as a request). It must be
+//     a regular file with one link; a missing one is made with O_EXCL and
+//     its mode set with fchmod: 0600 in a private directory, 0660 in a shared
+//     (group-writable) one. Before bbolt maps it, the page structure bbolt
+//     will read is walked on the same descriptor (pagecheck.go): a hostile
+//     page is store.ErrCorrupt, never a crash or a hang.
 //   - PATH.lock, taken with flock before bbolt opens the file, exclusive
 //     for a write, shared for a read (lock.go): it blocks in the kernel,
 //     where bbolt's own lock on PATH polls every 50 ms, so the next process
 //     gets the store the moment the last one lets go.
-//   - PATH.bells/, one named pipe per waiting ticket: the transaction that
-//     admits a waiter rings its bell after the commit (bell.go).
+//   - PATH.bells/UID/, one named pipe per waiting ticket in its user's own
+//     directory: the transaction that admits a waiter rings its bell after
+//     the commit, writing only to a FIFO owned by that user (bell.go).
 //
 // No file is held open between operations: each opens the file, takes the
 // lock, runs one transaction and closes both, so a waiter or a supervisor
@@ -34,10 +40,11 @@
 // # Where the protocol happens
 //
 // Every write that can add or free capacity ends with txn.settle, in the
-// same transaction: sweep removes the limit's expired tickets and the ones
-// whose holder is proven dead (verdict, judged on the records as they are in
-// this transaction, never on an earlier list), then promote admits waiters
-// in fence order into the lowest free slots. Renew refuses a ticket that is
+// same transaction: it reads the limit's queue, asks the one planner both
+// stores share (store.PlanSettle) which expired or proven-dead tickets to
+// remove (judged on the records as they are in this transaction, never on an
+// earlier list) and which waiters to admit, in fence order into the lowest
+// free slots, and applies that plan. Renew refuses a ticket that is
 // gone or expired (store.ErrLost): expiry is monotone. Release and reap are
 // compare-and-delete; only the deletion frees a slot, and the id is
 // tombstoned so that it never comes back.
@@ -58,9 +65,3 @@
 //   - One host only: for limits shared across hosts use etcdstore.
 package boltstore
 
-// lead: the bells' layout (per-user directories under PATH.bells/), how the
-// three files are opened (relative to a directory descriptor, without
-// following symlinks) and the checks of the file and its pages are being
-// changed by issue 12's helpers: check the Files section of the package
-// comment against bell.go, lock.go, filecheck.go and pagecheck.go after
-// merging, then delete this note.
