@@ -64,4 +64,3 @@
 //     (exit 69), never a panic.
 //   - One host only: for limits shared across hosts use etcdstore.
 package boltstore
-
