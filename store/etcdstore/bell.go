@@ -42,6 +42,9 @@ type bell struct {
 
 // Watch implements [store.Store].
 func (s *Store) Watch(ctx context.Context, id string) (store.Bell, error) {
+	if s.closed.Load() {
+		return nil, s.errClosed()
+	}
 	if err := store.CheckID(id); err != nil {
 		return nil, err
 	}

@@ -73,9 +73,12 @@ func hint(err error) string {
 		return ee.Hint
 	}
 	var conflict *store.SlotsConflictError
+	var locked *store.LockTimeoutError
 	switch {
 	case errors.As(err, &conflict):
 		return fmt.Sprintf("to resize it: slotctl limit set %s %d", conflict.Limit, conflict.Want)
+	case errors.As(err, &locked):
+		return "try again, or wait longer with --store-timeout (SLOTCTL_STORE_TIMEOUT)"
 	case errors.Is(err, store.ErrLimitInUse):
 		return "wait for its tickets to go, or pass --force to remove them"
 	case errors.Is(err, store.ErrCorrupt):
