@@ -51,6 +51,11 @@ func (s *Store) Watch(ctx context.Context, id string) (store.Bell, error) {
 	b := &bell{s: s, id: id, c: make(chan struct{}, 1), limit: make(chan enqueued, 1), done: make(chan struct{})}
 	b.ctx, b.cancel = context.WithCancel(clientv3.WithRequireLeader(context.WithoutCancel(ctx)))
 	s.mu.Lock()
+	if s.closed.Load() { // checked again under mu: Close cancels every bell registered before it
+		s.mu.Unlock()
+		b.cancel()
+		return nil, s.errClosed()
+	}
 	s.bells[id] = b
 	s.mu.Unlock()
 	go b.run()

@@ -241,12 +241,18 @@ func New(o Options) (*Store, error) {
 	return s, nil
 }
 
-// Close implements [store.Store]: it closes the client, its connection and
-// every watch (bells stop ringing; they stay safe to Close). Idempotent.
+// Close implements [store.Store]: it stops every bell's watches (bells
+// stop ringing; they stay safe to Close) and closes the client and its
+// connection. Idempotent.
 func (s *Store) Close() error {
 	var err error
 	s.closeOnce.Do(func() {
 		s.closed.Store(true)
+		s.mu.Lock()
+		for _, b := range s.bells {
+			b.cancel() // its goroutine ends instead of retrying on a closed client
+		}
+		s.mu.Unlock()
 		if err = s.c.Close(); errors.Is(err, context.Canceled) {
 			err = nil
 		}

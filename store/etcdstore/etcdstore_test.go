@@ -472,3 +472,37 @@ func TestRenewKeepsGrantedTTL(t *testing.T) {
 		t.Fatalf("Renew 4s after a renewal asking for 1h: %v, want ErrLost (the lease kept its 3s)", err)
 	}
 }
+
+// Close stops the watches of the bells still open: their goroutines end
+// at once instead of retrying, once a second, on a closed client until
+// each bell's own Close.
+func TestCloseStopsBells(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	st := open(t, srv, etcdstore.Options{})
+	ctx := context.Background()
+	if _, err := st.Enqueue(ctx, req("a", "l", 1, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	bell, err := st.Watch(ctx, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bell.Close()
+	if b, err := st.Enqueue(ctx, req("b", "l", 1, 5*time.Second)); err != nil || b.State != store.Waiting {
+		t.Fatalf("Enqueue b: %+v, %v; want it waiting behind a", b, err)
+	}
+	time.Sleep(300 * time.Millisecond) // the bell follows b's place in the queue
+	select {
+	case <-etcdstore.BellDone(bell):
+		t.Fatal("the bell of a waiting ticket stopped before Close")
+	default:
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-etcdstore.BellDone(bell):
+	case <-time.After(3 * time.Second):
+		t.Fatal("a bell's goroutine still runs 3s after the store's Close")
+	}
+}
