@@ -103,8 +103,7 @@ func New(path string, opts Options) (*Store, error) {
 	}
 	if fsName, remote := networkFS(dirfd); remote {
 		fds.close()
-		return nil, fmt.Errorf("%w: store directory %s is on %s: bbolt's file lock is not reliable there; "+
-			"use a local path, or etcd for limits shared across hosts (--store etcd://HOST:2379)", store.ErrUnavailable, dir, fsName)
+		return nil, &NetworkFSError{Dir: dir, FS: fsName}
 	}
 	mode := fs.FileMode(0o600)
 	if st.Mode&0o020 != 0 {
@@ -124,6 +123,21 @@ func New(path string, opts Options) (*Store, error) {
 	}
 	return s, nil
 }
+
+// NetworkFSError refuses a store directory on a network filesystem, where
+// bbolt's file lock is not reliable. It wraps store.ErrUnavailable.
+type NetworkFSError struct {
+	Dir string // the store directory
+	FS  string // the filesystem's name, e.g. "nfs"
+}
+
+func (e *NetworkFSError) Error() string {
+	return fmt.Sprintf("%v: store directory %s is on %s: bbolt's file lock is not reliable there; "+
+		"use a local path, or an etcd store for limits shared across hosts", store.ErrUnavailable, e.Dir, e.FS)
+}
+
+// Unwrap makes a NetworkFSError an ErrUnavailable.
+func (e *NetworkFSError) Unwrap() error { return store.ErrUnavailable }
 
 // dirFDs are a Store's descriptors: its directory, opened in New, and its
 // bells directory, opened by the first Watch or ring that finds it. Every
