@@ -107,7 +107,7 @@ type Reason string
 // Reasons a ticket is removed.
 const (
 	Released      Reason = "released"       // its holder let go after the child exited
-	Cancelled     Reason = "cancelled"      // its holder gave up waiting
+	Cancelled     Reason = "cancelled"      // removed by Cancel: its holder gave up before its job ran
 	Reaped        Reason = "reaped"         // expired or proven dead, removed by a sweep
 	ForceReleased Reason = "force-released" // an operator removed it
 	// Lost: the holder presumed its lease lost and stopped (or, with
