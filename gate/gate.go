@@ -26,7 +26,8 @@ type Store interface {
 	Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ticket, error)
 	Get(ctx context.Context, id string) (store.Ticket, error)
 	Release(ctx context.Context, t store.Ticket, why store.Reason) (bool, error)
-	Reap(ctx context.Context, dryRun bool, limits ...string) ([]store.Removal, error)
+	Cancel(ctx context.Context, t store.Ticket) (bool, error)
+	Reap(ctx context.Context, o store.ReapOptions) ([]store.Removal, error)
 	Snapshot(ctx context.Context, limits ...string) (store.Snapshot, error)
 }
 
@@ -71,7 +72,7 @@ func (g *Gate) Join(ctx context.Context, req store.EnqueueRequest) (*Entry, erro
 		if !isRefusal(err) {
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 			defer cancel()
-			_, _ = g.Store.Release(cctx, store.Ticket{ID: req.ID}, store.Cancelled)
+			_, _ = g.Store.Cancel(cctx, store.Ticket{ID: req.ID})
 		}
 		return nil, err
 	}
@@ -188,7 +189,9 @@ func (e *Entry) LastLook(ctx context.Context) (store.Ticket, error) {
 // Sweep reaps the entry's limit: the first holder's lease ran out, so sweep
 // now rather than at the next write, and a dead holder's slot comes back
 // within its TTL.
-func (e *Entry) Sweep(ctx context.Context) { _, _ = e.g.Store.Reap(ctx, false, e.t.Limit) }
+func (e *Entry) Sweep(ctx context.Context) {
+	_, _ = e.g.Store.Reap(ctx, store.ReapOptions{Limits: []string{e.t.Limit}})
+}
 
 // Expiry is how long to sleep before Sweep, when this ticket is next in
 // line: until the first holder's lease runs out (HeadExpiry). Only the head
@@ -241,10 +244,22 @@ func (e *Entry) PollPeriod() time.Duration {
 
 // Leave removes the ticket, held or still waiting (compare-and-delete: a
 // ticket already gone, or replaced, is left alone), and closes the bell. It
-// reports whether this call removed the ticket.
+// reports whether this call removed the ticket. Leaving as store.Cancelled
+// is Cancel.
 func (e *Entry) Leave(ctx context.Context, why store.Reason) (bool, error) {
+	if why == store.Cancelled {
+		return e.Cancel(ctx)
+	}
 	e.Close()
 	return e.g.Store.Release(ctx, e.t, why)
+}
+
+// Cancel gives up the ticket before its job ran (store.Store.Cancel: a
+// ticket promoted meanwhile is removed as cancelled too) and closes the
+// bell. It reports whether this call removed the ticket.
+func (e *Entry) Cancel(ctx context.Context) (bool, error) {
+	e.Close()
+	return e.g.Store.Cancel(ctx, e.t)
 }
 
 // Close stops listening for wake-ups; the ticket stays. Idempotent.

@@ -28,6 +28,7 @@ func newGate(t *testing.T, poll time.Duration) (*Gate, *boltstore.Store, *boltst
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { s.Close() })
 	return &Gate{Store: s, PollEvery: poll}, s, clock
 }
 

@@ -107,7 +107,7 @@ type Reason string
 // Reasons a ticket is removed.
 const (
 	Released      Reason = "released"       // its holder let go after the child exited
-	Cancelled     Reason = "cancelled"      // its holder gave up waiting
+	Cancelled     Reason = "cancelled"      // removed by Cancel: its holder gave up before its job ran
 	Reaped        Reason = "reaped"         // expired or proven dead, removed by a sweep
 	ForceReleased Reason = "force-released" // an operator removed it
 	// Lost: the holder presumed its lease lost and stopped (or, with
@@ -162,9 +162,19 @@ type Store interface {
 	// Get returns the live ticket with this id, or an error wrapping ErrNotFound.
 	Get(ctx context.Context, id string) (Ticket, error)
 
-	// Renew moves t's lease to now+ttl by the store's clock. A ticket that is
-	// gone, belongs to another fence, or has expired is not renewed: the error
+	// Renew extends t's lease by the store's clock. A ticket that is gone,
+	// belongs to another fence, or has expired is not renewed: the error
 	// wraps ErrLost and is final. The result tells whether t is now held.
+	//
+	// What ttl does depends on the backend. The bbolt store moves the
+	// deadline to now+ttl, and ttl becomes the ticket's TTL. On etcd the
+	// ticket's lease is granted once, by Enqueue, with the request's TTL
+	// rounded up to whole seconds (a server may raise it to its minimum
+	// TTL), and a lease's TTL cannot change: Renew refuses a ttl <= 0 with
+	// ErrInvalid and otherwise ignores it. Its one keep-alive moves the
+	// lease's expiry to now plus the granted TTL by the server's clock, and
+	// the returned ticket's TTL stays the enqueued one. Callers therefore
+	// renew with the TTL they enqueued with, which both backends agree on.
 	Renew(ctx context.Context, t Ticket, ttl time.Duration) (Ticket, error)
 
 	// Release removes t if the stored ticket still has t's id and fence (any
@@ -172,18 +182,32 @@ type Store interface {
 	// whether this call removed it; a ticket already gone is not an error and
 	// frees nothing. An id never seen is tombstoned, so that a create still in
 	// flight (cancel before create) is refused when it lands.
+	//
+	// why is Released, Lost or ForceReleased; a waiter that gives up calls
+	// Cancel instead.
 	Release(ctx context.Context, t Ticket, why Reason) (bool, error)
+
+	// Cancel removes t as Cancelled: its holder gave up before its job ran.
+	// It is Release's compare-and-delete with that reason: a ticket already
+	// gone (or with another fence, when t.Fence is not 0) is left alone and
+	// frees nothing, so a second Cancel reports false and no error; an id
+	// never seen is tombstoned, so that a create still in flight is refused
+	// when it lands. A ticket promoted meanwhile (its holder had not seen it
+	// yet) is removed as cancelled too, since its job never ran: its slot is
+	// freed once and handed to the next waiter. It reports whether this call
+	// removed the ticket.
+	Cancel(ctx context.Context, t Ticket) (bool, error)
 
 	// SetChild records the process group the holder's child runs in (and the
 	// start time of its leader), the evidence that proves the job gone once
 	// its supervisor dies. A ticket that is gone wraps ErrLost.
 	SetChild(ctx context.Context, t Ticket, pgid int, pgidStart uint64) (Ticket, error)
 
-	// Reap removes the expired and proven-dead tickets of the named limits
-	// (all when none), judged on the current state inside the step that
-	// removes them, and promotes the waiters this frees. With dryRun it
+	// Reap removes the expired and proven-dead tickets of o.Limits (all
+	// limits when empty), judged on the current state inside the step that
+	// removes them, and promotes the waiters this frees. With o.DryRun it
 	// removes nothing and reports what it would remove.
-	Reap(ctx context.Context, dryRun bool, limits ...string) ([]Removal, error)
+	Reap(ctx context.Context, o ReapOptions) ([]Removal, error)
 
 	// Events returns the newest n events (of one limit, or of all when limit
 	// is ""), oldest first.
@@ -207,6 +231,20 @@ type Store interface {
 
 	// String is the store's canonical URL, the same for every path that names it.
 	String() string
+
+	// Close releases what the handle holds (descriptors, connections,
+	// watches). Bells already returned stay valid until their own Close but
+	// may stop ringing. Every operation after Close fails with an error
+	// wrapping ErrClosed; Close itself is idempotent.
+	Close() error
+}
+
+// ReapOptions say what a Reap sweeps.
+type ReapOptions struct {
+	// DryRun removes nothing and reports what would be removed.
+	DryRun bool
+	// Limits are the limits to sweep; empty means all.
+	Limits []string
 }
 
 // A Bell delivers wake-ups for one ticket. C never closes.
@@ -233,7 +271,24 @@ var (
 	ErrCorrupt = errors.New("store is corrupt or of an unknown format")
 	// ErrInvalid: the request itself is malformed (bad name, slot count, ttl).
 	ErrInvalid = errors.New("invalid request")
+	// ErrClosed: the store handle was closed.
+	ErrClosed = errors.New("store is closed")
 )
+
+// LockTimeoutError: the store stayed locked by another process for all of
+// Waited, the longest an operation may wait for its lock. It wraps
+// ErrUnavailable.
+type LockTimeoutError struct {
+	Path   string        // what was locked, e.g. the bbolt file
+	Waited time.Duration // how long the operation waited
+}
+
+func (e *LockTimeoutError) Error() string {
+	return fmt.Sprintf("%v: store %s stayed locked by another process for %s", ErrUnavailable, e.Path, e.Waited.Round(time.Millisecond))
+}
+
+// Unwrap makes a LockTimeoutError an ErrUnavailable.
+func (e *LockTimeoutError) Unwrap() error { return ErrUnavailable }
 
 // SlotsConflictError refuses a request whose slot count disagrees with the existing limit.
 type SlotsConflictError struct {

@@ -345,7 +345,13 @@ func (r *runner) leave(ctx context.Context, out Outcome) Outcome {
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.releaseTimeout(why))
 	defer cancel()
-	if _, err := r.entry.Leave(rctx, why); err != nil {
+	var err error
+	if why == store.Cancelled {
+		_, err = r.entry.Cancel(rctx)
+	} else {
+		_, err = r.entry.Leave(rctx, why)
+	}
+	if err != nil {
 		r.note(Note{Kind: LeaveFailed, Ticket: r.entry.Ticket(), Err: err})
 	}
 	return out

@@ -29,12 +29,12 @@ func (r *reaper) act() {
 	s := r.s
 	now := s.now().Mono
 	if !r.scanned {
-		list, err := r.c.Reap(s.ctx, true)
+		list, err := r.c.Reap(s.ctx, store.ReapOptions{DryRun: true})
 		r.scanned, r.reapAt = true, now+s.between(0, reapGapMax)
 		s.tracef("reaper%d scans: %d expired %s", r.n, len(list), errString(err))
 		return
 	}
-	list, err := r.c.Reap(s.ctx, false)
+	list, err := r.c.Reap(s.ctx, store.ReapOptions{})
 	r.scanned = false
 	r.next = now + s.jitter(reapEvery)
 	s.stats.Reaped += len(list)
@@ -58,6 +58,7 @@ func (r *reaper) crash() {
 		s.fail("setup", "open: %v", err)
 		return
 	}
+	r.c.st.Close()
 	r.c.st = st
 	s.tracef("reaper%d crashes; the timer starts a new one", r.n)
 }

@@ -142,19 +142,36 @@ func (c *conn) SetChild(ctx context.Context, t store.Ticket, pgid int, pgidStart
 	return nt, err
 }
 
+// Cancel implements store.Store. The model sees it as a release with
+// reason cancelled: the same step.
+func (c *conn) Cancel(ctx context.Context, t store.Ticket) (bool, error) {
+	if c.dead() {
+		return false, errDead
+	}
+	if c != c.s.netConn {
+		c.s.remember(request{kind: "release", t: t, why: store.Cancelled, owner: c.owner, who: c.who})
+	}
+	removed, err := c.st.Cancel(ctx, t)
+	c.record(&op{kind: "release", t: t, why: store.Cancelled, removed: removed, err: err})
+	return removed, err
+}
+
 // Reap implements store.Store.
-func (c *conn) Reap(ctx context.Context, dryRun bool, limits ...string) ([]store.Removal, error) {
+func (c *conn) Reap(ctx context.Context, o store.ReapOptions) ([]store.Removal, error) {
 	if c.dead() {
 		return nil, errDead
 	}
-	r, err := c.st.Reap(ctx, dryRun, limits...)
+	r, err := c.st.Reap(ctx, o)
 	kind := "reap"
-	if dryRun {
+	if o.DryRun {
 		kind = "scan"
 	}
-	c.record(&op{kind: kind, removals: r, err: err, lims: limits})
+	c.record(&op{kind: kind, removals: r, err: err, lims: o.Limits})
 	return r, err
 }
+
+// Close implements store.Store: it closes the handle the conn holds now.
+func (c *conn) Close() error { return c.st.Close() }
 
 // Events implements store.Store.
 func (c *conn) Events(ctx context.Context, limit string, n int) ([]store.Event, error) {

@@ -190,6 +190,12 @@ func Run(cfg Config) (res Result) {
 		for _, h := range s.holders {
 			h.kill() // end the goroutines of the runs still parked
 		}
+		for _, c := range s.conns {
+			c.Close()
+		}
+		if s.checker != nil {
+			s.checker.Close()
+		}
 	}()
 	nb := cfg.Backend
 	if nb == nil {
@@ -527,8 +533,10 @@ func (s *sim) restart() {
 			s.fail("setup", "reopen: %v", err)
 			return
 		}
+		c.st.Close()
 		c.st = st
 	}
+	s.checker.Close()
 	var err error
 	if s.checker, err = s.be.Open(); err != nil {
 		s.fail("setup", "reopen: %v", err)
@@ -606,7 +614,13 @@ func (s *sim) retry() bool {
 		t, err := c.Renew(s.ctx, r.t, r.ttl)
 		s.tracef("late duplicate of %s's renewal of %s: %s", r.who, short(r.t.ID), result(t, err))
 	case "release":
-		removed, err := c.Release(s.ctx, r.t, r.why)
+		var removed bool
+		var err error
+		if r.why == store.Cancelled {
+			removed, err = c.Cancel(s.ctx, r.t)
+		} else {
+			removed, err = c.Release(s.ctx, r.t, r.why)
+		}
 		s.tracef("late duplicate of %s's release of %s: removed=%v err=%v", r.who, short(r.t.ID), removed, err)
 	}
 	return true

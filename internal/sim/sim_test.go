@@ -228,6 +228,7 @@ func TestRenewOfDeadWaiter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer st.Close()
 	ctx := context.Background()
 	if _, err := st.Enqueue(ctx, store.EnqueueRequest{ID: "a", Limit: "x", Slots: 1, TTL: 10 * time.Second, Holder: store.Holder{Pid: 1}}); err != nil {
 		t.Fatal(err)
@@ -239,7 +240,12 @@ func TestRenewOfDeadWaiter(t *testing.T) {
 	// b's holder dies; a late renewal of b arrives.
 	b.Holder.Pid = 2
 	dead = func(tk store.Ticket, act bool) (string, bool) { return "gone", tk.ID == "b" }
-	st, _ = boltstore.New(filepath.Join(filepath.Dir(st.Path()), "slots.db"), boltstore.Options{Clock: clock, NoSync: true, Dead: dead})
+	st2, err := boltstore.New(filepath.Join(filepath.Dir(st.Path()), "slots.db"), boltstore.Options{Clock: clock, NoSync: true, Dead: dead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st2.Close()
+	st = st2
 	_, err = st.Renew(ctx, b, 10*time.Second)
 	switch {
 	case errors.Is(err, store.ErrLost):

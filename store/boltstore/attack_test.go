@@ -162,7 +162,7 @@ func (o attackOp) run() error {
 		_, err := s.Release(ctx, store.Ticket{ID: o.ID}, store.ForceReleased)
 		return err
 	case "reap":
-		_, err := s.Reap(ctx, false)
+		_, err := s.Reap(ctx, store.ReapOptions{})
 		return err
 	case "snapshot":
 		_, err := s.Snapshot(ctx)

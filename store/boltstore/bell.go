@@ -123,6 +123,10 @@ func (s *Store) Watch(ctx context.Context, id string) (store.Bell, error) {
 		return nil, err
 	}
 	defer runtime.KeepAlive(s) // its cleanup closes the bells directory
+	if err := s.fds.acquire(s.path); err != nil {
+		return nil, err
+	}
+	defer s.fds.release()
 	bells, err := s.bellsDir(true)
 	if err != nil {
 		return nil, fmt.Errorf("%w: bell directory %v", store.ErrUnavailable, err)
@@ -266,6 +270,10 @@ func (s *Store) bell(b bellRef, remove bool) {
 		uid = euid()
 	}
 	defer runtime.KeepAlive(s) // its cleanup closes the bells directory
+	if s.fds.acquire(s.path) != nil {
+		return // closed: nobody here to wake
+	}
+	defer s.fds.release()
 	bells, err := s.bellsDir(false)
 	if err != nil {
 		return // no bells yet: nobody to wake

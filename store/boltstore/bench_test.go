@@ -160,7 +160,7 @@ func BenchmarkReap10kExpired(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.StartTimer()
-		removed, err := s.Reap(ctx, false)
+		removed, err := s.Reap(ctx, store.ReapOptions{})
 		if err != nil {
 			b.Fatal(err)
 		}

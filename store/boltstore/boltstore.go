@@ -103,18 +103,18 @@ func New(path string, opts Options) (*Store, error) {
 	}
 	if fsName, remote := networkFS(dirfd); remote {
 		fds.close()
-		return nil, fmt.Errorf("%w: store directory %s is on %s: bbolt's file lock is not reliable there; "+
-			"use a local path, or etcd for limits shared across hosts (--store etcd://HOST:2379)", store.ErrUnavailable, dir, fsName)
+		return nil, &NetworkFSError{Dir: dir, FS: fsName}
 	}
 	mode := fs.FileMode(0o600)
 	if st.Mode&0o020 != 0 {
 		mode = 0o660
 	}
 	s := &Store{path: abs, name: filepath.Base(abs), fds: fds, mode: mode, clock: opts.Clock, timeout: opts.Timeout, dead: opts.Dead, noSync: opts.NoSync, mut: opts.Mutations}
-	// A Store has no Close: its descriptors go with it. Whatever uses them
-	// keeps the Store alive until done (runtime.KeepAlive), so that a number
-	// is never used after it was closed, or reused.
-	runtime.AddCleanup(s, func(fds *dirFDs) { fds.close() }, fds)
+	// Close closes the descriptors; a Store dropped without Close has them
+	// closed by this cleanup. Whatever uses them keeps the Store alive until
+	// done (runtime.KeepAlive), so that a number is never used after it was
+	// closed, or reused.
+	runtime.AddCleanup(s, func(fds *dirFDs) { fds.shut() }, fds)
 	if s.clock == nil {
 		s.clock = SystemClock{}
 	}
@@ -124,19 +124,81 @@ func New(path string, opts Options) (*Store, error) {
 	return s, nil
 }
 
+// NetworkFSError refuses a store directory on a network filesystem, where
+// bbolt's file lock is not reliable. It wraps store.ErrUnavailable.
+type NetworkFSError struct {
+	Dir string // the store directory
+	FS  string // the filesystem's name, e.g. "nfs"
+}
+
+func (e *NetworkFSError) Error() string {
+	return fmt.Sprintf("%v: store directory %s is on %s: bbolt's file lock is not reliable there; "+
+		"use a local path, or an etcd store for limits shared across hosts", store.ErrUnavailable, e.Dir, e.FS)
+}
+
+// Unwrap makes a NetworkFSError an ErrUnavailable.
+func (e *NetworkFSError) Unwrap() error { return store.ErrUnavailable }
+
 // dirFDs are a Store's descriptors: its directory, opened in New, and its
-// bells directory, opened by the first Watch or ring that finds it.
+// bells directory, opened by the first Watch or ring that finds it. Every
+// use of them holds them (acquire, release), so that Close never closes a
+// descriptor in use: the last user closes them.
 type dirFDs struct {
-	dir   int
-	mu    sync.Mutex // guards bells
-	bells int        // -1 until opened
+	dir    int
+	mu     sync.Mutex // guards bells, users, closed
+	bells  int        // -1 until opened
+	users  int        // operations using the descriptors now
+	closed bool       // Close was called
+	shutFD bool       // the descriptors are closed
 }
 
 func (d *dirFDs) close() {
+	if d.shutFD {
+		return
+	}
+	d.shutFD = true
 	unix.Close(d.dir)
 	if d.bells >= 0 {
 		unix.Close(d.bells)
 	}
+}
+
+// acquire holds the descriptors for one use; it fails once the store is closed.
+func (d *dirFDs) acquire(path string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return fmt.Errorf("%w: %s", store.ErrClosed, path)
+	}
+	d.users++
+	return nil
+}
+
+// release ends a use of acquire; the last use after shut closes them.
+func (d *dirFDs) release() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.users--; d.users == 0 && d.closed {
+		d.close()
+	}
+}
+
+// shut refuses new uses and closes the descriptors once no use holds them.
+func (d *dirFDs) shut() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.closed = true
+	if d.users == 0 {
+		d.close()
+	}
+}
+
+// Close implements [store.Store]: it closes the store's directory
+// descriptors (after the operations in flight). Bells made by Watch have
+// their own and stay valid until their Close. Idempotent.
+func (s *Store) Close() error {
+	s.fds.shut()
+	return nil
 }
 
 // checkDir fstats the store directory, as New does and every operation
@@ -206,7 +268,7 @@ func (s *Store) open(ctx context.Context, write bool) (*bolt.DB, func(), error) 
 			f.Close()
 		}
 		if errors.Is(err, errLockTimeout) {
-			return nil, nil, fmt.Errorf("%w: store %s stayed locked by another process for %s (--store-timeout)", store.ErrUnavailable, s.path, timeout.Round(time.Millisecond))
+			return nil, nil, &store.LockTimeoutError{Path: s.path, Waited: timeout}
 		}
 		return nil, nil, fmt.Errorf("%w: lock store %s: %v", store.ErrUnavailable, s.path, err)
 	}
@@ -257,7 +319,7 @@ func (s *Store) openError(err error) error {
 	case errors.Is(err, fs.ErrPermission):
 		return fmt.Errorf("%w: open store %s: permission denied", store.ErrUnavailable, s.path)
 	case errors.Is(err, berrors.ErrTimeout):
-		return fmt.Errorf("%w: store %s stayed locked by another process for %s (--store-timeout)", store.ErrUnavailable, s.path, s.timeout)
+		return &store.LockTimeoutError{Path: s.path, Waited: s.timeout}
 	case errors.Is(err, fs.ErrNotExist):
 		return fmt.Errorf("%w: open store %s: %v", store.ErrUnavailable, s.path, unwrapPath(err))
 	default:
@@ -272,6 +334,10 @@ func (s *Store) update(ctx context.Context, fn func(x *txn) error) (err error) {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if err := s.fds.acquire(s.path); err != nil {
+		return err
+	}
+	defer s.fds.release()
 	db, closeDB, err := s.open(ctx, true)
 	if err != nil {
 		return err
@@ -313,6 +379,10 @@ func (s *Store) view(ctx context.Context, fn func(x *txn) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if err := s.fds.acquire(s.path); err != nil {
+		return err
+	}
+	defer s.fds.release()
 	db, closeDB, err := s.open(ctx, false)
 	if errors.Is(err, errNoFile) {
 		return fn(&txn{s: s, now: s.now()})

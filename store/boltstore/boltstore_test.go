@@ -671,6 +671,15 @@ func TestLockTimeout(t *testing.T) {
 		if !strings.Contains(err.Error(), "stayed locked") || !strings.Contains(err.Error(), path) {
 			t.Errorf("%s: error %q should say the store %s stayed locked", name, err, path)
 		}
+		// Typed, with the path and the wait; the flag that sets the wait is
+		// the command's word, not the store's.
+		var lt *store.LockTimeoutError
+		if !errors.As(err, &lt) || lt.Path != path || lt.Waited != 200*time.Millisecond {
+			t.Errorf("%s: error %q (%T): want a *store.LockTimeoutError{Path: %s, Waited: 200ms}, got %+v", name, err, err, path, lt)
+		}
+		if strings.Contains(err.Error(), "--") {
+			t.Errorf("%s: error %q names a command-line flag", name, err)
+		}
 		if el < 150*time.Millisecond || el > time.Second {
 			t.Errorf("%s gave up after %v, want about the 200ms timeout", name, el)
 		}
@@ -1123,4 +1132,79 @@ func TestStoreDescriptorsReleased(t *testing.T) {
 		}
 	}
 	t.Errorf("descriptors: %d before 200 stores, %d after they went", before, after)
+}
+
+// openFDs counts this process's open descriptors.
+func openFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skipf("no /proc/self/fd: %v", err)
+	}
+	return len(ents)
+}
+
+// Close closes the store's directory descriptors (the store's directory and
+// its bells directory), not waiting for the garbage collector's cleanup;
+// a second Close is a no-op, and a Close during an operation waits for it
+// to stop using them.
+func TestCloseClosesDescriptors(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "slots.db")
+	ctx := context.Background()
+	before := openFDs(t)
+	s, err := New(path, Options{Clock: newClock(), NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustEnqueue(t, s, req("a", "x", 1))
+	b, err := s.Watch(ctx, "w") // opens the bells directory
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	if n := openFDs(t); n < before+2 {
+		t.Fatalf("%d descriptors open with the store and its bells directory, want at least %d", n, before+2)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := openFDs(t); n != before {
+		t.Fatalf("%d descriptors open after Close, want the %d of before New", n, before)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if _, err := s.Get(ctx, "a"); !errors.Is(err, store.ErrClosed) {
+		t.Fatalf("Get after Close: %v, want ErrClosed", err)
+	}
+
+	// Closed in the middle of an operation: the operation finishes on
+	// descriptors still open, and they are closed when it is done.
+	s2, err := New(path, Options{Clock: newClock(), NoSync: true, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lf := holdLock(t, path)
+	done := make(chan error, 1)
+	go func() { _, err := s2.Enqueue(ctx, req("b", "x", 1)); done <- err }()
+	time.Sleep(100 * time.Millisecond) // s2's Enqueue waits for the lock
+	if err := s2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s2.fds.mu.Lock()
+	shut, users := s2.fds.shutFD, s2.fds.users
+	s2.fds.mu.Unlock()
+	if shut || users != 1 {
+		t.Fatalf("Close during an operation: descriptors closed %v, %d users; want them open for the 1 operation", shut, users)
+	}
+	lf.Close()
+	if err := <-done; err != nil {
+		t.Fatalf("Enqueue in flight during Close: %v", err)
+	}
+	if n := openFDs(t); n != before {
+		t.Fatalf("%d descriptors open after the operation ended, want %d", n, before)
+	}
+	if _, err := s2.Enqueue(ctx, req("c", "x", 1)); !errors.Is(err, store.ErrClosed) {
+		t.Fatalf("Enqueue after Close: %v, want ErrClosed", err)
+	}
 }

@@ -16,6 +16,10 @@ import (
 // Waiters do not use it: every renewal writes the file, and hundreds of
 // waiters woken by each would be a herd; they have their own bells.
 func (s *Store) Changes(ctx context.Context) (<-chan struct{}, error) {
+	if err := s.fds.acquire(s.path); err != nil {
+		return nil, err
+	}
+	s.fds.release() // fsnotify watches by path, not through the descriptors
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return nil, fmt.Errorf("%w: watch %s: %v", store.ErrUnavailable, s.path, err)

@@ -32,6 +32,7 @@ func newBackend(t *testing.T, judge store.Judge) storetest.Backend {
 		if err != nil {
 			t.Fatalf("boltstore.New(%s): %v", path, err)
 		}
+		t.Cleanup(func() { st.Close() })
 		return st
 	}
 	return storetest.Backend{

@@ -143,7 +143,7 @@ func TestDeathFreesSlotInAdmission(t *testing.T) {
 		t.Errorf("reaped event of dead: %q (found %v), want %q", ev, ok, want)
 	}
 	// Reap finds nothing more to do: the live holders stay.
-	if rs, err := s.Reap(ctx, false); err != nil || len(rs) != 0 {
+	if rs, err := s.Reap(ctx, store.ReapOptions{}); err != nil || len(rs) != 0 {
 		t.Errorf("Reap after the sweep = %+v, %v; want nothing", rs, err)
 	}
 	if deathState(t, s, "live") != store.Held || deathState(t, s, "new") != store.Held {
@@ -167,7 +167,7 @@ func TestDeathReapReportsEvidence(t *testing.T) {
 	}
 	deathEnqueue(t, s, "deadw", "x", 2, deathHolder(waiting.Pid, waiting.Start, 0, 0)) // waiting, no child yet
 	deathEnqueue(t, s, "next", "x", 2, selfHolder(t, 0, 0))
-	if rs, err := s.Reap(ctx, false); err != nil || len(rs) != 0 {
+	if rs, err := s.Reap(ctx, store.ReapOptions{}); err != nil || len(rs) != 0 {
 		t.Fatalf("Reap with every supervisor alive = %+v, %v; want nothing", rs, err)
 	}
 
@@ -193,12 +193,12 @@ func TestDeathReapReportsEvidence(t *testing.T) {
 			t.Errorf("%s = %v, want %v", what, got, want)
 		}
 	}
-	rs, err := s.Reap(ctx, true)
+	rs, err := s.Reap(ctx, store.ReapOptions{DryRun: true})
 	check("Reap(dry run)", rs, err)
 	if deathState(t, s, "dead") != store.Held || deathState(t, s, "deadw") != store.Waiting {
 		t.Errorf("a dry run removed tickets")
 	}
-	rs, err = s.Reap(ctx, false)
+	rs, err = s.Reap(ctx, store.ReapOptions{})
 	check("Reap", rs, err)
 	for id, want := range map[string]store.State{"live": store.Held, "next": store.Held, "dead": "gone", "deadw": "gone"} {
 		if got := deathState(t, s, id); got != want {
@@ -221,7 +221,7 @@ func TestDeathE1PidReused(t *testing.T) {
 
 	// Through Reap.
 	deathEnqueue(t, s, "h", "x", 1, deathHolder(other.Pid, other.Start+1, pgid, pgidStart))
-	rs, err := s.Reap(ctx, false)
+	rs, err := s.Reap(ctx, store.ReapOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,7 +242,7 @@ func TestDeathE1PidReused(t *testing.T) {
 
 	// The same ticket with the right start time is a live holder: kept.
 	deathEnqueue(t, s, "h2", "y", 1, deathHolder(other.Pid, other.Start, pgid, pgidStart))
-	if rs, err := s.Reap(ctx, false, "y"); err != nil || len(rs) != 0 {
+	if rs, err := s.Reap(ctx, store.ReapOptions{Limits: []string{"y"}}); err != nil || len(rs) != 0 {
 		t.Errorf("Reap of a live holder = %+v, %v; want nothing", rs, err)
 	}
 }
@@ -264,7 +264,7 @@ func TestOrphanReapKillsGroupAndPromotes(t *testing.T) {
 	}
 	sup.Kill() // SIGKILL: the job keeps running, orphaned
 
-	rs, err := s.Reap(ctx, true)
+	rs, err := s.Reap(ctx, store.ReapOptions{DryRun: true})
 	want := fmt.Sprintf("supervisor %d gone, orphaned process group %d still running: would be killed", sup.Pid, job.Pid)
 	if err != nil || len(rs) != 1 || rs[0].Ticket.ID != "h" || rs[0].Evidence != want {
 		t.Fatalf("Reap(dry run) = %+v, %v; want h with %q", rs, err, want)
@@ -276,7 +276,7 @@ func TestOrphanReapKillsGroupAndPromotes(t *testing.T) {
 		t.Fatalf("a dry run changed the tickets")
 	}
 
-	rs, err = s.Reap(ctx, false)
+	rs, err = s.Reap(ctx, store.ReapOptions{})
 	want = fmt.Sprintf("supervisor %d gone, orphaned process group %d killed", sup.Pid, job.Pid)
 	if err != nil || len(rs) != 1 || rs[0].Ticket.ID != "h" || rs[0].Evidence != want {
 		t.Fatalf("Reap = %+v, %v; want h with %q", rs, err, want)
@@ -328,7 +328,7 @@ func TestOrphanOtherGroupNotKilled(t *testing.T) {
 	if w := deathEnqueue(t, s, "w", "x", 1, selfHolder(t, 0, 0)); w.State != store.Waiting {
 		t.Errorf("w: %s, want waiting", w.State)
 	}
-	if rs, err := s.Reap(ctx, false); err != nil || len(rs) != 0 {
+	if rs, err := s.Reap(ctx, store.ReapOptions{}); err != nil || len(rs) != 0 {
 		t.Errorf("Reap = %+v, %v; want nothing", rs, err)
 	}
 	if deathMembers(job.Pid) != 2 {

@@ -58,8 +58,8 @@ func FuzzPageStructure(f *testing.F) {
 			run  func() error
 		}{
 			{"Snapshot", func() error { _, err := s.Snapshot(ctx); return err }},
-			{"Reap(dry run)", func() error { _, err := s.Reap(ctx, true); return err }},
-			{"Reap", func() error { _, err := s.Reap(ctx, false); return err }},
+			{"Reap(dry run)", func() error { _, err := s.Reap(ctx, store.ReapOptions{DryRun: true}); return err }},
+			{"Reap", func() error { _, err := s.Reap(ctx, store.ReapOptions{}); return err }},
 		} {
 			err, alloc, took, ok := bounded(2*time.Second, func() error { return safely(t, op.name, op.run) })
 			if !ok {

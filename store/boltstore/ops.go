@@ -226,6 +226,11 @@ func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (
 	return removed, err
 }
 
+// Cancel implements [store.Store]: Release with store.Cancelled.
+func (s *Store) Cancel(ctx context.Context, t store.Ticket) (bool, error) {
+	return s.Release(ctx, t, store.Cancelled)
+}
+
 // Snapshot implements [store.Store].
 func (s *Store) Snapshot(ctx context.Context, limits ...string) (store.Snapshot, error) {
 	var out store.Snapshot
@@ -368,7 +373,8 @@ func (s *Store) SetChild(ctx context.Context, t store.Ticket, pgid int, pgidStar
 }
 
 // Reap implements [store.Store].
-func (s *Store) Reap(ctx context.Context, dryRun bool, limits ...string) ([]store.Removal, error) {
+func (s *Store) Reap(ctx context.Context, o store.ReapOptions) ([]store.Removal, error) {
+	dryRun, limits := o.DryRun, o.Limits
 	for _, l := range limits {
 		if err := store.CheckLimitName(l); err != nil {
 			return nil, err

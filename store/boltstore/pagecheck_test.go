@@ -372,8 +372,11 @@ var hostileOps = []struct {
 	{"Snapshot", func(ctx context.Context, s *Store) error { _, err := s.Snapshot(ctx); return err }},
 	{"Snapshot(x)", func(ctx context.Context, s *Store) error { _, err := s.Snapshot(ctx, "x"); return err }},
 	{"Events", func(ctx context.Context, s *Store) error { _, err := s.Events(ctx, "", 10); return err }},
-	{"Reap(dry run)", func(ctx context.Context, s *Store) error { _, err := s.Reap(ctx, true); return err }},
-	{"Reap", func(ctx context.Context, s *Store) error { _, err := s.Reap(ctx, false); return err }},
+	{"Reap(dry run)", func(ctx context.Context, s *Store) error {
+		_, err := s.Reap(ctx, store.ReapOptions{DryRun: true})
+		return err
+	}},
+	{"Reap", func(ctx context.Context, s *Store) error { _, err := s.Reap(ctx, store.ReapOptions{}); return err }},
 	{"Enqueue", func(ctx context.Context, s *Store) error { _, err := s.Enqueue(ctx, req("new1", "x", 1)); return err }},
 	{"Renew", func(ctx context.Context, s *Store) error {
 		_, err := s.Renew(ctx, store.Ticket{ID: "t0", Limit: "x", Fence: 1}, testTTL)

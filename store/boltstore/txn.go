@@ -260,7 +260,7 @@ func (x *txn) addTombstone(id string, why store.Reason) error {
 }
 
 // pruneTombstones drops tombstones older than a day, or past the newest
-// maxTombstones. A late write is bounded by --store-timeout, so a day is ample.
+// maxTombstones. A late write is bounded by the lock timeout (Options.Timeout), so a day is ample.
 func (x *txn) pruneTombstones(last uint64) error {
 	q, tombs := x.bucket(bucketTombQ), x.bucket(bucketTombs)
 	c := q.Cursor()

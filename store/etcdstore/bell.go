@@ -42,12 +42,20 @@ type bell struct {
 
 // Watch implements [store.Store].
 func (s *Store) Watch(ctx context.Context, id string) (store.Bell, error) {
+	if s.closed.Load() {
+		return nil, s.errClosed()
+	}
 	if err := store.CheckID(id); err != nil {
 		return nil, err
 	}
 	b := &bell{s: s, id: id, c: make(chan struct{}, 1), limit: make(chan enqueued, 1), done: make(chan struct{})}
 	b.ctx, b.cancel = context.WithCancel(clientv3.WithRequireLeader(context.WithoutCancel(ctx)))
 	s.mu.Lock()
+	if s.closed.Load() { // checked again under mu: Close cancels every bell registered before it
+		s.mu.Unlock()
+		b.cancel()
+		return nil, s.errClosed()
+	}
 	s.bells[id] = b
 	s.mu.Unlock()
 	go b.run()

@@ -105,6 +105,8 @@ type Store struct {
 	url  string
 	dead store.Judge
 
+	closed     atomic.Bool // Close was called
+	closeOnce  sync.Once
 	connected  atomic.Bool // a request has been answered: later ones use RequestTimeout
 	dialFailed atomic.Bool // no answer within the dial timeout: fail at once until one comes
 	probeOnce  sync.Once   // after a dial timeout: what TLS says (tlsprobe.go)
@@ -141,7 +143,7 @@ func ParseURL(url string) (endpoints []string, prefix string, err error) {
 		return nil, "", fmt.Errorf("store %q: want etcd://HOST:PORT[,HOST:PORT...][/PREFIX]", url)
 	}
 	if strings.ContainsAny(rest, "?#@") {
-		return nil, "", fmt.Errorf("store %q: no user, query or fragment in an etcd URL: credentials and TLS go in the config file (etcd.username, etcd.cacert, ...) and SLOTCTL_ETCD_PASSWORD", url)
+		return nil, "", fmt.Errorf("store %q: no user, query or fragment in an etcd URL: credentials and TLS are the store's options, not part of its URL", url)
 	}
 	hosts, path, _ := strings.Cut(rest, "/")
 	if hosts == "" {
@@ -207,7 +209,7 @@ func New(o Options) (*Store, error) {
 		o.RequestTimeout = 5 * time.Second
 	}
 	if (o.Username == "") != (o.Password == "") {
-		return nil, fmt.Errorf("%w: etcd username and password: give both or neither (password from SLOTCTL_ETCD_PASSWORD)", store.ErrInvalid)
+		return nil, fmt.Errorf("%w: etcd username and password: give both or neither", store.ErrInvalid)
 	}
 	cfg := clientv3.Config{
 		Endpoints:            o.Endpoints,
@@ -239,10 +241,27 @@ func New(o Options) (*Store, error) {
 	return s, nil
 }
 
-// Close closes the connection; bells stop ringing.
+// Close implements [store.Store]: it stops every bell's watches (bells
+// stop ringing; they stay safe to Close) and closes the client and its
+// connection. Idempotent.
 func (s *Store) Close() error {
-	return s.c.Close()
+	var err error
+	s.closeOnce.Do(func() {
+		s.closed.Store(true)
+		s.mu.Lock()
+		for _, b := range s.bells {
+			b.cancel() // its goroutine ends instead of retrying on a closed client
+		}
+		s.mu.Unlock()
+		if err = s.c.Close(); errors.Is(err, context.Canceled) {
+			err = nil
+		}
+	})
+	return err
 }
+
+// errClosed is the error of an operation on a closed store.
+func (s *Store) errClosed() error { return fmt.Errorf("%w: %s", store.ErrClosed, s.url) }
 
 // String implements [store.Store]: etcd://HOST:PORT[,...]/PREFIX.
 func (s *Store) String() string { return s.url }
@@ -275,6 +294,9 @@ func (s *Store) answered() { s.connected.Store(true) }
 func (s *Store) unavailable(err error, dial bool) error {
 	if err == nil {
 		return nil
+	}
+	if s.closed.Load() {
+		return s.errClosed()
 	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, store.ErrUnavailable) {
 		return err

@@ -297,7 +297,7 @@ func TestTLSAndAuth(t *testing.T) {
 	if ok, err := st.Release(ctx, a, store.Released); !ok || err != nil {
 		t.Fatalf("Release: %v, %v", ok, err)
 	}
-	if rm, err := st.Reap(ctx, false); err != nil || len(rm) != 0 {
+	if rm, err := st.Reap(ctx, store.ReapOptions{}); err != nil || len(rm) != 0 {
 		t.Fatalf("Reap: %v, %v", rm, err)
 	}
 
@@ -442,5 +442,67 @@ func rings(b store.Bell) bool {
 		return true
 	case <-time.After(5 * time.Second):
 		return false
+	}
+}
+
+// Renew on etcd keeps the lease's granted TTL (store.Store.Renew's doc):
+// the ttl argument is checked, not applied. A renewal asking for an hour
+// still leaves the ticket the 3s it was enqueued with, and the server
+// expires it then.
+func TestRenewKeepsGrantedTTL(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	st := open(t, srv, etcdstore.Options{})
+	ctx := context.Background()
+	a, err := st.Enqueue(ctx, req("a", "l", 1, 3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Renew(ctx, a, 0); !errors.Is(err, store.ErrInvalid) {
+		t.Fatalf("Renew with ttl 0: %v, want ErrInvalid", err)
+	}
+	got, err := st.Renew(ctx, a, time.Hour)
+	if err != nil {
+		t.Fatalf("Renew: %v", err)
+	}
+	if got.TTL != 3*time.Second || got.Remaining > 3*time.Second || got.Remaining < time.Second {
+		t.Fatalf("Renew(ttl 1h) of a 3s ticket: TTL %v, remaining %v; want the granted 3s kept", got.TTL, got.Remaining)
+	}
+	srv.Advance(4 * time.Second)
+	if _, err := st.Renew(ctx, a, time.Hour); !errors.Is(err, store.ErrLost) {
+		t.Fatalf("Renew 4s after a renewal asking for 1h: %v, want ErrLost (the lease kept its 3s)", err)
+	}
+}
+
+// Close stops the watches of the bells still open: their goroutines end
+// at once instead of retrying, once a second, on a closed client until
+// each bell's own Close.
+func TestCloseStopsBells(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	st := open(t, srv, etcdstore.Options{})
+	ctx := context.Background()
+	if _, err := st.Enqueue(ctx, req("a", "l", 1, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	bell, err := st.Watch(ctx, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bell.Close()
+	if b, err := st.Enqueue(ctx, req("b", "l", 1, 5*time.Second)); err != nil || b.State != store.Waiting {
+		t.Fatalf("Enqueue b: %+v, %v; want it waiting behind a", b, err)
+	}
+	time.Sleep(300 * time.Millisecond) // the bell follows b's place in the queue
+	select {
+	case <-etcdstore.BellDone(bell):
+		t.Fatal("the bell of a waiting ticket stopped before Close")
+	default:
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-etcdstore.BellDone(bell):
+	case <-time.After(3 * time.Second):
+		t.Fatal("a bell's goroutine still runs 3s after the store's Close")
 	}
 }

@@ -8,7 +8,7 @@ import (
 
 // TestMain lets the sleep-bound cases of the conformance suite run all at
 // once: go test runs GOMAXPROCS parallel tests by default, which on a
-// two-core machine would run the suite's 39 cases (each sleeping through a
+// two-core machine would run the suite's cases (each sleeping through a
 // few lease TTLs of a real etcd server) two at a time. An explicit
 // -parallel is kept.
 func TestMain(m *testing.M) {

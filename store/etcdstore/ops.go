@@ -28,6 +28,9 @@ func unknownOutcome(err error) bool {
 // and promotes its waiters, the new ticket among them. The decision rests on
 // a serializable read; the transaction's compares make a stale one retry.
 func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ticket, error) {
+	if s.closed.Load() {
+		return store.Ticket{}, s.errClosed()
+	}
 	if err := req.Check(); err != nil {
 		return store.Ticket{}, err
 	}
@@ -173,6 +176,9 @@ func (s *Store) existing(ctx context.Context, st *lstate, req store.EnqueueReque
 
 // Get implements [store.Store].
 func (s *Store) Get(ctx context.Context, id string) (store.Ticket, error) {
+	if s.closed.Load() {
+		return store.Ticket{}, s.errClosed()
+	}
 	if store.CheckID(id) != nil {
 		return store.Ticket{}, fmt.Errorf("%w: ticket %q", store.ErrNotFound, id)
 	}
@@ -271,6 +277,9 @@ func (s *Store) getLight(ctx context.Context, k known, id string) (store.Ticket,
 // settles its limit, so that a slot freed by an expired lease is handed on
 // within a renewal period even if nobody else writes.
 func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (store.Ticket, error) {
+	if s.closed.Load() {
+		return store.Ticket{}, s.errClosed()
+	}
 	if err := store.CheckTTL(ttl); err != nil {
 		return store.Ticket{}, err
 	}
@@ -431,6 +440,9 @@ func (s *Store) settleState(ctx context.Context, st *lstate, id string) (*lstate
 // transaction. A ticket whose lease the server expired but that no sweep
 // removed yet is removed by its release (the slot went with the lease).
 func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (bool, error) {
+	if s.closed.Load() {
+		return false, s.errClosed()
+	}
 	if err := store.CheckID(t.ID); err != nil {
 		return false, err
 	}
@@ -506,6 +518,11 @@ func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (
 	}
 }
 
+// Cancel implements [store.Store]: Release with store.Cancelled.
+func (s *Store) Cancel(ctx context.Context, t store.Ticket) (bool, error) {
+	return s.Release(ctx, t, store.Cancelled)
+}
+
 // releaseAbsent releases an id that is not live: tombstoned already, or
 // never seen (cancel before create: tombstone it so that the create is
 // refused when it lands). With Lost it logs that the holder noticed. It
@@ -570,6 +587,9 @@ func (s *Store) dayKV(ctx context.Context) *mvccpb.KeyValue {
 
 // SetChild implements [store.Store].
 func (s *Store) SetChild(ctx context.Context, t store.Ticket, pgid int, pgidStart uint64) (store.Ticket, error) {
+	if s.closed.Load() {
+		return store.Ticket{}, s.errClosed()
+	}
 	limit, idr, err := s.lookup(ctx, t.ID)
 	if err != nil {
 		return store.Ticket{}, err
@@ -619,6 +639,9 @@ func (s *Store) SetChild(ctx context.Context, t store.Ticket, pgid int, pgidStar
 // records and live ticket keys; the lease of each live ticket is asked of
 // the server (or known to this process).
 func (s *Store) Snapshot(ctx context.Context, limits ...string) (store.Snapshot, error) {
+	if s.closed.Load() {
+		return store.Snapshot{}, s.errClosed()
+	}
 	for _, l := range limits {
 		if err := store.CheckLimitName(l); err != nil {
 			return store.Snapshot{}, err
@@ -709,6 +732,9 @@ func (s *Store) Snapshot(ctx context.Context, limits ...string) (store.Snapshot,
 
 // SetLimit implements [store.Store].
 func (s *Store) SetLimit(ctx context.Context, name string, slots int) (store.Limit, error) {
+	if s.closed.Load() {
+		return store.Limit{}, s.errClosed()
+	}
 	if err := store.CheckLimitName(name); err != nil {
 		return store.Limit{}, err
 	}
@@ -755,6 +781,9 @@ func (s *Store) SetLimit(ctx context.Context, name string, slots int) (store.Lim
 
 // RemoveLimit implements [store.Store].
 func (s *Store) RemoveLimit(ctx context.Context, name string, force bool) error {
+	if s.closed.Load() {
+		return s.errClosed()
+	}
 	if err := store.CheckLimitName(name); err != nil {
 		return err
 	}
@@ -800,7 +829,11 @@ func (s *Store) RemoveLimit(ctx context.Context, name string, force bool) error 
 // records (their slots went with their leases), saying so. Holders proven
 // dead on this host are removed with their keys and their leases revoked.
 // A dry run lists the same, removing nothing.
-func (s *Store) Reap(ctx context.Context, dryRun bool, limits ...string) ([]store.Removal, error) {
+func (s *Store) Reap(ctx context.Context, o store.ReapOptions) ([]store.Removal, error) {
+	if s.closed.Load() {
+		return nil, s.errClosed()
+	}
+	dryRun, limits := o.DryRun, o.Limits
 	for _, l := range limits {
 		if err := store.CheckLimitName(l); err != nil {
 			return nil, err
@@ -939,6 +972,9 @@ func (s *Store) trimEvents(ctx context.Context) {
 
 // Events implements [store.Store].
 func (s *Store) Events(ctx context.Context, limit string, n int) ([]store.Event, error) {
+	if s.closed.Load() {
+		return nil, s.errClosed()
+	}
 	prefix := s.k.allEvents()
 	if limit != "" {
 		if err := store.CheckLimitName(limit); err != nil {
@@ -982,6 +1018,9 @@ func (s *Store) Events(ctx context.Context, limit string, n int) ([]store.Event,
 // Changes returns a channel that receives (coalesced) after every change
 // under the store's prefix, until ctx ends: what slotctl ls --watch redraws on.
 func (s *Store) Changes(ctx context.Context) (<-chan struct{}, error) {
+	if s.closed.Load() {
+		return nil, s.errClosed()
+	}
 	c := make(chan struct{}, 1)
 	wc := s.c.Watch(clientv3.WithRequireLeader(ctx), string(s.k), clientv3.WithPrefix())
 	go func() {

@@ -37,8 +37,12 @@
 // (A7, LateRenewAfterRelease, LateRenewAfterReap). Then what Reap means
 // (ReapNamedLimitsOnly, ReapDryRunMatchesReap, ReapFreesAndPromotes), proof
 // of death (DeadHolderReapedAtOnce, DeadHolderSweptOnAdmission,
-// LiveHolderKeptUntilTTL; they need [Harness.NewWithJudge]), SetChild, and
-// the event log (Events). Races go through the Store interface only: two
+// LiveHolderKeptUntilTTL; they need [Harness.NewWithJudge]), SetChild, the
+// event log (Events), Cancel (CancelWaiting; CancelPromoted: a ticket
+// promoted before its holder saw it is removed as cancelled and frees its
+// slot once; CancelBeforeCreate) and Close (every operation after it fails
+// with ErrClosed, never a panic; the store must let its Backend.Store be
+// closed twice, as the case and the backend's cleanup may both do). Races go through the Store interface only: two
 // goroutines started together at a few offsets, and a dry run standing for
 // a reaper's scan.
 //

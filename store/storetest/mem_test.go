@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,6 +27,47 @@ type memStore struct {
 	bug  string
 	skew time.Duration
 	hint []store.Ticket // bugs "reap-trusts-scan", "reap-double-free": this handle's last dry-run scan
+
+	closed atomic.Bool
+}
+
+// closedErr is the error of an operation after Close.
+func (s *memStore) closedErr() error {
+	if s.closed.Load() && !s.is("close-noop") {
+		return fmt.Errorf("%w: mem://", store.ErrClosed)
+	}
+	return nil
+}
+
+func (s *memStore) Close() error {
+	s.closed.Store(true)
+	return nil
+}
+
+func (s *memStore) Cancel(ctx context.Context, tk store.Ticket) (bool, error) {
+	switch {
+	case s.is("cancel-as-released"):
+		return s.Release(ctx, tk, store.Released)
+	case s.is("cancel-waiting-only"):
+		if err := s.closedErr(); err != nil {
+			return false, err
+		}
+		s.d.mu.Lock()
+		t := s.d.tickets[tk.ID]
+		held := t != nil && t.t.State == store.Held
+		s.d.mu.Unlock()
+		if held {
+			return false, nil // "promoted meanwhile": left to its lease
+		}
+	case s.is("cancel-missing-frees"):
+		s.d.mu.Lock()
+		t, l := s.d.tickets[tk.ID], s.d.limits[tk.Limit]
+		if t == nil && l != nil {
+			s.promote(l, 1)
+		}
+		s.d.mu.Unlock()
+	}
+	return s.Release(ctx, tk, store.Cancelled)
 }
 
 type memData struct {
@@ -251,6 +293,9 @@ func (s *memStore) promote(l *memLimit, extra int) {
 func (s *memStore) lax() bool { return s.is("lax-input") }
 
 func (s *memStore) Enqueue(_ context.Context, r store.EnqueueRequest) (store.Ticket, error) {
+	if err := s.closedErr(); err != nil {
+		return store.Ticket{}, err
+	}
 	if !s.lax() {
 		if err := r.Check(); err != nil {
 			return store.Ticket{}, err
@@ -301,6 +346,9 @@ func (s *memStore) Enqueue(_ context.Context, r store.EnqueueRequest) (store.Tic
 }
 
 func (s *memStore) Get(_ context.Context, id string) (store.Ticket, error) {
+	if err := s.closedErr(); err != nil {
+		return store.Ticket{}, err
+	}
 	s.d.mu.Lock()
 	defer s.d.mu.Unlock()
 	t := s.d.tickets[id]
@@ -311,6 +359,9 @@ func (s *memStore) Get(_ context.Context, id string) (store.Ticket, error) {
 }
 
 func (s *memStore) Renew(_ context.Context, tk store.Ticket, ttl time.Duration) (store.Ticket, error) {
+	if err := s.closedErr(); err != nil {
+		return store.Ticket{}, err
+	}
 	if ttl <= 0 && !s.lax() {
 		return store.Ticket{}, fmt.Errorf("%w: ttl %v", store.ErrInvalid, ttl)
 	}
@@ -346,6 +397,9 @@ func (s *memStore) Renew(_ context.Context, tk store.Ticket, ttl time.Duration) 
 }
 
 func (s *memStore) Release(_ context.Context, tk store.Ticket, why store.Reason) (bool, error) {
+	if err := s.closedErr(); err != nil {
+		return false, err
+	}
 	s.d.mu.Lock()
 	defer s.d.mu.Unlock()
 	t := s.d.tickets[tk.ID]
@@ -390,6 +444,9 @@ func (s *memStore) Release(_ context.Context, tk store.Ticket, why store.Reason)
 }
 
 func (s *memStore) SetChild(_ context.Context, tk store.Ticket, pgid int, pgidStart uint64) (store.Ticket, error) {
+	if err := s.closedErr(); err != nil {
+		return store.Ticket{}, err
+	}
 	s.d.mu.Lock()
 	defer s.d.mu.Unlock()
 	t := s.d.tickets[tk.ID]
@@ -460,7 +517,11 @@ func (s *memStore) scan(names []string) []store.Removal {
 	return out
 }
 
-func (s *memStore) Reap(_ context.Context, dryRun bool, limits ...string) ([]store.Removal, error) {
+func (s *memStore) Reap(_ context.Context, o store.ReapOptions) ([]store.Removal, error) {
+	dryRun, limits := o.DryRun, o.Limits
+	if err := s.closedErr(); err != nil {
+		return nil, err
+	}
 	if !s.lax() {
 		for _, l := range limits {
 			if err := store.CheckLimitName(l); err != nil {
@@ -537,6 +598,9 @@ func (s *memStore) Reap(_ context.Context, dryRun bool, limits ...string) ([]sto
 }
 
 func (s *memStore) Events(_ context.Context, limit string, n int) ([]store.Event, error) {
+	if err := s.closedErr(); err != nil {
+		return nil, err
+	}
 	if limit != "" && !s.lax() {
 		if err := store.CheckLimitName(limit); err != nil {
 			return nil, err
@@ -566,6 +630,9 @@ func (s *memStore) Events(_ context.Context, limit string, n int) ([]store.Event
 }
 
 func (s *memStore) Snapshot(_ context.Context, limits ...string) (store.Snapshot, error) {
+	if err := s.closedErr(); err != nil {
+		return store.Snapshot{}, err
+	}
 	s.d.mu.Lock()
 	defer s.d.mu.Unlock()
 	sn := store.Snapshot{Now: s.wallNow()}
@@ -597,6 +664,9 @@ func (s *memStore) Snapshot(_ context.Context, limits ...string) (store.Snapshot
 }
 
 func (s *memStore) SetLimit(_ context.Context, name string, slots int) (store.Limit, error) {
+	if err := s.closedErr(); err != nil {
+		return store.Limit{}, err
+	}
 	if !s.lax() {
 		if err := store.CheckLimitName(name); err != nil {
 			return store.Limit{}, err
@@ -627,6 +697,9 @@ func (s *memStore) SetLimit(_ context.Context, name string, slots int) (store.Li
 }
 
 func (s *memStore) RemoveLimit(_ context.Context, name string, force bool) error {
+	if err := s.closedErr(); err != nil {
+		return err
+	}
 	if err := store.CheckLimitName(name); err != nil && !s.lax() {
 		return err
 	}
@@ -649,6 +722,9 @@ func (s *memStore) RemoveLimit(_ context.Context, name string, force bool) error
 }
 
 func (s *memStore) Watch(_ context.Context, id string) (store.Bell, error) {
+	if err := s.closedErr(); err != nil {
+		return nil, err
+	}
 	s.d.mu.Lock()
 	defer s.d.mu.Unlock()
 	b := &memBell{c: make(chan struct{}, 1), d: s.d, id: id}
@@ -810,6 +886,10 @@ var mutants = map[string][]string{
 	"events-newest-first":      {"Events"},
 	"events-unfiltered":        {"Events"},
 	"events-oldest":            {"Events"},
+	"cancel-as-released":       {"CancelWaiting", "CancelPromoted"},
+	"cancel-waiting-only":      {"CancelPromoted"},
+	"cancel-missing-frees":     {"CancelWaiting", "CancelPromoted"},
+	"close-noop":               {"Close"},
 }
 
 // TestMutants shows that the suite is not vacuous: each bug, planted in the

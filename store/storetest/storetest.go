@@ -83,6 +83,10 @@ var cases = []struct {
 	{"DoubleReleaseFreesOneSlot", testDoubleRelease, false},
 	{"ReleaseMissingIsNoop", testReleaseMissing, false},
 	{"ReleaseWrongFenceRemovesNothing", testReleaseWrongFence, false},
+	{"CancelWaiting", testCancelWaiting, false},
+	{"CancelPromoted", testCancelPromoted, false},
+	{"CancelBeforeCreate", testCancelBeforeCreate, false},
+	{"Close", testClose, false},
 	{"RenewExpiredIsLost", testRenewExpired, false},
 	{"RenewBeforeExpiryExtends", testRenewExtends, false},
 	{"RenewReleasedIsLost", testRenewReleased, false},
@@ -346,6 +350,17 @@ func (s *suite) releaseWhy(tk store.Ticket, why store.Reason, want bool) {
 	}
 	if ok != want {
 		s.Fatalf("Release %s (fence %d, %s) = %v, want %v", s.who(tk.ID), tk.Fence, why, ok, want)
+	}
+}
+
+func (s *suite) cancel(tk store.Ticket, want bool) {
+	s.Helper()
+	ok, err := s.st.Cancel(s.ctx, tk)
+	if err != nil {
+		s.Fatalf("Cancel %s (fence %d): %v", s.who(tk.ID), tk.Fence, err)
+	}
+	if ok != want {
+		s.Fatalf("Cancel %s (fence %d) = %v, want %v", s.who(tk.ID), tk.Fence, ok, want)
 	}
 }
 
@@ -742,7 +757,7 @@ func testRemovedIDRefused(s *suite) {
 
 	b := s.enq("B", "q", 1)
 	c := s.enq("C", "q", 1)
-	s.releaseWhy(c, store.Cancelled, true)
+	s.cancel(c, true)
 	again(c, "q", "cancelled")
 	s.wantHeld(b, 0)
 
@@ -1301,7 +1316,7 @@ func testConcurrent(s *suite) {
 		defer func() {
 			// Whatever happened, let go, so the other clients are not blocked.
 			if !held {
-				_, _ = s.st.Release(context.WithoutCancel(ctx), tk, store.Cancelled)
+				_, _ = s.st.Cancel(context.WithoutCancel(ctx), tk)
 			}
 		}()
 		renewed := time.Now()
@@ -1413,7 +1428,7 @@ func (s *suite) other() store.Store {
 func (s *suite) reapOn(st store.Store, who string, dry bool, limits ...string) []store.Removal {
 	s.Helper()
 	op := fmt.Sprintf("%sReap(dryRun=%v, %q)", who, dry, limits)
-	rm, err := st.Reap(s.ctx, dry, limits...)
+	rm, err := st.Reap(s.ctx, store.ReapOptions{DryRun: dry, Limits: limits})
 	if err != nil {
 		s.Fatalf("%s: %v", op, err)
 	}
@@ -1665,7 +1680,7 @@ func testTwoReapers(s *suite) {
 				if k == 1 {
 					time.Sleep(time.Duration(i) * 100 * time.Microsecond)
 				}
-				rms[k], errs[k] = st.Reap(s.ctx, false, tr.limit)
+				rms[k], errs[k] = st.Reap(s.ctx, store.ReapOptions{Limits: []string{tr.limit}})
 			})
 		}
 		close(start)
@@ -1730,7 +1745,7 @@ func testReleaseRacingReap(s *suite) {
 			start            = make(chan struct{})
 			delay            = time.Duration(i/2) * 250 * time.Microsecond
 			release, reapNow = func() { released, relErr = s.st.Release(s.ctx, tr.t, store.Released) },
-				func() { rm, reapErr = reaper.Reap(s.ctx, false, tr.limit) }
+				func() { rm, reapErr = reaper.Reap(s.ctx, store.ReapOptions{Limits: []string{tr.limit}}) }
 		)
 		first, second := release, reapNow
 		if i%2 == 1 {
@@ -1853,7 +1868,7 @@ func testReapNamedLimits(s *suite) {
 	}
 	for _, bad := range [][]string{{"missing"}, {"rb", "missing"}, {"missing", "rb"}} {
 		for _, dry := range []bool{true, false} {
-			rm, err := s.st.Reap(s.ctx, dry, bad...)
+			rm, err := s.st.Reap(s.ctx, store.ReapOptions{DryRun: dry, Limits: bad})
 			if !errors.Is(err, store.ErrLimitNotFound) {
 				s.Fatalf("Reap(dryRun=%v, %q): removed %v, err %v; want ErrLimitNotFound", dry, bad, s.removed(rm), err)
 			}
@@ -2092,7 +2107,7 @@ func testEvents(s *suite) {
 	x := s.enq("X", "e2", 1)
 	s.release(a, true) // released A, admitted B
 	c := s.enq("C", "e1", 1)
-	s.releaseWhy(c, store.Cancelled, true)
+	s.cancel(c, true)
 	d := s.enq("D", "e1", 1)
 	s.releaseWhy(d, store.ForceReleased, true)
 	s.releaseWhy(x, store.Lost, true)
@@ -2167,4 +2182,137 @@ func testEvents(s *suite) {
 		s.Fatalf("Events(e1, 0): %d events, want none", len(got))
 	}
 	s.events("", store.MaxEvents+1) // never more than MaxEvents
+}
+
+// wantEvent checks that the newest events of limit log kind for tk.
+func (s *suite) wantEvent(limit string, tk store.Ticket, kind string) {
+	s.Helper()
+	evs, err := s.st.Events(s.ctx, limit, 100)
+	if err != nil {
+		s.Fatalf("Events(%q): %v", limit, err)
+	}
+	var kinds []string
+	for _, e := range evs {
+		if e.Ticket == tk.ID {
+			if e.Kind == kind {
+				return
+			}
+			kinds = append(kinds, e.Kind)
+		}
+	}
+	s.Fatalf("Events(%q): no %q event of %s (it has %q)", limit, kind, s.who(tk.ID), kinds)
+}
+
+// Cancel removes a waiting ticket, closes its place in the queue, frees
+// nothing held, and a second Cancel (or one with a stale fence) is a no-op.
+func testCancelWaiting(s *suite) {
+	a := s.enq("A", "q", 1)
+	b := s.enq("B", "q", 1)
+	c := s.enq("C", "q", 1)
+	s.cancel(store.Ticket{ID: b.ID, Limit: b.Limit, Fence: b.Fence + 1000}, false) // another fence
+	s.wantWaiting(b, 1)
+	s.cancel(b, true)
+	s.wantGone(b)
+	s.wantHeld(a, 0)
+	s.wantWaiting(c, 1)
+	s.checkLimit("q", 1, 1, 1)
+	s.cancel(b, false) // idempotent
+	s.wantHeld(a, 0)
+	s.wantWaiting(c, 1)
+	s.checkLimit("q", 1, 1, 1)
+	s.wantEvent("q", b, string(store.Cancelled))
+	if _, err := s.st.Enqueue(s.ctx, store.EnqueueRequest{ID: b.ID, Limit: "q", Slots: 1, TTL: s.h.TTL, Holder: holder("B")}); !errors.Is(err, store.ErrRemoved) {
+		s.Fatalf("Enqueue %s after Cancel: %v, want ErrRemoved", s.who(b.ID), err)
+	}
+}
+
+// A ticket promoted before its holder saw it (the holder still has its
+// waiting copy) is removed as cancelled, since its job never ran: its slot
+// is freed once and goes to the next waiter, and cancelling it again frees
+// nothing more.
+func testCancelPromoted(s *suite) {
+	a := s.enq("A", "q", 1)
+	b := s.enq("B", "q", 1) // the waiting copy its holder keeps
+	c := s.enq("C", "q", 1)
+	d := s.enq("D", "q", 1)
+	s.release(a, true)
+	s.wantHeld(b, 0)
+	s.cancel(b, true)
+	s.wantGone(b)
+	s.wantHeld(c, 0)
+	s.wantWaiting(d, 1)
+	s.checkLimit("q", 1, 1, 1)
+	s.cancel(b, false)
+	s.wantHeld(c, 0)
+	s.wantWaiting(d, 1)
+	s.checkLimit("q", 1, 1, 1)
+	s.wantEvent("q", b, string(store.Cancelled))
+}
+
+// Cancel of an id never enqueued (its create still in flight) writes
+// nothing live and refuses the create when it lands.
+func testCancelBeforeCreate(s *suite) {
+	ghost := store.Ticket{ID: s.id("G"), Limit: "q"}
+	s.cancel(ghost, false)
+	s.wantNoLimit("q")
+	if got, err := s.st.Enqueue(s.ctx, store.EnqueueRequest{ID: ghost.ID, Limit: "q", Slots: 1, TTL: s.h.TTL, Holder: holder("G")}); !errors.Is(err, store.ErrRemoved) {
+		s.Fatalf("Enqueue %s after Cancel: ticket %+v, err %v; want ErrRemoved", s.who(ghost.ID), got, err)
+	}
+}
+
+// Close is idempotent, and every operation after it fails with an error
+// wrapping ErrClosed: never a panic, never a success.
+func testClose(s *suite) {
+	a := s.enq("A", "q", 1)
+	bell, err := s.st.Watch(s.ctx, s.id("W"))
+	if err != nil {
+		s.Fatalf("Watch: %v", err)
+	}
+	if err := s.st.Close(); err != nil {
+		s.Fatalf("Close: %v", err)
+	}
+	if err := s.st.Close(); err != nil {
+		s.Fatalf("Close again: %v", err)
+	}
+	if err := bell.Close(); err != nil {
+		s.Fatalf("Bell.Close after the store's Close: %v", err)
+	}
+	ops := []struct {
+		name string
+		fn   func() error
+	}{
+		{"Enqueue", func() error { _, err := s.st.Enqueue(s.ctx, s.req("B", "q", 1)); return err }},
+		{"Get", func() error { _, err := s.st.Get(s.ctx, a.ID); return err }},
+		{"Renew", func() error { _, err := s.st.Renew(s.ctx, a, s.h.TTL); return err }},
+		{"Release", func() error { _, err := s.st.Release(s.ctx, a, store.Released); return err }},
+		{"Cancel", func() error { _, err := s.st.Cancel(s.ctx, a); return err }},
+		{"SetChild", func() error { _, err := s.st.SetChild(s.ctx, a, 1, 1); return err }},
+		{"Reap", func() error { _, err := s.st.Reap(s.ctx, store.ReapOptions{}); return err }},
+		{"ReapDryRun", func() error { _, err := s.st.Reap(s.ctx, store.ReapOptions{DryRun: true}); return err }},
+		{"Events", func() error { _, err := s.st.Events(s.ctx, "", 10); return err }},
+		{"Snapshot", func() error { _, err := s.st.Snapshot(s.ctx); return err }},
+		{"SetLimit", func() error { _, err := s.st.SetLimit(s.ctx, "q", 2); return err }},
+		{"RemoveLimit", func() error { return s.st.RemoveLimit(s.ctx, "q", true) }},
+		{"Watch", func() error {
+			b, err := s.st.Watch(s.ctx, s.id("W2"))
+			if err == nil {
+				b.Close()
+			}
+			return err
+		}},
+	}
+	for _, op := range ops {
+		var err error
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					s.Fatalf("%s after Close panicked: %v", op.name, r)
+				}
+			}()
+			err = op.fn()
+		}()
+		if !errors.Is(err, store.ErrClosed) {
+			s.Fatalf("%s after Close: %v, want an error wrapping ErrClosed", op.name, err)
+		}
+	}
 }

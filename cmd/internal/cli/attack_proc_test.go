@@ -132,6 +132,7 @@ func TestAttackForgedHolderPid(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			t.Cleanup(func() { st.Close() })
 			var tk store.Ticket
 			for deadline := time.Now().Add(10 * time.Second); tk.Holder.Pgid == 0; time.Sleep(20 * time.Millisecond) {
 				if tk, err = st.Get(context.Background(), id); err != nil || time.Now().After(deadline) {
@@ -231,6 +232,7 @@ func TestAttackCapReaperKillsOrphan(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { st.Close() })
 	var tk store.Ticket
 	for deadline := time.Now().Add(10 * time.Second); tk.Holder.Pgid == 0; time.Sleep(20 * time.Millisecond) {
 		if tk, err = st.Get(context.Background(), id); err != nil || time.Now().After(deadline) {

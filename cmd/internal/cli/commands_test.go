@@ -246,6 +246,7 @@ func TestStatusLineWidthFromFactory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { st.Close() })
 	f, _, errOut := lsFactory(e.env, clock, false, 0)
 	f.IO.ErrTTY = true
 	f.ErrWidth = func() int { return 50 }

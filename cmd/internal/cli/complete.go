@@ -18,7 +18,7 @@ const completionTimeout = 500 * time.Millisecond
 
 // completionStore opens the store for a completion: cobra runs no pre-run
 // hooks for __complete, so the config is read here, and any failure quietly
-// means no suggestions.
+// means no suggestions. The returned func ends the context and closes the store.
 func (f *Factory) completionStore(cmd *cobra.Command) (store.Store, context.Context, context.CancelFunc, bool) {
 	if f.loadConfig(cmd) != nil {
 		return nil, nil, nil, false
@@ -30,7 +30,7 @@ func (f *Factory) completionStore(cmd *cobra.Command) (store.Store, context.Cont
 		return nil, nil, nil, false
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), completionTimeout)
-	return st, ctx, cancel, true
+	return st, ctx, func() { cancel(); st.Close() }, true
 }
 
 // completeLimits suggests limit names from the store and the config file.

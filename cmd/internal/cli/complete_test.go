@@ -25,6 +25,7 @@ func compStore(t *testing.T) *lsEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { st.Close() })
 	ctx := context.Background()
 	for _, name := range []string{"build", "backup", "deploy"} {
 		if _, err := st.SetLimit(ctx, name, 1); err != nil {

@@ -128,6 +128,7 @@ func crashStore(t *testing.T, e *ptEnv) *boltstore.Store {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { st.Close() })
 	return st
 }
 

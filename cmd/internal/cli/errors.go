@@ -8,6 +8,7 @@ import (
 
 	"github.com/slotctl/slotctl/gate"
 	"github.com/slotctl/slotctl/store"
+	"github.com/slotctl/slotctl/store/boltstore"
 )
 
 // Exit codes of docs/leases.md §3 that slotctl itself chooses.
@@ -73,9 +74,15 @@ func hint(err error) string {
 		return ee.Hint
 	}
 	var conflict *store.SlotsConflictError
+	var locked *store.LockTimeoutError
+	var remote *boltstore.NetworkFSError
 	switch {
 	case errors.As(err, &conflict):
 		return fmt.Sprintf("to resize it: slotctl limit set %s %d", conflict.Limit, conflict.Want)
+	case errors.As(err, &locked):
+		return "try again, or wait longer with --store-timeout (SLOTCTL_STORE_TIMEOUT)"
+	case errors.As(err, &remote):
+		return "e.g. --store etcd://HOST:2379"
 	case errors.Is(err, store.ErrLimitInUse):
 		return "wait for its tickets to go, or pass --force to remove them"
 	case errors.Is(err, store.ErrCorrupt):

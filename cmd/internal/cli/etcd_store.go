@@ -62,7 +62,11 @@ func (f *Factory) openEtcd(g *globalOptions, url string) (store.Store, error) {
 	}
 	endpoints, prefix, err := etcdClient.ParseURL(url)
 	if err != nil {
-		return nil, usageError("%v", err)
+		ee := &ExitError{Code: exitUsage, Err: err}
+		if strings.ContainsAny(url, "?#@") {
+			ee.Hint = "set etcd.username, etcd.cacert, ... in the config file (or --etcd-* flags) and the password in SLOTCTL_ETCD_PASSWORD or etcd.password-file"
+		}
+		return nil, ee
 	}
 	es, err := f.etcdSettings(g)
 	if err != nil {

@@ -54,6 +54,7 @@ func hostileStore(t *testing.T, e *lsEnv) *boltstore.FakeClock {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { st.Close() })
 	for _, r := range hostileTickets {
 		r.Limit, r.Slots, r.TTL = "build", 1, 30*time.Second
 		if _, err := st.Enqueue(context.Background(), r); err != nil {
@@ -284,6 +285,7 @@ func TestHostileTextReleaseAliveHolder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { st.Close() })
 	start, err := proc.StartTime(os.Getpid())
 	if err != nil {
 		t.Skipf("no process start times here: %v", err)

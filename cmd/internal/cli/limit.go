@@ -111,6 +111,7 @@ func runLimitSet(ctx context.Context, f *Factory, g *globalOptions, o *LimitSetO
 	if err != nil {
 		return err
 	}
+	defer st.Close()
 	l, err := st.SetLimit(ctx, o.Name, o.Slots)
 	if err != nil {
 		return err
@@ -157,6 +158,7 @@ func runLimitLs(ctx context.Context, f *Factory, g *globalOptions, o *LimitLsOpt
 	if err != nil {
 		return err
 	}
+	defer st.Close()
 	snap, err := st.Snapshot(ctx, o.Limits...)
 	if err != nil {
 		return err
@@ -207,6 +209,7 @@ func runLimitRm(ctx context.Context, f *Factory, g *globalOptions, o *LimitRmOpt
 	if err != nil {
 		return err
 	}
+	defer st.Close()
 	if err := st.RemoveLimit(ctx, o.Name, o.Force); err != nil {
 		return err
 	}

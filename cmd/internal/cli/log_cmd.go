@@ -72,6 +72,7 @@ func runLog(ctx context.Context, f *Factory, g *globalOptions, o *LogOptions) er
 	if err != nil {
 		return err
 	}
+	defer st.Close()
 	events, err := st.Events(ctx, o.Limit, o.N)
 	if err != nil {
 		return err

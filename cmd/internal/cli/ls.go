@@ -90,6 +90,7 @@ func runLs(ctx context.Context, f *Factory, g *globalOptions, o *LsOptions) erro
 	if err != nil {
 		return err
 	}
+	defer st.Close()
 	if o.Watch > 0 {
 		return watchLs(ctx, f, st, o)
 	}

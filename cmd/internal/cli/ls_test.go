@@ -122,6 +122,7 @@ func lsGoldenStore(t testing.TB, e *lsEnv) *boltstore.FakeClock {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { st.Close() })
 	ctx := context.Background()
 	enq := func(id, limit string, slots int, ttl time.Duration, h store.Holder) store.Ticket {
 		t.Helper()
@@ -762,6 +763,7 @@ func lsBigStore(tb testing.TB, path string) {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	tb.Cleanup(func() { st.Close() })
 	ctx := context.Background()
 	for l := range 100 {
 		limit := fmt.Sprintf("limit-%03d", l)

@@ -69,7 +69,8 @@ func runReap(ctx context.Context, f *Factory, g *globalOptions, o *ReapOptions) 
 	if err != nil {
 		return err
 	}
-	removed, err := st.Reap(ctx, o.DryRun, o.Limits...)
+	defer st.Close()
+	removed, err := st.Reap(ctx, store.ReapOptions{DryRun: o.DryRun, Limits: o.Limits})
 	if err != nil {
 		return err
 	}

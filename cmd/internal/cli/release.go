@@ -73,6 +73,7 @@ func runRelease(ctx context.Context, f *Factory, g *globalOptions, o *ReleaseOpt
 	if err != nil {
 		return err
 	}
+	defer st.Close()
 	log := newLogger(f, g)
 	var tickets []store.Ticket
 	for _, a := range o.Tickets {

@@ -208,6 +208,7 @@ func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) er
 	if err != nil {
 		return err
 	}
+	defer st.Close()
 	log := newLogger(f, g)
 	sigs := notifySignals()
 	defer stopSignals(sigs)
