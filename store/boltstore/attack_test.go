@@ -349,17 +349,27 @@ func asRoot(t *testing.T, o attackOp) outcome {
 	}
 }
 
-// victims are who fall for an attack: root and Bob.
-func (st *stage) victims() []struct {
+// A storeVictim falls for an attack: it runs the operation as itself.
+type storeVictim struct {
 	name string
 	do   func(t *testing.T, o attackOp) outcome
-} {
-	return []struct {
-		name string
-		do   func(t *testing.T, o attackOp) outcome
-	}{
+}
+
+// victims are who fall for an attack: root and Bob.
+func (st *stage) victims() []storeVictim {
+	return []storeVictim{
 		{"root", asRoot},
 		{"bob", func(t *testing.T, o attackOp) outcome { return st.as(t, st.Bob, o) }},
+	}
+}
+
+// eachCase runs fn as a subtest for every shared directory mode and victim.
+func (st *stage) eachCase(t *testing.T, fn func(t *testing.T, mode uint32, v storeVictim)) {
+	t.Helper()
+	for _, mode := range dirModes {
+		for _, v := range st.victims() {
+			t.Run(fmt.Sprintf("%o/%s", mode, v.name), func(t *testing.T) { fn(t, mode, v) })
+		}
 	}
 }
 
@@ -377,112 +387,100 @@ func refused(t *testing.T, what string, got outcome, name string) {
 
 func TestAttackSymlinkedStoreFile(t *testing.T) {
 	st := newStage(t)
-	for _, mode := range dirModes {
-		for _, v := range st.victims() {
-			t.Run(fmt.Sprintf("%o/%s", mode, v.name), func(t *testing.T) {
-				targets := st.targets(t)
-				for _, target := range targets.All {
-					for _, op := range []string{"enqueue", "snapshot", "reap"} {
-						dir := st.dir(mode)
-						path := filepath.Join(dir, "slots.db")
-						st.Alice.Sh(t, dir, "ln -s "+attacktest.Quote(target)+" slots.db")
-						st.targets(t)
-						snap := attacktest.Take(t, targets.All...)
-						got := v.do(t, attackOp{Op: op, Store: path, ID: "t1"})
-						refused(t, fmt.Sprintf("%s with slots.db -> %s", op, target), got, path)
-						snap.Unchanged(t)
-					}
-				}
-				// A hard link has two names: the other may be anybody's file.
+	st.eachCase(t, func(t *testing.T, mode uint32, v storeVictim) {
+		targets := st.targets(t)
+		for _, target := range targets.All {
+			for _, op := range []string{"enqueue", "snapshot", "reap"} {
 				dir := st.dir(mode)
 				path := filepath.Join(dir, "slots.db")
-				st.Alice.Sh(t, dir, "touch "+attacktest.Quote(st.Alice.Home)+"/linked && ln "+attacktest.Quote(st.Alice.Home)+"/linked slots.db")
-				linked := filepath.Join(st.Alice.Home, "linked")
-				snap := attacktest.Take(t, linked)
-				opened := watchWrites(t, linked)
-				refused(t, "enqueue with a hard-linked slots.db", v.do(t, attackOp{Op: "enqueue", Store: path, ID: "t1"}), path)
+				st.Alice.Sh(t, dir, "ln -s "+attacktest.Quote(target)+" slots.db")
+				st.targets(t)
+				snap := attacktest.Take(t, targets.All...)
+				got := v.do(t, attackOp{Op: op, Store: path, ID: "t1"})
+				refused(t, fmt.Sprintf("%s with slots.db -> %s", op, target), got, path)
 				snap.Unchanged(t)
-				if opened() {
-					t.Errorf("enqueue opened a hard-linked slots.db for writing")
-				}
-			})
+			}
 		}
-	}
+		// A hard link has two names: the other may be anybody's file.
+		dir := st.dir(mode)
+		path := filepath.Join(dir, "slots.db")
+		st.Alice.Sh(t, dir, "touch "+attacktest.Quote(st.Alice.Home)+"/linked && ln "+attacktest.Quote(st.Alice.Home)+"/linked slots.db")
+		linked := filepath.Join(st.Alice.Home, "linked")
+		snap := attacktest.Take(t, linked)
+		opened := watchWrites(t, linked)
+		refused(t, "enqueue with a hard-linked slots.db", v.do(t, attackOp{Op: "enqueue", Store: path, ID: "t1"}), path)
+		snap.Unchanged(t)
+		if opened() {
+			t.Errorf("enqueue opened a hard-linked slots.db for writing")
+		}
+	})
 }
 
 // --- item 7: a named pipe at the store path ---
 
 func TestAttackFIFOStoreFile(t *testing.T) {
 	st := newStage(t)
-	for _, mode := range dirModes {
-		for _, v := range st.victims() {
-			t.Run(fmt.Sprintf("%o/%s", mode, v.name), func(t *testing.T) {
-				for _, op := range []string{"reap", "snapshot", "enqueue"} {
-					dir := st.dir(mode)
-					path := filepath.Join(dir, "slots.db")
-					st.Alice.Sh(t, dir, "mkfifo -m 660 slots.db")
-					start := time.Now()
-					got := v.do(t, attackOp{Op: op, Store: path, ID: "t1"})
-					refused(t, op+" with a named pipe at slots.db", got, path)
-					if d := time.Since(start); d > 5*time.Second {
-						t.Errorf("%s took %v on a named pipe, want no wait", op, d)
-					}
-				}
-				// A device (which only root can make: a stand-in for /dev/null)
-				// is refused the same way.
-				dir := st.dir(mode)
-				path := filepath.Join(dir, "slots.db")
-				if err := unix.Mknod(path, unix.S_IFCHR|0o660, int(unix.Mkdev(1, 3))); err != nil {
-					t.Logf("NOT TESTED: a device at the store path (mknod: %v)", err)
-					return
-				}
-				if err := os.Chown(path, int(st.Alice.Uid), int(st.Group)); err != nil {
-					t.Fatal(err)
-				}
-				for _, op := range []string{"reap", "snapshot", "enqueue"} {
-					refused(t, op+" with a device at slots.db", v.do(t, attackOp{Op: op, Store: path, ID: "t1"}), path)
-				}
-			})
+	st.eachCase(t, func(t *testing.T, mode uint32, v storeVictim) {
+		for _, op := range []string{"reap", "snapshot", "enqueue"} {
+			dir := st.dir(mode)
+			path := filepath.Join(dir, "slots.db")
+			st.Alice.Sh(t, dir, "mkfifo -m 660 slots.db")
+			start := time.Now()
+			got := v.do(t, attackOp{Op: op, Store: path, ID: "t1"})
+			refused(t, op+" with a named pipe at slots.db", got, path)
+			if d := time.Since(start); d > 5*time.Second {
+				t.Errorf("%s took %v on a named pipe, want no wait", op, d)
+			}
 		}
-	}
+		// A device (which only root can make: a stand-in for /dev/null)
+		// is refused the same way.
+		dir := st.dir(mode)
+		path := filepath.Join(dir, "slots.db")
+		if err := unix.Mknod(path, unix.S_IFCHR|0o660, int(unix.Mkdev(1, 3))); err != nil {
+			t.Logf("NOT TESTED: a device at the store path (mknod: %v)", err)
+			return
+		}
+		if err := os.Chown(path, int(st.Alice.Uid), int(st.Group)); err != nil {
+			t.Fatal(err)
+		}
+		for _, op := range []string{"reap", "snapshot", "enqueue"} {
+			refused(t, op+" with a device at slots.db", v.do(t, attackOp{Op: op, Store: path, ID: "t1"}), path)
+		}
+	})
 }
 
 // --- item 9: the lock file and the directory ---
 
 func TestAttackLockFile(t *testing.T) {
 	st := newStage(t)
-	for _, mode := range dirModes {
-		for _, v := range st.victims() {
-			t.Run(fmt.Sprintf("%o/%s", mode, v.name), func(t *testing.T) {
-				targets := st.targets(t)
-				for _, target := range targets.All {
-					dir := st.dir(mode)
-					path := filepath.Join(dir, "slots.db")
-					st.Alice.Sh(t, dir, "ln -s "+attacktest.Quote(target)+" slots.db.lock")
-					st.targets(t)
-					snap := attacktest.Take(t, targets.All...)
-					refused(t, "enqueue with slots.db.lock -> "+target, v.do(t, attackOp{Op: "enqueue", Store: path, ID: "t1"}), path+".lock")
-					snap.Unchanged(t)
-				}
-				dir := st.dir(mode)
-				path := filepath.Join(dir, "slots.db")
-				st.Alice.Sh(t, dir, "mkfifo -m 660 slots.db.lock")
-				refused(t, "enqueue with a named pipe at slots.db.lock", v.do(t, attackOp{Op: "enqueue", Store: path, ID: "t1"}), path+".lock")
-
-				// The store directory named through a symlink a member made.
-				dir = st.dir(mode)
-				st.Alice.Sh(t, dir, "ln -s "+attacktest.Quote(filepath.Dir(targets.Full[0]))+" store")
-				path = filepath.Join(dir, "store", "slots.db")
-				snap := attacktest.Take(t, path, path+".lock", path+".bells")
-				got := v.do(t, attackOp{Op: "enqueue", Store: path, ID: "t1"})
-				refused(t, "enqueue in a symlinked store directory", got, filepath.Join(dir, "store"))
-				if !strings.Contains(got.msg, "symbolic link") {
-					t.Errorf("enqueue in a symlinked store directory: %q does not say it is a symbolic link", got.msg)
-				}
-				snap.Unchanged(t)
-			})
+	st.eachCase(t, func(t *testing.T, mode uint32, v storeVictim) {
+		targets := st.targets(t)
+		for _, target := range targets.All {
+			dir := st.dir(mode)
+			path := filepath.Join(dir, "slots.db")
+			st.Alice.Sh(t, dir, "ln -s "+attacktest.Quote(target)+" slots.db.lock")
+			st.targets(t)
+			snap := attacktest.Take(t, targets.All...)
+			refused(t, "enqueue with slots.db.lock -> "+target, v.do(t, attackOp{Op: "enqueue", Store: path, ID: "t1"}), path+".lock")
+			snap.Unchanged(t)
 		}
-	}
+		dir := st.dir(mode)
+		path := filepath.Join(dir, "slots.db")
+		st.Alice.Sh(t, dir, "mkfifo -m 660 slots.db.lock")
+		refused(t, "enqueue with a named pipe at slots.db.lock", v.do(t, attackOp{Op: "enqueue", Store: path, ID: "t1"}), path+".lock")
+
+		// The store directory named through a symlink a member made.
+		dir = st.dir(mode)
+		st.Alice.Sh(t, dir, "ln -s "+attacktest.Quote(filepath.Dir(targets.Full[0]))+" store")
+		path = filepath.Join(dir, "store", "slots.db")
+		snap := attacktest.Take(t, path, path+".lock", path+".bells")
+		got := v.do(t, attackOp{Op: "enqueue", Store: path, ID: "t1"})
+		refused(t, "enqueue in a symlinked store directory", got, filepath.Join(dir, "store"))
+		if !strings.Contains(got.msg, "symbolic link") {
+			t.Errorf("enqueue in a symlinked store directory: %q does not say it is a symbolic link", got.msg)
+		}
+		snap.Unchanged(t)
+	})
 }
 
 // A store directory anyone may write to, without the sticky bit, is refused
@@ -514,123 +512,115 @@ func TestAttackWorldWritableDirectory(t *testing.T) {
 
 func TestAttackRecordIDPaths(t *testing.T) {
 	st := newStage(t)
-	for _, mode := range dirModes {
-		for _, v := range st.victims() {
-			t.Run(fmt.Sprintf("%o/%s", mode, v.name), func(t *testing.T) {
-				targets := st.targets(t)
-				for _, target := range append(targets.Empty, targets.Full...) {
-					for _, how := range []struct{ forge, op string }{{"expired", "reap"}, {"waiting", "enqueue"}} {
-						dir := st.dir(mode)
-						path := filepath.Join(dir, "slots.db")
-						if r := st.as(t, st.Alice, attackOp{Op: "enqueue", Store: path, ID: "a1"}); r.code != 0 {
-							t.Fatalf("alice's enqueue: %+v", r)
-						}
-						// Today's bells are <dir>/slots.db.bells/<id>: up two is the base.
-						id := "../../" + strings.TrimPrefix(target, st.Base+"/")
-						if r := st.as(t, st.Alice, attackOp{Op: "forge", Store: path, ID: id, Forge: how.forge}); r.code != 0 {
-							t.Fatalf("alice's forge: %+v", r)
-						}
-						st.targets(t)
-						snap := attacktest.Take(t, targets.All...)
-						got := v.do(t, attackOp{Op: how.op, Store: path, ID: "v1"})
-						if got.code != 69 || !strings.Contains(got.msg, path) || !strings.Contains(got.msg, "corrupt") {
-							t.Errorf("%s over a %s ticket with id %q: exit %d, %q; want exit 69, corrupt, naming %s", how.op, how.forge, id, got.code, got.msg, path)
-						}
-						snap.Unchanged(t)
-					}
+	st.eachCase(t, func(t *testing.T, mode uint32, v storeVictim) {
+		targets := st.targets(t)
+		for _, target := range append(targets.Empty, targets.Full...) {
+			for _, how := range []struct{ forge, op string }{{"expired", "reap"}, {"waiting", "enqueue"}} {
+				dir := st.dir(mode)
+				path := filepath.Join(dir, "slots.db")
+				if r := st.as(t, st.Alice, attackOp{Op: "enqueue", Store: path, ID: "a1"}); r.code != 0 {
+					t.Fatalf("alice's enqueue: %+v", r)
 				}
-			})
+				// Today's bells are <dir>/slots.db.bells/<id>: up two is the base.
+				id := "../../" + strings.TrimPrefix(target, st.Base+"/")
+				if r := st.as(t, st.Alice, attackOp{Op: "forge", Store: path, ID: id, Forge: how.forge}); r.code != 0 {
+					t.Fatalf("alice's forge: %+v", r)
+				}
+				st.targets(t)
+				snap := attacktest.Take(t, targets.All...)
+				got := v.do(t, attackOp{Op: how.op, Store: path, ID: "v1"})
+				if got.code != 69 || !strings.Contains(got.msg, path) || !strings.Contains(got.msg, "corrupt") {
+					t.Errorf("%s over a %s ticket with id %q: exit %d, %q; want exit 69, corrupt, naming %s", how.op, how.forge, id, got.code, got.msg, path)
+				}
+				snap.Unchanged(t)
+			}
 		}
-	}
+	})
 }
 
 // --- item 3: bells through symlinks ---
 
 func TestAttackBellSymlinks(t *testing.T) {
 	st := newStage(t)
-	for _, mode := range dirModes {
-		for _, v := range st.victims() {
-			t.Run(fmt.Sprintf("%o/%s", mode, v.name), func(t *testing.T) {
-				targets := st.targets(t)
+	st.eachCase(t, func(t *testing.T, mode uint32, v storeVictim) {
+		targets := st.targets(t)
 
-				// Alice's waiter's bell swapped for a symlink: the promotion rings it.
-				for _, target := range targets.All {
-					dir := st.dir(mode)
-					path := filepath.Join(dir, "slots.db")
-					if r := st.as(t, st.Alice, attackOp{Op: "hold", Store: path, ID: "h1", TTL: time.Hour}); r.code != 0 {
-						t.Fatalf("alice's hold: %+v", r)
-					}
-					stop := st.waiter(t, attackOp{Op: "wait", Store: path, ID: "w1", Ready: filepath.Join(dir, "ready")})
-					bell := findEntry(t, bellDir(path), "w1")
-					st.Alice.Sh(t, dir, "rm "+attacktest.Quote(bell)+" && ln -s "+attacktest.Quote(target)+" "+attacktest.Quote(bell))
-					st.targets(t)
-					snap := attacktest.Take(t, targets.All...)
-					if got := v.do(t, attackOp{Op: "release", Store: path, ID: "h1"}); got.code != 0 {
-						t.Errorf("release of the holder: exit %d, %s", got.code, got.msg)
-					}
-					snap.Unchanged(t)
-					stop()
-				}
-
-				// Alice's bell swapped for a regular file (here her own, hard-linked
-				// from her home): the promotion neither writes it nor even opens it
-				// for writing (inotify sees every close of a written-to descriptor).
-				{
-					dir := st.dir(mode)
-					path := filepath.Join(dir, "slots.db")
-					if r := st.as(t, st.Alice, attackOp{Op: "hold", Store: path, ID: "h1", TTL: time.Hour}); r.code != 0 {
-						t.Fatalf("alice's hold: %+v", r)
-					}
-					stop := st.waiter(t, attackOp{Op: "wait", Store: path, ID: "w1", Ready: filepath.Join(dir, "ready")})
-					bell := findEntry(t, bellDir(path), "w1")
-					own := filepath.Join(st.Alice.Home, "plain")
-					st.Alice.Sh(t, dir, "echo mine > "+attacktest.Quote(own)+" && chmod 666 "+attacktest.Quote(own)+
-						" && rm "+attacktest.Quote(bell)+" && ln "+attacktest.Quote(own)+" "+attacktest.Quote(bell))
-					opened := watchWrites(t, own)
-					snap := attacktest.Take(t, own)
-					if got := v.do(t, attackOp{Op: "release", Store: path, ID: "h1"}); got.code != 0 {
-						t.Errorf("release of the holder: exit %d, %s", got.code, got.msg)
-					}
-					if opened() {
-						t.Errorf("the promotion opened a regular file at the bell's name for writing")
-					}
-					snap.Unchanged(t)
-					stop()
-				}
-
-				// The bells directory (or Alice's own directory in it) swapped
-				// for a symlink to a victim's directory, and dead tickets named
-				// like the files there: the reap rings and deletes their bells.
-				for i, victimDir := range []string{filepath.Dir(targets.Full[0]), filepath.Dir(targets.Full[1])} {
-					for _, which := range []string{"bells", "user"} {
-						dir := st.dir(mode)
-						path := filepath.Join(dir, "slots.db")
-						for _, f := range []string{targets.Missing[i], targets.Empty[i], targets.Full[i]} {
-							name := filepath.Base(f)
-							if r := st.as(t, st.Alice, attackOp{Op: "enqueue", Store: path, ID: "a-" + name, Limit: "l-" + name}); r.code != 0 {
-								t.Fatalf("alice's enqueue: %+v", r)
-							}
-							if r := st.as(t, st.Alice, attackOp{Op: "hold", Store: path, ID: name, Limit: "l-" + name, TTL: time.Millisecond}); r.code != 0 {
-								t.Fatalf("alice's hold: %+v", r)
-							}
-						}
-						link := bellDir(path)
-						if which == "user" {
-							link = filepath.Join(link, strconv.Itoa(int(st.Alice.Uid)))
-						}
-						st.Alice.Sh(t, dir, "rm -rf "+attacktest.Quote(link)+" && ln -s "+attacktest.Quote(victimDir)+" "+attacktest.Quote(link))
-						time.Sleep(10 * time.Millisecond) // the holds expire
-						st.targets(t)
-						snap := attacktest.Take(t, targets.All...)
-						if got := v.do(t, attackOp{Op: "reap", Store: path}); got.code != 0 {
-							t.Errorf("reap: exit %d, %s", got.code, got.msg)
-						}
-						snap.Unchanged(t)
-					}
-				}
-			})
+		// Alice's waiter's bell swapped for a symlink: the promotion rings it.
+		for _, target := range targets.All {
+			dir := st.dir(mode)
+			path := filepath.Join(dir, "slots.db")
+			if r := st.as(t, st.Alice, attackOp{Op: "hold", Store: path, ID: "h1", TTL: time.Hour}); r.code != 0 {
+				t.Fatalf("alice's hold: %+v", r)
+			}
+			stop := st.waiter(t, attackOp{Op: "wait", Store: path, ID: "w1", Ready: filepath.Join(dir, "ready")})
+			bell := findEntry(t, bellDir(path), "w1")
+			st.Alice.Sh(t, dir, "rm "+attacktest.Quote(bell)+" && ln -s "+attacktest.Quote(target)+" "+attacktest.Quote(bell))
+			st.targets(t)
+			snap := attacktest.Take(t, targets.All...)
+			if got := v.do(t, attackOp{Op: "release", Store: path, ID: "h1"}); got.code != 0 {
+				t.Errorf("release of the holder: exit %d, %s", got.code, got.msg)
+			}
+			snap.Unchanged(t)
+			stop()
 		}
-	}
+
+		// Alice's bell swapped for a regular file (here her own, hard-linked
+		// from her home): the promotion neither writes it nor even opens it
+		// for writing (inotify sees every close of a written-to descriptor).
+		{
+			dir := st.dir(mode)
+			path := filepath.Join(dir, "slots.db")
+			if r := st.as(t, st.Alice, attackOp{Op: "hold", Store: path, ID: "h1", TTL: time.Hour}); r.code != 0 {
+				t.Fatalf("alice's hold: %+v", r)
+			}
+			stop := st.waiter(t, attackOp{Op: "wait", Store: path, ID: "w1", Ready: filepath.Join(dir, "ready")})
+			bell := findEntry(t, bellDir(path), "w1")
+			own := filepath.Join(st.Alice.Home, "plain")
+			st.Alice.Sh(t, dir, "echo mine > "+attacktest.Quote(own)+" && chmod 666 "+attacktest.Quote(own)+
+				" && rm "+attacktest.Quote(bell)+" && ln "+attacktest.Quote(own)+" "+attacktest.Quote(bell))
+			opened := watchWrites(t, own)
+			snap := attacktest.Take(t, own)
+			if got := v.do(t, attackOp{Op: "release", Store: path, ID: "h1"}); got.code != 0 {
+				t.Errorf("release of the holder: exit %d, %s", got.code, got.msg)
+			}
+			if opened() {
+				t.Errorf("the promotion opened a regular file at the bell's name for writing")
+			}
+			snap.Unchanged(t)
+			stop()
+		}
+
+		// The bells directory (or Alice's own directory in it) swapped
+		// for a symlink to a victim's directory, and dead tickets named
+		// like the files there: the reap rings and deletes their bells.
+		for i, victimDir := range []string{filepath.Dir(targets.Full[0]), filepath.Dir(targets.Full[1])} {
+			for _, which := range []string{"bells", "user"} {
+				dir := st.dir(mode)
+				path := filepath.Join(dir, "slots.db")
+				for _, f := range []string{targets.Missing[i], targets.Empty[i], targets.Full[i]} {
+					name := filepath.Base(f)
+					if r := st.as(t, st.Alice, attackOp{Op: "enqueue", Store: path, ID: "a-" + name, Limit: "l-" + name}); r.code != 0 {
+						t.Fatalf("alice's enqueue: %+v", r)
+					}
+					if r := st.as(t, st.Alice, attackOp{Op: "hold", Store: path, ID: name, Limit: "l-" + name, TTL: time.Millisecond}); r.code != 0 {
+						t.Fatalf("alice's hold: %+v", r)
+					}
+				}
+				link := bellDir(path)
+				if which == "user" {
+					link = filepath.Join(link, strconv.Itoa(int(st.Alice.Uid)))
+				}
+				st.Alice.Sh(t, dir, "rm -rf "+attacktest.Quote(link)+" && ln -s "+attacktest.Quote(victimDir)+" "+attacktest.Quote(link))
+				time.Sleep(10 * time.Millisecond) // the holds expire
+				st.targets(t)
+				snap := attacktest.Take(t, targets.All...)
+				if got := v.do(t, attackOp{Op: "reap", Store: path}); got.code != 0 {
+					t.Errorf("reap: exit %d, %s", got.code, got.msg)
+				}
+				snap.Unchanged(t)
+			}
+		}
+	})
 }
 
 // waiter starts o as Alice in the background and waits until its ticket
