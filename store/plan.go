@@ -5,10 +5,12 @@ package store
 // PlanSettle and applies the plan in the same atomic step (bbolt: the same
 // transaction; etcd: one Txn whose compares cover what the plan read).
 
-// A Queued ticket is one ticket as a settle sees it.
+// A Queued ticket is one ticket as a settle sees it: each ticket once,
+// however many limits it names.
 type Queued struct {
 	// Ticket is the ticket as the judge is shown it. The planner reads its
-	// Limit, State and (when held) Slot; the order is the input's.
+	// Names, Weighs, State and (when held) its indexes (In); the order is
+	// the input's.
 	Ticket Ticket
 	// Expired is the store's verdict by its own clock: why the lease is
 	// over ("expired 3s ago", "previous boot"), or "" while it runs.
@@ -20,11 +22,13 @@ type Queued struct {
 
 // SettleInput is what a settle decides on.
 type SettleInput struct {
-	// Slots is each limit's size, by name. Tickets of a limit not named here
-	// are left alone.
+	// Slots is each limit's size, by name. A ticket none of whose limits
+	// is named here is left alone; one that names a limit missing here is
+	// never admitted, and blocks the tickets behind it in the others. A
+	// backend therefore passes every limit of every ticket it passes.
 	Slots map[string]int
-	// Tickets is every ticket of those limits in queue order (fence order),
-	// each naming its limit.
+	// Tickets is every ticket of those limits, each once, in queue order
+	// (fence order: one sequence across all limits).
 	Tickets []Queued
 	// Judge proves holders dead; nil judges by expiry only. It is called
 	// with act set (it may stop an orphaned job) unless DryRun.
@@ -51,10 +55,12 @@ type Remove struct {
 }
 
 // An Admit is one waiter a settle admits: Index into SettleInput.Tickets,
-// and the slot index it takes.
+// and the slot indexes it takes in each of its limits (Weighs of them, the
+// lowest free ones, ascending). Slot is the lowest it takes in its first limit.
 type Admit struct {
-	Index int
-	Slot  int
+	Index   int
+	Slot    int
+	Indexes map[string][]int
 }
 
 // A SettlePlan is what a settle does, each list in queue order. A backend
@@ -71,89 +77,140 @@ func (p SettlePlan) Empty() bool { return len(p.Remove) == 0 && len(p.Admit) == 
 
 // PlanSettle decides a settle: it removes every expired ticket and every
 // ticket the judge proves dead (see SettleInput.All for whom it asks), then
-// admits waiters in queue order while a limit has fewer holders than slots,
-// each into the lowest free slot index. FIFO is strict: a waiter is never
-// passed over, so the first waiter that does not fit stops its limit's
-// admissions, and a limit shrunk below its holders admits nobody until they
-// are fewer than its slots. Holders are never moved or evicted.
-//
-// The walk is one pass over the tickets in the input's order, with a count
-// per limit, so that a later input naming tickets of several limits in one
-// global sequence needs no other shape.
+// admits waiters in queue order (docs/leases.md §2.1 item 9). A waiter is
+// admitted to all of its limits at once, when no older ticket still waits
+// in any of them and each has Weighs free slots; it takes the lowest free
+// indexes of each. FIFO is strict across limits: a waiter that is not
+// admitted blocks everyone behind it in every one of its limits, so a heavy
+// head is not overtaken by lighter tickets, and since the oldest waiter is
+// only ever blocked by holders, no set of tickets can deadlock. A limit
+// shrunk below its held slots admits nobody until they are fewer than its
+// slots. Holders are never moved or evicted.
 func PlanSettle(in SettleInput) SettlePlan {
 	type count struct {
-		held, waiting int
-		ahead         int // waiters kept so far
-		used          map[int]bool
-		next          int  // lowest slot index not yet known to be used
-		blocked       bool // a waiter did not fit: nobody behind it is admitted
+		size      int
+		held      int // slots held by live holders
+		waiting   int // live waiters
+		head      int // weight of the oldest live waiter
+		ahead     int // slots weighed by the waiters kept so far
+		used      map[int]bool
+		next      int  // lowest slot index not yet known to be used
+		blocked   bool // a waiter was not admitted: nobody behind it is
+		contended bool
 	}
 	per := map[string]*count{}
-	at := func(limit string) (*count, int, bool) {
-		slots, ok := in.Slots[limit]
-		if !ok {
-			return nil, 0, false
+	for name, size := range in.Slots {
+		per[name] = &count{size: size}
+	}
+	// known is the ticket's limits that the input sizes; ok false when none is.
+	known := func(t Ticket) (cs []*count, all, ok bool) {
+		all = true
+		for _, name := range t.Names() {
+			if c := per[name]; c != nil {
+				cs = append(cs, c)
+			} else {
+				all = false
+			}
 		}
-		c := per[limit]
-		if c == nil {
-			c = &count{used: map[int]bool{}}
-			per[limit] = c
-		}
-		return c, slots, true
+		return cs, all, len(cs) > 0
 	}
 	// Who waits for a full limit, counting only tickets whose lease runs.
 	for _, q := range in.Tickets {
-		c, _, ok := at(q.Ticket.Limit)
+		cs, _, ok := known(q.Ticket)
 		if !ok || q.Expired != "" {
 			continue
 		}
-		if q.Ticket.State == Held {
-			c.held++
-		} else {
-			c.waiting++
+		w := q.Ticket.Weighs()
+		for _, c := range cs {
+			if q.Ticket.State == Held {
+				c.held += w
+			} else {
+				if c.waiting == 0 {
+					c.head = w
+				}
+				c.waiting++
+			}
 		}
+	}
+	for _, c := range per {
+		c.contended = c.waiting > 0 && c.held+c.head > c.size
 	}
 	var plan SettlePlan
 	gone := make([]bool, len(in.Tickets))
 	for i, q := range in.Tickets {
-		c, slots, ok := at(q.Ticket.Limit)
+		cs, _, ok := known(q.Ticket)
 		if !ok || q.Fresh {
 			continue
 		}
-		if ev, dead := in.verdict(q, c.waiting > 0 && c.held >= slots, q.Ticket.State == Held || c.ahead < slots); dead {
+		contended, inLine := false, false
+		for _, c := range cs {
+			if c.contended && (q.Ticket.State == Held || c.ahead < c.size) {
+				contended, inLine = true, true
+			}
+		}
+		if ev, dead := in.verdict(q, contended, inLine); dead {
 			gone[i] = true
 			plan.Remove = append(plan.Remove, Remove{Index: i, Evidence: ev})
 			continue
 		}
 		if q.Ticket.State != Held {
-			c.ahead++
+			for _, c := range cs {
+				c.ahead += q.Ticket.Weighs()
+			}
 		}
 	}
 	// Admit: the holders that stay keep their slots.
 	for _, c := range per {
-		c.held = 0
+		c.held, c.used = 0, map[int]bool{}
 	}
 	for i, q := range in.Tickets {
-		if c, _, ok := at(q.Ticket.Limit); ok && !gone[i] && q.Ticket.State == Held {
-			c.held++
-			c.used[q.Ticket.Slot] = true
+		if gone[i] || q.Ticket.State != Held {
+			continue
+		}
+		for _, name := range q.Ticket.Names() {
+			if c := per[name]; c != nil {
+				c.held += q.Ticket.Weighs()
+				for _, ix := range q.Ticket.In(name) {
+					c.used[ix] = true
+				}
+			}
 		}
 	}
 	for i, q := range in.Tickets {
-		c, slots, ok := at(q.Ticket.Limit)
-		if !ok || gone[i] || q.Ticket.State == Held || c.blocked {
+		if gone[i] || q.Ticket.State == Held {
 			continue
 		}
-		if c.held >= slots {
-			c.blocked = true
+		cs, all, ok := known(q.Ticket)
+		if !ok {
 			continue
 		}
-		for c.used[c.next] {
-			c.next++
+		w := q.Ticket.Weighs()
+		fits := all
+		for _, c := range cs {
+			fits = fits && !c.blocked && c.held+w <= c.size
 		}
-		plan.Admit = append(plan.Admit, Admit{Index: i, Slot: c.next})
-		c.used[c.next] = true
-		c.held++
+		if !fits {
+			for _, c := range cs {
+				c.blocked = true // strict FIFO: nobody behind it in any of its limits
+			}
+			continue
+		}
+		a := Admit{Index: i, Indexes: map[string][]int{}}
+		for _, name := range q.Ticket.Names() {
+			c := per[name]
+			ix := make([]int, 0, w)
+			for len(ix) < w {
+				for c.used[c.next] {
+					c.next++
+				}
+				ix = append(ix, c.next)
+				c.used[c.next] = true
+			}
+			c.held += w
+			a.Indexes[name] = ix
+		}
+		a.Slot = a.Indexes[q.Ticket.Names()[0]][0]
+		plan.Admit = append(plan.Admit, a)
 	}
 	return plan
 }

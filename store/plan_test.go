@@ -51,7 +51,7 @@ func TestPlanSettle(t *testing.T) {
 			name:    "expiry frees a slot for the head waiter",
 			slots:   map[string]int{"l": 1},
 			tickets: []Queued{expired(held("a", 0), "expired 3s ago"), waiting("b"), waiting("c")},
-			want:    SettlePlan{Remove: []Remove{{0, "expired 3s ago"}}, Admit: []Admit{{1, 0}}},
+			want:    SettlePlan{Remove: []Remove{{0, "expired 3s ago"}}, Admit: []Admit{{Index: 1, Slot: 0}}},
 		},
 		{
 			name:    "an expired waiter is removed and passes nobody",
@@ -65,7 +65,7 @@ func TestPlanSettle(t *testing.T) {
 			slots:   map[string]int{"l": 1},
 			tickets: []Queued{held("a", 0), waiting("b"), waiting("c")},
 			dead:    []string{"a"},
-			want:    SettlePlan{Remove: []Remove{{0, "dead"}}, Admit: []Admit{{1, 0}}},
+			want:    SettlePlan{Remove: []Remove{{0, "dead"}}, Admit: []Admit{{Index: 1, Slot: 0}}},
 			asked:   []string{"a", "b"}, // c is behind the next in line
 		},
 		{
@@ -92,7 +92,7 @@ func TestPlanSettle(t *testing.T) {
 			dead:    []string{"a", "c"},
 			all:     true,
 			dry:     true,
-			want:    SettlePlan{Remove: []Remove{{0, "expired 2s ago; dead"}, {2, "dead"}}, Admit: []Admit{{1, 0}}},
+			want:    SettlePlan{Remove: []Remove{{0, "expired 2s ago; dead"}, {2, "dead"}}, Admit: []Admit{{Index: 1, Slot: 0}}},
 			asked:   []string{"a", "b", "c"},
 		},
 		{
@@ -101,7 +101,7 @@ func TestPlanSettle(t *testing.T) {
 			tickets: []Queued{expired(held("a", 0), "expired 2s ago"), waiting("b")},
 			dead:    []string{"a"},
 			expJudg: true,
-			want:    SettlePlan{Remove: []Remove{{0, "expired 2s ago; dead"}}, Admit: []Admit{{1, 0}}},
+			want:    SettlePlan{Remove: []Remove{{0, "expired 2s ago; dead"}}, Admit: []Admit{{Index: 1, Slot: 0}}},
 			asked:   []string{"a"}, // b is alone once a expired: uncontended
 		},
 		{
@@ -109,7 +109,7 @@ func TestPlanSettle(t *testing.T) {
 			slots:   map[string]int{"l": 1},
 			tickets: []Queued{expired(held("a", 0), "expired 2s ago"), waiting("b")},
 			dead:    []string{"a"},
-			want:    SettlePlan{Remove: []Remove{{0, "expired 2s ago"}}, Admit: []Admit{{1, 0}}},
+			want:    SettlePlan{Remove: []Remove{{0, "expired 2s ago"}}, Admit: []Admit{{Index: 1, Slot: 0}}},
 		},
 		{
 			name:    "FIFO: a blocked head blocks those behind it",
@@ -122,7 +122,7 @@ func TestPlanSettle(t *testing.T) {
 			name:    "FIFO: admissions in queue order while slots are free",
 			slots:   map[string]int{"l": 3},
 			tickets: []Queued{held("a", 1), waiting("b"), waiting("c"), waiting("d")},
-			want:    SettlePlan{Admit: []Admit{{1, 0}, {2, 2}}},
+			want:    SettlePlan{Admit: []Admit{{Index: 1, Slot: 0}, {Index: 2, Slot: 2}}},
 			asked:   []string{}, // 1 held of 3: not contended
 		},
 		{
@@ -143,13 +143,13 @@ func TestPlanSettle(t *testing.T) {
 			name:    "shrunk: admitted once below the size, into the lowest free index",
 			slots:   map[string]int{"l": 2},
 			tickets: []Queued{expired(held("a", 0), "x"), expired(held("b", 1), "x"), held("c", 2), waiting("d"), waiting("e")},
-			want:    SettlePlan{Remove: []Remove{{0, "x"}, {1, "x"}}, Admit: []Admit{{3, 0}}},
+			want:    SettlePlan{Remove: []Remove{{0, "x"}, {1, "x"}}, Admit: []Admit{{Index: 3, Slot: 0}}},
 		},
 		{
 			name:    "slot index reuse: the freed index is taken first",
 			slots:   map[string]int{"l": 3},
 			tickets: []Queued{held("a", 0), expired(held("b", 1), "x"), held("c", 2), waiting("d")},
-			want:    SettlePlan{Remove: []Remove{{1, "x"}}, Admit: []Admit{{3, 1}}},
+			want:    SettlePlan{Remove: []Remove{{1, "x"}}, Admit: []Admit{{Index: 3, Slot: 1}}},
 		},
 		{
 			name:    "paused limit admits nobody",
@@ -171,14 +171,14 @@ func TestPlanSettle(t *testing.T) {
 			name:    "a fresh ticket takes a free slot",
 			slots:   map[string]int{"l": 1},
 			tickets: []Queued{fresh(waiting("a"))},
-			want:    SettlePlan{Admit: []Admit{{0, 0}}},
+			want:    SettlePlan{Admit: []Admit{{Index: 0, Slot: 0}}},
 		},
 		{
 			name:  "limits are counted apart; an unknown limit is left alone",
 			slots: map[string]int{"l": 1, "m": 1},
 			tickets: []Queued{held("a", 0), in("m", waiting("b")), waiting("c"),
 				in("x", expired(waiting("d"), "x"))},
-			want:  SettlePlan{Admit: []Admit{{1, 0}}},
+			want:  SettlePlan{Admit: []Admit{{Index: 1, Slot: 0}}},
 			asked: []string{"a", "c"},
 		},
 	}
@@ -198,6 +198,11 @@ func TestPlanSettle(t *testing.T) {
 				return "", false
 			}
 			got := PlanSettle(SettleInput{Slots: tc.slots, Tickets: tc.tickets, Judge: judge, All: tc.all, JudgeExpired: tc.expJudg, DryRun: tc.dry})
+			for i, a := range got.Admit { // one limit, weight 1: Slot says it all
+				if want := []int{a.Slot}; reflect.DeepEqual(a.Indexes, map[string][]int{tc.tickets[a.Index].Ticket.Limit: want}) {
+					got.Admit[i].Indexes = nil
+				}
+			}
 			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("plan = %s, want %s", show(got), show(tc.want))
 			}
@@ -227,3 +232,74 @@ func TestPlanSettleNoJudge(t *testing.T) {
 }
 
 func show(p SettlePlan) string { return fmt.Sprintf("remove %v admit %v", p.Remove, p.Admit) }
+
+func TestPlanSettleSeveralLimits(t *testing.T) {
+	tk := func(id string, state State, w int, limits ...string) Queued {
+		q := Queued{Ticket: Ticket{ID: id, Limit: limits[0], Limits: limits, Weight: w, State: state, Slot: -1}}
+		return q
+	}
+	held := func(q Queued, ix map[string][]int) Queued {
+		q.Ticket.State, q.Ticket.Indexes = Held, ix
+		q.Ticket.Slot = ix[q.Ticket.Limit][0]
+		return q
+	}
+	tests := []struct {
+		name    string
+		slots   map[string]int
+		tickets []Queued
+		want    []Admit
+	}{{
+		name:    "atomic: room in one limit is not enough",
+		slots:   map[string]int{"a": 1, "b": 1},
+		tickets: []Queued{held(tk("x", Held, 1, "b"), map[string][]int{"b": {0}}), tk("t", Waiting, 1, "a", "b"), tk("u", Waiting, 1, "a")},
+		want:    nil, // t waits for b, and u is behind t in a
+	}, {
+		name:    "both limits free: one admission takes both",
+		slots:   map[string]int{"a": 1, "b": 2},
+		tickets: []Queued{tk("t", Waiting, 1, "a", "b"), tk("u", Waiting, 1, "b")},
+		want:    []Admit{{Index: 0, Slot: 0, Indexes: map[string][]int{"a": {0}, "b": {0}}}, {Index: 1, Slot: 1, Indexes: map[string][]int{"b": {1}}}},
+	}, {
+		name:    "a heavy head is not overtaken",
+		slots:   map[string]int{"a": 4},
+		tickets: []Queued{held(tk("h", Held, 3, "a"), map[string][]int{"a": {0, 1, 2}}), tk("heavy", Waiting, 2, "a"), tk("light", Waiting, 1, "a")},
+		want:    nil,
+	}, {
+		name:    "weights take the lowest free indexes",
+		slots:   map[string]int{"a": 4},
+		tickets: []Queued{held(tk("h", Held, 1, "a"), map[string][]int{"a": {0}}), held(tk("i", Held, 1, "a"), map[string][]int{"a": {2}}), tk("w", Waiting, 2, "a")},
+		want:    []Admit{{Index: 2, Slot: 1, Indexes: map[string][]int{"a": {1, 3}}}},
+	}, {
+		name:    "weight above a shrunk limit waits and blocks",
+		slots:   map[string]int{"a": 1},
+		tickets: []Queued{tk("w", Waiting, 2, "a"), tk("v", Waiting, 1, "a")},
+		want:    nil,
+	}, {
+		name:  "a blocked ticket blocks only its own limits",
+		slots: map[string]int{"a": 1, "b": 2, "c": 1},
+		tickets: []Queued{held(tk("x", Held, 1, "a"), map[string][]int{"a": {0}}), tk("t", Waiting, 1, "a", "b"), tk("u", Waiting, 1, "b"),
+			tk("v", Waiting, 1, "c")},
+		want: []Admit{{Index: 3, Slot: 0, Indexes: map[string][]int{"c": {0}}}},
+	}, {
+		name:    "a limit the input does not size: never admitted, blocks the others",
+		slots:   map[string]int{"a": 2},
+		tickets: []Queued{tk("t", Waiting, 1, "a", "zz"), tk("u", Waiting, 1, "a")},
+		want:    nil,
+	}, {
+		name:  "a removal of a ticket of two limits frees both",
+		slots: map[string]int{"a": 1, "b": 1},
+		tickets: []Queued{func() Queued {
+			q := held(tk("x", Held, 1, "a", "b"), map[string][]int{"a": {0}, "b": {0}})
+			q.Expired = "expired 1s ago"
+			return q
+		}(), tk("t", Waiting, 1, "a"), tk("u", Waiting, 1, "b")},
+		want: []Admit{{Index: 1, Slot: 0, Indexes: map[string][]int{"a": {0}}}, {Index: 2, Slot: 0, Indexes: map[string][]int{"b": {0}}}},
+	}}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := PlanSettle(SettleInput{Slots: tc.slots, Tickets: tc.tickets})
+			if !reflect.DeepEqual(got.Admit, tc.want) {
+				t.Errorf("admit = %v, want %v", got.Admit, tc.want)
+			}
+		})
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -49,25 +50,104 @@ func (h Holder) Command() string {
 	return shellJoin(h.Argv)
 }
 
-// A Ticket is one job's admission record: waiting in its limit's queue or
-// holding one of its slots.
+// A Ticket is one job's admission record: waiting in the queues of its
+// limits or holding Weight slots of each (docs/leases.md §2.1 item 9). It is
+// admitted to all of its limits in one step or to none.
 type Ticket struct {
-	ID        string        `json:"id"`
-	Limit     string        `json:"limit"`
-	State     State         `json:"state"`
-	Fence     uint64        `json:"fence"`    // strictly increasing per store; also the queue order
-	Slot      int           `json:"slot"`     // 0..slots-1 when held, -1 while waiting
-	Position  int           `json:"position"` // 1-based place among the waiters; 0 when held
-	TTL       time.Duration `json:"ttl"`
-	Holder    Holder        `json:"holder"`
-	Created   time.Time     `json:"created"`           // wall clock, display only
-	Admitted  time.Time     `json:"admitted,omitzero"` // wall clock, display only
-	Renewed   time.Time     `json:"renewed,omitzero"`  // wall clock, display only
-	Remaining time.Duration `json:"remaining"`         // lease left by the store's clock when read; <= 0 is expired
+	ID string `json:"id"`
+	// Limit is the limit this view of the ticket is under: its first limit,
+	// or in a Snapshot the limit it is listed under (a ticket of several
+	// limits is listed under each).
+	Limit string `json:"limit"`
+	// Limits are all of its limits in the order requested; empty (or just
+	// Limit) for a ticket of one limit. Use Names.
+	Limits []string `json:"limits,omitempty"`
+	// Weight is how many slots it takes in each of its limits; 0 means 1.
+	// Use Weighs.
+	Weight int    `json:"weight,omitempty"`
+	State  State  `json:"state"`
+	Fence  uint64 `json:"fence"` // strictly increasing per store; also the queue order, across limits
+	// Slot is the lowest slot index it holds in Limit (0..slots-1), -1 while waiting.
+	Slot int `json:"slot"`
+	// Indexes are the slot indexes it holds in each limit, ascending, while
+	// held; nil while waiting (and for a held ticket of one limit and weight
+	// one, which holds Slot). Use In.
+	Indexes   map[string][]int `json:"indexes,omitempty"`
+	Position  int              `json:"position"` // 1-based place among Limit's waiters; 0 when held
+	TTL       time.Duration    `json:"ttl"`
+	Holder    Holder           `json:"holder"`
+	Created   time.Time        `json:"created"`           // wall clock, display only
+	Admitted  time.Time        `json:"admitted,omitzero"` // wall clock, display only
+	Renewed   time.Time        `json:"renewed,omitzero"`  // wall clock, display only
+	Remaining time.Duration    `json:"remaining"`         // lease left by the store's clock when read; <= 0 is expired
 }
 
 // Expired reports whether the store judged the lease over when the ticket was read.
 func (t Ticket) Expired() bool { return t.Remaining <= 0 }
+
+// Names is the ticket's limits in the order requested: Limits, or Limit alone.
+func (t Ticket) Names() []string {
+	if len(t.Limits) > 0 {
+		return t.Limits
+	}
+	return []string{t.Limit}
+}
+
+// Weighs is the number of slots the ticket takes in each of its limits (at least 1).
+func (t Ticket) Weighs() int { return max(t.Weight, 1) }
+
+// Multi reports whether the ticket names more than one limit or weighs more than one slot.
+func (t Ticket) Multi() bool { return len(t.Limits) > 1 || t.Weight > 1 }
+
+// In is the slot indexes the ticket holds in limit, ascending; nil while
+// waiting or when limit is not one of its limits.
+func (t Ticket) In(limit string) []int {
+	if t.State != Held {
+		return nil
+	}
+	if ix, ok := t.Indexes[limit]; ok {
+		return ix
+	}
+	if t.Indexes == nil && limit == t.Names()[0] && t.Slot >= 0 {
+		return []int{t.Slot}
+	}
+	return nil
+}
+
+// Under returns the view of t listed under limit, one of its limits: Limit,
+// Slot (its lowest index there) and nothing else changed.
+func (t Ticket) Under(limit string) Ticket {
+	if t.State == Held {
+		if ix := t.In(limit); len(ix) > 0 {
+			t.Slot = ix[0]
+		}
+	}
+	if len(t.Limits) == 0 {
+		t.Limits = []string{t.Limit}
+	}
+	t.Limit = limit
+	return t
+}
+
+// SlotsVar is the value of SLOTCTL_SLOTS for a held ticket: NAME=I[,I...]
+// pairs in the order of its limits, separated by spaces ("build=0 db=2,3").
+func (t Ticket) SlotsVar() string {
+	var b []byte
+	for i, name := range t.Names() {
+		if i > 0 {
+			b = append(b, ' ')
+		}
+		b = append(b, name...)
+		b = append(b, '=')
+		for j, ix := range t.In(name) {
+			if j > 0 {
+				b = append(b, ',')
+			}
+			b = strconv.AppendInt(b, int64(ix), 10)
+		}
+	}
+	return string(b)
+}
 
 // A Limit is a named pool of slots. Slots == 0 pauses admission.
 type Limit struct {
@@ -86,15 +166,22 @@ type Snapshot struct {
 	Tickets []Ticket  `json:"tickets"`
 }
 
-// EnqueueRequest asks for a ticket in a limit. ID is minted by the caller
-// before the request, so that a retry is idempotent and a cancel can refuse a
-// late create.
+// EnqueueRequest asks for a ticket in one limit or several. ID is minted by
+// the caller before the request, so that a retry is idempotent and a cancel
+// can refuse a late create.
 type EnqueueRequest struct {
-	ID    string
-	Limit string
-	// Slots is the size the limit is created with when it does not exist.
+	ID string
+	// Limit names the ticket's one limit; Limits names several (in the
+	// order given; Limit is then empty or Limits[0]). Use Names.
+	Limit  string
+	Limits []string
+	// Weight is how many slots the ticket takes in each limit; 0 means 1.
+	// A weight above the size of a limit that is not paused (0) is refused
+	// with a *WeightError.
+	Weight int
+	// Slots is the size each limit is created with when it does not exist.
 	Slots int
-	// CheckSlots refuses the request with a *SlotsConflictError when the limit
+	// CheckSlots refuses the request with a *SlotsConflictError when a limit
 	// exists with another size.
 	CheckSlots bool
 	TTL        time.Duration
@@ -119,18 +206,23 @@ const (
 // An Event is one entry of a store's event log: admitted, released,
 // cancelled, reaped (with the evidence), force-released, lost.
 type Event struct {
-	Seq      uint64    `json:"seq"`
-	Time     time.Time `json:"time"` // wall clock, display only
-	Kind     string    `json:"kind"`
-	Limit    string    `json:"limit"`
-	Ticket   string    `json:"ticket"`
-	Fence    uint64    `json:"fence"`
-	Slot     int       `json:"slot"`
-	Host     string    `json:"host,omitempty"`
-	Pid      int       `json:"pid,omitempty"`
-	User     string    `json:"user,omitempty"`
-	Command  string    `json:"command,omitempty"`
-	Evidence string    `json:"evidence,omitempty"`
+	Seq    uint64    `json:"seq"`
+	Time   time.Time `json:"time"` // wall clock, display only
+	Kind   string    `json:"kind"`
+	Limit  string    `json:"limit"`
+	Ticket string    `json:"ticket"`
+	Fence  uint64    `json:"fence"`
+	Slot   int       `json:"slot"`
+	// A ticket of several limits logs one event in each (Limit), naming
+	// them all; Weight and Indexes (its indexes in Limit) when it weighs more than 1.
+	Limits   []string `json:"limits,omitempty"`
+	Weight   int      `json:"weight,omitempty"`
+	Indexes  []int    `json:"indexes,omitempty"`
+	Host     string   `json:"host,omitempty"`
+	Pid      int      `json:"pid,omitempty"`
+	User     string   `json:"user,omitempty"`
+	Command  string   `json:"command,omitempty"`
+	Evidence string   `json:"evidence,omitempty"`
 }
 
 // MaxEvents is how many of the newest events a store keeps.
@@ -354,13 +446,34 @@ func CheckTTL(ttl time.Duration) error {
 	return nil
 }
 
-// Check returns the first error of CheckID, CheckLimitName, CheckSlots and
-// CheckTTL on the request: what every backend's Enqueue refuses first.
+// Names is the request's limits in the order given.
+func (r EnqueueRequest) Names() []string {
+	if len(r.Limits) > 0 {
+		return r.Limits
+	}
+	return []string{r.Limit}
+}
+
+// Weighs is the request's weight (at least 1).
+func (r EnqueueRequest) Weighs() int { return max(r.Weight, 1) }
+
+// MaxLimits is the most limits one ticket may name.
+const MaxLimits = 16
+
+// Check returns the first error of CheckID, CheckLimits, CheckWeight,
+// CheckSlots and CheckTTL on the request: what every backend's Enqueue
+// refuses first.
 func (r EnqueueRequest) Check() error {
 	if err := CheckID(r.ID); err != nil {
 		return err
 	}
-	if err := CheckLimitName(r.Limit); err != nil {
+	if len(r.Limits) > 0 && r.Limit != "" && r.Limit != r.Limits[0] {
+		return fmt.Errorf("%w: limit %q and limits %q: name the first limit in both or only in Limits", ErrInvalid, r.Limit, r.Limits)
+	}
+	if err := CheckLimits(r.Names()); err != nil {
+		return err
+	}
+	if err := CheckWeight(r.Weight); err != nil {
 		return err
 	}
 	if err := CheckSlots(r.Slots); err != nil {
@@ -368,6 +481,57 @@ func (r EnqueueRequest) Check() error {
 	}
 	return CheckTTL(r.TTL)
 }
+
+// CheckLimits returns an error wrapping ErrInvalid unless names are 1 to
+// MaxLimits valid limit names, none of them twice.
+func CheckLimits(names []string) error {
+	if len(names) == 0 || len(names) > MaxLimits {
+		return fmt.Errorf("%w: %d limits: want 1 to %d", ErrInvalid, len(names), MaxLimits)
+	}
+	for i, n := range names {
+		if err := CheckLimitName(n); err != nil {
+			return err
+		}
+		for _, m := range names[:i] {
+			if m == n {
+				return fmt.Errorf("%w: limit %q named twice: name each limit once", ErrInvalid, n)
+			}
+		}
+	}
+	return nil
+}
+
+// CheckWeight returns an error wrapping ErrInvalid for a weight outside
+// 0..MaxSlots (0 means 1).
+func CheckWeight(w int) error {
+	if w < 0 || w > MaxSlots {
+		return fmt.Errorf("%w: weight %d: want 1..%d slots", ErrInvalid, w, MaxSlots)
+	}
+	return nil
+}
+
+// CheckWeightFits returns a *WeightError when weight is above the size of a
+// limit that is not paused: such a ticket could never be admitted.
+func CheckWeightFits(limit string, slots, weight int) error {
+	if slots > 0 && weight > slots {
+		return &WeightError{Limit: limit, Slots: slots, Weight: weight}
+	}
+	return nil
+}
+
+// WeightError refuses a ticket heavier than one of its limits. It wraps ErrInvalid.
+type WeightError struct {
+	Limit  string
+	Slots  int
+	Weight int
+}
+
+func (e *WeightError) Error() string {
+	return fmt.Sprintf("%v: weight %d is more than the %d slots of limit %q: want a weight of 1..%d", ErrInvalid, e.Weight, e.Slots, e.Limit, e.Slots)
+}
+
+// Unwrap makes a WeightError an ErrInvalid.
+func (e *WeightError) Unwrap() error { return ErrInvalid }
 
 // CheckSlots returns an error wrapping ErrInvalid for a slot count outside 0..MaxSlots.
 func CheckSlots(n int) error {
