@@ -1,5 +1,7 @@
 package store
 
+import "github.com/slotctl/slotctl/internal/mutation"
+
 // The settle policy, once for every backend: which tickets a settle removes
 // and which waiters it admits. A backend reads its state, hands it to
 // PlanSettle and applies the plan in the same atomic step (bbolt: the same
@@ -46,6 +48,9 @@ type SettleInput struct {
 	// All): its removal frees its slot, so a job its dead supervisor left
 	// running must be stopped before somebody is admitted beside it.
 	JudgeExpired bool
+	// Mutations is test-only (internal/mutation): planner bugs that the
+	// simulation must catch. Nil in every real settle.
+	Mutations mutation.Set
 }
 
 // A Remove is one ticket a settle reaps: Index into SettleInput.Tickets, and why.
