@@ -45,7 +45,23 @@ type Harness struct {
 	// TTL is the lease TTL of every ticket the suite writes (bbolt: 10s on a
 	// fake clock; etcd: 2s real).
 	TTL time.Duration
+	// NewLegacy returns a Backend like New whose store already holds, written
+	// in the previous release's format (record version 1: one limit, weight
+	// 1), the legacy fixture: limit [LegacyLimit] of 2 slots and the tickets
+	// [LegacyIDs] enqueued in that order, the first two held (slot indexes 0
+	// and 1), the third waiting, each with TTL and its lease running from the
+	// backend's now, holder [LegacyHolder].
+	NewLegacy func(t *testing.T) Backend
 }
+
+// The legacy fixture (Harness.NewLegacy).
+const LegacyLimit = "legacy"
+
+// LegacyIDs are the fixture's ticket ids in fence order.
+var LegacyIDs = []string{"legacy-a", "legacy-b", "legacy-c"}
+
+// LegacyHolder is the holder of every fixture ticket.
+var LegacyHolder = store.Holder{Host: "legacy-host", Pid: 4242, Label: "legacy"}
 
 // DeadEvidence is the evidence the suite's judge gives for the tickets it
 // declares dead; every other ticket it leaves to the TTL.
