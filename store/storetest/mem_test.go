@@ -390,6 +390,16 @@ func (s *memStore) settle(extra map[string]int, touched []string) {
 			used[n] = map[int]bool{}
 		}
 		var ix []int
+		if s.is("weight-indexes-contiguous") {
+			// the first run of free indexes long enough: not the lowest free
+			for i := 0; len(ix) < t.takes(); i++ {
+				if used[n][i] {
+					ix = nil
+				} else {
+					ix = append(ix, i)
+				}
+			}
+		}
 		for i := 0; len(ix) < t.takes(); i++ {
 			if s.is("slot-count") {
 				ix = append(ix, held[n]+i) // the count of holders, taken or not
@@ -476,6 +486,9 @@ func (s *memStore) settle(extra map[string]int, touched []string) {
 		}
 		t.t.State, t.t.Slot, t.t.Admitted = store.Held, t.ix[t.names[0]][0], s.wallNow()
 		s.event("admitted", t, "")
+		if s.is("ring-touched-limits-only") && touched != nil && !slices.ContainsFunc(t.names, func(n string) bool { return slices.Contains(touched, n) }) {
+			continue // rings the waiters of the limits the write touched only
+		}
 		s.d.ring(t.t.ID)
 	}
 }
@@ -1234,6 +1247,8 @@ var mutants = map[string][]string{
 	"legacy-unread":                  {"LegacyFormatRead"},
 	"legacy-weight-zero":             {"LegacyFormatRead"},
 	"no-legacy-hook":                 {"LegacyFormatRead"},
+	"ring-touched-limits-only":       {"MultiReleasePromotesEveryLimit"},
+	"weight-indexes-contiguous":      {"WeightsCountedInSlots"},
 }
 
 // TestMutants shows that the suite is not vacuous: each bug, planted in the

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/slotctl/slotctl/store"
 )
@@ -168,6 +169,20 @@ func testAtomicAdmission(s *suite) {
 	s.release(x, true) // T is admitted to a and b in one step
 	t = s.wantIn(t, map[string][]int{"a": ix(0), "b": ix(0)})
 	s.wantSlotsVar(t, "a=0 b=0")
+	again := s.reqM("T", lims("a", "b"), 1, 1)
+	again.ID = t.ID
+	if got := s.enqReq(again); got.Fence != t.Fence || got.State != store.Held || !slices.Equal(got.In("b"), ix(0)) {
+		s.Fatalf("Enqueue T again: (%s, %v, fence %d), want the same ticket (held, %v, fence %d)", got.State, got.Indexes, got.Fence, t.Indexes, t.Fence)
+	}
+	if got, err := s.st.SetChild(s.ctx, t, 4321, 987); err != nil || !slices.Equal(got.In("a"), ix(0)) || !slices.Equal(got.In("b"), ix(0)) {
+		s.Fatalf("SetChild T: (%s, %v), %v; want it held in a and b as before", got.State, got.Indexes, err)
+	}
+	for _, l := range []string{"b", "a"} {
+		sn := s.snap(l)
+		if len(sn.Tickets) != 1 || sn.Tickets[0].ID != t.ID || sn.Tickets[0].Limit != l {
+			s.Fatalf("Snapshot(%q): tickets %v, want T alone, under %q", l, ticketKeys(sn), l)
+		}
+	}
 	s.checkLimit("a", 1, 1, 0)
 	s.checkLimit("b", 1, 1, 0)
 	s.release(y, true)
@@ -349,19 +364,70 @@ func testMultiRelease(s *suite) {
 
 	// The closure: X's release in ca admits T3 {ca, cb}, and U behind T3
 	// in cb, which has room for both; V, behind U, finds cb full.
+	// Their bells ring: U's although nothing was released in cb.
 	x := s.enq("X", "ca", 1)
-	t3 := s.enqM("T3", lims("ca", "cb"), 1, 2)
-	u := s.enq("U", "cb", 2)
+	rt3, ru := s.reqM("T3", lims("ca", "cb"), 1, 2), s.req("U", "cb", 2)
+	bellT3, bellU := s.watch(rt3.ID), s.watch(ru.ID)
+	t3, u := s.enqReq(rt3), s.enqReq(ru)
 	v := s.enq("V", "cb", 2)
 	s.wantWaitingIn(t3, map[string]int{"ca": 1, "cb": 1})
 	s.wantWaitingIn(u, map[string]int{"cb": 2})
 	s.wantWaitingIn(v, map[string]int{"cb": 3})
+	s.quiet(bellT3, bellU)
 	s.release(x, true)
 	s.wantIn(t3, map[string][]int{"ca": ix(0), "cb": ix(0)})
 	s.wantIn(u, map[string][]int{"cb": ix(1)})
 	s.wantWaitingIn(v, map[string]int{"cb": 1})
 	s.checkLimit("ca", 1, 1, 0)
 	s.checkLimit("cb", 2, 2, 1)
+	s.wantRing(bellT3, "T3 {ca, cb} was admitted by X's release in ca")
+	s.wantRing(bellU, "U {cb} was admitted behind T3, by X's release in ca")
+
+	// A ticket promoted before its holder saw it, cancelled from its
+	// waiting copy, frees its slots in both limits.
+	y := s.enqM("Y", lims("ra", "rb"), 1, 1) // behind WA in ra, WB in rb
+	z := s.enq("Z", "rb", 1)
+	s.release(wa, true)
+	s.wantWaitingIn(y, map[string]int{"ra": 1, "rb": 1})
+	s.release(wb, true)
+	s.wantIn(y, map[string][]int{"ra": ix(0), "rb": ix(0)})
+	s.cancel(y, true) // y is the waiting copy
+	s.wantGone(y)
+	s.wantHeld(z, 0)
+	s.checkLimit("ra", 1, 0, 0)
+	s.checkLimit("rb", 1, 1, 0)
+	s.wantEvent("ra", y, string(store.Cancelled))
+	s.wantEvent("rb", y, string(store.Cancelled))
+}
+
+// watch returns a bell for id, closed at the end of the case.
+func (s *suite) watch(id string) store.Bell {
+	s.Helper()
+	bell, err := s.st.Watch(s.ctx, id)
+	if err != nil {
+		s.Fatalf("Watch %s: %v", s.who(id), err)
+	}
+	s.Cleanup(func() { _ = bell.Close() })
+	return bell
+}
+
+// quiet lets the rings of the writes so far arrive, then forgets them.
+func (s *suite) quiet(bells ...store.Bell) {
+	time.Sleep(50 * time.Millisecond)
+	for _, b := range bells {
+		drain(b)
+	}
+}
+
+// wantRing waits for bell to ring after what.
+func (s *suite) wantRing(bell store.Bell, what string) {
+	s.Helper()
+	const ringWait = 5 * time.Second
+	select {
+	case <-bell.C():
+	case <-time.After(ringWait):
+		s.Fatalf("the bell did not ring within %v after %s", ringWait, what)
+	}
 }
 
 // Shrinking a limit evicts nobody and admits nobody until the held slots
@@ -480,6 +546,22 @@ func testReapMulti(s *suite) {
 			s.Fatalf("Events(%q): %d reaped events of T2, want one in each of its limits", l, n)
 		}
 	}
+
+	// An expired waiter of several limits, swept by an admission into one
+	// of them, no longer holds back the tickets behind it in the others.
+	h := s.enq("H", "me", 1)
+	t3 := s.enqM("T3", lims("me", "mf"), 1, 1)
+	u := s.enq("U", "mf", 1)
+	s.wantWaitingIn(u, map[string]int{"mf": 2})
+	s.advance(s.part())
+	h, u = s.renew(h), s.renew(u)
+	s.advance(s.part()) // T3 expired
+	v := s.enq("V", "mf", 1)
+	s.wantGone(t3)
+	s.wantHeld(u, 0)
+	s.wantWaiting(v, 1)
+	s.wantHeld(h, 0)
+	s.checkLimit("me", 1, 1, 0)
 }
 
 // Releasing a ticket of several limits twice (or cancelling or reaping it
@@ -763,6 +845,15 @@ func testRemoveLimitMulti(s *suite) {
 	s.wantHeld(wb, 0)
 	s.wantWaitingIn(y, map[string]int{"rb": 1, "rc": 1})
 	s.checkLimit("rb", 1, 1, 1)
+	n := 0
+	for _, e := range s.events("rb", store.MaxEvents) {
+		if e.Ticket == t.ID && e.Kind != "admitted" {
+			n++
+		}
+	}
+	if n != 1 {
+		s.Fatalf(`Events("rb"): %d removals of T, want one: RemoveLimit("ra", force) removed it from rb too`, n)
+	}
 	s.release(t, false)
 	s.release(wb, true)
 	s.wantIn(y, map[string][]int{"rb": ix(0), "rc": ix(0)})

@@ -270,7 +270,7 @@ func (s *suite) enqReq(r store.EnqueueRequest) store.Ticket {
 	s.Helper()
 	tk, err := s.st.Enqueue(s.ctx, r)
 	if err != nil {
-		s.Fatalf("Enqueue %s into %q (slots %d): %v", s.who(r.ID), r.Limit, r.Slots, err)
+		s.Fatalf("Enqueue %s into %q (weight %d, slots %d): %v", s.who(r.ID), r.Names(), r.Weight, r.Slots, err)
 	}
 	if tk.ID != r.ID || tk.Limit != r.Names()[0] {
 		s.Fatalf("Enqueue %s into %q returned ticket %q in limit %q, want the view under its first limit %q", s.who(r.ID), r.Names(), tk.ID, tk.Limit, r.Names()[0])
