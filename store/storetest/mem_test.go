@@ -1196,7 +1196,7 @@ var mutants = map[string][]string{
 	"lax-input":                {"InvalidInput"},
 	"reopen-loses-tombs":       {"Reopen"},
 	"reopen-resets-fence":      {"Reopen"},
-	"racy":                     {"Concurrent"},
+	"racy":                     {"Concurrent", "ConcurrentMultiLimit"},
 	"reap-trusts-scan":         {"RenewAfterScanWins"},
 	"reap-double-free":         {"TwoReapersFreeOnce"},
 	"release-stale-read":       {"ReleaseRacingReap"},

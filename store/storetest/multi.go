@@ -1,10 +1,13 @@
 package storetest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/slotctl/slotctl/store"
@@ -1004,4 +1007,191 @@ func testLegacy(s *suite) {
 			s.Fatalf("Enqueue legacy-a again after its release: %v, want ErrRemoved", err)
 		}
 	}
+}
+
+// Many clients with tickets of several limits and weights on one store:
+// never more slots held than a limit has, never two clients on one slot
+// index, a ticket held in all of its limits or none, and every ticket
+// admitted in the end (no deadlock, no starvation).
+func testConcurrentMulti(s *suite) {
+	const (
+		workers = 6
+		iters   = 12
+	)
+	names := []string{"cm0", "cm1", "cm2"}
+	sizes := map[string]int{"cm0": 3, "cm1": 2, "cm2": 3}
+	for _, n := range names {
+		s.setLimit(n, sizes[n])
+	}
+	type job struct {
+		id     string
+		name   string
+		limits []string
+		weight int
+	}
+	jobs := make([][]job, workers)
+	for w := range jobs {
+		for i := range iters {
+			k := w*iters + i
+			var ls []string
+			for j := range names { // a non-empty subset, in a rotating order
+				if (k+1)>>j&1 == 1 || (k+1)%8 == 0 {
+					ls = append(ls, names[(j+k)%len(names)])
+				}
+			}
+			if len(ls) == 0 {
+				ls = names[k%len(names) : k%len(names)+1]
+			}
+			name := fmt.Sprintf("W%d.%d", w, i)
+			jobs[w] = append(jobs[w], job{id: s.id(name), name: name, limits: ls, weight: 1 + k%3%2})
+		}
+	}
+	var (
+		mu       sync.Mutex
+		held     = map[string]int{}            // slots the clients believe they hold, per limit
+		slotUsed = map[string]map[int]string{} // limit -> index -> holder
+		stop     atomic.Bool
+		wg       sync.WaitGroup
+		admitted atomic.Int32
+	)
+	for _, n := range names {
+		slotUsed[n] = map[int]string{}
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	const stall = 10 * time.Second // nobody admitted for so long: a deadlock
+	var last atomic.Int64          // when somebody was last admitted (UnixNano)
+	last.Store(time.Now().UnixNano())
+	fail := func(format string, args ...any) {
+		stop.Store(true)
+		s.Errorf(format, args...)
+	}
+	// take records that tk's client holds its slots; it reports a broken rule.
+	take := func(name string, tk store.Ticket) string {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, n := range tk.Names() {
+			ixs := tk.In(n)
+			if len(ixs) != tk.Weighs() {
+				return fmt.Sprintf("%s: held, weight %d, with indexes %v in %q (Indexes %v): not admitted to all of its limits %q", name, tk.Weighs(), ixs, n, tk.Indexes, tk.Names())
+			}
+			held[n] += tk.Weighs()
+			if held[n] > sizes[n] {
+				return fmt.Sprintf("%s: the clients hold %d slots of %q, which has %d", name, held[n], n, sizes[n])
+			}
+			for _, i := range ixs {
+				if i < 0 || i >= sizes[n] {
+					return fmt.Sprintf("%s: holds slot %d of %q, which has %d", name, i, n, sizes[n])
+				}
+				if other, dup := slotUsed[n][i]; dup {
+					return fmt.Sprintf("%s: holds slot %d of %q, which %s holds", name, i, n, other)
+				}
+				slotUsed[n][i] = name
+			}
+		}
+		return ""
+	}
+	put := func(tk store.Ticket) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, n := range tk.Names() {
+			held[n] -= tk.Weighs()
+			for _, i := range tk.In(n) {
+				delete(slotUsed[n], i)
+			}
+		}
+	}
+	one := func(j job) bool {
+		ctx := s.ctx
+		bell, err := s.st.Watch(ctx, j.id)
+		if err != nil {
+			fail("%s: Watch: %v", j.name, err)
+			return false
+		}
+		defer func() { _ = bell.Close() }()
+		tk, err := s.st.Enqueue(ctx, store.EnqueueRequest{ID: j.id, Limits: j.limits, Weight: j.weight, Slots: sizes[j.limits[0]], TTL: s.h.TTL, Holder: holder(j.name)})
+		if err != nil {
+			fail("%s: Enqueue into %q weight %d: %v", j.name, j.limits, j.weight, err)
+			return false
+		}
+		ok := false
+		defer func() {
+			if !ok {
+				_, _ = s.st.Cancel(context.WithoutCancel(ctx), tk)
+			}
+		}()
+		renewed := time.Now()
+		for tk.State != store.Held {
+			if stop.Load() {
+				return false
+			}
+			if time.Now().After(deadline) || time.Since(time.Unix(0, last.Load())) > stall {
+				fail("%s %q: not admitted before the deadline, or nobody admitted for %v (position %d): a deadlock or starvation", j.name, j.limits, stall, tk.Position)
+				return false
+			}
+			select {
+			case <-bell.C():
+			case <-time.After(25 * time.Millisecond):
+			case <-ctx.Done():
+				fail("%s: %v", j.name, ctx.Err())
+				return false
+			}
+			if time.Since(renewed) > s.h.TTL/4 {
+				if tk, err = s.st.Renew(ctx, tk, s.h.TTL); err != nil {
+					fail("%s: Renew while waiting: %v", j.name, err)
+					return false
+				}
+				renewed = time.Now()
+				continue
+			}
+			if tk, err = s.st.Get(ctx, j.id); err != nil {
+				fail("%s: Get while waiting: %v", j.name, err)
+				return false
+			}
+		}
+		ok = true
+		admitted.Add(1)
+		last.Store(time.Now().UnixNano())
+		if msg := take(j.name, tk); msg != "" {
+			fail("%s", msg)
+			return false
+		}
+		if sn, err := s.st.Snapshot(ctx, j.limits...); err != nil {
+			fail("%s: Snapshot: %v", j.name, err)
+		} else {
+			for _, l := range sn.Limits {
+				if l.Held > sizes[l.Name] {
+					fail("%s: the snapshot shows %d slots of %q held, which has %d", j.name, l.Held, l.Name, sizes[l.Name])
+				}
+			}
+			for _, v := range sn.Tickets {
+				if v.ID == j.id && v.State != store.Held {
+					fail("%s: held (Get) but %s under %q in a snapshot", j.name, v.State, v.Limit)
+				}
+			}
+		}
+		time.Sleep(time.Millisecond) // the job: others queue meanwhile
+		put(tk)
+		if done, err := s.st.Release(ctx, tk, store.Released); err != nil || !done {
+			fail("%s: Release = %v, %v; want true, nil", j.name, done, err)
+			return false
+		}
+		return !stop.Load()
+	}
+	for w := range workers {
+		wg.Go(func() {
+			for _, j := range jobs[w] {
+				if !one(j) {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if s.Failed() {
+		return
+	}
+	for _, n := range names {
+		s.checkLimit(n, sizes[n], 0, 0)
+	}
+	s.Logf("%d clients × %d tickets of 1-3 limits, weights 1-2: %d admitted", workers, iters, admitted.Load())
 }

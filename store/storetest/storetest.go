@@ -148,6 +148,7 @@ var cases = []struct {
 	{"RemoveLimitForceMulti", testRemoveLimitMulti, false},
 	{"DeadMultiHolderFreesAll", testDeadMulti, true},
 	{"LegacyFormatRead", testLegacy, false},
+	{"ConcurrentMultiLimit", testConcurrentMulti, false},
 }
 
 // suite is one case's store and helpers. Its helpers stop the case on the
