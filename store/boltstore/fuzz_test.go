@@ -237,7 +237,10 @@ func FuzzStoredTicket(f *testing.F) {
 				_, err := s.Renew(ctx, store.Ticket{ID: "b", Limit: "x", Fence: 2}, testTTL)
 				return err
 			}},
-			{"Reap(y)", func() error { _, err := s.Reap(ctx, store.ReapOptions{Limits: []string{"y"}, DryRun: true}); return err }},
+			{"Reap(y)", func() error {
+				_, err := s.Reap(ctx, store.ReapOptions{Limits: []string{"y"}, DryRun: true})
+				return err
+			}},
 			{"Release(a)", func() error { _, err := s.Release(ctx, store.Ticket{ID: "a", Fence: 1}, store.Released); return err }},
 			{"Enqueue(c)", func() error { _, err := s.Enqueue(ctx, req("c", "x", 1)); return err }},
 			{"SetLimit(x)", func() error { _, err := s.SetLimit(ctx, "x", 2); return err }},
