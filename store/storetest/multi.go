@@ -520,6 +520,18 @@ func testReapMulti(s *suite) {
 		s.Fatalf("a second Reap removed %v, want nothing", s.removed(rm))
 	}
 	s.release(t, false)
+	s.releaseWhy(t, store.Lost, false) // its holder noticed: logged in each of its limits
+	for _, l := range []string{"ma", "mb"} {
+		var kinds []string
+		for _, e := range s.events(l, store.MaxEvents) {
+			if e.Ticket == t.ID {
+				kinds = append(kinds, e.Kind)
+			}
+		}
+		if count(kinds, string(store.Reaped)) != 1 || count(kinds, string(store.Lost)) != 1 || count(kinds, string(store.Released)) != 0 {
+			s.Fatalf("Events(%q): T's events %v, want one %q and one %q in each of its limits", l, kinds, store.Reaped, store.Lost)
+		}
+	}
 	s.checkLimit("ma", 1, 1, 0)
 
 	// A Reap of both its limits, or of all, lists it once.
@@ -1194,4 +1206,37 @@ func testConcurrentMulti(s *suite) {
 		s.checkLimit(n, sizes[n], 0, 0)
 	}
 	s.Logf("%d clients × %d tickets of 1-3 limits, weights 1-2: %d admitted", workers, iters, admitted.Load())
+}
+
+// A restart loses nothing of a ticket of several limits: its limits, its
+// weight, its indexes in each, its place in each queue.
+func testReopenMulti(s *suite) {
+	if s.b.Reopen == nil {
+		s.Skip("backend has no Reopen")
+	}
+	t := s.enqM("T", lims("oa", "ob"), 2, 3)
+	v := s.enq("V", "ob", 3)
+	w := s.enq("W", "oa", 3)
+	u := s.enqM("U", lims("ob", "oa"), 2, 3)
+	x := s.enq("X", "oa", 3)
+	s.wantIn(t, map[string][]int{"oa": ix(0, 1), "ob": ix(0, 1)})
+	s.wantWaitingIn(u, map[string]int{"ob": 1, "oa": 1})
+	before := ticketKeys(s.snap())
+	s.st = s.b.Reopen()
+	if s.st == nil {
+		s.Fatal("Reopen returned nil")
+	}
+	if after := ticketKeys(s.snap()); !slices.Equal(before, after) {
+		s.Fatalf("tickets before reopen %v, after %v", before, after)
+	}
+	s.advance(s.part())
+	t, u, v, w, x = s.renew(t), s.renew(u), s.renew(v), s.renew(w), s.renew(x)
+	s.checkLimit("oa", 3, 3, 2)
+	s.checkLimit("ob", 3, 3, 1)
+	s.release(t, true)
+	s.wantIn(u, map[string][]int{"ob": ix(0, 1), "oa": ix(0, 1)})
+	s.wantWaitingIn(x, map[string]int{"oa": 1})
+	s.release(w, true)
+	s.wantIn(x, map[string][]int{"oa": ix(2)})
+	s.wantHeld(v, 2)
 }

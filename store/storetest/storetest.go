@@ -149,6 +149,7 @@ var cases = []struct {
 	{"DeadMultiHolderFreesAll", testDeadMulti, true},
 	{"LegacyFormatRead", testLegacy, false},
 	{"ConcurrentMultiLimit", testConcurrentMulti, false},
+	{"ReopenMultiLimit", testReopenMulti, false},
 }
 
 // suite is one case's store and helpers. Its helpers stop the case on the
