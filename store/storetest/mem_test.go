@@ -686,7 +686,11 @@ func (s *memStore) Release(_ context.Context, tk store.Ticket, why store.Reason)
 	if s.is("release-frees-first-limit-only") {
 		keep = t.names[:1]
 	}
+	wasHeld := len(t.ix) > 0
 	s.remove(t, why, "", keep...)
+	if !wasHeld && s.is("waiter-removal-no-settle") {
+		return true, nil // "it held nothing, so it frees nothing"
+	}
 	s.settle(nil, t.names)
 	return true, nil
 }
@@ -1270,6 +1274,7 @@ var mutants = map[string][]string{
 	"lost-first-limit-only":          {"ReapMultiLimit"},
 	"reopen-drops-weight":            {"ReopenMultiLimit"},
 	"reopen-drops-limits":            {"ReopenMultiLimit"},
+	"waiter-removal-no-settle":       {"FIFOAcrossLimits", "HeavyHeadNotOvertaken"},
 }
 
 // TestMutants shows that the suite is not vacuous: each bug, planted in the

@@ -303,6 +303,16 @@ func testFIFOAcrossLimits(s *suite) {
 	s.release(w, true)
 	s.wantIn(x, map[string][]int{"fd": ix(0)})
 	s.checkLimit("fb", 1, 0, 0)
+
+	// A waiter that leaves lets the tickets behind it through in its other
+	// limits, though it held nothing there.
+	b := s.enq("B", "fe", 1)
+	y := s.enqM("Y", lims("fe", "ff"), 1, 1)
+	z := s.enq("Z", "ff", 1)
+	s.wantWaitingIn(z, map[string]int{"ff": 2})
+	s.cancel(y, true)
+	s.wantIn(z, map[string][]int{"ff": ix(0)})
+	s.wantHeld(b, 0)
 }
 
 // A heavy ticket at the head of the queue waits for its weight of free
@@ -335,6 +345,17 @@ func testHeavyHead(s *suite) {
 	s.release(h, true)
 	s.wantIn(k, map[string][]int{"hk": ix(0), "hh": ix(0)})
 	s.checkLimit("hh", 3, 2, 0)
+
+	// A heavy head that gives up lets the lighter ticket behind it in.
+	s.enq("M", "hh", 3) // full
+	h2 := s.enqM("H2", lims("hh"), 2, 3)
+	n := s.enq("N", "hh", 3)
+	s.release(k, true) // one free: H2 waits, N behind it
+	s.wantWaitingIn(h2, map[string]int{"hh": 1})
+	s.wantWaitingIn(n, map[string]int{"hh": 2})
+	s.cancel(h2, true)
+	s.wantIn(n, map[string][]int{"hh": ix(0)})
+	s.checkLimit("hh", 3, 3, 0)
 }
 
 // The release of a ticket of several limits frees its slots in every one
