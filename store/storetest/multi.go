@@ -509,13 +509,18 @@ func testResizeWeights(s *suite) {
 	s.release(g, true)
 	s.wantIn(h, map[string][]int{"rs": ix(0)})
 
-	// A paused limit holds a ticket of several limits back in all of them.
+	// A paused limit holds a ticket of several limits back in all of them,
+	// and the tickets behind it in the others; resuming it admits them.
 	s.setLimit("pa", 0)
+	s.setLimit("pb", 2)
 	t := s.enqM("T", lims("pb", "pa"), 1, 1)
+	u := s.enq("U", "pb", 2)
 	s.wantWaitingIn(t, map[string]int{"pb": 1, "pa": 1})
-	s.checkLimit("pb", 1, 0, 1)
+	s.wantWaitingIn(u, map[string]int{"pb": 2})
+	s.checkLimit("pb", 2, 0, 2)
 	s.setLimit("pa", 1)
 	s.wantIn(t, map[string][]int{"pb": ix(0), "pa": ix(0)})
+	s.wantIn(u, map[string][]int{"pb": ix(1)})
 }
 
 // An expired ticket of several limits is reaped once, by a Reap of any one
@@ -598,6 +603,19 @@ func testReapMulti(s *suite) {
 	s.wantWaiting(v, 1)
 	s.wantHeld(h, 0)
 	s.checkLimit("me", 1, 1, 0)
+
+	// An expired holder of several limits, swept by an admission into one
+	// of them, frees its slots in the others too.
+	t4 := s.enqM("T4", lims("mg", "mh"), 1, 1)
+	wh := s.enq("WH", "mh", 1)
+	s.advance(s.part())
+	wh = s.renew(wh)
+	s.advance(s.part()) // T4 expired
+	g := s.enq("G", "mg", 1)
+	s.wantGone(t4)
+	s.wantHeld(g, 0)
+	s.wantHeld(wh, 0)
+	s.checkLimit("mh", 1, 1, 0)
 }
 
 // Releasing a ticket of several limits twice (or cancelling or reaping it
