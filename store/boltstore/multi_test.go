@@ -52,10 +52,9 @@ func mustRelease(t *testing.T, s *Store, tk store.Ticket) {
 	}
 }
 
-// A release in limit A admits a ticket of {A,B}, whose admission in the
-// same transaction lets... no: the closure. Ticket ab waits behind a holder
-// of A; ticket bc waits behind ab in B (FIFO: ab is older) though B and C
-// have room. Releasing the holder of A settles A and, through ab, B and C:
+// The closure (docs/leases.md §2.1 item 9): ticket ab of {a,b} waits behind
+// a holder of a; ticket bc of {b,c} waits behind ab in b (FIFO: ab is
+// older) though b and c have room. Releasing the holder of A settles A and, through ab, B and C:
 // ab is admitted, and then bc too (B has two slots), in that one step.
 func TestMultiClosureSettle(t *testing.T) {
 	s, _, _ := newTestStore(t, Options{})
