@@ -23,10 +23,13 @@ func FuzzFastState(f *testing.F) {
 		if store.CheckID(id) != nil || store.CheckLimits(limits) != nil || weight == 0 {
 			return // the store refuses these before writing anything
 		}
-		r := ticketRec{V: formatVersion, ID: id, Limit: limit, Limits: limits, Weight: int(weight), State: store.State(state), Slot: -1,
+		r := ticketRec{V: formatVersion, ID: id, Limit: limit, State: store.State(state), Slot: -1,
 			DeadlineBoot: boot, DeadlineMono: time.Duration(mono),
 			Holder: store.Holder{Argv: []string{arg}, Label: label, Host: arg, User: label, BootID: boot}}
-		if r.State == store.Held {
+		if len(limits) > 1 || weight > 1 { // else stored without them, as version 1 did
+			r.Limits, r.Weight = limits, int(weight)
+		}
+		if r.State == store.Held && r.Limits != nil {
 			r.Slot, r.Indexes = 0, map[string][]int{}
 			for _, l := range limits {
 				for i := range int(weight) {
@@ -49,8 +52,8 @@ func FuzzFastState(f *testing.F) {
 		}
 		// fastFields may decline (then the caller decodes), never misread.
 		fx, ok := fastFields(v)
-		if ok && (fx.state != r.State || fx.boot != r.DeadlineBoot || fx.deadline != r.DeadlineMono || fx.weight != r.Weight) {
-			t.Fatalf("fastFields(%s) = %+v, want %q %q %d weight %d", v, fx, r.State, r.DeadlineBoot, r.DeadlineMono, r.Weight)
+		if ok && (fx.state != r.State || fx.boot != r.DeadlineBoot || fx.deadline != r.DeadlineMono || fx.weight != r.weight()) {
+			t.Fatalf("fastFields(%s) = %+v, want %q %q %d weight %d", v, fx, r.State, r.DeadlineBoot, r.DeadlineMono, r.weight())
 		}
 		if ok && len(limits) > 1 && !slices.Equal(fx.limits, limits) || ok && len(limits) == 1 && fx.limits != nil {
 			t.Fatalf("fastFields(%s) read limits %q, want %q", v, fx.limits, limits)

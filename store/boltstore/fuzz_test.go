@@ -18,7 +18,7 @@ import (
 var fuzzWall = time.Date(2025, 3, 1, 12, 0, 0, 123456789, time.UTC)
 
 func seedTicket() *ticketRec {
-	return &ticketRec{V: formatVersion, ID: "b", Limit: "x", Limits: []string{"x"}, Weight: 1, State: store.Waiting, Fence: 2, Slot: -1, TTL: testTTL,
+	return &ticketRec{V: formatVersion, ID: "b", Limit: "x", State: store.Waiting, Fence: 2, Slot: -1, TTL: testTTL,
 		DeadlineBoot: "b1", DeadlineMono: time.Hour + testTTL, Created: fuzzWall,
 		Holder: store.Holder{Host: "h", User: "u", BootID: "b1", PidNS: 4026531836, Pid: 42, PidStart: 99,
 			Argv: []string{"make", "-j", "it's"}, Label: "build"}}
@@ -27,14 +27,13 @@ func seedTicket() *ticketRec {
 func seedRecords() []record {
 	held := seedTicket()
 	held.State, held.Slot, held.Admitted, held.Renewed = store.Held, 0, fuzzWall, fuzzWall
-	held.Indexes = map[string][]int{"x": {0}}
 	multi := seedTicket() // a ticket of two limits and weight 2, waiting and held
 	multi.Limits, multi.Weight = []string{"x", "y"}, 2
 	multiHeld := *multi
 	multiHeld.State, multiHeld.Slot, multiHeld.Admitted = store.Held, 1, fuzzWall
 	multiHeld.Indexes = map[string][]int{"x": {1, 2}, "y": {0, 3}}
 	legacy := seedTicket() // as the previous release wrote it
-	legacy.V, legacy.Limits, legacy.Weight, legacy.State, legacy.Slot = legacyVersion, nil, 0, store.Held, 0
+	legacy.V, legacy.State, legacy.Slot = legacyVersion, store.Held, 0
 	return []record{
 		seedTicket(),
 		held,
@@ -92,15 +91,16 @@ func checkDecode(t *testing.T, b []byte, r record) {
 	if tr, ok := r.(*ticketRec); ok {
 		// Whatever its version, a decoded ticket is what a request could
 		// have made: 1..16 limits, the first Limit, a weight, and indexes iff held.
-		if store.CheckLimits(tr.Limits) != nil || tr.Limits[0] != tr.Limit || tr.Weight < 1 || tr.Weight > store.MaxSlots {
-			t.Fatalf("decode(%q) accepted limits %q, weight %d", b, tr.Limits, tr.Weight)
+		names, w := tr.names(), tr.weight()
+		if store.CheckLimits(names) != nil || names[0] != tr.Limit || w > store.MaxSlots {
+			t.Fatalf("decode(%q) accepted limits %q, weight %d", b, names, w)
 		}
-		if (tr.State == store.Held) != (tr.Indexes != nil) {
+		if tr.State != store.Held && tr.Indexes != nil {
 			t.Fatalf("decode(%q) accepted a %s ticket with indexes %v", b, tr.State, tr.Indexes)
 		}
-		for _, name := range tr.Limits {
-			if ix := tr.in(name); tr.State == store.Held && (len(ix) != tr.Weight || !slices.IsSorted(ix) || ix[0] < 0 || ix[len(ix)-1] >= store.MaxSlots) {
-				t.Fatalf("decode(%q) accepted indexes %v in %s of weight %d", b, ix, name, tr.Weight)
+		for _, name := range names {
+			if ix := tr.in(name); tr.State == store.Held && (len(ix) != w || !slices.IsSorted(ix) || ix[0] < 0 || ix[len(ix)-1] >= store.MaxSlots) {
+				t.Fatalf("decode(%q) accepted indexes %v in %s of weight %d", b, ix, name, w)
 			}
 		}
 	}

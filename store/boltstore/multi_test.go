@@ -52,10 +52,9 @@ func mustRelease(t *testing.T, s *Store, tk store.Ticket) {
 	}
 }
 
-// A release in limit A admits a ticket of {A,B}, whose admission in the
-// same transaction lets... no: the closure. Ticket ab waits behind a holder
-// of A; ticket bc waits behind ab in B (FIFO: ab is older) though B and C
-// have room. Releasing the holder of A settles A and, through ab, B and C:
+// The closure (docs/leases.md §2.1 item 9): ticket ab of {a,b} waits behind
+// a holder of a; ticket bc of {b,c} waits behind ab in b (FIFO: ab is
+// older) though b and c have room. Releasing the holder of A settles A and, through ab, B and C:
 // ab is admitted, and then bc too (B has two slots), in that one step.
 func TestMultiClosureSettle(t *testing.T) {
 	s, _, _ := newTestStore(t, Options{})
@@ -300,30 +299,40 @@ func TestMultiRemoval(t *testing.T) {
 	}
 }
 
-// A waiter's renewal in a limit whose queue holds tickets of several limits
-// takes the quiet path only when a full settle would change nothing: here
-// it would admit (a slot of b was freed behind the store's back), so the
-// renewal must admit.
+// A waiter's renewal takes the quiet path only when a full settle would
+// change nothing, over the closure of its limits: here waiter wb of b
+// waits behind ab of {a,b}, and a has grown behind the store's back (no
+// settle ran), so a settle of b reaches a through ab and admits both. A
+// quiet check of b alone would see ab blocked by a limit it did not read.
 func TestMultiRenewSettles(t *testing.T) {
 	s, _, path := newTestStore(t, Options{})
 	ctx := context.Background()
-	hb := mustEnqueue(t, s, req("hb", "b", 1))
+	if _, err := s.SetLimit(ctx, "b", 2); err != nil {
+		t.Fatal(err)
+	}
+	mustEnqueue(t, s, req("ha", "a", 1))
 	ab := mustEnqueue(t, s, mreq("ab", 1, 1, "a", "b"))
-	if ab.State != store.Waiting {
+	wb := mustEnqueue(t, s, req("wb", "b", 2))
+	if ab.State != store.Waiting || wb.State != store.Waiting {
 		t.Fatal("setup")
 	}
-	// Grow b in the file, without a settle: only a renewal's settle sees it.
-	rawUpdate(t, path, func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketLimits).Put([]byte("b"), encode(&limitRec{V: formatVersion, Slots: 2}))
-	})
-	got, err := s.Renew(ctx, ab, testTTL)
-	if err != nil || got.State != store.Held {
-		t.Fatalf("Renew(ab) = %s, %v; want held", got.State, err)
+	if q, err := quietOf(t, path, s, "b"); err != nil || !q {
+		t.Fatalf("quiet(b) before = %v, %v; want true", q, err)
 	}
+	rawUpdate(t, path, func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketLimits).Put([]byte("a"), encode(&limitRec{V: formatVersion, Slots: 2}))
+	})
+	if q, err := quietOf(t, path, s, "b"); err != nil || q {
+		t.Errorf("quiet(b) with room in a = %v, %v; want false", q, err)
+	}
+	got, err := s.Renew(ctx, wb, testTTL)
+	if err != nil || got.State != store.Held {
+		t.Fatalf("Renew(wb) = %s, %v; want held", got.State, err)
+	}
+	wantState(t, s, "ab", store.Held)
 	if q, err := quietOf(t, path, s, "b"); err != nil || !q {
 		t.Errorf("quiet(b) after the settle = %v, %v; want true", q, err)
 	}
-	_ = hb
 }
 
 func quietOf(t *testing.T, path string, s *Store, limits ...string) (bool, error) {

@@ -119,8 +119,8 @@ func (x *txn) notFound(id string) error {
 }
 
 // Renew implements [store.Store]. A renewal of a waiting ticket also sweeps
-// its limit, so that waiters free a dead holder's slot within its TTL even
-// when nobody runs reap.
+// its limits (and the limits their tickets reach, see txn.gather), so that
+// waiters free a dead holder's slot within its TTL even when nobody runs reap.
 func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (store.Ticket, error) {
 	if err := store.CheckTTL(ttl); err != nil {
 		return store.Ticket{}, err
@@ -166,7 +166,7 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 			out = x.view(r, 0) // held: no queue position to count
 			return nil
 		}
-		// A waiter's renewal also settles its limit, so that waiters free a
+		// A waiter's renewal also settles its limits, so that waiters free a
 		// dead holder's slot within its TTL even when nothing else happens;
 		// most of the time there is nothing to settle, and that is cheap to see.
 		if quiet, err := x.quiet(r.names()); err != nil {
