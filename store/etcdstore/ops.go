@@ -783,6 +783,21 @@ func (s *Store) Snapshot(ctx context.Context, limits ...string) (store.Snapshot,
 			names = append(names, n)
 		}
 		slices.Sort(names)
+		// Every limit read: a ticket is recorded under each of its limits
+		// (docs/leases.md §2.1 item 9), or the store is corrupt.
+		under := map[string]int{}
+		for _, es := range entries {
+			for _, e := range es {
+				under[e.r.ID]++
+			}
+		}
+		for _, es := range entries {
+			for _, e := range es {
+				if got := under[e.r.ID]; got != len(e.r.names()) {
+					return store.Snapshot{}, fmt.Errorf("%w: ticket %s names limits %s but is recorded under %d of them", store.ErrCorrupt, e.r.ID, strings.Join(e.r.names(), ", "), got)
+				}
+			}
+		}
 	}
 	var all []*entry
 	for _, n := range names {

@@ -154,10 +154,10 @@ func (p *plan) remove(e *entry, why store.Reason, evidence string) bool {
 	if !p.room(ticketKeys(len(names), e.r.Weight)+1, 2) {
 		return false
 	}
-	first, id := e.r.Limit, e.r.ID
-	p.cmp(clientv3.Compare(clientv3.ModRevision(p.s.k.record(first, id)), "=", e.rkv.ModRevision))
+	at, id := e.at, e.r.ID
+	p.cmp(clientv3.Compare(clientv3.ModRevision(p.s.k.record(at, id)), "=", e.rkv.ModRevision))
 	if e.tkv != nil {
-		p.cmp(clientv3.Compare(clientv3.ModRevision(p.s.k.ticket(first, id)), "=", e.tkv.ModRevision))
+		p.cmp(clientv3.Compare(clientv3.ModRevision(p.s.k.ticket(at, id)), "=", e.tkv.ModRevision))
 		for _, n := range names {
 			p.del(p.s.k.ticket(n, id))
 			if ls := p.st.lims[n]; ls != nil {
@@ -286,7 +286,7 @@ func (p *plan) admit(e *entry, a store.Admit) bool {
 	if e.isNew {
 		p.putNew(e)
 	} else {
-		p.cmp(clientv3.Compare(clientv3.ModRevision(p.s.k.ticket(e.r.Limit, e.r.ID)), "=", e.tkv.ModRevision))
+		p.cmp(clientv3.Compare(clientv3.ModRevision(p.s.k.ticket(e.at, e.r.ID)), "=", e.tkv.ModRevision))
 		v := encode(e.r)
 		for _, n := range names {
 			p.put(p.s.k.ticket(n, e.r.ID), writeOp{val: v, keep: true})

@@ -46,13 +46,15 @@ type limState struct {
 }
 
 // entry is one ticket: its record, and its ticket key while its lease
-// lives, both as read under its first limit (a ticket's keys in all of its
-// limits are written together, so those revisions stand for them all).
+// lives, both as read under one of its limits, at: its first when that was
+// read (a ticket's keys in all of its limits are written together, so the
+// revisions of one limit's stand for them all).
 type entry struct {
 	r     rec
 	fence int64
-	rkv   *mvccpb.KeyValue // P/records/<first limit>/<id>
-	tkv   *mvccpb.KeyValue // P/tickets/<first limit>/<id>; nil once the lease expired
+	at    string           // the limit rkv and tkv are under
+	rkv   *mvccpb.KeyValue // P/records/<at>/<id>
+	tkv   *mvccpb.KeyValue // P/tickets/<at>/<id>; nil once the lease expired
 	seen  int              // limits it was read under
 	isNew bool             // written by the plan being built (Enqueue)
 }
@@ -189,8 +191,8 @@ func (s *Store) addLimits(st *lstate, names []string, rs []*clientv3.GetResponse
 			if tkv != nil && tkv.CreateRevision != e.fence {
 				return fmt.Errorf("%w: ticket %s: key created at revision %d, its record at %d", store.ErrCorrupt, id, tkv.CreateRevision, e.fence)
 			}
-			if name == r.Limit {
-				e.rkv, e.tkv = kv, tkv
+			if e.rkv == nil || name == r.Limit {
+				e.at, e.rkv, e.tkv = name, kv, tkv
 			}
 			ls.entries = append(ls.entries, e)
 		}
@@ -268,7 +270,7 @@ func (s *Store) closeOver(ctx context.Context, st *lstate, id string) (*lstate, 
 		st.sort()
 	}
 	for _, e := range st.entries {
-		if e.rkv == nil || e.seen != len(e.r.names()) {
+		if e.at != e.r.Limit || e.seen != len(e.r.names()) {
 			return nil, fmt.Errorf("%w: ticket %s names limits %s but is recorded under %d of them", store.ErrCorrupt, e.r.ID, strings.Join(e.r.names(), ", "), e.seen)
 		}
 	}
