@@ -314,3 +314,38 @@ func TestLegacyRecordsWork(t *testing.T) {
 		t.Fatalf("new: %+v, want held: other 0, legacy 1", n)
 	}
 }
+
+// A waiter of several limits is woken when it is admitted to all of them:
+// blocked in b by a holder whose lease expires (no client writes), its
+// bell outlasts that holder in b, settles, and rings held.
+func TestBellOfSeveralLimitsOutlastsEach(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	ctx := context.Background()
+	st := open(t, srv, etcdstore.Options{})
+	mustEnqueue(t, st, multi("ha", []string{"a"}, 1, 2), store.Held)
+	hb := req("hb", "b", 1, 2*time.Second)
+	mustEnqueue(t, st, hb, store.Held)
+	bell, err := st.Watch(ctx, "w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bell.Close()
+	mustEnqueue(t, st, multi("w", []string{"a", "b"}, 1, 2), store.Waiting)
+	start := time.Now()
+	for {
+		select {
+		case <-bell.C():
+		case <-time.After(6 * time.Second):
+			t.Fatalf("no ring %s after hb's 2s lease was due", time.Since(start))
+		}
+		if got := mustGet(t, st, "w"); got.State == store.Held {
+			if !slices.Equal(got.In("a"), []int{1}) || !slices.Equal(got.In("b"), []int{0}) {
+				t.Fatalf("w: %+v, want a 1, b 0", got)
+			}
+			break
+		}
+	}
+	if el := time.Since(start); el > 4*time.Second {
+		t.Errorf("admitted after %s, want about hb's TTL (2s)", el)
+	}
+}
