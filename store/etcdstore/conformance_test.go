@@ -56,11 +56,14 @@ func runConformance(t *testing.T, ttl time.Duration, want func(string) bool) {
 	}
 	srv := etcdtest.Start(t, etcdtest.Options{})
 	var n atomic.Int32
+	var parallel sync.Map // the cases that called t.Parallel (a case may make two backends)
 	newBackend := func(t *testing.T, judge store.Judge) storetest.Backend {
 		if c := path.Base(t.Name()); !want(c) {
 			t.Skipf("case %s runs in the other conformance test (see conformance_test.go)", c)
 		}
-		t.Parallel()
+		if _, done := parallel.LoadOrStore(t, true); !done {
+			t.Parallel()
+		}
 		base := etcdstore.Options{
 			Endpoints: []string{srv.Endpoint},
 			Prefix:    fmt.Sprintf("/conformance/%d", n.Add(1)),
