@@ -349,3 +349,120 @@ func TestBellOfSeveralLimitsOutlastsEach(t *testing.T) {
 		t.Errorf("admitted after %s, want about hb's TTL (2s)", el)
 	}
 }
+
+// Many holders of several limits and weights on several handles at once:
+// every consistent read shows each limit within its size counting weights,
+// no slot index held twice, and a ticket held in all of its limits or in
+// none; every ticket is admitted in the end.
+func TestConcurrentSeveralLimits(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	ctx := context.Background()
+	sizes := map[string]int{"p": 2, "q": 3, "r": 2}
+	var handles []*etcdstore.Store
+	for range 3 {
+		handles = append(handles, open(t, srv, etcdstore.Options{Prefix: "/concurrent"}))
+	}
+	for n, size := range sizes {
+		if _, err := handles[0].SetLimit(ctx, n, size); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sets := [][]string{{"p"}, {"p", "q"}, {"q", "r"}, {"r", "p", "q"}, {"q"}, {"r", "q"}}
+	done := make(chan struct{})
+	checked := make(chan int)
+	go func() {
+		n := 0
+		defer func() { checked <- n }()
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			sn, err := handles[0].Snapshot(ctx)
+			if err != nil {
+				t.Errorf("Snapshot: %v", err)
+				return
+			}
+			n++
+			held := map[string]int{}
+			used := map[string]bool{}
+			for _, tk := range sn.Tickets {
+				if tk.State != store.Held {
+					continue
+				}
+				held[tk.Limit] += tk.Weighs()
+				for _, i := range tk.In(tk.Limit) {
+					k := fmt.Sprintf("%s/%d", tk.Limit, i)
+					if used[k] {
+						t.Errorf("slot %s held twice (%s)", k, tk.ID)
+					}
+					used[k] = true
+				}
+				for _, name := range tk.Names() {
+					if len(tk.In(name)) != tk.Weighs() {
+						t.Errorf("%s held with %v in %s, weight %d", tk.ID, tk.In(name), name, tk.Weighs())
+					}
+				}
+			}
+			for name, h := range held {
+				if h > sizes[name] {
+					t.Errorf("limit %s: %d slots held of %d", name, h, sizes[name])
+				}
+			}
+		}
+	}()
+	errs := make(chan error, 12)
+	for w := range 12 {
+		go func() {
+			st := handles[w%len(handles)]
+			for i := range 4 {
+				id := fmt.Sprintf("w%d-%d", w, i)
+				r := multi(id, sets[(w+i)%len(sets)], 1+(w+i)%2, 2)
+				bell, err := st.Watch(ctx, id)
+				if err != nil {
+					errs <- err
+					return
+				}
+				tk, err := st.Enqueue(ctx, r)
+				for err == nil && tk.State != store.Held {
+					select {
+					case <-bell.C():
+					case <-time.After(3 * time.Second):
+					}
+					tk, err = st.Get(ctx, id)
+				}
+				bell.Close()
+				if err != nil {
+					errs <- fmt.Errorf("%s: %w", id, err)
+					return
+				}
+				time.Sleep(time.Duration(w%3) * 5 * time.Millisecond)
+				if ok, err := st.Release(ctx, tk, store.Released); err != nil || !ok {
+					errs <- fmt.Errorf("release %s: %v, %v", id, ok, err)
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	deadline := time.After(60 * time.Second)
+	for range 12 {
+		select {
+		case err := <-errs:
+			if err != nil {
+				t.Error(err)
+			}
+		case <-deadline:
+			t.Fatal("the workers did not finish within 60s: a ticket was never admitted")
+		}
+	}
+	close(done)
+	if n := <-checked; n == 0 {
+		t.Fatal("no snapshot was checked")
+	}
+	sn, err := handles[0].Snapshot(ctx)
+	if err != nil || len(sn.Tickets) != 0 {
+		t.Fatalf("after every release: %+v, %v; want no tickets", sn.Tickets, err)
+	}
+}
