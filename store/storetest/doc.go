@@ -46,12 +46,35 @@
 // goroutines started together at a few offsets, and a dry run standing for
 // a reaper's scan.
 //
+// Tickets of several limits and weights (docs/leases.md §2.1 item 9, rule
+// 13; multi.go): admission to all of a ticket's limits in one step or to
+// none, never held in one and waiting in another (AtomicAdmissionAcrossLimits);
+// weights counted in slots, the lowest free indexes (WeightsCountedInSlots);
+// one queue order across limits (FIFOAcrossLimits) that no lighter ticket
+// barges past (HeavyHeadNotOvertaken); a release, reap, double release or
+// forced limit removal that frees a ticket's slots in all of its limits at
+// once and promotes in each, through the closure of the limits it reaches
+// (MultiReleasePromotesEveryLimit, ReapMultiLimit, DoubleReleaseMultiFreesOnce,
+// RemoveLimitForceMulti, DeadMultiHolderFreesAll); resize and pause with
+// weights; what Enqueue refuses (EnqueueRefusalsMulti: *store.WeightError,
+// SlotsConflict in any limit, MaxLimits); one event per limit
+// (EventsMultiLimit); a reopen (ReopenMultiLimit); many clients at once
+// (ConcurrentMultiLimit); and a store written by the previous release
+// (LegacyFormatRead, on [Harness.NewLegacy], which every backend must
+// provide: without it the case fails). A ticket of one limit and weight one
+// may come in the old form (Limits, Weight, Indexes unset) or spelled out;
+// the suite reads every ticket through Names, Weighs and In.
+//
 // The suite's own tests (mem_test.go) run it against an in-memory reference
 // store, which must pass, and against that store with one planted bug at a
 // time (a counter beside the tickets, no tombstones, renewal of expired
 // leases, a check-then-act race, a reaper that trusts its scan, a release
-// that frees a slot it read before a reaper removed it, ...), each of which
-// must fail its case.
+// that frees a slot it read before a reaper removed it, a ticket that takes
+// one limit at a time, a weight ignored in the count, a light ticket barging
+// past a heavy head, a release that frees only a ticket's first limit, ...),
+// each of which must fail its case. Its admission is written by hand, not
+// with store.PlanSettle, so that the planner is checked against an
+// independent reference.
 //
 // The tickets the suite writes name a holder on another host
 // ("storetest.invalid") with no boot id, so no backend can prove them dead:

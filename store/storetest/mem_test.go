@@ -653,8 +653,10 @@ func (s *memStore) Release(_ context.Context, tk store.Ticket, why store.Reason)
 				s.d.tombs[tk.ID] = why // cancel before create
 			}
 			if why == store.Lost && tk.Limit != "" && !s.is("lost-not-logged") {
-				for _, n := range tk.Names() {
-					s.eventIn(string(store.Lost), tk, n, tk.In(n), "holder presumed its lease lost")
+				for i, n := range tk.Names() {
+					if i == 0 || !s.is("lost-first-limit-only") {
+						s.eventIn(string(store.Lost), tk, n, tk.In(n), "holder presumed its lease lost")
+					}
 				}
 			}
 		}
@@ -684,7 +686,11 @@ func (s *memStore) Release(_ context.Context, tk store.Ticket, why store.Reason)
 	if s.is("release-frees-first-limit-only") {
 		keep = t.names[:1]
 	}
+	wasHeld := len(t.ix) > 0
 	s.remove(t, why, "", keep...)
+	if !wasHeld && s.is("waiter-removal-no-settle") {
+		return true, nil // "it held nothing, so it frees nothing"
+	}
 	s.settle(nil, t.names)
 	return true, nil
 }
@@ -1046,6 +1052,22 @@ func (s *memStore) reopen() store.Store {
 		s.d.tombs = map[string]store.Reason{}
 	case "reopen-resets-fence":
 		s.d.fence = 0
+	case "reopen-drops-weight": // a decoder that ignores the weight
+		for _, t := range s.d.tickets {
+			t.w = 1
+			for n, ix := range t.ix {
+				t.ix[n] = ix[:1]
+			}
+		}
+	case "reopen-drops-limits": // a decoder that keeps the first limit only
+		for _, t := range s.d.tickets {
+			t.names = t.names[:1]
+			for n := range t.ix {
+				if n != t.names[0] {
+					delete(t.ix, n)
+				}
+			}
+		}
 	}
 	return &memStore{d: s.d, bug: s.bug}
 }
@@ -1196,7 +1218,7 @@ var mutants = map[string][]string{
 	"lax-input":                {"InvalidInput"},
 	"reopen-loses-tombs":       {"Reopen"},
 	"reopen-resets-fence":      {"Reopen"},
-	"racy":                     {"Concurrent"},
+	"racy":                     {"Concurrent", "ConcurrentMultiLimit"},
 	"reap-trusts-scan":         {"RenewAfterScanWins"},
 	"reap-double-free":         {"TwoReapersFreeOnce"},
 	"release-stale-read":       {"ReleaseRacingReap"},
@@ -1249,6 +1271,10 @@ var mutants = map[string][]string{
 	"no-legacy-hook":                 {"LegacyFormatRead"},
 	"ring-touched-limits-only":       {"MultiReleasePromotesEveryLimit"},
 	"weight-indexes-contiguous":      {"WeightsCountedInSlots"},
+	"lost-first-limit-only":          {"ReapMultiLimit"},
+	"reopen-drops-weight":            {"ReopenMultiLimit"},
+	"reopen-drops-limits":            {"ReopenMultiLimit"},
+	"waiter-removal-no-settle":       {"FIFOAcrossLimits", "HeavyHeadNotOvertaken"},
 }
 
 // TestMutants shows that the suite is not vacuous: each bug, planted in the

@@ -1,10 +1,13 @@
 package storetest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/slotctl/slotctl/store"
@@ -300,6 +303,16 @@ func testFIFOAcrossLimits(s *suite) {
 	s.release(w, true)
 	s.wantIn(x, map[string][]int{"fd": ix(0)})
 	s.checkLimit("fb", 1, 0, 0)
+
+	// A waiter that leaves lets the tickets behind it through in its other
+	// limits, though it held nothing there.
+	b := s.enq("B", "fe", 1)
+	y := s.enqM("Y", lims("fe", "ff"), 1, 1)
+	z := s.enq("Z", "ff", 1)
+	s.wantWaitingIn(z, map[string]int{"ff": 2})
+	s.cancel(y, true)
+	s.wantIn(z, map[string][]int{"ff": ix(0)})
+	s.wantHeld(b, 0)
 }
 
 // A heavy ticket at the head of the queue waits for its weight of free
@@ -332,6 +345,17 @@ func testHeavyHead(s *suite) {
 	s.release(h, true)
 	s.wantIn(k, map[string][]int{"hk": ix(0), "hh": ix(0)})
 	s.checkLimit("hh", 3, 2, 0)
+
+	// A heavy head that gives up lets the lighter ticket behind it in.
+	s.enq("M", "hh", 3) // full
+	h2 := s.enqM("H2", lims("hh"), 2, 3)
+	n := s.enq("N", "hh", 3)
+	s.release(k, true) // one free: H2 waits, N behind it
+	s.wantWaitingIn(h2, map[string]int{"hh": 1})
+	s.wantWaitingIn(n, map[string]int{"hh": 2})
+	s.cancel(h2, true)
+	s.wantIn(n, map[string][]int{"hh": ix(0)})
+	s.checkLimit("hh", 3, 3, 0)
 }
 
 // The release of a ticket of several limits frees its slots in every one
@@ -485,13 +509,18 @@ func testResizeWeights(s *suite) {
 	s.release(g, true)
 	s.wantIn(h, map[string][]int{"rs": ix(0)})
 
-	// A paused limit holds a ticket of several limits back in all of them.
+	// A paused limit holds a ticket of several limits back in all of them,
+	// and the tickets behind it in the others; resuming it admits them.
 	s.setLimit("pa", 0)
+	s.setLimit("pb", 2)
 	t := s.enqM("T", lims("pb", "pa"), 1, 1)
+	u := s.enq("U", "pb", 2)
 	s.wantWaitingIn(t, map[string]int{"pb": 1, "pa": 1})
-	s.checkLimit("pb", 1, 0, 1)
+	s.wantWaitingIn(u, map[string]int{"pb": 2})
+	s.checkLimit("pb", 2, 0, 2)
 	s.setLimit("pa", 1)
 	s.wantIn(t, map[string][]int{"pb": ix(0), "pa": ix(0)})
+	s.wantIn(u, map[string][]int{"pb": ix(1)})
 }
 
 // An expired ticket of several limits is reaped once, by a Reap of any one
@@ -517,6 +546,18 @@ func testReapMulti(s *suite) {
 		s.Fatalf("a second Reap removed %v, want nothing", s.removed(rm))
 	}
 	s.release(t, false)
+	s.releaseWhy(t, store.Lost, false) // its holder noticed: logged in each of its limits
+	for _, l := range []string{"ma", "mb"} {
+		var kinds []string
+		for _, e := range s.events(l, store.MaxEvents) {
+			if e.Ticket == t.ID {
+				kinds = append(kinds, e.Kind)
+			}
+		}
+		if count(kinds, string(store.Reaped)) != 1 || count(kinds, string(store.Lost)) != 1 || count(kinds, string(store.Released)) != 0 {
+			s.Fatalf("Events(%q): T's events %v, want one %q and one %q in each of its limits", l, kinds, store.Reaped, store.Lost)
+		}
+	}
 	s.checkLimit("ma", 1, 1, 0)
 
 	// A Reap of both its limits, or of all, lists it once.
@@ -562,6 +603,19 @@ func testReapMulti(s *suite) {
 	s.wantWaiting(v, 1)
 	s.wantHeld(h, 0)
 	s.checkLimit("me", 1, 1, 0)
+
+	// An expired holder of several limits, swept by an admission into one
+	// of them, frees its slots in the others too.
+	t4 := s.enqM("T4", lims("mg", "mh"), 1, 1)
+	wh := s.enq("WH", "mh", 1)
+	s.advance(s.part())
+	wh = s.renew(wh)
+	s.advance(s.part()) // T4 expired
+	g := s.enq("G", "mg", 1)
+	s.wantGone(t4)
+	s.wantHeld(g, 0)
+	s.wantHeld(wh, 0)
+	s.checkLimit("mh", 1, 1, 0)
 }
 
 // Releasing a ticket of several limits twice (or cancelling or reaping it
@@ -1004,4 +1058,224 @@ func testLegacy(s *suite) {
 			s.Fatalf("Enqueue legacy-a again after its release: %v, want ErrRemoved", err)
 		}
 	}
+}
+
+// Many clients with tickets of several limits and weights on one store:
+// never more slots held than a limit has, never two clients on one slot
+// index, a ticket held in all of its limits or none, and every ticket
+// admitted in the end (no deadlock, no starvation).
+func testConcurrentMulti(s *suite) {
+	const (
+		workers = 6
+		iters   = 12
+	)
+	names := []string{"cm0", "cm1", "cm2"}
+	sizes := map[string]int{"cm0": 3, "cm1": 2, "cm2": 3}
+	for _, n := range names {
+		s.setLimit(n, sizes[n])
+	}
+	type job struct {
+		id     string
+		name   string
+		limits []string
+		weight int
+	}
+	jobs := make([][]job, workers)
+	for w := range jobs {
+		for i := range iters {
+			k := w*iters + i
+			var ls []string
+			for j := range names { // a non-empty subset, in a rotating order
+				if (k+1)>>j&1 == 1 || (k+1)%8 == 0 {
+					ls = append(ls, names[(j+k)%len(names)])
+				}
+			}
+			if len(ls) == 0 {
+				ls = names[k%len(names) : k%len(names)+1]
+			}
+			name := fmt.Sprintf("W%d.%d", w, i)
+			jobs[w] = append(jobs[w], job{id: s.id(name), name: name, limits: ls, weight: 1 + k%3%2})
+		}
+	}
+	var (
+		mu       sync.Mutex
+		held     = map[string]int{}            // slots the clients believe they hold, per limit
+		slotUsed = map[string]map[int]string{} // limit -> index -> holder
+		stop     atomic.Bool
+		wg       sync.WaitGroup
+		admitted atomic.Int32
+	)
+	for _, n := range names {
+		slotUsed[n] = map[int]string{}
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	const stall = 10 * time.Second // nobody admitted for so long: a deadlock
+	var last atomic.Int64          // when somebody was last admitted (UnixNano)
+	last.Store(time.Now().UnixNano())
+	fail := func(format string, args ...any) {
+		stop.Store(true)
+		s.Errorf(format, args...)
+	}
+	// take records that tk's client holds its slots; it reports a broken rule.
+	take := func(name string, tk store.Ticket) string {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, n := range tk.Names() {
+			ixs := tk.In(n)
+			if len(ixs) != tk.Weighs() {
+				return fmt.Sprintf("%s: held, weight %d, with indexes %v in %q (Indexes %v): not admitted to all of its limits %q", name, tk.Weighs(), ixs, n, tk.Indexes, tk.Names())
+			}
+			held[n] += tk.Weighs()
+			if held[n] > sizes[n] {
+				return fmt.Sprintf("%s: the clients hold %d slots of %q, which has %d", name, held[n], n, sizes[n])
+			}
+			for _, i := range ixs {
+				if i < 0 || i >= sizes[n] {
+					return fmt.Sprintf("%s: holds slot %d of %q, which has %d", name, i, n, sizes[n])
+				}
+				if other, dup := slotUsed[n][i]; dup {
+					return fmt.Sprintf("%s: holds slot %d of %q, which %s holds", name, i, n, other)
+				}
+				slotUsed[n][i] = name
+			}
+		}
+		return ""
+	}
+	put := func(tk store.Ticket) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, n := range tk.Names() {
+			held[n] -= tk.Weighs()
+			for _, i := range tk.In(n) {
+				delete(slotUsed[n], i)
+			}
+		}
+	}
+	one := func(j job) bool {
+		ctx := s.ctx
+		bell, err := s.st.Watch(ctx, j.id)
+		if err != nil {
+			fail("%s: Watch: %v", j.name, err)
+			return false
+		}
+		defer func() { _ = bell.Close() }()
+		tk, err := s.st.Enqueue(ctx, store.EnqueueRequest{ID: j.id, Limits: j.limits, Weight: j.weight, Slots: sizes[j.limits[0]], TTL: s.h.TTL, Holder: holder(j.name)})
+		if err != nil {
+			fail("%s: Enqueue into %q weight %d: %v", j.name, j.limits, j.weight, err)
+			return false
+		}
+		ok := false
+		defer func() {
+			if !ok {
+				_, _ = s.st.Cancel(context.WithoutCancel(ctx), tk)
+			}
+		}()
+		renewed := time.Now()
+		for tk.State != store.Held {
+			if stop.Load() {
+				return false
+			}
+			if time.Now().After(deadline) || time.Since(time.Unix(0, last.Load())) > stall {
+				fail("%s %q: not admitted before the deadline, or nobody admitted for %v (position %d): a deadlock or starvation", j.name, j.limits, stall, tk.Position)
+				return false
+			}
+			select {
+			case <-bell.C():
+			case <-time.After(25 * time.Millisecond):
+			case <-ctx.Done():
+				fail("%s: %v", j.name, ctx.Err())
+				return false
+			}
+			if time.Since(renewed) > s.h.TTL/4 {
+				if tk, err = s.st.Renew(ctx, tk, s.h.TTL); err != nil {
+					fail("%s: Renew while waiting: %v", j.name, err)
+					return false
+				}
+				renewed = time.Now()
+				continue
+			}
+			if tk, err = s.st.Get(ctx, j.id); err != nil {
+				fail("%s: Get while waiting: %v", j.name, err)
+				return false
+			}
+		}
+		ok = true
+		admitted.Add(1)
+		last.Store(time.Now().UnixNano())
+		if msg := take(j.name, tk); msg != "" {
+			fail("%s", msg)
+			return false
+		}
+		if sn, err := s.st.Snapshot(ctx, j.limits...); err != nil {
+			fail("%s: Snapshot: %v", j.name, err)
+		} else {
+			for _, l := range sn.Limits {
+				if l.Held > sizes[l.Name] {
+					fail("%s: the snapshot shows %d slots of %q held, which has %d", j.name, l.Held, l.Name, sizes[l.Name])
+				}
+			}
+			for _, v := range sn.Tickets {
+				if v.ID == j.id && v.State != store.Held {
+					fail("%s: held (Get) but %s under %q in a snapshot", j.name, v.State, v.Limit)
+				}
+			}
+		}
+		time.Sleep(time.Millisecond) // the job: others queue meanwhile
+		put(tk)
+		if done, err := s.st.Release(ctx, tk, store.Released); err != nil || !done {
+			fail("%s: Release = %v, %v; want true, nil", j.name, done, err)
+			return false
+		}
+		return !stop.Load()
+	}
+	for w := range workers {
+		wg.Go(func() {
+			for _, j := range jobs[w] {
+				if !one(j) {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if s.Failed() {
+		return
+	}
+	for _, n := range names {
+		s.checkLimit(n, sizes[n], 0, 0)
+	}
+	s.Logf("%d clients × %d tickets of 1-3 limits, weights 1-2: %d admitted", workers, iters, admitted.Load())
+}
+
+// A restart loses nothing of a ticket of several limits: its limits, its
+// weight, its indexes in each, its place in each queue.
+func testReopenMulti(s *suite) {
+	if s.b.Reopen == nil {
+		s.Skip("backend has no Reopen")
+	}
+	t := s.enqM("T", lims("oa", "ob"), 2, 3)
+	v := s.enq("V", "ob", 3)
+	w := s.enq("W", "oa", 3)
+	u := s.enqM("U", lims("ob", "oa"), 2, 3)
+	x := s.enq("X", "oa", 3)
+	s.wantIn(t, map[string][]int{"oa": ix(0, 1), "ob": ix(0, 1)})
+	s.wantWaitingIn(u, map[string]int{"ob": 1, "oa": 1})
+	before := ticketKeys(s.snap())
+	s.st = s.b.Reopen()
+	if s.st == nil {
+		s.Fatal("Reopen returned nil")
+	}
+	if after := ticketKeys(s.snap()); !slices.Equal(before, after) {
+		s.Fatalf("tickets before reopen %v, after %v", before, after)
+	}
+	s.advance(s.part())
+	t, u, v, w, x = s.renew(t), s.renew(u), s.renew(v), s.renew(w), s.renew(x)
+	s.checkLimit("oa", 3, 3, 2)
+	s.checkLimit("ob", 3, 3, 1)
+	s.release(t, true)
+	s.wantIn(u, map[string][]int{"ob": ix(0, 1), "oa": ix(0, 1)})
+	s.wantWaitingIn(x, map[string]int{"oa": 1})
+	s.release(w, true)
+	s.wantIn(x, map[string][]int{"oa": ix(2)})
+	s.wantHeld(v, 2)
 }

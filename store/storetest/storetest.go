@@ -148,6 +148,8 @@ var cases = []struct {
 	{"RemoveLimitForceMulti", testRemoveLimitMulti, false},
 	{"DeadMultiHolderFreesAll", testDeadMulti, true},
 	{"LegacyFormatRead", testLegacy, false},
+	{"ConcurrentMultiLimit", testConcurrentMulti, false},
+	{"ReopenMultiLimit", testReopenMulti, false},
 }
 
 // suite is one case's store and helpers. Its helpers stop the case on the
