@@ -252,7 +252,11 @@ func (b *bell) follow(names []string) {
 			}
 			targets = append(targets, b.s.c.Watch(tctx, b.s.k.tickets(n), clientv3.WithPrefix(), clientv3.WithRev(st.rev+1)))
 		}
-		again := b.wait(own, merge(tctx, targets), b.s.k.ticket(first, b.id), watched)
+		ownKeys := map[string]bool{}
+		for _, n := range e.r.names() {
+			ownKeys[b.s.k.ticket(n, b.id)] = true
+		}
+		again := b.wait(own, merge(tctx, targets), ownKeys, watched)
 		tcancel()
 		switch again {
 		case waitDone:
@@ -332,12 +336,15 @@ const (
 
 // wait sleeps until the ticket's own key changes (ring, then read again),
 // a watched key ahead changes (read again; with deletesOnly, only when it is
-// deleted), or the bell closes. An event on ownKey that shows the ticket
-// promoted, on either watch, ends the wait: nothing is left to watch.
-func (b *bell) wait(own, target clientv3.WatchChan, ownKey string, watched map[string]bool) waitResult {
+// deleted), or the bell closes. An event on one of its own keys (its
+// ticket key in any of its limits: a promotion rewrites them all in one
+// revision, and the prefix watch of another limit may bring it first)
+// that shows the ticket promoted, on either watch, ends the wait: nothing
+// is left to watch.
+func (b *bell) wait(own, target clientv3.WatchChan, ownKeys map[string]bool, watched map[string]bool) waitResult {
 	promotedIn := func(evs []*clientv3.Event) bool {
 		for i := len(evs) - 1; i >= 0; i-- {
-			if ev := evs[i]; string(ev.Kv.Key) == ownKey {
+			if ev := evs[i]; ownKeys[string(ev.Kv.Key)] {
 				return ev.Type == mvccpb.PUT && b.s.promoted(b.id, ev.Kv)
 			}
 		}

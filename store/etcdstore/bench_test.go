@@ -75,3 +75,73 @@ func BenchmarkEnqueueRelease(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkHandoff is a mutex's handoff, on one limit and on two: from the
+// holder's Release to the waiter, on another handle, seeing itself held
+// (its bell's ring and its Get):
+//
+//	go test -run '^$' -bench Handoff -count 10 ./store/etcdstore/
+func BenchmarkHandoff(b *testing.B) {
+	srv := etcdtest.Start(b, etcdtest.Options{Fsync: true})
+	ctx := context.Background()
+	for _, limits := range [][]string{{"build"}, {"build", "db"}} {
+		b.Run(fmt.Sprintf("limits=%d", len(limits)), func(b *testing.B) {
+			prefix := fmt.Sprintf("/handoff/%d/%d", len(limits), time.Now().UnixNano())
+			var sts []*etcdstore.Store
+			for range 2 {
+				st, err := etcdstore.New(etcdstore.Options{Endpoints: []string{srv.Endpoint}, Prefix: prefix})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer st.Close()
+				sts = append(sts, st)
+			}
+			holder, waiter := sts[0], sts[1]
+			h, err := holder.Enqueue(ctx, multi("h0", limits, 1, 1))
+			if err != nil || h.State != store.Held {
+				b.Fatalf("Enqueue: %+v, %v", h, err)
+			}
+			var relT, allT time.Duration
+			defer func() {
+				b.ReportMetric(float64(relT.Microseconds())/float64(b.N), "release-us")
+				b.ReportMetric(float64(allT.Microseconds())/float64(b.N), "all-us")
+			}()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				id := fmt.Sprintf("w%d", i)
+				bell, err := waiter.Watch(ctx, id)
+				if err != nil {
+					b.Fatal(err)
+				}
+				w, err := waiter.Enqueue(ctx, multi(id, limits, 1, 1))
+				if err != nil || w.State != store.Waiting {
+					b.Fatalf("Enqueue %s: %+v, %v", id, w, err)
+				}
+				time.Sleep(2 * time.Millisecond) // the bell's watches are set
+				b.StartTimer()
+				t0 := time.Now()
+				if ok, err := holder.Release(ctx, h, store.Released); err != nil || !ok {
+					b.Fatalf("Release: %v, %v", ok, err)
+				}
+				relT += time.Since(t0)
+				for w.State != store.Held {
+					select {
+					case <-bell.C():
+					case <-time.After(5 * time.Second):
+						b.Fatalf("%s: no ring", id)
+					}
+					if w, err = waiter.Get(ctx, id); err != nil {
+						b.Fatal(err)
+					}
+				}
+				allT += time.Since(t0)
+				b.StopTimer()
+				bell.Close()
+				holder, waiter = waiter, holder // the new holder releases next
+				h = w
+				b.StartTimer()
+			}
+		})
+	}
+}

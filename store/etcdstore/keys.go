@@ -24,22 +24,22 @@ import (
 // works unchanged (docs/leases.md §2.1 item 9).
 const formatVersion = 2
 
-// maxTicketKeys bounds the keys one ticket's admission or removal writes in
+// MaxTicketKeys bounds the keys one ticket's admission or removal writes in
 // one transaction: per limit its ticket key, record and event and one slot
 // key per unit of weight, k*(w+3). etcd refuses a transaction of more than
 // 128 operations (--max-txn-ops), and a ticket that could never be written
 // in one would wait forever; with the limits it creates and its id key it
 // stays within maxPlanOps.
-const maxTicketKeys = 64
+const MaxTicketKeys = 64
 
 // ticketKeys is how many keys a ticket of k limits and weight w writes.
 func ticketKeys(k, w int) int { return k * (max(w, 1) + 3) }
 
 // checkFits refuses a ticket too big for one etcd transaction.
 func checkFits(names []string, weight int) error {
-	if n := ticketKeys(len(names), weight); n > maxTicketKeys {
+	if n := ticketKeys(len(names), weight); n > MaxTicketKeys {
 		return fmt.Errorf("%w: a ticket of %d limits (%s) and weight %d writes %d keys in one etcd transaction (per limit 3 and one per unit of weight): the etcd store allows at most %d (limits x (weight+3) <= %d): want fewer limits or a lower weight",
-			store.ErrInvalid, len(names), strings.Join(names, ", "), max(weight, 1), n, maxTicketKeys, maxTicketKeys)
+			store.ErrInvalid, len(names), strings.Join(names, ", "), max(weight, 1), n, MaxTicketKeys, MaxTicketKeys)
 	}
 	return nil
 }
@@ -207,7 +207,7 @@ func (r *rec) check(what, limit, id string) error {
 	if err := store.CheckWeight(r.Weight); err != nil {
 		return bad("%v", err)
 	}
-	if ticketKeys(len(names), r.Weight) > maxTicketKeys {
+	if ticketKeys(len(names), r.Weight) > MaxTicketKeys {
 		return bad("%d limits of weight %d: more than one transaction can hold", len(names), r.weighs())
 	}
 	if r.Lease < 0 || r.TTL < 0 {

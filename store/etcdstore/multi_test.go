@@ -11,6 +11,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
 	"github.com/slotctl/slotctl/store"
 	"github.com/slotctl/slotctl/store/etcdstore"
@@ -464,5 +465,47 @@ func TestConcurrentSeveralLimits(t *testing.T) {
 	sn, err := handles[0].Snapshot(ctx)
 	if err != nil || len(sn.Tickets) != 0 {
 		t.Fatalf("after every release: %+v, %v; want no tickets", sn.Tickets, err)
+	}
+}
+
+// The handoff of a ticket of several limits is one commit and one watch
+// event too: its bell, outlasting a holder in its second limit, sees its
+// promotion in that limit's keys (a release rewrites its keys in every
+// limit in one revision), and its Get answers from it: the waiter's handle
+// makes no request between the release and its Get's answer.
+func TestPromotionInAnotherLimitAnswersGet(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	ctx := context.Background()
+	holders := open(t, srv, etcdstore.Options{Prefix: "/handoff2"})
+	count, calls := countCalls()
+	waiter := open(t, srv, etcdstore.Options{Prefix: "/handoff2", DialOptions: []grpc.DialOption{count}})
+	for round := range 5 {
+		full := fmt.Sprintf("full%d", round)
+		h := mustEnqueue(t, holders, req("h-"+full, full, 1, 10*time.Second), store.Held)
+		id := fmt.Sprintf("w%d", round)
+		bell, err := waiter.Watch(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer bell.Close()
+		mustEnqueue(t, waiter, multi(id, []string{"free", full}, 1, 1), store.Waiting)
+		settle(bell)
+		before := calls.Load()
+		if _, err := holders.Release(ctx, h, store.Released); err != nil {
+			t.Fatal(err)
+		}
+		if !rings(bell) {
+			t.Fatalf("%s: the promoted waiter's bell did not ring", id)
+		}
+		got, err := waiter.Get(ctx, id)
+		if err != nil || got.State != store.Held || !slices.Equal(got.In(full), []int{0}) {
+			t.Fatalf("%s: Get after the ring: %+v, %v; want held", id, got, err)
+		}
+		if n := calls.Load() - before; n != 0 {
+			t.Errorf("%s: %d requests between the release and the Get's answer; want none (the watch event showed the promotion)", id, n)
+		}
+		if ok, err := holders.Release(ctx, got, store.Released); !ok || err != nil {
+			t.Fatalf("%s: release: %v, %v", id, ok, err)
+		}
 	}
 }
