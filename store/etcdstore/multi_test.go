@@ -278,6 +278,29 @@ func TestHostileRecordsAreCorrupt(t *testing.T) {
 			}
 		}
 	}
+	// The other keys a step reads: a limit, a slot key, an id key.
+	for i, bad := range []struct{ key, val, want string }{
+		{"/limits/l", `{"v":2,"slots":70000}`, "slot count 70000"},
+		{"/limits/l", `{"v":9,"slots":1}`, "version 9"},
+		{"/slots/l/99999", "t", "slot key"},
+		{"/slots/l/x", "t", "slot key"},
+		{"/ids/new", `{"v":2,"limit":"bad name"}`, "bad name"},
+		{"/ids/new", `{"v":2,"limit":"l","limits":["m","l"]}`, "first"},
+		{"/ids/new", `{"v":3,"limit":"l"}`, "version 3"},
+	} {
+		prefix := fmt.Sprintf("/hostile-keys/%d", i)
+		if _, err := c.Put(ctx, prefix+"/limits/l", `{"v":1,"slots":3,"created":"`+now+`"}`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Put(ctx, prefix+bad.key, bad.val); err != nil {
+			t.Fatal(err)
+		}
+		st := open(t, srv, etcdstore.Options{Prefix: prefix})
+		_, err := st.Enqueue(ctx, multi("new", []string{"l"}, 1, 3))
+		if !errors.Is(err, store.ErrCorrupt) || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("%s = %s: Enqueue: %v; want ErrCorrupt saying %q", bad.key, bad.val, err, bad.want)
+		}
+	}
 }
 
 // A store written by the previous release (version 1 records) opens and
