@@ -532,3 +532,32 @@ func TestPromotionInAnotherLimitAnswersGet(t *testing.T) {
 		}
 	}
 }
+
+// A closure longer than one transaction reads (30 limits, chained by
+// tickets of two) and a settle longer than one commits (29 admissions):
+// one release admits them all, a prefix per transaction, in fence order.
+func TestLongClosure(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	st := open(t, srv, etcdstore.Options{})
+	ctx := context.Background()
+	const n = 30
+	name := func(i int) string { return fmt.Sprintf("c%02d", i) }
+	h := mustEnqueue(t, st, multi("h", []string{name(n - 1)}, 2, 2), store.Held)
+	for i := n - 2; i >= 0; i-- {
+		// Each waits behind the one before it in c(i+1).
+		mustEnqueue(t, st, multi(fmt.Sprintf("t%02d", i), []string{name(i), name(i + 1)}, 1, 2), store.Waiting)
+	}
+	if ok, err := st.Release(ctx, h, store.Released); err != nil || !ok {
+		t.Fatalf("Release H: %v, %v", ok, err)
+	}
+	for i := n - 2; i >= 0; i-- {
+		tk := mustGet(t, st, fmt.Sprintf("t%02d", i))
+		wantHigh := 1
+		if i == n-2 {
+			wantHigh = 0 // H's slots were both free
+		}
+		if tk.State != store.Held || !slices.Equal(tk.In(name(i)), []int{0}) || !slices.Equal(tk.In(name(i+1)), []int{wantHigh}) {
+			t.Fatalf("t%02d after H's release: %+v, want held: %s 0, %s %d", i, tk, name(i), name(i+1), wantHigh)
+		}
+	}
+}
