@@ -86,18 +86,18 @@ func (b *bell) ring() {
 
 // enqueued is what this handle's Enqueue tells the ticket's bell.
 type enqueued struct {
-	limit string
+	names []string // its limits, first first
 	held  bool
 }
 
 // ring tells id's bell, if this handle has one, where its ticket is.
-func (s *Store) ring(id, limit string, held bool) {
+func (s *Store) ring(id string, names []string, held bool) {
 	s.mu.Lock()
 	b := s.bells[id]
 	s.mu.Unlock()
 	if b != nil {
 		select {
-		case b.limit <- enqueued{limit, held}:
+		case b.limit <- enqueued{names, held}:
 		default:
 		}
 	}
@@ -116,43 +116,43 @@ func (b *bell) pause(d time.Duration) bool {
 
 func (b *bell) run() {
 	defer close(b.done)
-	var limit string
+	var names []string
 	select {
 	case e := <-b.limit:
 		if e.held {
 			b.ring() // admitted at once: nothing to wait for
 			return
 		}
-		limit = e.limit
+		names = e.names
 	case <-time.After(200 * time.Millisecond):
 		// Not enqueued through this handle (or slowly): find it in the store.
 		var ok bool
-		if limit, ok = b.discover(); !ok {
+		if names, ok = b.discover(); !ok {
 			return
 		}
 	case <-b.ctx.Done():
 		return
 	}
-	b.follow(limit)
+	b.follow(names)
 }
 
-// discover waits for P/ids/<id> to exist and returns the ticket's limit.
-func (b *bell) discover() (string, bool) {
+// discover waits for P/ids/<id> to exist and returns the ticket's limits.
+func (b *bell) discover() ([]string, bool) {
 	for {
 		resp, err := b.s.c.Get(b.ctx, b.s.k.id(b.id))
 		if err != nil {
 			if !b.pause(time.Second) {
-				return "", false
+				return nil, false
 			}
 			continue
 		}
 		if len(resp.Kvs) > 0 {
-			var ir idRec
-			if decode("ticket id", resp.Kvs[0].Value, &ir) != nil || ir.Removed != "" {
+			ir, err := decodeID(b.id, resp.Kvs[0].Value)
+			if err != nil || ir.Removed != "" {
 				b.ring()
-				return "", false
+				return nil, false
 			}
-			return ir.Limit, true
+			return ir.names(), true
 		}
 		wc := b.s.c.Watch(b.ctx, b.s.k.id(b.id), clientv3.WithRev(resp.Header.Revision+1))
 		for wr := range wc {
@@ -160,28 +160,33 @@ func (b *bell) discover() (string, bool) {
 				break
 			}
 			for _, ev := range wr.Events {
-				var ir idRec
-				if ev.Type == mvccpb.PUT && decode("ticket id", ev.Kv.Value, &ir) == nil {
+				if ev.Type != mvccpb.PUT {
+					continue
+				}
+				if ir, err := decodeID(b.id, ev.Kv.Value); err == nil {
 					if ir.Removed != "" {
 						b.ring()
-						return "", false
+						return nil, false
 					}
-					return ir.Limit, true
+					return ir.names(), true
 				}
 			}
 		}
 		if !b.pause(time.Second) {
-			return "", false
+			return nil, false
 		}
 	}
 }
 
-// follow watches the ticket in limit until it is held or gone, or the bell closes.
-func (b *bell) follow(limit string) {
+// follow watches the ticket until it is held or gone, or the bell closes.
+// In each of its limits it outlasts the key ahead of it there (a ticket of
+// several limits waits for all of them, docs/leases.md §2.1 item 9).
+func (b *bell) follow(names []string) {
+	first := names[0]
 	var own clientv3.WatchChan // lives as long as the bell: its context is the bell's
 	settled := int64(0)        // the revision of the last settle this bell ran
 	for {
-		st, err := b.s.read(b.ctx, limit, "", false)
+		st, err := b.s.read(b.ctx, names, "", false)
 		if err != nil {
 			if !b.pause(time.Second) {
 				return
@@ -196,16 +201,7 @@ func (b *bell) follow(limit string) {
 			b.ring()
 			return
 		}
-		var ahead []*entry
-		for _, a := range st.entries {
-			if a == e {
-				break
-			}
-			if a.live() {
-				ahead = append(ahead, a)
-			}
-		}
-		if st.lim != nil && len(ahead) < st.lim.Slots {
+		if b.s.admissible(st, e) {
 			// It may be admitted and nobody admitted it: settle. Once per
 			// revision, so that a settle with nothing to do does not spin.
 			if settled < st.rev {
@@ -220,31 +216,47 @@ func (b *bell) follow(limit string) {
 			continue
 		}
 		if own == nil {
-			own = b.s.c.Watch(b.ctx, b.s.k.ticket(limit, b.id), clientv3.WithRev(st.rev+1))
+			own = b.s.c.Watch(b.ctx, b.s.k.ticket(first, b.id), clientv3.WithRev(st.rev+1))
 		}
 		tctx, tcancel := context.WithCancel(b.ctx)
-		var target clientv3.WatchChan
-		watched := map[string]bool{}
-		deletesOnly := false
-		if len(ahead) == 0 {
-			// A paused limit: only a resize admits it, and that rewrites its key.
-		} else if prev := ahead[len(ahead)-1]; prev.r.State != store.Held {
-			// Behind another waiter: outlast it (it is promoted: its key is
-			// rewritten; it leaves: deleted).
-			k := b.s.k.ticket(limit, prev.r.ID)
-			watched[k] = true
-			target = b.s.c.Watch(tctx, k, clientv3.WithRev(st.rev+1))
-		} else {
+		var targets []clientv3.WatchChan
+		watched := map[string]bool{} // key -> only its deletion counts
+		for _, n := range e.r.names() {
+			var ahead []*entry
+			for _, a := range st.queue(n) {
+				if a == e {
+					break
+				}
+				if a.live() {
+					ahead = append(ahead, a)
+				}
+			}
+			if len(ahead) == 0 {
+				// A paused limit (or one too small): only a resize admits
+				// it, and that rewrites its key.
+				continue
+			}
+			if prev := ahead[len(ahead)-1]; prev.r.State != store.Held {
+				// Behind another waiter: outlast it (it is promoted: its key is
+				// rewritten; it leaves: deleted).
+				k := b.s.k.ticket(n, prev.r.ID)
+				watched[k] = false
+				targets = append(targets, b.s.c.Watch(tctx, k, clientv3.WithRev(st.rev+1)))
+				continue
+			}
 			// At the head of the queue: outlast a holder. The whole prefix,
 			// puts too: a release deletes the holder's key and rewrites this
 			// ticket's in one revision, so one answer carries both.
 			for _, a := range ahead {
-				watched[b.s.k.ticket(limit, a.r.ID)] = true
+				watched[b.s.k.ticket(n, a.r.ID)] = true
 			}
-			deletesOnly = true
-			target = b.s.c.Watch(tctx, b.s.k.tickets(limit), clientv3.WithPrefix(), clientv3.WithRev(st.rev+1))
+			targets = append(targets, b.s.c.Watch(tctx, b.s.k.tickets(n), clientv3.WithPrefix(), clientv3.WithRev(st.rev+1)))
 		}
-		again := b.wait(own, target, b.s.k.ticket(limit, b.id), watched, deletesOnly)
+		ownKeys := map[string]bool{}
+		for _, n := range e.r.names() {
+			ownKeys[b.s.k.ticket(n, b.id)] = true
+		}
+		again := b.wait(own, merge(tctx, targets), ownKeys, watched)
 		tcancel()
 		switch again {
 		case waitDone:
@@ -263,6 +275,56 @@ func (b *bell) follow(limit string) {
 	}
 }
 
+// merge is one channel of the answers of several watches (nil for none);
+// the end of any of them is a cancelled answer.
+func merge(ctx context.Context, wcs []clientv3.WatchChan) clientv3.WatchChan {
+	switch len(wcs) {
+	case 0:
+		return nil
+	case 1:
+		return wcs[0]
+	}
+	out := make(chan clientv3.WatchResponse)
+	for _, wc := range wcs {
+		go func() {
+			for {
+				var wr clientv3.WatchResponse
+				select {
+				case r, ok := <-wc:
+					if wr = r; !ok {
+						wr = clientv3.WatchResponse{Canceled: true}
+					}
+				case <-ctx.Done():
+					return
+				}
+				select {
+				case out <- wr:
+				case <-ctx.Done():
+					return
+				}
+				if wr.Canceled {
+					return
+				}
+			}
+		}()
+	}
+	return out
+}
+
+// admissible reports whether a settle on st (by expiry alone, as no
+// judge) would admit e now.
+func (s *Store) admissible(st *lstate, e *entry) bool {
+	p := s.newPlan(st)
+	in := p.input()
+	es := p.queued(&in, time.Millisecond, nil)
+	for _, a := range store.PlanSettle(in).Admit {
+		if es[a.Index] == e {
+			return true
+		}
+	}
+	return false
+}
+
 type waitResult int
 
 const (
@@ -274,12 +336,15 @@ const (
 
 // wait sleeps until the ticket's own key changes (ring, then read again),
 // a watched key ahead changes (read again; with deletesOnly, only when it is
-// deleted), or the bell closes. An event on ownKey that shows the ticket
-// promoted, on either watch, ends the wait: nothing is left to watch.
-func (b *bell) wait(own, target clientv3.WatchChan, ownKey string, watched map[string]bool, deletesOnly bool) waitResult {
+// deleted), or the bell closes. An event on one of its own keys (its
+// ticket key in any of its limits: a promotion rewrites them all in one
+// revision, and the prefix watch of another limit may bring it first)
+// that shows the ticket promoted, on either watch, ends the wait: nothing
+// is left to watch.
+func (b *bell) wait(own, target clientv3.WatchChan, ownKeys map[string]bool, watched map[string]bool) waitResult {
 	promotedIn := func(evs []*clientv3.Event) bool {
 		for i := len(evs) - 1; i >= 0; i-- {
-			if ev := evs[i]; string(ev.Kv.Key) == ownKey {
+			if ev := evs[i]; ownKeys[string(ev.Kv.Key)] {
 				return ev.Type == mvccpb.PUT && b.s.promoted(b.id, ev.Kv)
 			}
 		}
@@ -310,7 +375,7 @@ func (b *bell) wait(own, target clientv3.WatchChan, ownKey string, watched map[s
 				return waitDone
 			}
 			for _, ev := range wr.Events {
-				if watched[string(ev.Kv.Key)] && (!deletesOnly || ev.Type == mvccpb.DELETE) {
+				if deletesOnly, ok := watched[string(ev.Kv.Key)]; ok && (!deletesOnly || ev.Type == mvccpb.DELETE) {
 					// A release deletes the key ahead and promotes this
 					// ticket in one revision: ring first, read after.
 					select {

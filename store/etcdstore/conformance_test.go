@@ -2,12 +2,16 @@ package etcdstore_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"path"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/slotctl/slotctl/store"
 	"github.com/slotctl/slotctl/store/etcdstore"
@@ -52,11 +56,14 @@ func runConformance(t *testing.T, ttl time.Duration, want func(string) bool) {
 	}
 	srv := etcdtest.Start(t, etcdtest.Options{})
 	var n atomic.Int32
+	var parallel sync.Map // the cases that called t.Parallel (a case may make two backends)
 	newBackend := func(t *testing.T, judge store.Judge) storetest.Backend {
 		if c := path.Base(t.Name()); !want(c) {
 			t.Skipf("case %s runs in the other conformance test (see conformance_test.go)", c)
 		}
-		t.Parallel()
+		if _, done := parallel.LoadOrStore(t, true); !done {
+			t.Parallel()
+		}
 		base := etcdstore.Options{
 			Endpoints: []string{srv.Endpoint},
 			Prefix:    fmt.Sprintf("/conformance/%d", n.Add(1)),
@@ -103,5 +110,92 @@ func runConformance(t *testing.T, ttl time.Duration, want func(string) bool) {
 		TTL:          ttl,
 		New:          func(t *testing.T) storetest.Backend { return newBackend(t, nil) },
 		NewWithJudge: newBackend,
+		NewLegacy: func(t *testing.T) storetest.Backend {
+			b := newBackend(t, nil)
+			writeLegacy(t, srv, b.Store.(*etcdstore.Store), ttl)
+			return b
+		},
 	})
+}
+
+// The records of the previous release (format version 1, commit c26f0f3),
+// copied here so that the fixture is written as that release wrote it,
+// whatever this one's records become.
+type (
+	v1Limit struct {
+		V       int       `json:"v"`
+		Slots   int       `json:"slots"`
+		Created time.Time `json:"created"`
+	}
+	v1Rec struct {
+		V        int           `json:"v"`
+		ID       string        `json:"id"`
+		Limit    string        `json:"limit"`
+		Lease    int64         `json:"lease"`
+		State    store.State   `json:"state"`
+		Slot     int           `json:"slot"`
+		TTL      time.Duration `json:"ttl"`
+		Holder   store.Holder  `json:"holder"`
+		Created  time.Time     `json:"created"`
+		Admitted time.Time     `json:"admitted,omitzero"`
+	}
+	v1ID struct {
+		V     int    `json:"v"`
+		Limit string `json:"limit"`
+		Lease int64  `json:"lease,omitempty"`
+	}
+)
+
+// writeLegacy writes the legacy fixture (storetest.Harness.NewLegacy) under
+// st's prefix with raw client puts, in the previous release's key layout:
+// the limit, then each ticket in one transaction of its own (so fences
+// follow LegacyIDs) under a lease granted for it: its ticket key (leased),
+// record, id key and, for the held ones, its slot key (leased).
+func writeLegacy(t *testing.T, srv *etcdtest.Server, st *etcdstore.Store, ttl time.Duration) {
+	t.Helper()
+	c, err := clientv3.New(clientv3.Config{Endpoints: []string{srv.Endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	_, prefix, err := etcdstore.ParseURL(st.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(v any) string {
+		b, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	lim := storetest.LegacyLimit
+	now := time.Now()
+	if _, err := c.Put(ctx, prefix+"/limits/"+lim, put(v1Limit{V: 1, Slots: 2, Created: now})); err != nil {
+		t.Fatal(err)
+	}
+	for i, id := range storetest.LegacyIDs {
+		g, err := c.Grant(ctx, int64((ttl+time.Second-1)/time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := v1Rec{V: 1, ID: id, Limit: lim, Lease: int64(g.ID), State: store.Waiting, Slot: -1, TTL: ttl,
+			Holder: storetest.LegacyHolder, Created: now}
+		held := i < 2
+		if held {
+			r.State, r.Slot, r.Admitted = store.Held, i, now
+		}
+		ops := []clientv3.Op{
+			clientv3.OpPut(prefix+"/tickets/"+lim+"/"+id, put(r), clientv3.WithLease(g.ID)),
+			clientv3.OpPut(prefix+"/records/"+lim+"/"+id, put(r)),
+			clientv3.OpPut(prefix+"/ids/"+id, put(v1ID{V: 1, Limit: lim, Lease: int64(g.ID)})),
+		}
+		if held {
+			ops = append(ops, clientv3.OpPut(fmt.Sprintf("%s/slots/%s/%05d", prefix, lim, i), id, clientv3.WithLease(g.ID)))
+		}
+		if _, err := c.Txn(ctx).Then(ops...).Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

@@ -9,7 +9,7 @@
 //	P/tickets/<limit>/<id>    the live ticket                         the ticket's own lease
 //	P/slots/<limit>/<00000>   the id of the ticket holding slot i     the holder's lease
 //	P/records/<limit>/<id>    the same ticket, outliving its lease    no lease
-//	P/ids/<id>                {limit} while live; the tombstone after  none; then a day lease
+//	P/ids/<id>                {limit, limits} while live; the tombstone after  none; then a day lease
 //	P/events/<limit>/<id>.<kind>  one event of the log                a day lease, trimmed to MaxEvents
 //	P/meta/day-lease          the current day lease                   no lease
 //
@@ -34,12 +34,25 @@
 // Release and removal compare the ticket key's revision before deleting, so
 // a stale retry never deletes a newer ticket.
 //
+// A ticket of several limits (docs/leases.md §2.1 item 9) has its ticket
+// key and record under each of them, with one value, all created by one
+// transaction: one create revision, its fence, so every queue orders the
+// same tickets the same way. Its admission is one transaction too: its keys
+// rewritten held in every limit and Weight slot keys in each, under its
+// lease, or nothing. A settle reads the limits it touches and, at the same
+// revision, every limit their tickets name, until no ticket names a limit
+// it has not read (the closure), and plans them all with one
+// store.PlanSettle. One ticket's admission or removal must fit in one
+// transaction, which etcd bounds (--max-txn-ops, 128 by default): a ticket
+// of k limits and weight w writes k*(w+3) keys, at most 64 (so 16 limits of
+// weight 1, or one limit of weight 61); Enqueue refuses more.
+//
 // A waiter watches its own ticket key (promoted: rewritten; removed or
-// expired: deleted) and the one key it must outlast: the live ticket just
-// ahead of it, or, at the head of the queue, the holders. When that key goes
-// without anyone settling (its lease expired), the waiter settles the limit
-// itself. A release thus wakes the waiter it promoted and the one behind it,
-// not the queue.
+// expired: deleted) and, in each of its limits, the one key it must
+// outlast there: the live ticket just ahead of it, or, at the head of the
+// queue, the holders. When that key goes without anyone settling (its lease
+// expired), the waiter settles the limits itself. A release thus wakes the
+// waiter it promoted and the one behind it, not the queue.
 package etcdstore
 
 import (

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,8 +18,31 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-// formatVersion is the version of the records this package writes.
-const formatVersion = 1
+// formatVersion is the version of the records this package writes: 2
+// gives a ticket several limits, a weight and its slot indexes in each. The
+// previous release wrote version 1 (one limit, weight 1), which reads and
+// works unchanged (docs/leases.md §2.1 item 9).
+const formatVersion = 2
+
+// MaxTicketKeys bounds the keys one ticket's admission or removal writes in
+// one transaction: per limit its ticket key, record and event and one slot
+// key per unit of weight, k*(w+3). etcd refuses a transaction of more than
+// 128 operations (--max-txn-ops), and a ticket that could never be written
+// in one would wait forever; with the limits it creates and its id key it
+// stays within maxPlanOps.
+const MaxTicketKeys = 64
+
+// ticketKeys is how many keys a ticket of k limits and weight w writes.
+func ticketKeys(k, w int) int { return k * (max(w, 1) + 3) }
+
+// checkFits refuses a ticket too big for one etcd transaction.
+func checkFits(names []string, weight int) error {
+	if n := ticketKeys(len(names), weight); n > MaxTicketKeys {
+		return fmt.Errorf("%w: a ticket of %d limits (%s) and weight %d writes %d keys in one etcd transaction (per limit 3 and one per unit of weight): the etcd store allows at most %d (limits x (weight+3) <= %d): want fewer limits or a lower weight",
+			store.ErrInvalid, len(names), strings.Join(names, ", "), max(weight, 1), n, MaxTicketKeys, MaxTicketKeys)
+	}
+	return nil
+}
 
 // keys is the store's prefix with a trailing slash; its methods name the keys.
 type keys string
@@ -59,17 +83,25 @@ type limitRec struct {
 // rec is a ticket: the value of both P/tickets/<limit>/<id> (while its lease
 // lives) and P/records/<limit>/<id> (until it is removed). Its fence is the
 // create revision of those keys, written together.
+//
+// A ticket of several limits has these two keys under each of them, all
+// with the same value and written together (one create revision: its
+// fence). Version 2 adds Limits (when more than one), Weight (when more
+// than 1) and Indexes (while held, when either is).
 type rec struct {
-	V        int           `json:"v"`
-	ID       string        `json:"id"`
-	Limit    string        `json:"limit"`
-	Lease    int64         `json:"lease"`
-	State    store.State   `json:"state"`
-	Slot     int           `json:"slot"`
-	TTL      time.Duration `json:"ttl"`
-	Holder   store.Holder  `json:"holder"`
-	Created  time.Time     `json:"created"`
-	Admitted time.Time     `json:"admitted,omitzero"`
+	V        int              `json:"v"`
+	ID       string           `json:"id"`
+	Limit    string           `json:"limit"`
+	Limits   []string         `json:"limits,omitempty"`
+	Weight   int              `json:"weight,omitempty"`
+	Lease    int64            `json:"lease"`
+	State    store.State      `json:"state"`
+	Slot     int              `json:"slot"`
+	Indexes  map[string][]int `json:"indexes,omitempty"`
+	TTL      time.Duration    `json:"ttl"`
+	Holder   store.Holder     `json:"holder"`
+	Created  time.Time        `json:"created"`
+	Admitted time.Time        `json:"admitted,omitzero"`
 }
 
 // idRec is the value of P/ids/<id>: where a live ticket is, or, once it was
@@ -77,6 +109,7 @@ type rec struct {
 type idRec struct {
 	V       int          `json:"v"`
 	Limit   string       `json:"limit"`
+	Limits  []string     `json:"limits,omitempty"` // version 2: all of its limits, when several
 	Lease   int64        `json:"lease,omitempty"`
 	Removed store.Reason `json:"removed,omitempty"`
 	At      time.Time    `json:"at,omitzero"`
@@ -117,10 +150,116 @@ func decode(what string, b []byte, v any) error {
 		V int `json:"v"`
 	}
 	_ = json.Unmarshal(b, &ver)
-	if ver.V != formatVersion {
-		return fmt.Errorf("%w: %s: record version %d, this slotctl reads %d", store.ErrCorrupt, what, ver.V, formatVersion)
+	if ver.V < 1 || ver.V > formatVersion {
+		return fmt.Errorf("%w: %s: record version %d, this slotctl reads versions 1 to %d", store.ErrCorrupt, what, ver.V, formatVersion)
 	}
 	return nil
+}
+
+// names is the record's limits in order.
+func (r *rec) names() []string {
+	if len(r.Limits) > 0 {
+		return r.Limits
+	}
+	return []string{r.Limit}
+}
+
+func (r *rec) weighs() int { return max(r.Weight, 1) }
+
+// in is the record's slot indexes in limit while held.
+func (r *rec) in(limit string) []int {
+	if r.State != store.Held {
+		return nil
+	}
+	if r.Indexes != nil {
+		return r.Indexes[limit]
+	}
+	if limit == r.Limit {
+		return []int{r.Slot}
+	}
+	return nil
+}
+
+// check holds a record read from the store to what a request may ask for
+// (names, counts, weight, indexes) and to the key it was read under
+// (limit, id): a hostile record is ErrCorrupt, never a panic or a ticket no
+// transaction can hold.
+func (r *rec) check(what, limit, id string) error {
+	bad := func(f string, a ...any) error {
+		return fmt.Errorf("%w: %s: %s", store.ErrCorrupt, what, fmt.Sprintf(f, a...))
+	}
+	if r.ID != id || store.CheckID(r.ID) != nil {
+		return bad("ticket id %q under key of id %q", r.ID, id)
+	}
+	if r.V < 2 && (len(r.Limits) > 0 || r.Weight != 0 || r.Indexes != nil) {
+		return bad("a version 1 record names limits, a weight or indexes")
+	}
+	if len(r.Limits) > 0 && r.Limits[0] != r.Limit {
+		return bad("limit %q is not the first of its limits %q", r.Limit, r.Limits)
+	}
+	names := r.names()
+	if err := store.CheckLimits(names); err != nil {
+		return bad("%v", err)
+	}
+	if !slices.Contains(names, limit) {
+		return bad("under limit %q, which it does not name (%s)", limit, strings.Join(names, ", "))
+	}
+	if err := store.CheckWeight(r.Weight); err != nil {
+		return bad("%v", err)
+	}
+	if ticketKeys(len(names), r.Weight) > MaxTicketKeys {
+		return bad("%d limits of weight %d: more than one transaction can hold", len(names), r.weighs())
+	}
+	if r.Lease < 0 || r.TTL < 0 {
+		return bad("lease %d, ttl %s", r.Lease, r.TTL)
+	}
+	switch r.State {
+	case store.Waiting:
+		if r.Indexes != nil {
+			return bad("a waiting ticket holds indexes")
+		}
+		return nil
+	case store.Held:
+	default:
+		return bad("state %q: want waiting or held", r.State)
+	}
+	if r.Indexes == nil {
+		if len(names) > 1 || r.weighs() > 1 {
+			return bad("a held ticket of %d limits and weight %d without its indexes", len(names), r.weighs())
+		}
+		if r.Slot < 0 || r.Slot >= store.MaxSlots {
+			return bad("slot %d: want 0..%d", r.Slot, store.MaxSlots-1)
+		}
+		return nil
+	}
+	if len(r.Indexes) != len(names) {
+		return bad("indexes in %d limits, it names %d", len(r.Indexes), len(names))
+	}
+	for _, n := range names {
+		ix := r.Indexes[n]
+		if len(ix) != r.weighs() {
+			return bad("%d indexes in limit %q, its weight is %d", len(ix), n, r.weighs())
+		}
+		for j, i := range ix {
+			if i < 0 || i >= store.MaxSlots || j > 0 && i <= ix[j-1] {
+				return bad("indexes %v in limit %q: want %d ascending of 0..%d", ix, n, r.weighs(), store.MaxSlots-1)
+			}
+		}
+	}
+	if r.Slot != r.Indexes[r.Limit][0] {
+		return bad("slot %d is not its lowest index in %q", r.Slot, r.Limit)
+	}
+	return nil
+}
+
+// decodeRec decodes and checks the record at key (under limit, of id).
+func decodeRec(key []byte, limit, id string, b []byte) (rec, error) {
+	var r rec
+	what := "ticket record " + string(key)
+	if err := decode(what, b, &r); err != nil {
+		return r, err
+	}
+	return r, r.check(what, limit, id)
 }
 
 // leaseTTL is the whole seconds etcd grants for ttl: rounded up, so that the

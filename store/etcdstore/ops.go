@@ -24,9 +24,11 @@ func unknownOutcome(err error) bool {
 
 // Enqueue implements [store.Store]. The ticket's lease is granted first;
 // one transaction then creates the ticket if its id is absent (a retry finds
-// it, a tombstone refuses it), creates the limit if needed, sweeps the limit
-// and promotes its waiters, the new ticket among them. The decision rests on
+// it, a tombstone refuses it), creates its limits if needed, sweeps them and
+// promotes their waiters, the new ticket among them. The decision rests on
 // a serializable read; the transaction's compares make a stale one retry.
+// A ticket of several limits has its keys under each, created in that one
+// transaction: one create revision, its fence (docs/leases.md §2.1 item 9).
 func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ticket, error) {
 	if s.closed.Load() {
 		return store.Ticket{}, s.errClosed()
@@ -34,23 +36,28 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 	if err := req.Check(); err != nil {
 		return store.Ticket{}, err
 	}
+	names := req.Names()
+	if err := checkFits(names, req.Weight); err != nil {
+		return store.Ticket{}, err
+	}
+	first := names[0]
 	start := time.Now()
-	// The lease and a first (serializable, so cheap) read of the limit at
+	// The lease and a first (serializable, so cheap) read of the limits at
 	// once: the transaction's compares make up for a stale read.
 	type readResult struct {
 		st  *lstate
 		err error
 	}
-	first := make(chan readResult, 1)
+	firstRead := make(chan readResult, 1)
 	go func() {
-		st, err := s.read(ctx, req.Limit, req.ID, true)
-		first <- readResult{st, err}
+		st, err := s.read(ctx, names, req.ID, true)
+		firstRead <- readResult{st, err}
 	}()
 	sent := s.leases.now()
 	cctx, cancel := s.ctx(ctx)
 	g, err := s.c.Grant(cctx, leaseTTL(req.TTL))
 	cancel()
-	rr := <-first
+	rr := <-firstRead
 	if err != nil {
 		return store.Ticket{}, s.unavailable(err, false)
 	}
@@ -76,7 +83,7 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 				return store.Ticket{}, err
 			}
 			time.Sleep(time.Duration(20+rand.IntN(30)) * time.Millisecond)
-			st, err = s.read(ctx, req.Limit, req.ID, false)
+			st, err = s.read(ctx, names, req.ID, false)
 			continue
 		}
 		var e *entry
@@ -91,26 +98,50 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 				}
 				return errNoCommit
 			}
-			if st.lim != nil && req.CheckSlots && st.lim.Slots != req.Slots {
-				return &store.SlotsConflictError{Limit: req.Limit, Have: st.lim.Slots, Want: req.Slots}
+			for _, n := range names {
+				if l := st.lim(n); l != nil && req.CheckSlots && l.Slots != req.Slots {
+					return &store.SlotsConflictError{Limit: n, Have: l.Slots, Want: req.Slots}
+				}
 			}
-			p.compareLimit()
-			if st.lim == nil {
-				lim := limitRec{V: formatVersion, Slots: req.Slots, Created: p.now}
-				p.put(s.k.limit(req.Limit), writeOp{val: encode(lim)})
-				st.lim = &lim
+			for _, n := range names {
+				size := req.Slots
+				if l := st.lim(n); l != nil {
+					size = l.Slots
+				}
+				if err := store.CheckWeightFits(n, size, req.Weighs()); err != nil {
+					return err
+				}
+			}
+			for _, n := range names {
+				p.compareLimit(n)
+				if st.lim(n) == nil {
+					lim := limitRec{V: formatVersion, Slots: req.Slots, Created: p.now}
+					p.put(s.k.limit(n), writeOp{val: encode(lim)})
+					st.lims[n].lim = &lim
+				}
 			}
 			p.cmp(clientv3.Compare(clientv3.CreateRevision(s.k.id(req.ID)), "=", 0))
-			e = &entry{isNew: true, r: rec{V: formatVersion, ID: req.ID, Limit: req.Limit, Lease: lease, State: store.Waiting,
-				Slot: -1, TTL: req.TTL, Holder: req.Holder, Created: p.now}}
+			r := rec{V: formatVersion, ID: req.ID, Limit: first, Lease: lease, State: store.Waiting,
+				Slot: -1, TTL: req.TTL, Holder: req.Holder, Created: p.now}
+			if len(names) > 1 {
+				r.Limits = slices.Clone(names)
+			}
+			if req.Weighs() > 1 {
+				r.Weight = req.Weighs()
+			}
+			e = &entry{isNew: true, r: r}
 			st.entries = append(st.entries, e)
+			for _, n := range names {
+				st.lims[n].entries = append(st.lims[n].entries, e)
+			}
+			p.putNew(e)
 			p.settle(false)
 			if e.r.State == store.Held {
-				// Admitted on the strength of its place in the queue: no ticket
-				// may have been created (ahead of it) since the read.
-				p.cmp(clientv3.Compare(clientv3.CreateRevision(s.k.tickets(req.Limit)).WithPrefix(), "<", st.rev+1))
-			} else {
-				p.putNew(e)
+				// Admitted on the strength of its place in the queues: no
+				// ticket may have been created (ahead of it) since the read.
+				for _, n := range names {
+					p.cmp(clientv3.Compare(clientv3.CreateRevision(s.k.tickets(n)).WithPrefix(), "<", st.rev+1))
+				}
 			}
 			return nil
 		})
@@ -134,16 +165,16 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 		}
 		s.afterCommit(p)
 		s.remember(e, resp.Header.Revision)
-		s.ring(req.ID, req.Limit, e.r.State == store.Held)
+		s.ring(req.ID, names, e.r.State == store.Held)
 		if p.full {
-			if nst, err := s.settleLimit(ctx, req.Limit, req.ID); err == nil {
+			if nst, err := s.settleLimit(ctx, names, req.ID); err == nil {
 				if t, ok := s.viewOf(ctx, nst, req.ID); ok {
 					return t, nil
 				}
 			}
 		}
 		after := p.after()
-		return s.view(e, positions(after.entries)[e], s.remaining(ctx, lease)), nil
+		return s.view(e, positions(after.queue(first))[e], s.remaining(ctx, lease)), nil
 	}
 }
 
@@ -151,16 +182,15 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 // ticket, unchanged (a retry), or ErrRemoved. mine reports that the ticket
 // uses the caller's new lease (the retry of a create that landed).
 func (s *Store) existing(ctx context.Context, st *lstate, req store.EnqueueRequest, lease int64) (store.Ticket, bool, error) {
-	var ir idRec
-	if err := decode("ticket id "+req.ID, st.idKV.Value, &ir); err != nil {
+	ir, err := decodeID(req.ID, st.idKV.Value)
+	if err != nil {
 		return store.Ticket{}, false, err
 	}
 	if ir.Removed != "" {
 		return store.Ticket{}, false, fmt.Errorf("%w: ticket %s was %s", store.ErrRemoved, req.ID, ir.Removed)
 	}
-	if ir.Limit != req.Limit {
-		var err error
-		if st, err = s.read(ctx, ir.Limit, req.ID, false); err != nil {
+	if e, _ := st.find(req.ID); e == nil || st.lims[ir.Limit] == nil {
+		if st, err = s.readNames(ctx, ir.names(), req.ID, false); err != nil {
 			return store.Ticket{}, false, err
 		}
 	}
@@ -169,7 +199,7 @@ func (s *Store) existing(ctx context.Context, st *lstate, req store.EnqueueReque
 		return store.Ticket{}, false, fmt.Errorf("%w: ticket id %s names limit %q, which has no such ticket", store.ErrCorrupt, req.ID, ir.Limit)
 	}
 	s.remember(e, 0)
-	s.ring(req.ID, e.r.Limit, false)
+	s.ring(req.ID, e.r.names(), false)
 	t, _ := s.viewOf(ctx, st, req.ID)
 	return t, e.r.Lease == lease, nil
 }
@@ -182,11 +212,11 @@ func (s *Store) Get(ctx context.Context, id string) (store.Ticket, error) {
 	if store.CheckID(id) != nil {
 		return store.Ticket{}, fmt.Errorf("%w: ticket %q", store.ErrNotFound, id)
 	}
-	limit, idr, err := s.lookup(ctx, id)
+	names, idr, err := s.lookup(ctx, id)
 	if err != nil {
 		return store.Ticket{}, err
 	}
-	if limit == "" {
+	if len(names) == 0 {
 		return store.Ticket{}, notFound(id, idr)
 	}
 	s.mu.Lock()
@@ -207,7 +237,8 @@ func (s *Store) Get(ctx context.Context, id string) (store.Ticket, error) {
 			return t, err
 		}
 	}
-	st, err := s.read(ctx, limit, id, false)
+	// The view is under the first limit: reading it is enough.
+	st, err := s.readNames(ctx, names[:1], id, false)
 	if err != nil {
 		return store.Ticket{}, err
 	}
@@ -215,8 +246,8 @@ func (s *Store) Get(ctx context.Context, id string) (store.Ticket, error) {
 		s.forget(id)
 		return store.Ticket{}, notFound(id, nil)
 	}
-	var ir idRec
-	if err := decode("ticket id "+id, st.idKV.Value, &ir); err != nil {
+	ir, err := decodeID(id, st.idKV.Value)
+	if err != nil {
 		return store.Ticket{}, err
 	}
 	if ir.Removed != "" {
@@ -233,6 +264,37 @@ func (s *Store) Get(ctx context.Context, id string) (store.Ticket, error) {
 	return t, nil
 }
 
+// aheadCounts reads, beside a ticket's own key under its first limit, what
+// gives its place there without reading the limit's records: the keys of
+// the tickets ahead of it and the holders of the limit's slot keys (a
+// ticket of weight w holds w of them). Holders come before waiters in every
+// queue (strict FIFO, docs/leases.md §2.1 item 9), so its place is the
+// tickets ahead that hold nothing there.
+func (s *Store) aheadOps(k known, id string, more ...clientv3.Op) []clientv3.Op {
+	return append([]clientv3.Op{
+		clientv3.OpGet(s.k.ticket(k.limit, id)),
+		clientv3.OpGet(s.k.tickets(k.limit), clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithMaxCreateRev(k.fence-1)),
+		clientv3.OpGet(s.k.slots(k.limit), clientv3.WithPrefix()),
+		clientv3.OpGet(s.k.tickets(k.limit), clientv3.WithPrefix(), clientv3.WithCountOnly()),
+		clientv3.OpGet(s.k.records(k.limit), clientv3.WithPrefix(), clientv3.WithCountOnly()),
+	}, more...)
+}
+
+// waitingAhead counts the live tickets ahead (rs[1]) that hold no slot key (rs[2]).
+func waitingAhead(rs []*clientv3.GetResponse) int {
+	holders := map[string]bool{}
+	for _, kv := range rs[2].Kvs {
+		holders[string(kv.Value)] = true
+	}
+	n := 0
+	for _, kv := range rs[1].Kvs {
+		if !holders[last(kv.Key)] {
+			n++
+		}
+	}
+	return n
+}
+
 // getLight reads a ticket this handle knows without reading its limit's
 // records: its own key and a few counts give its place (the waiters polling
 // or woken in a long queue must stay cheap). ok is false when that is not
@@ -240,13 +302,7 @@ func (s *Store) Get(ctx context.Context, id string) (store.Ticket, error) {
 // tickets, whose states the counts cannot tell): read the limit then.
 func (s *Store) getLight(ctx context.Context, k known, id string) (store.Ticket, bool, error) {
 	cctx, cancel := s.ctx(ctx)
-	resp, err := s.c.Txn(cctx).Then(
-		clientv3.OpGet(s.k.ticket(k.limit, id)),
-		clientv3.OpGet(s.k.records(k.limit), clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithMaxCreateRev(k.fence-1)),
-		clientv3.OpGet(s.k.slots(k.limit), clientv3.WithPrefix(), clientv3.WithCountOnly()),
-		clientv3.OpGet(s.k.tickets(k.limit), clientv3.WithPrefix(), clientv3.WithCountOnly()),
-		clientv3.OpGet(s.k.records(k.limit), clientv3.WithPrefix(), clientv3.WithCountOnly()),
-	).Commit()
+	resp, err := s.c.Txn(cctx).Then(s.aheadOps(k, id)...).Commit()
 	cancel()
 	if err != nil {
 		return store.Ticket{}, false, s.unavailable(err, false)
@@ -258,14 +314,15 @@ func (s *Store) getLight(ctx context.Context, k known, id string) (store.Ticket,
 		return store.Ticket{}, false, nil
 	}
 	e := &entry{fence: k.fence, tkv: own[0], rkv: own[0]}
-	if err := decode("ticket "+id, own[0].Value, &e.r); err != nil {
-		return store.Ticket{}, false, err
+	var err2 error
+	if e.r, err2 = decodeRec(own[0].Key, k.limit, id, own[0].Value); err2 != nil {
+		return store.Ticket{}, false, err2
 	}
 	s.remember(e, own[0].ModRevision)
 	pos := 0
 	if e.r.State != store.Held {
-		// Every record is live, and the holders are a prefix of the queue.
-		pos = len(rs[1].Kvs) - int(rs[2].Count) + 1
+		// Every record is live, and the holders come first.
+		pos = waitingAhead(rs) + 1
 	}
 	return s.view(e, pos, s.remaining(ctx, k.lease)), true, nil
 }
@@ -290,14 +347,14 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 	k, ok := s.known[t.ID]
 	s.mu.Unlock()
 	if !ok {
-		limit, idr, err := s.lookup(ctx, t.ID)
+		names, idr, err := s.lookup(ctx, t.ID)
 		if err != nil {
 			return store.Ticket{}, err
 		}
-		if limit == "" {
+		if len(names) == 0 {
 			return store.Ticket{}, fmt.Errorf("%w: %w", store.ErrLost, notFound(t.ID, idr))
 		}
-		st, err := s.read(ctx, limit, t.ID, false)
+		st, err := s.readNames(ctx, names[:1], t.ID, false)
 		if err != nil {
 			return store.Ticket{}, err
 		}
@@ -306,7 +363,7 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 			return store.Ticket{}, fmt.Errorf("%w: ticket %s is gone or its lease expired", store.ErrLost, t.ID)
 		}
 		s.remember(e, e.tkv.ModRevision)
-		k = known{limit: e.r.Limit, lease: e.r.Lease, fence: e.fence}
+		k = known{limit: e.r.Limit, lease: e.r.Lease, fence: e.fence, r: e.r}
 	}
 	if uint64(k.fence) != t.Fence {
 		return store.Ticket{}, fmt.Errorf("%w: ticket %s has fence %d, not %d", store.ErrLost, t.ID, k.fence, t.Fence)
@@ -330,19 +387,13 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 // renewed reads a ticket just renewed. A holder, or a waiter far back in
 // the queue, needs only its own key and a few counts (a waiter's renewal
 // every TTL/3 must stay cheap when hundreds wait); a waiter next in line,
-// or any waiter when the limit has expired tickets to sweep, reads the
-// limit and settles it (probing the holders for death, admitting itself if
-// a slot went with an expired lease and nobody handed it on).
+// any waiter when the limit has expired tickets to sweep, and a waiter of
+// several limits (it may be next in line in another) read the limits and
+// settle them (probing the holders for death, admitting itself if a slot
+// went with an expired lease and nobody handed it on).
 func (s *Store) renewed(ctx context.Context, k known, id string) (store.Ticket, error) {
 	cctx, cancel := s.ctx(ctx)
-	resp, err := s.c.Txn(cctx).Then(
-		clientv3.OpGet(s.k.ticket(k.limit, id)),
-		clientv3.OpGet(s.k.tickets(k.limit), clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithMaxCreateRev(k.fence-1)),
-		clientv3.OpGet(s.k.slots(k.limit), clientv3.WithPrefix(), clientv3.WithCountOnly()),
-		clientv3.OpGet(s.k.tickets(k.limit), clientv3.WithPrefix(), clientv3.WithCountOnly()),
-		clientv3.OpGet(s.k.records(k.limit), clientv3.WithPrefix(), clientv3.WithCountOnly()),
-		clientv3.OpGet(s.k.limit(k.limit)),
-	).Commit()
+	resp, err := s.c.Txn(cctx).Then(s.aheadOps(k, id, clientv3.OpGet(s.k.limit(k.limit)))...).Commit()
 	cancel()
 	if err != nil {
 		return store.Ticket{}, s.unavailable(err, false)
@@ -354,7 +405,7 @@ func (s *Store) renewed(ctx context.Context, k known, id string) (store.Ticket, 
 		return store.Ticket{}, fmt.Errorf("%w: ticket %s was removed", store.ErrLost, id)
 	}
 	e := &entry{fence: k.fence, tkv: own[0], rkv: own[0]}
-	if err := decode("ticket "+id, own[0].Value, &e.r); err != nil {
+	if e.r, err = decodeRec(own[0].Key, k.limit, id, own[0].Value); err != nil {
 		return store.Ticket{}, err
 	}
 	s.remember(e, own[0].ModRevision)
@@ -362,7 +413,7 @@ func (s *Store) renewed(ctx context.Context, k known, id string) (store.Ticket, 
 	if e.r.State == store.Held {
 		return s.view(e, 0, max(rem, time.Millisecond)), nil
 	}
-	waitingAhead := len(rs[1].Kvs) - int(rs[2].Count)
+	ahead := waitingAhead(rs)
 	slots := 0
 	if kvs := rs[5].Kvs; len(kvs) > 0 {
 		var l limitRec
@@ -371,10 +422,10 @@ func (s *Store) renewed(ctx context.Context, k known, id string) (store.Ticket, 
 		}
 		slots = l.Slots
 	}
-	if waitingAhead >= slots && rs[4].Count <= rs[3].Count {
-		return s.view(e, max(waitingAhead, 0)+1, max(rem, time.Millisecond)), nil
+	if len(e.r.names()) == 1 && ahead >= slots && rs[4].Count <= rs[3].Count {
+		return s.view(e, ahead+1, max(rem, time.Millisecond)), nil
 	}
-	st, err := s.read(ctx, k.limit, id, false)
+	st, err := s.read(ctx, e.r.names(), id, false)
 	if err != nil {
 		return store.Ticket{}, err
 	}
@@ -398,18 +449,18 @@ func (s *Store) refresh(ctx context.Context, lease int64) {
 	}
 }
 
-// settleLimit reads a limit and settles it.
-func (s *Store) settleLimit(ctx context.Context, limit, id string) (*lstate, error) {
-	st, err := s.read(ctx, limit, id, true)
+// settleLimit reads limits (closed) and settles them.
+func (s *Store) settleLimit(ctx context.Context, names []string, id string) (*lstate, error) {
+	st, err := s.read(ctx, names, id, true)
 	if err != nil {
 		return nil, err
 	}
 	return s.settleState(ctx, st, id)
 }
 
-// settleState sweeps and promotes the limit read as st (see plan.settle),
-// committing only when there is something to do, and returns the limit as
-// it then stands (id's key read along, when not "").
+// settleState sweeps and promotes the limits read as st (see plan.settle),
+// committing only when there is something to do, and returns them as they
+// then stand (id's key read along, when not "").
 func (s *Store) settleState(ctx context.Context, st *lstate, id string) (*lstate, error) {
 	for {
 		p, resp, err := s.commit(ctx, st, id, func(p *plan) error {
@@ -428,7 +479,7 @@ func (s *Store) settleState(ctx context.Context, st *lstate, id string) (*lstate
 		if !p.full {
 			return p.after(), nil
 		}
-		if st, err = s.read(ctx, st.name, id, false); err != nil {
+		if st, err = s.read(ctx, st.asked, id, false); err != nil {
 			return nil, err
 		}
 	}
@@ -446,14 +497,14 @@ func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (
 	if err := store.CheckID(t.ID); err != nil {
 		return false, err
 	}
-	limit, idr, err := s.lookup(ctx, t.ID)
+	names, idr, err := s.lookup(ctx, t.ID)
 	if err != nil {
 		return false, err
 	}
-	if limit == "" {
+	if len(names) == 0 {
 		return s.releaseAbsent(ctx, t, why, idr)
 	}
-	st, err := s.read(ctx, limit, t.ID, true)
+	st, err := s.read(ctx, names, t.ID, true)
 	uncertain, tries := false, 0 // a release was sent whose answer was lost
 	for {
 		if err != nil {
@@ -469,8 +520,8 @@ func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (
 				}
 				return errNoCommit
 			}
-			var ir idRec
-			if err := decode("ticket id "+t.ID, st.idKV.Value, &ir); err != nil {
+			ir, err := decodeID(t.ID, st.idKV.Value)
+			if err != nil {
 				return err
 			}
 			if ir.Removed != "" {
@@ -485,7 +536,7 @@ func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (
 			}
 			e, _ := st.find(t.ID)
 			if e == nil {
-				return fmt.Errorf("%w: ticket id %s names limit %q, which has no such ticket", store.ErrCorrupt, t.ID, limit)
+				return fmt.Errorf("%w: ticket id %s names limit %q, which has no such ticket", store.ErrCorrupt, t.ID, ir.Limit)
 			}
 			if t.Fence != 0 && uint64(e.fence) != t.Fence {
 				answer = func() (bool, error) { return false, nil }
@@ -501,7 +552,7 @@ func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (
 				// ticket is tombstoned with this reason: nothing is freed twice.
 				tries++
 				uncertain = true
-				st, err = s.read(ctx, limit, t.ID, false)
+				st, err = s.read(ctx, names, t.ID, false)
 				continue
 			}
 			return false, cerr
@@ -512,7 +563,7 @@ func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (
 		s.forget(t.ID)
 		s.afterCommit(p)
 		if p.full {
-			_, _ = s.settleLimit(ctx, limit, "")
+			_, _ = s.settleLimit(ctx, names, "")
 		}
 		return true, nil
 	}
@@ -528,14 +579,27 @@ func (s *Store) Cancel(ctx context.Context, t store.Ticket) (bool, error) {
 // refused when it lands). With Lost it logs that the holder noticed. It
 // reports true only if the create landed meanwhile and this removed it.
 func (s *Store) releaseAbsent(ctx context.Context, t store.Ticket, why store.Reason, idr *idRec) (bool, error) {
-	st := &lstate{name: t.Limit}
-	p := s.newPlan(st)
-	if why == store.Lost && t.Limit != "" {
-		p.event(string(store.Lost), rec{ID: t.ID, Limit: t.Limit, State: t.State, Slot: t.Slot, Holder: t.Holder}, int64(t.Fence), "holder presumed its lease lost")
+	p := s.newPlan(newState(nil, 0))
+	if why == store.Lost && t.Limit != "" && store.CheckLimits(t.Names()) == nil {
+		r := rec{ID: t.ID, Limit: t.Names()[0], State: t.State, Slot: t.Slot, Weight: t.Weight, Holder: t.Holder}
+		if len(t.Names()) > 1 {
+			r.Limits = t.Names()
+		}
+		if t.State == store.Held && t.Multi() {
+			r.Indexes = map[string][]int{}
+			for _, n := range t.Names() {
+				r.Indexes[n] = t.In(n)
+			}
+		}
+		p.event(string(store.Lost), r, int64(t.Fence), "holder presumed its lease lost")
 	}
 	if idr == nil {
+		names := t.Names()
+		if store.CheckLimits(names) != nil {
+			names = []string{""}
+		}
 		p.cmp(clientv3.Compare(clientv3.CreateRevision(s.k.id(t.ID)), "=", 0))
-		p.tombstone(t.ID, t.Limit, why)
+		p.tombstone(t.ID, names, why)
 	}
 	if p.empty() {
 		return false, nil
@@ -590,13 +654,14 @@ func (s *Store) SetChild(ctx context.Context, t store.Ticket, pgid int, pgidStar
 	if s.closed.Load() {
 		return store.Ticket{}, s.errClosed()
 	}
-	limit, idr, err := s.lookup(ctx, t.ID)
+	names, idr, err := s.lookup(ctx, t.ID)
 	if err != nil {
 		return store.Ticket{}, err
 	}
-	if limit == "" {
+	if len(names) == 0 {
 		return store.Ticket{}, fmt.Errorf("%w: %w", store.ErrLost, notFound(t.ID, idr))
 	}
+	first := names[0]
 	var st *lstate
 	s.mu.Lock()
 	k, ok := s.known[t.ID]
@@ -605,9 +670,10 @@ func (s *Store) SetChild(ctx context.Context, t store.Ticket, pgid int, pgidStar
 		// A held ticket as this handle last wrote it: compare against that,
 		// and read only if it changed since.
 		e := &entry{r: k.r, fence: k.fence, tkv: &mvccpb.KeyValue{CreateRevision: k.fence, ModRevision: k.rev}}
-		st = &lstate{name: limit, entries: []*entry{e}}
+		st = newState(names[:1], 0)
+		st.entries = []*entry{e}
 	} else {
-		st, err = s.read(ctx, limit, t.ID, true)
+		st, err = s.readNames(ctx, names[:1], t.ID, true)
 	}
 	if err != nil {
 		return store.Ticket{}, err
@@ -622,9 +688,13 @@ func (s *Store) SetChild(ctx context.Context, t store.Ticket, pgid int, pgidStar
 			return fmt.Errorf("%w: ticket %s: %s", store.ErrLost, t.ID, expiredEvidence)
 		}
 		e.r.Holder.Pgid, e.r.Holder.PgidStart = pgid, pgidStart
-		p.cmp(clientv3.Compare(clientv3.ModRevision(s.k.ticket(limit, t.ID)), "=", e.tkv.ModRevision))
-		p.put(s.k.ticket(limit, t.ID), writeOp{val: encode(e.r), keep: true})
-		p.put(s.k.record(limit, t.ID), writeOp{val: encode(e.r)})
+		// Every copy of the record changes together (docs/leases.md §2.1 item 9).
+		p.cmp(clientv3.Compare(clientv3.ModRevision(s.k.ticket(first, t.ID)), "=", e.tkv.ModRevision))
+		v := encode(e.r)
+		for _, n := range e.r.names() {
+			p.put(s.k.ticket(n, t.ID), writeOp{val: v, keep: true})
+			p.put(s.k.record(n, t.ID), writeOp{val: v})
+		}
 		return nil
 	})
 	if err != nil {
@@ -682,6 +752,9 @@ func (s *Store) Snapshot(ctx context.Context, limits ...string) (store.Snapshot,
 			if err := decode("limit "+string(kv.Key), kv.Value, &l); err != nil {
 				return store.Snapshot{}, err
 			}
+			if err := store.CheckSlots(l.Slots); err != nil {
+				return store.Snapshot{}, fmt.Errorf("%w: limit %s: %v", store.ErrCorrupt, kv.Key, err)
+			}
 			lims[strings.TrimPrefix(string(kv.Key), s.k.limits())] = &l
 		}
 		for _, kv := range rs[i+2].Kvs {
@@ -694,8 +767,8 @@ func (s *Store) Snapshot(ctx context.Context, limits ...string) (store.Snapshot,
 			if !ok {
 				continue
 			}
-			var r rec
-			if err := decode("ticket record "+string(kv.Key), kv.Value, &r); err != nil {
+			r, err := decodeRec(kv.Key, name, last(kv.Key), kv.Value)
+			if err != nil {
 				return store.Snapshot{}, err
 			}
 			e := &entry{r: r, fence: kv.CreateRevision, rkv: kv}
@@ -710,6 +783,21 @@ func (s *Store) Snapshot(ctx context.Context, limits ...string) (store.Snapshot,
 			names = append(names, n)
 		}
 		slices.Sort(names)
+		// Every limit read: a ticket is recorded under each of its limits
+		// (docs/leases.md §2.1 item 9), or the store is corrupt.
+		under := map[string]int{}
+		for _, es := range entries {
+			for _, e := range es {
+				under[e.r.ID]++
+			}
+		}
+		for _, es := range entries {
+			for _, e := range es {
+				if got := under[e.r.ID]; got != len(e.r.names()) {
+					return store.Snapshot{}, fmt.Errorf("%w: ticket %s names limits %s but is recorded under %d of them", store.ErrCorrupt, e.r.ID, strings.Join(e.r.names(), ", "), got)
+				}
+			}
+		}
 	}
 	var all []*entry
 	for _, n := range names {
@@ -741,20 +829,20 @@ func (s *Store) SetLimit(ctx context.Context, name string, slots int) (store.Lim
 	if err := store.CheckSlots(slots); err != nil {
 		return store.Limit{}, err
 	}
-	st, err := s.read(ctx, name, "", true)
+	st, err := s.read(ctx, []string{name}, "", true)
 	if err != nil {
 		return store.Limit{}, err
 	}
 	var lim limitRec
 	p, _, err := s.commit(ctx, st, "", func(p *plan) error {
-		p.compareLimit()
+		p.compareLimit(name)
 		lim = limitRec{V: formatVersion, Slots: slots, Created: p.now}
-		if p.st.lim != nil {
-			lim.Created = p.st.lim.Created
+		if l := p.st.lim(name); l != nil {
+			lim.Created = l.Created
 		}
 		p.put(s.k.limit(name), writeOp{val: encode(lim)})
 		l := lim
-		p.st.lim = &l
+		p.st.lims[name].lim = &l
 		p.settle(false)
 		return nil
 	})
@@ -764,14 +852,14 @@ func (s *Store) SetLimit(ctx context.Context, name string, slots int) (store.Lim
 	s.afterCommit(p)
 	after := p.after()
 	if p.full {
-		if nst, err := s.settleLimit(ctx, name, ""); err == nil {
+		if nst, err := s.settleLimit(ctx, []string{name}, ""); err == nil {
 			after = nst
 		}
 	}
 	out := store.Limit{Name: name, Slots: slots, Created: lim.Created}
-	for _, e := range after.entries {
+	for _, e := range after.queue(name) {
 		if e.r.State == store.Held {
-			out.Held++
+			out.Held += e.r.weighs()
 		} else {
 			out.Waiting++
 		}
@@ -779,7 +867,9 @@ func (s *Store) SetLimit(ctx context.Context, name string, slots int) (store.Lim
 	return out, nil
 }
 
-// RemoveLimit implements [store.Store].
+// RemoveLimit implements [store.Store]. With force, every ticket naming
+// the limit goes entirely (from all of its limits, docs/leases.md §2.1
+// item 9), and the other limits they named are settled in the same step.
 func (s *Store) RemoveLimit(ctx context.Context, name string, force bool) error {
 	if s.closed.Load() {
 		return s.errClosed()
@@ -787,21 +877,22 @@ func (s *Store) RemoveLimit(ctx context.Context, name string, force bool) error 
 	if err := store.CheckLimitName(name); err != nil {
 		return err
 	}
-	st, err := s.read(ctx, name, "", true)
+	st, err := s.read(ctx, []string{name}, "", true)
 	for {
 		if err != nil {
 			return err
 		}
 		p, _, cerr := s.commit(ctx, st, "", func(p *plan) error {
 			st := p.st
-			if st.lim == nil {
+			ls := st.lims[name]
+			if ls.lim == nil {
 				return fmt.Errorf("%w: %q", store.ErrLimitNotFound, name)
 			}
-			if len(st.entries) > 0 && !force {
-				return fmt.Errorf("%w: limit %q has %d tickets", store.ErrLimitInUse, name, len(st.entries))
+			if len(ls.entries) > 0 && !force {
+				return fmt.Errorf("%w: limit %q has %d tickets", store.ErrLimitInUse, name, len(ls.entries))
 			}
-			p.compareLimit()
-			for _, e := range st.entries {
+			p.compareLimit(name)
+			for _, e := range ls.entries {
 				if !p.remove(e, store.ForceReleased, "limit removed") {
 					break
 				}
@@ -810,6 +901,8 @@ func (s *Store) RemoveLimit(ctx context.Context, name string, force bool) error 
 				// Nobody joined since the read: the limit goes with its last ticket.
 				p.cmp(clientv3.Compare(clientv3.CreateRevision(s.k.records(name)).WithPrefix(), "<", st.rev+1))
 				p.del(s.k.limit(name))
+				ls.lim = nil // settled no more: nobody is left in it
+				p.settle(false)
 			}
 			return nil
 		})
@@ -820,7 +913,7 @@ func (s *Store) RemoveLimit(ctx context.Context, name string, force bool) error 
 		if !p.full {
 			return nil
 		}
-		st, err = s.read(ctx, name, "", false)
+		st, err = s.read(ctx, []string{name}, "", false)
 	}
 }
 
@@ -828,7 +921,9 @@ func (s *Store) RemoveLimit(ctx context.Context, name string, force bool) error 
 // expired are records without a live ticket key, and reap removes those
 // records (their slots went with their leases), saying so. Holders proven
 // dead on this host are removed with their keys and their leases revoked.
-// A dry run lists the same, removing nothing.
+// A reap of a limit sweeps the tickets naming it (each from all of its
+// limits) and settles the limits that frees. A dry run lists the same,
+// removing nothing.
 func (s *Store) Reap(ctx context.Context, o store.ReapOptions) ([]store.Removal, error) {
 	if s.closed.Load() {
 		return nil, s.errClosed()
@@ -846,20 +941,20 @@ func (s *Store) Reap(ctx context.Context, o store.ReapOptions) ([]store.Removal,
 	removed := []store.Removal{}
 	for _, name := range names {
 		if dryRun {
-			rm, err := s.reapDry(ctx, name)
+			rm, err := s.reapDry(ctx, name, removed)
 			if err != nil {
 				return nil, err
 			}
 			removed = append(removed, rm...)
 			continue
 		}
-		st, err := s.read(ctx, name, "", true)
+		st, err := s.read(ctx, []string{name}, "", true)
 		for {
 			if err != nil {
 				return nil, err
 			}
 			p, resp, cerr := s.commit(ctx, st, "", func(p *plan) error {
-				if p.settle(true); p.empty() {
+				if p.reap(name); p.empty() {
 					return errNoCommit
 				}
 				return nil
@@ -875,7 +970,7 @@ func (s *Store) Reap(ctx context.Context, o store.ReapOptions) ([]store.Removal,
 			if !p.full {
 				break
 			}
-			st, err = s.read(ctx, name, "", false)
+			st, err = s.read(ctx, []string{name}, "", false)
 		}
 	}
 	s.trimEvents(ctx)
@@ -912,19 +1007,20 @@ func (s *Store) limitNames(ctx context.Context, limits []string) ([]string, erro
 	return names, nil
 }
 
-// reapDry lists what a reap of the limit would remove now.
-func (s *Store) reapDry(ctx context.Context, name string) ([]store.Removal, error) {
-	st, err := s.read(ctx, name, "", false)
+// reapDry lists what a reap of the limit would remove now (a ticket
+// already listed, under another limit it names, is not listed again).
+func (s *Store) reapDry(ctx context.Context, name string, listed []store.Removal) ([]store.Removal, error) {
+	st, err := s.read(ctx, []string{name}, "", false)
 	if err != nil {
 		return nil, err
 	}
-	slots := 0
-	if st.lim != nil {
-		slots = st.lim.Slots
-	}
 	p := s.newPlan(st)
-	in := store.SettleInput{Slots: map[string]int{name: slots}, Judge: s.dead, All: true, DryRun: true}
-	es := p.queued(&in, 0)
+	in := p.input()
+	in.Judge, in.All, in.DryRun = s.dead, true, true
+	es := p.queued(&in, 0, func(e *entry) bool {
+		return slices.Contains(e.r.names(), name) &&
+			!slices.ContainsFunc(listed, func(r store.Removal) bool { return r.Ticket.ID == e.r.ID })
+	})
 	gone := map[int]string{}
 	for _, rm := range store.PlanSettle(in).Remove {
 		gone[rm.Index] = rm.Evidence

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -36,8 +37,9 @@ type plan struct {
 
 	events   int
 	needDay  bool
-	limitCmp bool // the limit's revision is compared already
-	full     bool // out of room: commit this, then settle again
+	limitCmp map[string]bool // limits whose size is compared already
+	slotCmp  map[string]bool // limits whose slot keys are compared already
+	full     bool            // out of room: commit this, then settle again
 
 	gone     map[*entry]bool // entries the plan removes
 	removed  []store.Removal // tickets removed by a sweep (reaped)
@@ -54,7 +56,8 @@ type writeOp struct {
 }
 
 func (s *Store) newPlan(st *lstate) *plan {
-	return &plan{s: s, st: st, now: time.Now(), w: map[string]writeOp{}, gone: map[*entry]bool{}}
+	return &plan{s: s, st: st, now: time.Now(), w: map[string]writeOp{}, gone: map[*entry]bool{},
+		limitCmp: map[string]bool{}, slotCmp: map[string]bool{}}
 }
 
 func (p *plan) cmp(c clientv3.Cmp) { p.cmps = append(p.cmps, c) }
@@ -86,155 +89,256 @@ func (p *plan) room(ops, cmps int) bool {
 
 func (p *plan) empty() bool { return len(p.keys) == 0 }
 
-// event logs one event of the limit.
+// event logs the ticket's event in each of its limits (docs/leases.md
+// §2.1 item 9): under that limit, with its lowest index there.
 func (p *plan) event(kind string, r rec, fence int64, evidence string) {
-	e := eventRec{V: formatVersion, I: p.events, NewFence: fence == 0 && kind == "admitted", Event: store.Event{Time: p.now, Kind: kind, Limit: r.Limit,
-		Ticket: r.ID, Fence: uint64(fence), Slot: r.Slot, Host: r.Holder.Host, Pid: r.Holder.Pid,
-		User: r.Holder.User, Command: r.Holder.Command(), Evidence: evidence}}
-	if r.State != store.Held {
-		e.Slot = -1
+	names := r.names()
+	for _, n := range names {
+		e := eventRec{V: formatVersion, I: p.events, NewFence: fence == 0 && kind == "admitted", Event: store.Event{Time: p.now, Kind: kind, Limit: n,
+			Ticket: r.ID, Fence: uint64(fence), Slot: -1, Host: r.Holder.Host, Pid: r.Holder.Pid,
+			User: r.Holder.User, Command: r.Holder.Command(), Evidence: evidence}}
+		ix := r.in(n)
+		if len(ix) > 0 {
+			e.Slot = ix[0]
+		}
+		if len(names) > 1 {
+			e.Limits = slices.Clone(names)
+		}
+		if r.weighs() > 1 {
+			e.Weight, e.Indexes = r.weighs(), slices.Clone(ix)
+		}
+		p.events++
+		p.put(p.s.k.event(n, r.ID, kind), writeOp{val: encode(e), day: true})
 	}
-	p.events++
-	p.put(p.s.k.event(r.Limit, r.ID, kind), writeOp{val: encode(e), day: true})
 }
 
 // tombstone turns the id's key into the record of its removal, for a day.
-func (p *plan) tombstone(id, limit string, why store.Reason) {
-	p.put(p.s.k.id(id), writeOp{val: encode(idRec{V: formatVersion, Limit: limit, Removed: why, At: p.now}), day: true})
+func (p *plan) tombstone(id string, names []string, why store.Reason) {
+	ir := idRec{V: formatVersion, Limit: names[0], Removed: why, At: p.now}
+	if len(names) > 1 {
+		ir.Limits = names
+	}
+	p.put(p.s.k.id(id), writeOp{val: encode(ir), day: true})
 }
 
-// compareLimit makes the plan depend on the limit's size as read.
-func (p *plan) compareLimit() {
-	if p.limitCmp {
+// compareLimit makes the plan depend on a limit's size as read.
+func (p *plan) compareLimit(name string) {
+	if p.limitCmp[name] {
 		return
 	}
-	p.limitCmp = true
-	if p.st.limKV == nil {
-		p.cmp(clientv3.Compare(clientv3.CreateRevision(p.s.k.limit(p.st.name)), "=", 0))
+	p.limitCmp[name] = true
+	if ls := p.st.lims[name]; ls == nil || ls.limKV == nil {
+		p.cmp(clientv3.Compare(clientv3.CreateRevision(p.s.k.limit(name)), "=", 0))
 	} else {
-		p.cmp(clientv3.Compare(clientv3.ModRevision(p.s.k.limit(p.st.name)), "=", p.st.limKV.ModRevision))
+		p.cmp(clientv3.Compare(clientv3.ModRevision(p.s.k.limit(name)), "=", ls.limKV.ModRevision))
 	}
 }
 
-// remove deletes a ticket (compare-and-delete on the revision read),
-// tombstones its id and logs why. It reports false when out of room.
+// compareSlots makes the plan depend on a limit's slot keys as read: no
+// slot key was written since (an admission the plan did not see). Slot keys
+// deleted since only free slots. One compare covers every index the plan
+// takes there, absent or freed by a removal in this plan.
+func (p *plan) compareSlots(name string) {
+	if p.slotCmp[name] {
+		return
+	}
+	p.slotCmp[name] = true
+	p.cmp(clientv3.Compare(clientv3.ModRevision(p.s.k.slots(name)).WithPrefix(), "<", p.st.rev+1))
+}
+
+// remove deletes a ticket from all of its limits at once (compare-and-delete
+// on the revisions read), frees its slots in each, tombstones its id and
+// logs why (docs/leases.md §2.1 item 9). It reports false when out of room.
 func (p *plan) remove(e *entry, why store.Reason, evidence string) bool {
-	if !p.room(5, 2) {
+	names := e.r.names()
+	if !p.room(ticketKeys(len(names), e.r.Weight)+1, 2) {
 		return false
 	}
-	l, id := e.r.Limit, e.r.ID
-	p.cmp(clientv3.Compare(clientv3.ModRevision(p.s.k.record(l, id)), "=", e.rkv.ModRevision))
+	at, id := e.at, e.r.ID
+	p.cmp(clientv3.Compare(clientv3.ModRevision(p.s.k.record(at, id)), "=", e.rkv.ModRevision))
 	if e.tkv != nil {
-		p.cmp(clientv3.Compare(clientv3.ModRevision(p.s.k.ticket(l, id)), "=", e.tkv.ModRevision))
-		p.del(p.s.k.ticket(l, id))
-		if e.r.State == store.Held {
-			if kv := p.st.slots[e.r.Slot]; kv != nil && string(kv.Value) == id {
-				p.del(string(kv.Key))
+		p.cmp(clientv3.Compare(clientv3.ModRevision(p.s.k.ticket(at, id)), "=", e.tkv.ModRevision))
+		for _, n := range names {
+			p.del(p.s.k.ticket(n, id))
+			if ls := p.st.lims[n]; ls != nil {
+				for _, i := range e.r.in(n) {
+					if kv := ls.slots[i]; kv != nil && string(kv.Value) == id {
+						p.del(string(kv.Key))
+					}
+				}
 			}
 		}
 		p.revoke = append(p.revoke, e.r.Lease)
 	}
-	p.del(p.s.k.record(l, id))
+	for _, n := range names {
+		p.del(p.s.k.record(n, id))
+	}
 	p.gone[e] = true
-	p.tombstone(id, l, why)
+	p.tombstone(id, names, why)
 	p.event(string(why), e.r, e.fence, evidence)
 	return true
 }
 
-// settle sweeps the limit and promotes its waiters, the step every write
-// that can free or add capacity ends with. The policy is store.PlanSettle's:
-// expired tickets (records whose lease the server revoked) are removed, and
-// so are holders proven dead, probed as the bbolt store does; an expired one
-// is shown to the judge only by a reap (all). The judge may stop an
-// orphaned job (act). Tickets the plan removes already (a release) count as
-// gone; the ticket being enqueued is admitted but not judged.
+// settle sweeps the limits read and promotes their waiters, the step every
+// write that can free or add capacity ends with: one store.PlanSettle over
+// every ticket of the closure (docs/leases.md §2.1 item 9), each once, in
+// fence order. Expired tickets (records whose lease the server revoked)
+// are removed, and so are holders proven dead, probed as the bbolt store
+// does; an expired one is shown to the judge only by a reap (all). The
+// judge may stop an orphaned job (act). Tickets the plan removes already (a
+// release) count as gone; the ticket being enqueued is admitted but not judged.
 func (p *plan) settle(all bool) {
-	st := p.st
-	if st.lim == nil {
+	in := p.input()
+	if len(in.Slots) == 0 {
 		return
 	}
-	in := store.SettleInput{Slots: map[string]int{st.name: st.lim.Slots}, Judge: p.s.dead, All: all}
-	es := p.queued(&in, time.Millisecond)
-	plan := store.PlanSettle(in)
+	in.Judge, in.All = p.s.dead, all
+	es := p.queued(&in, time.Millisecond, nil)
+	p.apply(store.PlanSettle(in), es, true)
+}
+
+// input is a settle's sizes: every limit read that exists.
+func (p *plan) input() store.SettleInput {
+	in := store.SettleInput{Slots: map[string]int{}}
+	for _, n := range p.st.order {
+		if l := p.st.lim(n); l != nil {
+			in.Slots[n] = l.Slots
+		}
+	}
+	return in
+}
+
+// reap sweeps the tickets of limit (all of them judged, docs/leases.md
+// §2.1 item 9), then settles the closure, which admits whom that frees.
+func (p *plan) reap(limit string) {
+	in := p.input()
+	in.Judge, in.All = p.s.dead, true
+	es := p.queued(&in, time.Millisecond, func(e *entry) bool { return slices.Contains(e.r.names(), limit) })
+	if !p.apply(store.PlanSettle(in), es, false) {
+		return
+	}
+	p.settle(false)
+}
+
+// apply applies a settle's plan: its removals, then (with admit) its
+// admissions. It reports false when out of room.
+func (p *plan) apply(plan store.SettlePlan, es []*entry, admit bool) bool {
 	for _, rm := range plan.Remove {
 		e := es[rm.Index]
 		if !p.remove(e, store.Reaped, rm.Evidence) {
-			return // out of room: the admissions may rest on this removal
+			return false // out of room: the admissions may rest on this removal
 		}
 		p.removed = append(p.removed, store.Removal{Ticket: p.s.view(e, 0, 0), Reason: store.Reaped, Evidence: rm.Evidence})
 	}
+	if !admit {
+		return true
+	}
 	for _, a := range plan.Admit {
-		if !p.admit(es[a.Index], a.Slot) {
-			return
+		if !p.admit(es[a.Index], a) {
+			return false
 		}
 	}
+	return true
 }
 
-// queued fills in's tickets with the limit's entries that this plan keeps,
-// in queue order, and returns those entries. A live ticket is shown to the
-// judge with remaining left (its lease is the server's to tell).
-func (p *plan) queued(in *store.SettleInput, remaining time.Duration) []*entry {
+// queued fills in's tickets with the entries that this plan keeps (those
+// keep accepts, when not nil), in queue order, and returns those entries.
+// A live ticket is shown to the judge with remaining left (its lease is
+// the server's to tell).
+func (p *plan) queued(in *store.SettleInput, remaining time.Duration, keep func(*entry) bool) []*entry {
 	var es []*entry
 	for _, e := range p.st.entries {
-		if p.gone[e] {
+		if p.gone[e] || keep != nil && !keep(e) {
 			continue
 		}
 		q := store.Queued{Fresh: e.isNew, Ticket: p.s.view(e, 0, remaining)}
 		if !e.live() {
 			q.Expired = expiredEvidence
 		}
-		q.Ticket.Limit = p.st.name
 		es = append(es, e)
 		in.Tickets = append(in.Tickets, q)
 	}
 	return es
 }
 
-// admit puts the waiter e into slot index i: compare the slot key as read
-// (absent, or freed in this plan by a removal whose compare covers it) and
-// the limit's size, and rewrite the ticket held. It reports false when out of room.
-func (p *plan) admit(e *entry, i int) bool {
-	st := p.st
-	if !p.room(4, 3) {
+// admit admits the waiter e to all of its limits at once, taking the
+// indexes a names in each: compare each limit's size and slot keys as read
+// (the indexes absent, or freed in this plan by a removal whose compare
+// covers them), rewrite its keys in every limit held and put its slot keys
+// under its lease. It reports false when out of room.
+func (p *plan) admit(e *entry, a store.Admit) bool {
+	names := e.r.names()
+	if !p.room(ticketKeys(len(names), e.r.Weight), 1+2*len(names)) {
 		return false
 	}
-	p.compareLimit()
-	if kv := st.slots[i]; kv == nil {
-		p.cmp(clientv3.Compare(clientv3.CreateRevision(p.s.k.slot(st.name, i)), "=", 0))
-	} else {
-		p.cmp(clientv3.Compare(clientv3.ModRevision(p.s.k.slot(st.name, i)), "=", kv.ModRevision))
+	for _, n := range names {
+		p.compareLimit(n)
+		p.compareSlots(n)
 	}
-	e.r.State, e.r.Slot, e.r.Admitted = store.Held, i, p.now
+	e.r.State, e.r.Slot, e.r.Admitted = store.Held, a.Slot, p.now
+	e.r.Indexes = nil
+	if len(names) > 1 || e.r.weighs() > 1 {
+		e.r.Indexes = map[string][]int{}
+		for _, n := range names {
+			e.r.Indexes[n] = slices.Clone(a.Indexes[n])
+		}
+	}
 	if e.isNew {
 		p.putNew(e)
 	} else {
-		p.cmp(clientv3.Compare(clientv3.ModRevision(p.s.k.ticket(st.name, e.r.ID)), "=", e.tkv.ModRevision))
-		p.put(p.s.k.ticket(st.name, e.r.ID), writeOp{val: encode(e.r), keep: true})
-		p.put(p.s.k.record(st.name, e.r.ID), writeOp{val: encode(e.r)})
+		p.cmp(clientv3.Compare(clientv3.ModRevision(p.s.k.ticket(e.at, e.r.ID)), "=", e.tkv.ModRevision))
+		v := encode(e.r)
+		for _, n := range names {
+			p.put(p.s.k.ticket(n, e.r.ID), writeOp{val: v, keep: true})
+			p.put(p.s.k.record(n, e.r.ID), writeOp{val: v})
+		}
 	}
-	p.put(p.s.k.slot(st.name, i), writeOp{val: e.r.ID, lease: e.r.Lease})
+	for _, n := range names {
+		for _, i := range a.Indexes[n] {
+			p.put(p.s.k.slot(n, i), writeOp{val: e.r.ID, lease: e.r.Lease})
+		}
+	}
 	p.event("admitted", e.r, e.fence, "")
 	p.promoted = append(p.promoted, e)
 	return true
 }
 
-// putNew writes a new ticket's keys (Enqueue).
+// putNew writes a new ticket's keys in all of its limits (Enqueue): one
+// transaction, so one create revision, its fence.
 func (p *plan) putNew(e *entry) {
 	v := encode(e.r)
-	p.put(p.s.k.ticket(e.r.Limit, e.r.ID), writeOp{val: v, lease: e.r.Lease})
-	p.put(p.s.k.record(e.r.Limit, e.r.ID), writeOp{val: v})
-	p.put(p.s.k.id(e.r.ID), writeOp{val: encode(idRec{V: formatVersion, Limit: e.r.Limit, Lease: e.r.Lease})})
+	names := e.r.names()
+	for _, n := range names {
+		p.put(p.s.k.ticket(n, e.r.ID), writeOp{val: v, lease: e.r.Lease})
+		p.put(p.s.k.record(n, e.r.ID), writeOp{val: v})
+	}
+	ir := idRec{V: formatVersion, Limit: names[0], Lease: e.r.Lease}
+	if len(names) > 1 {
+		ir.Limits = names
+	}
+	p.put(p.s.k.id(e.r.ID), writeOp{val: encode(ir)})
 }
 
-// after is the limit as the plan leaves it (for the answer to the caller;
+// after is the state as the plan leaves it (for the answer to the caller;
 // its revisions are not for comparing).
 func (p *plan) after() *lstate {
 	st := *p.st
 	st.entries = nil
+	st.lims = map[string]*limState{}
 	for _, e := range p.st.entries {
 		if !p.gone[e] {
 			st.entries = append(st.entries, e)
 		}
+	}
+	for n, ls := range p.st.lims {
+		l := *ls
+		l.entries = nil
+		for _, e := range ls.entries {
+			if !p.gone[e] {
+				l.entries = append(l.entries, e)
+			}
+		}
+		st.lims[n] = &l
 	}
 	return &st
 }
@@ -285,7 +389,7 @@ func (s *Store) commit(ctx context.Context, st *lstate, id string, build func(p 
 		} else if err != nil {
 			return nil, nil, err
 		}
-		resp, nst, err := s.try(ctx, p, st.name, id)
+		resp, nst, err := s.try(ctx, p, id)
 		if errors.Is(err, errRetry) {
 			if err := r.next(ctx); err != nil {
 				return nil, nil, err
@@ -298,10 +402,11 @@ func (s *Store) commit(ctx context.Context, st *lstate, id string, build func(p 
 }
 
 // try runs the plan once. On a failed compare it returns errRetry and the
-// state at the revision of the failure (read in the same transaction). A
-// lease that vanished between the read and the commit (a waiter's expired,
-// the day lease ran out) is also a retry, on a fresh read.
-func (s *Store) try(ctx context.Context, p *plan, limit, id string) (*clientv3.TxnResponse, *lstate, error) {
+// state at the revision of the failure (read in the same transaction, when
+// the limits read fit in one; closed again over the limits their tickets
+// name). A lease that vanished between the read and the commit (a waiter's
+// expired, the day lease ran out) is also a retry, on a fresh read.
+func (s *Store) try(ctx context.Context, p *plan, id string) (*clientv3.TxnResponse, *lstate, error) {
 	var day int64
 	if p.needDay {
 		var err error
@@ -309,15 +414,30 @@ func (s *Store) try(ctx context.Context, p *plan, limit, id string) (*clientv3.T
 			return nil, nil, err
 		}
 	}
+	names := p.st.order
+	if len(names) == 0 {
+		names = p.st.asked
+	}
+	reread := func() (*lstate, error) {
+		st, err := s.read(ctx, p.st.asked, id, false)
+		if err != nil {
+			return nil, err
+		}
+		return st, nil
+	}
+	var els []clientv3.Op
+	if len(names)*opsPerLimit+2 <= maxPlanOps {
+		els = s.readOps(names, id, false)
+	}
 	cctx, cancel := s.ctx(ctx)
 	defer cancel()
-	resp, err := s.c.Txn(cctx).If(p.cmps...).Then(p.ops(day)...).Else(s.readOps(limit, id, false)...).Commit()
+	resp, err := s.c.Txn(cctx).If(p.cmps...).Then(p.ops(day)...).Else(els...).Commit()
 	if err != nil {
 		if isLeaseNotFound(err) {
 			if p.needDay {
 				s.dropDay(day)
 			}
-			st, rerr := s.read(ctx, limit, id, false)
+			st, rerr := reread()
 			if rerr != nil {
 				return nil, nil, rerr
 			}
@@ -327,7 +447,15 @@ func (s *Store) try(ctx context.Context, p *plan, limit, id string) (*clientv3.T
 	}
 	s.answered()
 	if !resp.Succeeded {
-		st, err := s.parseState(limit, resp.Header.Revision, getResponses(resp.Responses), id != "")
+		var st *lstate
+		if els == nil {
+			st, err = reread()
+		} else if st, err = s.parseState(names, resp.Header.Revision, getResponses(resp.Responses), id != ""); err == nil {
+			st.asked, st.name = p.st.asked, p.st.name
+			if p.st.closed {
+				st, err = s.closeOver(ctx, st, id)
+			}
+		}
 		if err != nil {
 			return nil, nil, err
 		}

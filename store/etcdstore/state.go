@@ -3,6 +3,7 @@ package etcdstore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -12,29 +13,49 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
 
 	"github.com/slotctl/slotctl/store"
 )
 
-// lstate is one limit as read at one revision.
+// lstate is the limits a step reads, at one revision: the limits it asked
+// for and, when closed, every limit their tickets name, and theirs, until
+// no ticket names a limit that was not read (docs/leases.md §2.1 item 9:
+// an admission of a ticket of several limits can unblock tickets behind it
+// in its other limits, so a settle plans them all at once).
 type lstate struct {
-	name    string
+	name    string   // the first limit asked for
+	asked   []string // the limits asked for
 	rev     int64
-	lim     *limitRec        // nil: no such limit
-	limKV   *mvccpb.KeyValue // nil: no such limit
-	entries []*entry         // the limit's records, by fence (queue order)
-	slots   map[int]*mvccpb.KeyValue
+	lims    map[string]*limState
+	order   []string // the limits read, in the order read
+	entries []*entry // every ticket of those limits, each once, by fence (queue order)
+	byID    map[string]*entry
 	idKV    *mvccpb.KeyValue // P/ids/<id> of the ticket asked about, if any was
 	dayKV   *mvccpb.KeyValue
+	closed  bool
 }
 
-// entry is one ticket of a limit: its record, and its ticket key while its
-// lease lives.
+// limState is one limit of a state.
+type limState struct {
+	name    string
+	lim     *limitRec        // nil: no such limit
+	limKV   *mvccpb.KeyValue // nil: no such limit
+	entries []*entry         // its tickets, by fence
+	slots   map[int]*mvccpb.KeyValue
+}
+
+// entry is one ticket: its record, and its ticket key while its lease
+// lives, both as read under one of its limits, at: its first when that was
+// read (a ticket's keys in all of its limits are written together, so the
+// revisions of one limit's stand for them all).
 type entry struct {
 	r     rec
 	fence int64
-	rkv   *mvccpb.KeyValue // P/records/<limit>/<id>
-	tkv   *mvccpb.KeyValue // P/tickets/<limit>/<id>; nil once the lease expired
+	at    string           // the limit rkv and tkv are under
+	rkv   *mvccpb.KeyValue // P/records/<at>/<id>
+	tkv   *mvccpb.KeyValue // P/tickets/<at>/<id>; nil once the lease expired
+	seen  int              // limits it was read under
 	isNew bool             // written by the plan being built (Enqueue)
 }
 
@@ -49,67 +70,211 @@ func (s *lstate) find(id string) (*entry, int) {
 	return nil, -1
 }
 
-// readOps read a limit (and an id's key, when id is not "") at one revision.
-func (s *Store) readOps(limit, id string, serializable bool) []clientv3.Op {
+// lim is the limit name as read (nil when it was not read or does not exist).
+func (s *lstate) lim(name string) *limitRec {
+	if ls := s.lims[name]; ls != nil {
+		return ls.lim
+	}
+	return nil
+}
+
+// queue is the tickets of limit name, by fence.
+func (s *lstate) queue(name string) []*entry {
+	if ls := s.lims[name]; ls != nil {
+		return ls.entries
+	}
+	return nil
+}
+
+func newState(names []string, rev int64) *lstate {
+	st := &lstate{rev: rev, asked: names, lims: map[string]*limState{}, byID: map[string]*entry{}}
+	if len(names) > 0 {
+		st.name = names[0]
+	}
+	return st
+}
+
+// limitOps read limits (at rev when not 0).
+func (s *Store) limitOps(names []string, rev int64, serializable bool) []clientv3.Op {
 	opt := func(o ...clientv3.OpOption) []clientv3.OpOption {
 		if serializable {
 			o = append(o, clientv3.WithSerializable())
 		}
+		if rev > 0 {
+			o = append(o, clientv3.WithRev(rev))
+		}
 		return o
 	}
 	byFence := clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)
-	ops := []clientv3.Op{
-		clientv3.OpGet(s.k.limit(limit), opt()...),
-		clientv3.OpGet(s.k.records(limit), opt(clientv3.WithPrefix(), byFence)...),
-		clientv3.OpGet(s.k.tickets(limit), opt(clientv3.WithPrefix(), clientv3.WithKeysOnly())...),
-		clientv3.OpGet(s.k.slots(limit), opt(clientv3.WithPrefix())...),
-		clientv3.OpGet(s.k.dayLease(), opt()...),
-	}
-	if id != "" {
-		ops = append(ops, clientv3.OpGet(s.k.id(id), opt()...))
+	var ops []clientv3.Op
+	for _, n := range names {
+		ops = append(ops,
+			clientv3.OpGet(s.k.limit(n), opt()...),
+			clientv3.OpGet(s.k.records(n), opt(clientv3.WithPrefix(), byFence)...),
+			clientv3.OpGet(s.k.tickets(n), opt(clientv3.WithPrefix(), clientv3.WithKeysOnly())...),
+			clientv3.OpGet(s.k.slots(n), opt(clientv3.WithPrefix())...))
 	}
 	return ops
 }
 
+// readOps read limits (and an id's key, when id is not "") at one revision.
+func (s *Store) readOps(names []string, id string, serializable bool) []clientv3.Op {
+	ops := s.limitOps(names, 0, serializable)
+	var o []clientv3.OpOption
+	if serializable {
+		o = append(o, clientv3.WithSerializable())
+	}
+	ops = append(ops, clientv3.OpGet(s.k.dayLease(), o...))
+	if id != "" {
+		ops = append(ops, clientv3.OpGet(s.k.id(id), o...))
+	}
+	return ops
+}
+
+// opsPerLimit is how many reads limitOps makes of one limit.
+const opsPerLimit = 4
+
 // parseState decodes the answers to readOps.
-func (s *Store) parseState(limit string, rev int64, rs []*clientv3.GetResponse, withID bool) (*lstate, error) {
-	st := &lstate{name: limit, rev: rev, slots: map[int]*mvccpb.KeyValue{}}
+func (s *Store) parseState(names []string, rev int64, rs []*clientv3.GetResponse, withID bool) (*lstate, error) {
+	st := newState(names, rev)
+	if err := s.addLimits(st, names, rs); err != nil {
+		return nil, err
+	}
+	rs = rs[opsPerLimit*len(names):]
 	if kvs := rs[0].Kvs; len(kvs) > 0 {
-		var l limitRec
-		if err := decode("limit "+limit, kvs[0].Value, &l); err != nil {
-			return nil, err
-		}
-		st.lim, st.limKV = &l, kvs[0]
-	}
-	live := map[string]*mvccpb.KeyValue{}
-	for _, kv := range rs[2].Kvs {
-		live[last(kv.Key)] = kv
-	}
-	for _, kv := range rs[1].Kvs {
-		var r rec
-		if err := decode("ticket record "+string(kv.Key), kv.Value, &r); err != nil {
-			return nil, err
-		}
-		e := &entry{r: r, fence: kv.CreateRevision, rkv: kv, tkv: live[r.ID]}
-		if e.tkv != nil && e.tkv.CreateRevision != e.fence {
-			return nil, fmt.Errorf("%w: ticket %s: key created at revision %d, its record at %d", store.ErrCorrupt, r.ID, e.tkv.CreateRevision, e.fence)
-		}
-		st.entries = append(st.entries, e)
-	}
-	sort.SliceStable(st.entries, func(i, j int) bool { return st.entries[i].fence < st.entries[j].fence })
-	for _, kv := range rs[3].Kvs {
-		i, err := strconv.Atoi(last(kv.Key))
-		if err != nil {
-			return nil, fmt.Errorf("%w: slot key %s", store.ErrCorrupt, kv.Key)
-		}
-		st.slots[i] = kv
-	}
-	if kvs := rs[4].Kvs; len(kvs) > 0 {
 		st.dayKV = kvs[0]
 	}
-	if withID && len(rs) > 5 && len(rs[5].Kvs) > 0 {
-		st.idKV = rs[5].Kvs[0]
+	if withID && len(rs) > 1 && len(rs[1].Kvs) > 0 {
+		st.idKV = rs[1].Kvs[0]
 	}
+	st.sort()
+	return st, nil
+}
+
+// addLimits decodes the answers to limitOps into st. A ticket read under
+// several limits is one entry; its records must agree (they are written
+// together) and have one create revision, its fence.
+func (s *Store) addLimits(st *lstate, names []string, rs []*clientv3.GetResponse) error {
+	for i, name := range names {
+		r4 := rs[opsPerLimit*i : opsPerLimit*(i+1)]
+		ls := &limState{name: name, slots: map[int]*mvccpb.KeyValue{}}
+		if kvs := r4[0].Kvs; len(kvs) > 0 {
+			var l limitRec
+			if err := decode("limit "+name, kvs[0].Value, &l); err != nil {
+				return err
+			}
+			if err := store.CheckSlots(l.Slots); err != nil {
+				return fmt.Errorf("%w: limit %s: %v", store.ErrCorrupt, name, err)
+			}
+			ls.lim, ls.limKV = &l, kvs[0]
+		}
+		live := map[string]*mvccpb.KeyValue{}
+		for _, kv := range r4[2].Kvs {
+			live[last(kv.Key)] = kv
+		}
+		for _, kv := range r4[1].Kvs {
+			id := last(kv.Key)
+			r, err := decodeRec(kv.Key, name, id, kv.Value)
+			if err != nil {
+				return err
+			}
+			e := st.byID[id]
+			if e == nil {
+				e = &entry{r: r, fence: kv.CreateRevision}
+				st.byID[id] = e
+				st.entries = append(st.entries, e)
+			} else if e.fence != kv.CreateRevision || !sameRec(e.r, r) {
+				return fmt.Errorf("%w: ticket %s: its records in limits %q and %q differ", store.ErrCorrupt, id, e.r.Limit, name)
+			}
+			e.seen++
+			tkv := live[id]
+			if tkv != nil && tkv.CreateRevision != e.fence {
+				return fmt.Errorf("%w: ticket %s: key created at revision %d, its record at %d", store.ErrCorrupt, id, tkv.CreateRevision, e.fence)
+			}
+			if e.rkv == nil || name == r.Limit {
+				e.at, e.rkv, e.tkv = name, kv, tkv
+			}
+			ls.entries = append(ls.entries, e)
+		}
+		for _, kv := range r4[3].Kvs {
+			i, err := strconv.Atoi(last(kv.Key))
+			if err != nil || i < 0 || i >= store.MaxSlots {
+				return fmt.Errorf("%w: slot key %s", store.ErrCorrupt, kv.Key)
+			}
+			ls.slots[i] = kv
+		}
+		sort.SliceStable(ls.entries, func(i, j int) bool { return ls.entries[i].fence < ls.entries[j].fence })
+		st.lims[name] = ls
+		st.order = append(st.order, name)
+	}
+	return nil
+}
+
+// sameRec reports whether two copies of a ticket's record agree on what
+// a settle decides on.
+func sameRec(a, b rec) bool {
+	return a.ID == b.ID && a.Limit == b.Limit && slices.Equal(a.names(), b.names()) && a.Weight == b.Weight &&
+		a.State == b.State && a.Lease == b.Lease && slices.EqualFunc(a.names(), b.names(), func(n, _ string) bool { return slices.Equal(a.in(n), b.in(n)) })
+}
+
+func (st *lstate) sort() {
+	sort.SliceStable(st.entries, func(i, j int) bool { return st.entries[i].fence < st.entries[j].fence })
+}
+
+// missing is the limits st's tickets name that it has not read, in queue order.
+func (st *lstate) missing() []string {
+	var out []string
+	for _, e := range st.entries {
+		for _, n := range e.r.names() {
+			if st.lims[n] == nil && !slices.Contains(out, n) {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
+}
+
+// closeOver reads, at st's revision, the limits its tickets name that it has
+// not read, until none is left: the closure a settle plans on. A state
+// whose tickets name only its limits (every store of one-limit tickets)
+// costs nothing more. The revision read is linearizable: a serializable
+// read of another member might not have reached it. A revision compacted
+// meanwhile reads the whole closure again at a new revision.
+func (s *Store) closeOver(ctx context.Context, st *lstate, id string) (*lstate, error) {
+	for {
+		miss := st.missing()
+		if len(miss) == 0 {
+			break
+		}
+		miss = miss[:min(len(miss), maxPlanOps/opsPerLimit)]
+		cctx, cancel := s.ctx(ctx)
+		resp, err := s.c.Txn(cctx).Then(s.limitOps(miss, st.rev, false)...).Commit()
+		cancel()
+		if err != nil {
+			if grpcCode(err) == codes.OutOfRange || strings.Contains(err.Error(), "compacted") {
+				all := append(slices.Clone(st.order), miss...)
+				nst, err := s.readNames(ctx, all, id, false)
+				if err != nil {
+					return nil, err
+				}
+				nst.asked, nst.name = st.asked, st.name
+				st = nst
+				continue
+			}
+			return nil, s.unavailable(err, false)
+		}
+		s.answered()
+		if err := s.addLimits(st, miss, getResponses(resp.Responses)); err != nil {
+			return nil, err
+		}
+		st.sort()
+	}
+	for _, e := range st.entries {
+		if e.at != e.r.Limit || e.seen != len(e.r.names()) {
+			return nil, fmt.Errorf("%w: ticket %s names limits %s but is recorded under %d of them", store.ErrCorrupt, e.r.ID, strings.Join(e.r.names(), ", "), e.seen)
+		}
+	}
+	st.closed = true
 	return st, nil
 }
 
@@ -122,45 +287,79 @@ func getResponses(rs []*pb.ResponseOp) []*clientv3.GetResponse {
 	return out
 }
 
-// read reads a limit's state (and id's key) in one round trip.
-func (s *Store) read(ctx context.Context, limit, id string, serializable bool) (*lstate, error) {
+// readNames reads limits' states (and id's key) in one round trip, not closed.
+func (s *Store) readNames(ctx context.Context, names []string, id string, serializable bool) (*lstate, error) {
 	cctx, cancel := s.ctx(ctx)
 	defer cancel()
-	resp, err := s.c.Txn(cctx).Then(s.readOps(limit, id, serializable)...).Commit()
+	resp, err := s.c.Txn(cctx).Then(s.readOps(names, id, serializable)...).Commit()
 	if err != nil {
 		return nil, s.unavailable(err, false)
 	}
 	s.answered()
-	return s.parseState(limit, resp.Header.Revision, getResponses(resp.Responses), id != "")
+	return s.parseState(names, resp.Header.Revision, getResponses(resp.Responses), id != "")
 }
 
-// lookup finds where a ticket is: from what this handle knows, else from P/ids/<id>.
-// ok is false when the id is not live (never seen, or tombstoned: idr says why).
-func (s *Store) lookup(ctx context.Context, id string) (limit string, idr *idRec, err error) {
+// read reads limits' states (and id's key) and closes them over the limits
+// their tickets name: what every settle plans on.
+func (s *Store) read(ctx context.Context, names []string, id string, serializable bool) (*lstate, error) {
+	st, err := s.readNames(ctx, names, id, serializable)
+	if err != nil {
+		return nil, err
+	}
+	return s.closeOver(ctx, st, id)
+}
+
+// lookup finds where a ticket is: from what this handle knows, else from
+// P/ids/<id>. names is its limits, first first; empty when the id is not
+// live (never seen, or tombstoned: idr says why).
+func (s *Store) lookup(ctx context.Context, id string) (names []string, idr *idRec, err error) {
 	s.mu.Lock()
 	k, ok := s.known[id]
 	s.mu.Unlock()
 	if ok {
-		return k.limit, nil, nil
+		return k.r.names(), nil, nil
 	}
 	cctx, cancel := s.ctx(ctx)
 	defer cancel()
 	resp, err := s.c.Get(cctx, s.k.id(id))
 	if err != nil {
-		return "", nil, s.unavailable(err, false)
+		return nil, nil, s.unavailable(err, false)
 	}
 	s.answered()
 	if len(resp.Kvs) == 0 {
-		return "", nil, nil
+		return nil, nil, nil
 	}
-	var r idRec
-	if err := decode("ticket id "+id, resp.Kvs[0].Value, &r); err != nil {
-		return "", nil, err
+	r, err := decodeID(id, resp.Kvs[0].Value)
+	if err != nil {
+		return nil, nil, err
 	}
 	if r.Removed != "" {
-		return "", &r, nil
+		return nil, &r, nil
 	}
-	return r.Limit, nil, nil
+	return r.names(), nil, nil
+}
+
+// decodeID decodes and checks P/ids/<id>.
+func decodeID(id string, b []byte) (idRec, error) {
+	var r idRec
+	if err := decode("ticket id "+id, b, &r); err != nil {
+		return r, err
+	}
+	if err := store.CheckLimits(r.names()); err != nil && r.Removed == "" {
+		return r, fmt.Errorf("%w: ticket id %s: %v", store.ErrCorrupt, id, err)
+	}
+	if len(r.Limits) > 0 && r.Limits[0] != r.Limit {
+		return r, fmt.Errorf("%w: ticket id %s: limit %q is not the first of %q", store.ErrCorrupt, id, r.Limit, r.Limits)
+	}
+	return r, nil
+}
+
+// names is the id's limits while live.
+func (r *idRec) names() []string {
+	if len(r.Limits) > 0 {
+		return r.Limits
+	}
+	return []string{r.Limit}
 }
 
 // remember notes what this handle learned of a live ticket; rev is the
@@ -175,8 +374,9 @@ func (s *Store) remember(e *entry, rev int64) {
 // ticket key as of then. It reports whether kv was news (the ticket's own,
 // newer than what this handle knew, held).
 func (s *Store) promoted(id string, kv *mvccpb.KeyValue) bool {
-	var r rec
-	if decode("ticket "+id, kv.Value, &r) != nil || r.State != store.Held {
+	limit, _ := s.limitName(kv.Key, "tickets/")
+	r, err := decodeRec(kv.Key, limit, id, kv.Value)
+	if err != nil || r.State != store.Held {
 		return false
 	}
 	s.mu.Lock()
@@ -257,12 +457,24 @@ func (s *Store) remainingAll(ctx context.Context, es []*entry) map[int64]time.Du
 	return out
 }
 
-// view turns an entry into the caller's Ticket.
+// view turns an entry into the caller's Ticket, under its first limit.
 func (s *Store) view(e *entry, position int, remaining time.Duration) store.Ticket {
-	t := store.Ticket{ID: e.r.ID, Limit: e.r.Limit, State: e.r.State, Fence: uint64(e.fence), Slot: e.r.Slot,
-		TTL: e.r.TTL, Holder: e.r.Holder, Created: e.r.Created, Admitted: e.r.Admitted}
+	r := &e.r
+	t := store.Ticket{ID: r.ID, Limit: r.Limit, State: r.State, Fence: uint64(e.fence), Slot: r.Slot,
+		TTL: r.TTL, Holder: r.Holder, Created: r.Created, Admitted: r.Admitted}
+	if len(r.Limits) > 1 {
+		t.Limits = slices.Clone(r.Limits)
+	}
+	if r.Weight > 1 {
+		t.Weight = r.Weight
+	}
 	if t.State != store.Held {
 		t.State, t.Slot, t.Position = store.Waiting, -1, position
+	} else if r.Indexes != nil {
+		t.Indexes = map[string][]int{}
+		for _, n := range r.names() {
+			t.Indexes[n] = slices.Clone(r.Indexes[n])
+		}
 	}
 	if e.live() {
 		t.Remaining = remaining
@@ -294,7 +506,7 @@ func (s *Store) viewOf(ctx context.Context, st *lstate, id string) (store.Ticket
 	if e.live() {
 		rem = s.remaining(ctx, e.r.Lease)
 	}
-	return s.view(e, positions(st.entries)[e], rem), true
+	return s.view(e, positions(st.queue(e.r.Limit))[e], rem), true
 }
 
 // limitName extracts <limit> from P/<kind>/<limit>/<rest>.
