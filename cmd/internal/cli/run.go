@@ -24,9 +24,9 @@ type RunOptions struct {
 	Limits       []string // in the order given; the first is the one SLOTCTL_SLOT and Position speak of
 	Weight       int      // slots taken in each limit
 	Slots        int
-	SlotsSet     bool          // --slots was given: a different existing size is an error
+	SlotsSet     bool           // --slots was given: a different existing size is an error
 	SlotsOf      map[string]int // the config's limits.NAME sizes of o.Limits, when --slots was not given
-	Wait         time.Duration // < 0: no bound
+	Wait         time.Duration  // < 0: no bound
 	BusyExitCode int
 	TTL          time.Duration
 	RenewEvery   time.Duration // 0: TTL/3

@@ -14,8 +14,8 @@ import (
 // line (queue position, who holds the slots and for how long), refreshed
 // every second; elsewhere one plain line when waiting starts.
 type statusLine struct {
-	f     *Factory
-	log   *logger
+	f      *Factory
+	log    *logger
 	st     store.Store
 	limits []string // the ticket's, in its order
 	live   bool
