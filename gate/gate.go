@@ -235,13 +235,10 @@ func HeadExpiry(snap store.Snapshot) (d time.Duration, ok bool) {
 // heads no limit that has a holder.
 func TicketExpiry(snap store.Snapshot, t store.Ticket) (time.Duration, bool) {
 	heads := map[string]bool{}
-	seen := map[string]bool{}
 	for _, u := range snap.Tickets {
-		if u.State != store.Waiting || seen[u.Limit] {
-			continue
+		if u.ID == t.ID && u.State == store.Waiting && u.Position == 1 {
+			heads[u.Limit] = true // Position counts the waiters of the limit it is listed under
 		}
-		seen[u.Limit] = true // the snapshot orders waiters by fence: the first is the head
-		heads[u.Limit] = u.ID == t.ID
 	}
 	return headExpiry(snap, func(limit string) bool { return heads[limit] })
 }

@@ -531,3 +531,30 @@ func TestHeadExpiryExpiredHolder(t *testing.T) {
 		t.Error("HeadExpiry with no holder: ok, want false")
 	}
 }
+
+// TestTicketExpiry: a waiting ticket of several limits watches the holders
+// of the limits it heads, and only those: in "a" it is second (an older
+// ticket waits there and watches "a"), in "b" first.
+func TestTicketExpiry(t *testing.T) {
+	w := store.Ticket{ID: "w", Limit: "a", Limits: []string{"a", "b"}, State: store.Waiting, Slot: -1, Fence: 5}
+	var snap store.Snapshot
+	snap.AddLimit(store.Limit{Name: "a", Slots: 1}, []store.Ticket{
+		{ID: "ha", Limit: "a", State: store.Held, Fence: 1, Remaining: 3 * time.Second},
+		{ID: "older", Limit: "a", State: store.Waiting, Slot: -1, Fence: 2, Remaining: time.Minute},
+		w,
+	})
+	snap.AddLimit(store.Limit{Name: "b", Slots: 1}, []store.Ticket{
+		{ID: "hb", Limit: "b", State: store.Held, Fence: 3, Remaining: 7 * time.Second},
+		w,
+	})
+	d, ok := TicketExpiry(snap, w)
+	if !ok || d != 7*time.Second+5*time.Millisecond {
+		t.Errorf("TicketExpiry = %v, %v; want 7.005s (b's holder), true", d, ok)
+	}
+	if d, ok := TicketExpiry(snap, store.Ticket{ID: "older"}); !ok || d != 3*time.Second+5*time.Millisecond {
+		t.Errorf("TicketExpiry of the head of a = %v, %v; want 3.005s, true", d, ok)
+	}
+	if _, ok := TicketExpiry(snap, store.Ticket{ID: "ha"}); ok {
+		t.Error("TicketExpiry of a holder: ok, want false")
+	}
+}
