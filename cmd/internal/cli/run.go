@@ -388,6 +388,14 @@ func createLimits(ctx context.Context, st store.Store, o *RunOptions, limits []s
 	return nil
 }
 
+// plural is "1 slot", "2 slots".
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return strconv.Itoa(n) + " " + what + "s"
+}
+
 // sizeOf is the size a limit this run creates gets: --slots, else the
 // config's limits.NAME, else 1.
 func (o *RunOptions) sizeOf(name string) int {
@@ -403,7 +411,7 @@ func (o *RunOptions) sizeOf(name string) int {
 // weightError is a weight above a limit's size, said in the run's words.
 func weightError(e *store.WeightError) error {
 	return &ExitError{Code: exitUsage,
-		Err:  fmt.Errorf("--weight %d is more than the %d slots of limit %q: want a weight of 1..%d", e.Weight, e.Slots, e.Limit, e.Slots),
+		Err:  fmt.Errorf("--weight %d is more than the %s of limit %q: want a weight of 1..%d", e.Weight, plural(e.Slots, "slot"), e.Limit, e.Slots),
 		Hint: fmt.Sprintf("or resize it: slotctl limit set %s %d", e.Limit, e.Weight)}
 }
 
@@ -582,7 +590,7 @@ func nestedTicket(ctx context.Context, f *Factory, log *logger, st store.Store, 
 // ancestor's ticket in the limits they share, and returns held.
 func nestedHeld(log *logger, t store.Ticket, held []string, weight int) []string {
 	if weight > t.Weighs() {
-		log.verbose("nested run: --weight %d is more than the %d slot(s) ticket %s holds in %s: running under that ticket there (taking more would wait for the ancestor's own slots)", weight, t.Weighs(), short(t.ID), limitsPhrase(held))
+		log.verbose("nested run: --weight %d is more than the %s ticket %s holds in %s: running under that ticket there (taking more would wait for the ancestor's own slots)", weight, plural(t.Weighs(), "slot"), short(t.ID), limitsPhrase(held))
 	}
 	return held
 }
