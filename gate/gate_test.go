@@ -558,3 +558,31 @@ func TestTicketExpiry(t *testing.T) {
 		t.Error("TicketExpiry of a holder: ok, want false")
 	}
 }
+
+// TestWaitSweepsEveryLimit: a waiter of two limits, blocked only in its
+// second by a holder whose lease runs out, sweeps that limit at the
+// holder's expiry and is admitted then, with no other write to the store:
+// it watches and sweeps all of its limits, not only its first.
+func TestWaitSweepsEveryLimit(t *testing.T) {
+	g, s, clock := newGate(t, time.Hour)
+	ctx := context.Background()
+	if _, err := s.Enqueue(ctx, request("b", 1)); err != nil {
+		t.Fatal(err)
+	}
+	req := request("", 1)
+	req.Limits, req.TTL = []string{"a", "b"}, time.Hour
+	e := join(t, g, req)
+	defer e.Close()
+	if e.Ticket().State != store.Waiting {
+		t.Fatalf("the waiter is %s, want waiting behind b's holder", e.Ticket().State)
+	}
+	clock.Advance(2 * time.Minute) // b's holder (1m lease) expired; the waiter's (1h) did not
+	start := time.Now()
+	got, err := e.Wait(ctx, 3*time.Second, nil)
+	if err != nil {
+		t.Fatalf("Wait: %v after %s; want admitted once b's holder expired", err, time.Since(start))
+	}
+	if got.SlotsVar() != "a=0 b=0" {
+		t.Errorf("admitted with slots %q, want a=0 b=0", got.SlotsVar())
+	}
+}
