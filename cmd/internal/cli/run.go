@@ -154,7 +154,7 @@ EXIT STATUS
 // resolve validates the flags (docs/leases.md §7: one line naming the input and what
 // would be accepted) and applies the config's limit sizes.
 func (o *RunOptions) resolve(f *Factory, cmd *cobra.Command, wait string, noWait bool) error {
-	if len(o.Limits) == 0 {
+	if len(o.Limits) == 0 || len(o.Limits) == 1 && o.Limits[0] == "" {
 		return errArgs(cmd, "--limit is required: name the limit to run under, e.g. --limit build")
 	}
 	if len(o.Limits) > store.MaxLimits {
