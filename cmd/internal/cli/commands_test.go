@@ -282,3 +282,51 @@ func TestStatusLineWidthFromFactory(t *testing.T) {
 		t.Errorf("status line: %q", got)
 	}
 }
+
+// TestStatusLineSeveralLimits: the waiting line of a ticket of several
+// limits names the limits that keep it out (an older waiter, too few free
+// slots for its weight, a size shrunk below its weight), its place in each,
+// and the holders of those limits only.
+func TestStatusLineSeveralLimits(t *testing.T) {
+	e := newLsEnv(t)
+	st, err := boltstore.New(e.store, boltstore.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	ctx := context.Background()
+	for name, n := range map[string]int{"build": 4, "db": 2} {
+		if _, err := st.SetLimit(ctx, name, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	enq := func(id string, limits []string, weight int, argv ...string) store.Ticket {
+		t.Helper()
+		tk, err := st.Enqueue(ctx, store.EnqueueRequest{ID: id, Limits: limits, Weight: weight, TTL: time.Hour,
+			Holder: store.Holder{Host: "h", Pid: 7, Argv: argv}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tk
+	}
+	enq("a0000000000000000000000000000001", []string{"build"}, 1, "make")
+	enq("a0000000000000000000000000000002", []string{"db"}, 2, "migrate")
+	w := enq("a0000000000000000000000000000003", []string{"build", "db"}, 2, "test")
+	if w.State != store.Waiting {
+		t.Fatalf("the ticket of build and db is %s, want waiting (db is full)", w.State)
+	}
+	f, _, errOut := lsFactory(e.env, nil, false, 0)
+	s := newStatusLine(f, &logger{w: errOut}, st, []string{"build", "db"})
+	got := s.text(ctx, w, 0)
+	want := `waiting for limits "build", "db" (weight 2): "db" (2/2 held), 1st in queue; held by migrate (pid 7 on h, 0s)`
+	if got != want {
+		t.Errorf("status:\n got %q\nwant %q", got, want)
+	}
+	if _, err := st.SetLimit(ctx, "db", 1); err != nil {
+		t.Fatal(err)
+	}
+	got = s.text(ctx, w, 0)
+	if want := `"db" (2/1 held), 1st in queue, smaller than weight 2: waits for a resize;`; !strings.Contains(got, want) {
+		t.Errorf("status after db shrank to 1:\n got %q\nwant it to contain %q", got, want)
+	}
+}

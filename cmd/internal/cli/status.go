@@ -148,6 +148,9 @@ func (s *statusLine) multiText(ctx context.Context, t store.Ticket) string {
 		if pos[l.Name] > 0 {
 			p += fmt.Sprintf(", %s in queue", ordinal(pos[l.Name]))
 		}
+		if l.Slots > 0 && l.Slots < t.Weighs() {
+			p += fmt.Sprintf(", smaller than weight %d: waits for a resize", t.Weighs()) // shrunk below it (README)
+		}
 		parts = append(parts, p)
 	}
 	if len(parts) > 0 {
