@@ -57,9 +57,9 @@ func newRunCmd(f *Factory, g *globalOptions, runF func(*RunOptions) error) *cobr
 		Long: `Run COMMAND once a slot of the limit is free, keeping the slot until it exits.
 
 slotctl writes a waiting ticket, waits its turn in arrival order, starts
-COMMAND with SLOTCTL_LIMIT, SLOTCTL_TICKET, SLOTCTL_FENCE, SLOTCTL_SLOT and
-SLOTCTL_STORE in its environment, renews the ticket's lease while it runs, and
-releases the slot when it has exited. A limit that does not exist is created
+COMMAND with SLOTCTL_LIMIT, SLOTCTL_TICKET, SLOTCTL_FENCE, SLOTCTL_SLOT,
+SLOTCTL_SLOTS and SLOTCTL_STORE in its environment, renews the ticket's lease
+while it runs, and releases the slot when it has exited. A limit that does not exist is created
 with --slots (else the config file's limits.NAME, else 1).
 
 --limit may be repeated: the run is admitted to all of its limits in one step
