@@ -105,7 +105,7 @@ func runRelease(ctx context.Context, f *Factory, g *globalOptions, o *ReleaseOpt
 		}
 		if removed {
 			if len(t.Names()) > 1 {
-				// One removal frees its slots in every limit at once (docs/leases.md §2.5).
+				// One removal frees its slots in every limit at once (docs/leases.md §2.1 item 9).
 				log.info("released ticket %s (%s, %s): its slots in all %d limits are free", shortID(t.ID), ticketLimits(t), describeState(t), len(t.Names()))
 			} else {
 				log.info("released ticket %s (%s, %s)", shortID(t.ID), ticketLimits(t), describeState(t))
