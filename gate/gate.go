@@ -186,18 +186,30 @@ func (e *Entry) LastLook(ctx context.Context) (store.Ticket, error) {
 	return e.t, ErrBusy
 }
 
-// Sweep reaps the entry's limit: the first holder's lease ran out, so sweep
+// Sweep reaps the entry's limits: the first holder's lease ran out, so sweep
 // now rather than at the next write, and a dead holder's slot comes back
-// within its TTL.
+// within its TTL. A ticket of several limits sweeps all of them: the holder
+// that blocks it may be in any (docs/leases.md §2.1 item 9).
 func (e *Entry) Sweep(ctx context.Context) {
-	_, _ = e.g.Store.Reap(ctx, store.ReapOptions{Limits: []string{e.t.Limit}})
+	_, _ = e.g.Store.Reap(ctx, store.ReapOptions{Limits: e.t.Names()})
 }
 
 // Expiry is how long to sleep before Sweep, when this ticket is next in
 // line: until the first holder's lease runs out (HeadExpiry). Only the head
 // of the queue watches, so a long queue costs one read per wake-up, not one
 // per waiter. ok is false when there is nothing to watch.
+//
+// A ticket of several limits may be the first waiter in one of them and not
+// in its first (Position counts its first limit only), so it reads all of
+// its limits and watches the holders of those it heads (TicketExpiry).
 func (e *Entry) Expiry(ctx context.Context) (time.Duration, bool) {
+	if len(e.t.Limits) > 1 {
+		snap, err := e.g.Store.Snapshot(ctx, e.t.Names()...)
+		if err != nil {
+			return 0, false
+		}
+		return TicketExpiry(snap, e.t)
+	}
 	if e.t.Position != 1 {
 		return 0, false
 	}
@@ -214,9 +226,27 @@ func (e *Entry) Expiry(ctx context.Context) (time.Duration, bool) {
 // clock agrees it passed; no sooner than 50 ms after an expired lease, so
 // that a sweep that failed (a locked store) is not retried in a hot loop.
 func HeadExpiry(snap store.Snapshot) (d time.Duration, ok bool) {
+	return headExpiry(snap, func(string) bool { return true })
+}
+
+// TicketExpiry is HeadExpiry for waiting ticket t over a snapshot of its
+// limits: only the holders of the limits in which t is the first waiter
+// count, since in the others an older waiter watches. ok is false when t
+// heads no limit that has a holder.
+func TicketExpiry(snap store.Snapshot, t store.Ticket) (time.Duration, bool) {
+	heads := map[string]bool{}
+	for _, u := range snap.Tickets {
+		if u.ID == t.ID && u.State == store.Waiting && u.Position == 1 {
+			heads[u.Limit] = true // Position counts the waiters of the limit it is listed under
+		}
+	}
+	return headExpiry(snap, func(limit string) bool { return heads[limit] })
+}
+
+func headExpiry(snap store.Snapshot, in func(limit string) bool) (d time.Duration, ok bool) {
 	first, found := time.Duration(0), false
 	for _, t := range snap.Tickets {
-		if t.State == store.Held && (!found || t.Remaining < first) {
+		if t.State == store.Held && in(t.Limit) && (!found || t.Remaining < first) {
 			first, found = t.Remaining, true
 		}
 	}

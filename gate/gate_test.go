@@ -531,3 +531,58 @@ func TestHeadExpiryExpiredHolder(t *testing.T) {
 		t.Error("HeadExpiry with no holder: ok, want false")
 	}
 }
+
+// TestTicketExpiry: a waiting ticket of several limits watches the holders
+// of the limits it heads, and only those: in "a" it is second (an older
+// ticket waits there and watches "a"), in "b" first.
+func TestTicketExpiry(t *testing.T) {
+	w := store.Ticket{ID: "w", Limit: "a", Limits: []string{"a", "b"}, State: store.Waiting, Slot: -1, Fence: 5}
+	var snap store.Snapshot
+	snap.AddLimit(store.Limit{Name: "a", Slots: 1}, []store.Ticket{
+		{ID: "ha", Limit: "a", State: store.Held, Fence: 1, Remaining: 3 * time.Second},
+		{ID: "older", Limit: "a", State: store.Waiting, Slot: -1, Fence: 2, Remaining: time.Minute},
+		w,
+	})
+	snap.AddLimit(store.Limit{Name: "b", Slots: 1}, []store.Ticket{
+		{ID: "hb", Limit: "b", State: store.Held, Fence: 3, Remaining: 7 * time.Second},
+		w,
+	})
+	d, ok := TicketExpiry(snap, w)
+	if !ok || d != 7*time.Second+5*time.Millisecond {
+		t.Errorf("TicketExpiry = %v, %v; want 7.005s (b's holder), true", d, ok)
+	}
+	if d, ok := TicketExpiry(snap, store.Ticket{ID: "older"}); !ok || d != 3*time.Second+5*time.Millisecond {
+		t.Errorf("TicketExpiry of the head of a = %v, %v; want 3.005s, true", d, ok)
+	}
+	if _, ok := TicketExpiry(snap, store.Ticket{ID: "ha"}); ok {
+		t.Error("TicketExpiry of a holder: ok, want false")
+	}
+}
+
+// TestWaitSweepsEveryLimit: a waiter of two limits, blocked only in its
+// second by a holder whose lease runs out, sweeps that limit at the
+// holder's expiry and is admitted then, with no other write to the store:
+// it watches and sweeps all of its limits, not only its first.
+func TestWaitSweepsEveryLimit(t *testing.T) {
+	g, s, clock := newGate(t, time.Hour)
+	ctx := context.Background()
+	if _, err := s.Enqueue(ctx, request("b", 1)); err != nil {
+		t.Fatal(err)
+	}
+	req := request("", 1)
+	req.Limits, req.TTL = []string{"a", "b"}, time.Hour
+	e := join(t, g, req)
+	defer e.Close()
+	if e.Ticket().State != store.Waiting {
+		t.Fatalf("the waiter is %s, want waiting behind b's holder", e.Ticket().State)
+	}
+	clock.Advance(2 * time.Minute) // b's holder (1m lease) expired; the waiter's (1h) did not
+	start := time.Now()
+	got, err := e.Wait(ctx, 3*time.Second, nil)
+	if err != nil {
+		t.Fatalf("Wait: %v after %s; want admitted once b's holder expired", err, time.Since(start))
+	}
+	if got.SlotsVar() != "a=0 b=0" {
+		t.Errorf("admitted with slots %q, want a=0 b=0", got.SlotsVar())
+	}
+}

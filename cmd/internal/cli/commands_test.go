@@ -81,8 +81,10 @@ func TestCommandOptions(t *testing.T) {
 		{"log -n 5 -o json build", &LogOptions{N: 5, Output: "json", Limit: "build"}},
 		{"completion zsh", &CompletionOptions{Shell: "zsh"}},
 		{"completion fish --no-descriptions -o out.fish", &CompletionOptions{Shell: "fish", Output: "out.fish", NoDescriptions: true}},
-		{"run --limit build --slots 2 --no-wait -- make -j8", &RunOptions{Limit: "build", Slots: 2, SlotsSet: true, Wait: 0,
+		{"run --limit build --slots 2 --no-wait -- make -j8", &RunOptions{Limits: []string{"build"}, Weight: 1, Slots: 2, SlotsSet: true, Wait: 0,
 			BusyExitCode: exitBusy, TTL: defaultTTL, OnLost: "kill", KillAfter: defaultKillAfter, Argv: []string{"make", "-j8"}}},
+		{"run -l build --limit db --weight 2 -- make", &RunOptions{Limits: []string{"build", "db"}, Weight: 2, Slots: 1, Wait: -1,
+			BusyExitCode: exitBusy, TTL: defaultTTL, OnLost: "kill", KillAfter: defaultKillAfter, Argv: []string{"make"}}},
 	}
 	for _, c := range cases {
 		t.Run(c.args, func(t *testing.T) {
@@ -141,6 +143,15 @@ func TestCommandBadInput(t *testing.T) {
 		{"completion tcsh", `shell "tcsh": want bash, zsh, fish or powershell; see 'slotctl completion --help'`},
 		{"frobnicate", `unknown command "frobnicate" for "slotctl"; see 'slotctl --help'`},
 		{"run --limit x --ttl soon -- true", `--ttl "soon": want a duration such as 30s, 5m or 1h30m; see 'slotctl run --help'`},
+		{"run --limit a --limit b --limit a -- true", `--limit "a" given twice: name each limit once`},
+		{"run --limit a -l b/c -- true", `--limit "b/c": ` + name},
+		{"run --limit a --weight 0 -- true", `--weight 0: want 1..65535 (the slots taken in each limit)`},
+		{"run --limit a --weight -1 -- true", `--weight -1: want 1..65535 (the slots taken in each limit)`},
+		{"run --limit a --weight 65536 -- true", `--weight 65536: want 1..65535 (the slots taken in each limit)`},
+		{"run --limit a --weight two -- true", `--weight "two": want a whole number; see 'slotctl run --help'`},
+		{"run --limit a --limit b --slots 2 --weight 3 -- true", `--weight 3 is more than --slots 2: want a weight of 1..2`},
+		{"run --limit a --limit b --weight 2", `missing COMMAND: want slotctl run --limit NAME -- COMMAND [ARGS...]; see 'slotctl run --help'`},
+		{"run" + manyLimits(17) + " -- true", `--limit given 17 times: want at most 16 limits`},
 	}
 	for _, c := range cases {
 		t.Run(c.args, func(t *testing.T) {
@@ -163,6 +174,15 @@ func TestCommandBadInput(t *testing.T) {
 	}
 }
 
+// manyLimits is n --limit flags, each naming another limit.
+func manyLimits(n int) string {
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, " --limit l%d", i)
+	}
+	return b.String()
+}
+
 // TestErrorLineFoldsHints: every hint slotctl gives ends the error's own line.
 func TestErrorLineFoldsHints(t *testing.T) {
 	cases := []struct {
@@ -174,6 +194,7 @@ func TestErrorLineFoldsHints(t *testing.T) {
 		{fmt.Errorf("store /x.db: %w", store.ErrCorrupt), "slotctl: store /x.db: " + store.ErrCorrupt.Error() + "; move the file aside (slotctl will start a new one) or point --store elsewhere\n"},
 		{&ExitError{Code: 64, Err: fmt.Errorf("two\nlines"), Hint: "a hint\nwith a newline"}, "slotctl: two lines; a hint with a newline\n"},
 		{&ExitError{Code: 3}, ""},
+		{weightError(&store.WeightError{Limit: "db", Slots: 2, Weight: 3}), `slotctl: --weight 3 is more than the 2 slots of limit "db": want a weight of 1..2; or resize it: slotctl limit set db 3` + "\n"},
 	}
 	for _, c := range cases {
 		if got := errorLine(c.err); got != c.want {
@@ -250,7 +271,7 @@ func TestStatusLineWidthFromFactory(t *testing.T) {
 	f, _, errOut := lsFactory(e.env, clock, false, 0)
 	f.IO.ErrTTY = true
 	f.ErrWidth = func() int { return 50 }
-	s := newStatusLine(f, &logger{w: errOut}, st, "build")
+	s := newStatusLine(f, &logger{w: errOut}, st, []string{"build"})
 	s.t = store.Ticket{ID: "c04e1a9b7d2f4c6e8a1b3d5f7092a4c6", Limit: "build", State: store.Waiting, Position: 1}
 	s.draw(context.Background())
 	got := strings.TrimPrefix(errOut.String(), "\r\033[K")
@@ -259,5 +280,53 @@ func TestStatusLineWidthFromFactory(t *testing.T) {
 	}
 	if !strings.HasPrefix(got, `slotctl: waiting for limit "build" (2/2 held), `) {
 		t.Errorf("status line: %q", got)
+	}
+}
+
+// TestStatusLineSeveralLimits: the waiting line of a ticket of several
+// limits names the limits that keep it out (an older waiter, too few free
+// slots for its weight, a size shrunk below its weight), its place in each,
+// and the holders of those limits only.
+func TestStatusLineSeveralLimits(t *testing.T) {
+	e := newLsEnv(t)
+	st, err := boltstore.New(e.store, boltstore.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	ctx := context.Background()
+	for name, n := range map[string]int{"build": 4, "db": 2} {
+		if _, err := st.SetLimit(ctx, name, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	enq := func(id string, limits []string, weight int, argv ...string) store.Ticket {
+		t.Helper()
+		tk, err := st.Enqueue(ctx, store.EnqueueRequest{ID: id, Limits: limits, Weight: weight, TTL: time.Hour,
+			Holder: store.Holder{Host: "h", Pid: 7, Argv: argv}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tk
+	}
+	enq("a0000000000000000000000000000001", []string{"build"}, 1, "make")
+	enq("a0000000000000000000000000000002", []string{"db"}, 2, "migrate")
+	w := enq("a0000000000000000000000000000003", []string{"build", "db"}, 2, "test")
+	if w.State != store.Waiting {
+		t.Fatalf("the ticket of build and db is %s, want waiting (db is full)", w.State)
+	}
+	f, _, errOut := lsFactory(e.env, nil, false, 0)
+	s := newStatusLine(f, &logger{w: errOut}, st, []string{"build", "db"})
+	got := s.text(ctx, w, 0)
+	want := `waiting for limits "build", "db" (weight 2): "db" (2/2 held), 1st in queue; held by migrate (pid 7 on h, 0s)`
+	if got != want {
+		t.Errorf("status:\n got %q\nwant %q", got, want)
+	}
+	if _, err := st.SetLimit(ctx, "db", 1); err != nil {
+		t.Fatal(err)
+	}
+	got = s.text(ctx, w, 0)
+	if want := `"db" (2/1 held), 1st in queue, smaller than weight 2: waits for a resize;`; !strings.Contains(got, want) {
+		t.Errorf("status after db shrank to 1:\n got %q\nwant it to contain %q", got, want)
 	}
 }

@@ -35,8 +35,21 @@ func (f *Factory) completionStore(cmd *cobra.Command) (store.Store, context.Cont
 
 // completeLimits suggests limit names from the store and the config file.
 func (f *Factory) completeLimits(cmd *cobra.Command, args []string, toComplete string) ([]string, cobra.ShellCompDirective) {
+	return f.suggestLimits(cmd, args, toComplete)
+}
+
+// completeRunLimits completes each --limit of slotctl run: the limits not
+// named by an earlier --limit (a limit named twice is refused).
+func (f *Factory) completeRunLimits(cmd *cobra.Command, _ []string, toComplete string) ([]string, cobra.ShellCompDirective) {
+	given, _ := cmd.Flags().GetStringArray("limit")
+	return f.suggestLimits(cmd, given, toComplete)
+}
+
+// suggestLimits is the limit names from the store and the config file that
+// start with toComplete, less those in given.
+func (f *Factory) suggestLimits(cmd *cobra.Command, given []string, toComplete string) ([]string, cobra.ShellCompDirective) {
 	seen := map[string]bool{}
-	for _, a := range args {
+	for _, a := range given {
 		seen[a] = true
 	}
 	var out []string
@@ -75,14 +88,26 @@ func (f *Factory) completeTickets(cmd *cobra.Command, args []string, toComplete 
 		return nil, cobra.ShellCompDirectiveNoFileComp
 	}
 	var out []string
+	seen := map[string]bool{}
 	for _, t := range snap.Tickets {
 		// A candidate is a line of cobra's output, its description after a
-		// tab: a valid id, and the description escaped.
-		if strings.HasPrefix(t.ID, toComplete) && store.CheckID(t.ID) == nil {
-			out = append(out, t.ID+"\t"+store.Printable(t.Limit)+" "+ticketState(t)+": "+store.Printable(t.Holder.Command()))
+		// tab: a valid id, and the description escaped. A ticket of several
+		// limits is listed under each: offered once, naming them all.
+		if strings.HasPrefix(t.ID, toComplete) && store.CheckID(t.ID) == nil && !seen[t.ID] {
+			seen[t.ID] = true
+			out = append(out, t.ID+"\t"+printableNames(t.Names())+" "+ticketState(t)+": "+store.Printable(t.Holder.Command()))
 		}
 	}
 	return out, cobra.ShellCompDirectiveNoFileComp
+}
+
+// printableNames is a ticket's limits joined by commas, escaped.
+func printableNames(names []string) string {
+	q := make([]string, len(names))
+	for i, n := range names {
+		q[i] = store.Printable(n)
+	}
+	return strings.Join(q, ",")
 }
 
 // signalContext ends on Ctrl-C or SIGTERM, for commands that run until stopped.

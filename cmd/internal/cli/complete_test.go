@@ -97,6 +97,14 @@ func TestCompleteRunLimitFlag(t *testing.T) {
 	if !slices.Equal(got, []string{"--limit=deploy"}) && !slices.Equal(got, []string{"deploy"}) {
 		t.Errorf("run --limit=d: %q, want deploy", got)
 	}
+
+	// Each --limit completes, and a limit named by an earlier one is not
+	// offered again (the same limit twice is refused).
+	got, _, _ = compRun(t, e.env, "run", "--limit", "build", "-l", "deploy", "--limit", "")
+	slices.Sort(got)
+	if want := []string{"backup", "batch"}; !slices.Equal(got, want) {
+		t.Errorf("run --limit build -l deploy --limit \"\": %q, want %q", got, want)
+	}
 }
 
 func TestCompleteLsLimits(t *testing.T) {

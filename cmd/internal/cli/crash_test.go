@@ -299,6 +299,100 @@ func TestSigkillSupervisorReapFreesAtOnce(t *testing.T) {
 	}
 }
 
+// TestSigkillMultiLimitHolderFreesEveryLimit: a SIGKILLed holder of two
+// limits at weight 2 is proven dead on this host, and one removal gives its
+// slots back at once in every limit it held (docs/leases.md §2.1 item 9,
+// §4.3): by slotctl reap, which names both limits, or by the next run on
+// just one of them, whose admission sweeps that limit — the other one is
+// free then too, without waiting for the 1h lease.
+func TestSigkillMultiLimitHolderFreesEveryLimit(t *testing.T) {
+	for _, how := range []string{"reap", "next-run"} {
+		t.Run(how, func(t *testing.T) {
+			e := newPTEnv(t)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+
+			holder := e.start(ctx, "holder", "run", "--limit", "ka", "--limit", "kb", "--slots", "2", "--weight", "2", "--ttl", "1h", "--",
+				"sh", "-c", `echo "$SLOTCTL_SLOTS" > slots; echo $SLOTCTL_TICKET > ticket; echo $$ > pid; exec sleep 60`)
+			pid := int(ptWaitInt(t, e.path("pid"), 5*time.Second))
+			e.notePid(pid)
+			id := crashLine(t, e.path("ticket"), 5*time.Second)
+			if got := crashLine(t, e.path("slots"), 5*time.Second); got != "ka=0,1 kb=0,1" {
+				t.Fatalf("SLOTCTL_SLOTS = %q, want %q", got, "ka=0,1 kb=0,1")
+			}
+			ptWaitFor(t, "child exec sleep", 5*time.Second, func() bool {
+				ps, ok := crashReadPS(pid)
+				return ok && ps.comm == "sleep"
+			})
+			crashWaitChildRecorded(ctx, t, e, id, pid)
+			for _, l := range []string{"ka", "kb"} {
+				if got := crashLimit(ctx, t, e, l); got.Held != 2 {
+					t.Fatalf("limit %s: held %d before the kill, want 2 (weight 2)", l, got.Held)
+				}
+			}
+			// Full in both: a run on either is busy while the holder lives.
+			if code, _, _ := crashRun(ctx, t, e, 10*time.Second, "run", "--limit", "kb", "--no-wait", "--", "true"); code != exitBusy {
+				t.Fatalf("run --limit kb --no-wait beside the live holder exited %d, want %d", code, exitBusy)
+			}
+
+			sup := holder.cmd.Process.Pid
+			killAt := time.Now()
+			crashSignal(t, sup, syscall.SIGKILL)
+			if code := holder.wait(t, 5*time.Second); code != -1 {
+				t.Fatalf("slotctl exited %d, want killed by SIGKILL", code)
+			}
+			ptWaitFor(t, "the child to die with its supervisor", 2*time.Second, func() bool { return ptGone(pid) })
+
+			if how == "reap" {
+				code, out, errOut := crashRun(ctx, t, e, 10*time.Second, "reap")
+				if code != 0 {
+					t.Fatalf("slotctl reap exited %d; stderr:\n%s", code, errOut)
+				}
+				lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+				if len(lines) != 1 || !strings.HasPrefix(lines[0], "reaped "+short(id)+" (limits ka,kb, held slots ka=0,1 kb=0,1, ") ||
+					!strings.Contains(lines[0], fmt.Sprintf("supervisor %d gone", sup)) {
+					t.Fatalf("slotctl reap printed\n%s\nwant one line: reaped %s (limits ka,kb, held slots ka=0,1 kb=0,1, ...): supervisor %d gone...", out, short(id), sup)
+				}
+			} else {
+				// No reap: a run on kb alone, at weight 2, is admitted at once.
+				if code, _, errOut := crashRun(ctx, t, e, 10*time.Second, "run", "--limit", "kb", "--weight", "2", "--no-wait", "--", "true"); code != 0 {
+					t.Fatalf("run --limit kb --weight 2 --no-wait after the kill exited %d, want 0; stderr:\n%s", code, errOut)
+				}
+			}
+			// Every limit is free at once, whole: weight 2 fits in each.
+			for _, l := range []string{"ka", "kb"} {
+				if got := crashLimit(ctx, t, e, l); got.Held != 0 || got.Waiting != 0 {
+					t.Errorf("limit %s: held %d, waiting %d after the dead holder went, want 0 and 0", l, got.Held, got.Waiting)
+				}
+			}
+			if code, _, errOut := crashRun(ctx, t, e, 10*time.Second, "run", "--limit", "ka", "--weight", "2", "--no-wait", "--", "true"); code != 0 {
+				t.Errorf("run --limit ka --weight 2 --no-wait exited %d, want 0 (admitted at once); stderr:\n%s", code, errOut)
+			}
+			evs := crashEvents(ctx, t, e)
+			reaped := map[string]eventJSON{}
+			for _, ev := range evs {
+				if ev.Kind == "reaped" && ev.Ticket == id {
+					reaped[ev.Limit] = ev
+				}
+			}
+			for _, l := range []string{"ka", "kb"} {
+				ev, ok := reaped[l]
+				if !ok {
+					t.Errorf("log has no reaped event of ticket %s in limit %s: %+v", short(id), l, evs)
+					continue
+				}
+				if !slices.Equal(ev.Limits, []string{"ka", "kb"}) || ev.Weight != 2 || !slices.Equal(ev.Indexes, []int{0, 1}) {
+					t.Errorf("reaped event in %s: limits %v, weight %d, indexes %v; want [ka kb], 2, [0 1]", l, ev.Limits, ev.Weight, ev.Indexes)
+				}
+			}
+			if len(reaped) != 2 {
+				t.Errorf("reaped events of %s: %d, want one per limit (2)", short(id), len(reaped))
+			}
+			t.Logf("%s: SIGKILL -> both limits free in %s", how, ptMS(time.Since(killAt)))
+		})
+	}
+}
+
 // TestSigkillBothAdmittedWithinTTL: a holder (--ttl 2s) and its whole job
 // die by SIGKILL while a run waits; the waiter is admitted within the TTL
 // without anyone running reap. On this host and pid namespace the waiter's

@@ -56,7 +56,7 @@ func supervisorVar() []string {
 
 // jobVarNames are the variables an ancestor's run put in the environment,
 // which a new ticket's replace (or whose absence it means).
-var jobVarNames = []string{"SLOTCTL_LIMIT", proc.TicketVar, "SLOTCTL_FENCE", "SLOTCTL_SLOT",
+var jobVarNames = []string{"SLOTCTL_LIMIT", proc.TicketVar, "SLOTCTL_FENCE", "SLOTCTL_SLOT", "SLOTCTL_SLOTS",
 	proc.SupervisorVar, storeVar, storeExportedVar, storeBeforeVar}
 
 // credentialVars never reach a child (docs/leases.md §4.5): a job is not trusted with

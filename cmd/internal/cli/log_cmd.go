@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -86,19 +87,35 @@ func runLog(ctx context.Context, f *Factory, g *globalOptions, o *LogOptions) er
 var eventHeaders = []string{"TIME", "EVENT", "LIMIT", "TICKET", "FENCE", "SLOT", "HOST", "PID", "USER", "COMMAND", "EVIDENCE"}
 
 // drawEvents is log's table, on the renderer ls and limit ls use: plain
-// aligned text off a terminal, coloured by kind of event on one.
+// aligned text off a terminal, coloured by kind of event on one. A ticket
+// of several limits logs one event in each; SLOT is its indexes in that
+// limit ("2,3"), and a W column (the weight) appears when some event
+// weighs more than one slot.
 func drawEvents(out tableOut, events []store.Event) error {
+	weighted := false
+	for _, e := range events {
+		weighted = weighted || e.Weight > 1
+	}
+	headers := eventHeaders
+	if weighted {
+		headers = append(append(slices.Clip(eventHeaders[:6]), "W"), eventHeaders[6:]...)
+	}
 	rows := make([][]string, 0, len(events))
 	for _, e := range events {
 		slot := "-"
-		if e.Slot >= 0 {
+		if len(e.Indexes) > 0 {
+			slot = joinInts(e.Indexes)
+		} else if e.Slot >= 0 {
 			slot = fmt.Sprint(e.Slot)
 		}
 		p := store.Printable
-		rows = append(rows, []string{e.Time.Local().Format(time.DateTime), p(e.Kind), p(e.Limit), shortID(e.Ticket),
-			fmt.Sprint(e.Fence), slot, p(e.Host), fmt.Sprint(e.Pid), p(e.User), p(e.Command), p(e.Evidence)})
+		row := []string{e.Time.Local().Format(time.DateTime), p(e.Kind), p(e.Limit), shortID(e.Ticket), fmt.Sprint(e.Fence), slot}
+		if weighted {
+			row = append(row, fmt.Sprint(max(e.Weight, 1)))
+		}
+		rows = append(rows, append(row, p(e.Host), fmt.Sprint(e.Pid), p(e.User), p(e.Command), p(e.Evidence)))
 	}
-	return out.draw(eventHeaders, rows, -1, func(row, col int) string {
+	return out.draw(headers, rows, -1, func(row, col int) string {
 		if col != 1 {
 			return ""
 		}
@@ -128,18 +145,30 @@ type eventJSON struct {
 	Ticket        string `json:"ticket"`
 	Fence         uint64 `json:"fence"`
 	Slot          int    `json:"slot"`
-	Host          string `json:"host"`
-	Pid           int    `json:"pid"`
-	User          string `json:"user"`
-	Command       string `json:"command"`
-	Evidence      string `json:"evidence"`
+	// A ticket of several limits logs one event in each limit: all its
+	// limits, its weight, its indexes in limit (null when it held none).
+	Limits   []string `json:"limits"`
+	Weight   int      `json:"weight"`
+	Indexes  []int    `json:"indexes"`
+	Host     string   `json:"host"`
+	Pid      int      `json:"pid"`
+	User     string   `json:"user"`
+	Command  string   `json:"command"`
+	Evidence string   `json:"evidence"`
 }
 
 // writeEventsJSON writes one JSON object per line, so that a log streams into jq.
 func writeEventsJSON(w io.Writer, events []store.Event) error {
 	for _, e := range events {
+		limits, indexes := e.Limits, e.Indexes
+		if len(limits) == 0 {
+			limits = []string{e.Limit}
+		}
+		if indexes == nil && e.Slot >= 0 {
+			indexes = []int{e.Slot}
+		}
 		if err := writeJSONLine(w, eventJSON{SchemaVersion: 1, Seq: e.Seq, Time: e.Time.UTC().Format(time.RFC3339Nano), Kind: e.Kind,
-			Limit: e.Limit, Ticket: e.Ticket, Fence: e.Fence, Slot: e.Slot, Host: e.Host, Pid: e.Pid, User: e.User,
+			Limit: e.Limit, Ticket: e.Ticket, Fence: e.Fence, Slot: e.Slot, Limits: limits, Weight: max(e.Weight, 1), Indexes: indexes, Host: e.Host, Pid: e.Pid, User: e.User,
 			Command: e.Command, Evidence: e.Evidence}); err != nil {
 			return err
 		}

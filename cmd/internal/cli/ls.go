@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -150,19 +151,37 @@ func ticketState(t store.Ticket) string {
 }
 
 // drawTickets is the tickets table: held first, then waiters by position.
+// A ticket of several limits has a row under each, its SLOT there the
+// indexes it holds in that limit ("2,3" for a weight of 2); a W column
+// (the weight) appears when some ticket weighs more than one slot.
 func drawTickets(out tableOut, snap store.Snapshot, wide bool) error {
+	weighted := false
+	for _, t := range snap.Tickets {
+		weighted = weighted || t.Weighs() > 1
+	}
+	headers := ticketHeaders
+	if weighted {
+		headers = append(append(slices.Clip(ticketHeaders[:3]), "W"), ticketHeaders[3:]...)
+	}
+	col := func(name string) int { return slices.Index(headers, name) }
 	rows := make([][]string, 0, len(snap.Tickets))
 	for _, t := range snap.Tickets {
 		slot := strconv.Itoa(t.Slot)
 		if t.State == store.Waiting {
 			slot = "#" + strconv.Itoa(t.Position) // its place in the queue
+		} else if ix := t.In(t.Limit); len(ix) > 1 {
+			slot = joinInts(ix)
 		}
-		rows = append(rows, []string{store.Printable(t.Limit), ticketState(t), slot, shortID(t.ID), strconv.FormatUint(t.Fence, 10),
+		row := []string{store.Printable(t.Limit), ticketState(t), slot}
+		if weighted {
+			row = append(row, strconv.Itoa(t.Weighs()))
+		}
+		rows = append(rows, append(row, shortID(t.ID), strconv.FormatUint(t.Fence, 10),
 			store.Printable(t.Holder.Host), strconv.Itoa(t.Holder.Pid), store.Printable(t.Holder.User),
-			human(snap.Now.Sub(t.Created)), human(t.Remaining), store.Printable(t.Holder.Command())})
+			human(snap.Now.Sub(t.Created)), human(t.Remaining), store.Printable(t.Holder.Command())))
 	}
-	headers, fit := ticketHeaders, len(ticketHeaders)-1
-	cols := make([]int, len(ticketHeaders)) // the columns shown: all but on a narrow terminal
+	all, fit := headers, len(headers)-1
+	cols := make([]int, len(headers)) // the columns shown: all but on a narrow terminal
 	for i := range cols {
 		cols[i] = i
 	}
@@ -170,15 +189,16 @@ func drawTickets(out tableOut, snap store.Snapshot, wide bool) error {
 		fit = -1
 	} else if out.width > 0 {
 		// Least needed first: FENCE, PID, HOST, USER, SLOT.
-		cols = narrowColumns(ticketHeaders, rows, out.width, []int{4, 6, 5, 7, 2})
-		headers, rows = project(ticketHeaders, rows, cols)
+		cols = narrowColumns(all, rows, out.width, []int{col("FENCE"), col("PID"), col("HOST"), col("USER"), col("SLOT")})
+		headers, rows = project(all, rows, cols)
 		fit = len(cols) - 1
 	}
 	tickets := snap.Tickets
-	return out.draw(headers, rows, fit, func(row, col int) string {
+	state, lease, command := col("STATE"), col("LEASE"), col("COMMAND")
+	return out.draw(headers, rows, fit, func(row, c int) string {
 		t := tickets[row]
-		switch cols[col] {
-		case 1:
+		switch cols[c] {
+		case state:
 			switch ticketState(t) {
 			case "held":
 				return colorGreen
@@ -187,17 +207,29 @@ func drawTickets(out tableOut, snap store.Snapshot, wide bool) error {
 			default:
 				return colorRed
 			}
-		case 9:
+		case lease:
 			if t.Remaining <= t.TTL/3 { // a lease this close to expiry has missed a renewal
 				return colorRed
 			}
-		case 10:
+		case command:
 			if t.Holder.Label != "" {
 				return colorGray
 			}
 		}
 		return ""
 	})
+}
+
+// joinInts is slot indexes as a table shows them: "2,3".
+func joinInts(ix []int) string {
+	b := make([]byte, 0, 4*len(ix))
+	for i, x := range ix {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, int64(x), 10)
+	}
+	return string(b)
 }
 
 // human is a duration as people read it in a table: 45s, 3m12s, 2h5m, 3d4h.
@@ -233,24 +265,27 @@ type lsJSON struct {
 }
 
 type ticketJSON struct {
-	ID                    string  `json:"id"`
-	Limit                 string  `json:"limit"`
-	State                 string  `json:"state"`    // held, waiting or expired
-	Held                  bool    `json:"held"`     // holds a slot (also when expired but not reaped)
-	Slot                  *int    `json:"slot"`     // null while waiting
-	Position              *int    `json:"position"` // 1-based queue position; null when held
-	Fence                 uint64  `json:"fence"`
-	Host                  string  `json:"host"`
-	Pid                   int     `json:"pid"`
-	User                  string  `json:"user"`
-	Command               string  `json:"command"` // the label if one was given, else the command line
-	Labelled              bool    `json:"labelled"`
-	Created               string  `json:"created"`
-	Admitted              *string `json:"admitted"`
-	Renewed               *string `json:"renewed"`
-	AgeSeconds            float64 `json:"age_seconds"`
-	TTLSeconds            float64 `json:"ttl_seconds"`
-	LeaseRemainingSeconds float64 `json:"lease_remaining_seconds"` // <= 0: expired
+	ID                    string   `json:"id"`
+	Limit                 string   `json:"limit"`
+	State                 string   `json:"state"`    // held, waiting or expired
+	Held                  bool     `json:"held"`     // holds a slot (also when expired but not reaped)
+	Slot                  *int     `json:"slot"`     // null while waiting; the lowest of indexes
+	Position              *int     `json:"position"` // 1-based queue position; null when held
+	Limits                []string `json:"limits"`   // all of its limits, in the order requested
+	Weight                int      `json:"weight"`   // slots it takes in each limit
+	Indexes               []int    `json:"indexes"`  // slot indexes held in limit, ascending; null while waiting
+	Fence                 uint64   `json:"fence"`
+	Host                  string   `json:"host"`
+	Pid                   int      `json:"pid"`
+	User                  string   `json:"user"`
+	Command               string   `json:"command"` // the label if one was given, else the command line
+	Labelled              bool     `json:"labelled"`
+	Created               string   `json:"created"`
+	Admitted              *string  `json:"admitted"`
+	Renewed               *string  `json:"renewed"`
+	AgeSeconds            float64  `json:"age_seconds"`
+	TTLSeconds            float64  `json:"ttl_seconds"`
+	LeaseRemainingSeconds float64  `json:"lease_remaining_seconds"` // <= 0: expired
 }
 
 func lsJSONOf(storeURL string, snap store.Snapshot) lsJSON {
@@ -263,8 +298,13 @@ func lsJSONOf(storeURL string, snap store.Snapshot) lsJSON {
 			Host: t.Holder.Host, Pid: t.Holder.Pid, User: t.Holder.User, Command: t.Holder.Command(),
 			Labelled: t.Holder.Label != "", Created: rfc3339(t.Created),
 			AgeSeconds: seconds(snap.Now.Sub(t.Created)), TTLSeconds: seconds(t.TTL), LeaseRemainingSeconds: seconds(t.Remaining)}
+		j.Limits, j.Weight = t.Names(), t.Weighs()
 		if t.State == store.Held {
 			j.Slot = &t.Slot
+			j.Indexes = t.In(t.Limit)
+			if j.Indexes == nil {
+				j.Indexes = []int{t.Slot}
+			}
 		} else {
 			j.Position = &t.Position
 		}
@@ -348,7 +388,7 @@ func snapshotKey(s store.Snapshot) string {
 		fmt.Fprintf(&b, "%s=%d;", l.Name, l.Slots)
 	}
 	for _, t := range s.Tickets {
-		fmt.Fprintf(&b, "%s:%s:%d:%d:%s;", t.ID, t.State, t.Slot, t.Position, ticketState(t))
+		fmt.Fprintf(&b, "%s:%s:%s:%v:%d:%s;", t.ID, t.Limit, t.State, t.In(t.Limit), t.Position, ticketState(t))
 	}
 	return b.String()
 }

@@ -225,6 +225,67 @@ func TestLsGolden(t *testing.T) {
 	}
 }
 
+// lsMultiGoldenStore builds a store with tickets of several limits and
+// weights at e.store with a fake clock:
+//
+//	build 4 slots, db 2 slots
+//	a ticket of build and db at weight 2, held (build 0,1; db 0,1)
+//	a ticket of build, held (build 2)
+//	a ticket of db and build, waiting: first in db's queue (db is full),
+//	and in build's, though build has room (all or none)
+//
+// and returns the clock.
+func lsMultiGoldenStore(t testing.TB, e *lsEnv) *boltstore.FakeClock {
+	t.Helper()
+	clock := boltstore.NewFakeClock(boltstore.Instant{Boot: "golden-boot", Mono: 1000 * time.Hour, Wall: lsGoldenWall})
+	st, err := boltstore.New(e.store, boltstore.Options{Clock: clock, NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	ctx := context.Background()
+	if _, err := st.SetLimit(ctx, "db", 2); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []store.EnqueueRequest{
+		{ID: "5d1f3b7a9c2e4f60a8b1c3d5e7f90a12", Limits: []string{"build", "db"}, Weight: 2, Slots: 4, TTL: 30 * time.Second,
+			Holder: lsHolder(200, "make", "integration-test")},
+		{ID: "8e2a4c6f0b1d4e3a9c5b7d1f3a5c7e90", Limit: "build", Slots: 4, TTL: 30 * time.Second, Holder: lsHolder(201, "make", "-j8")},
+		{ID: "b3c5e7a91d2f4a6c8e0b2d4f6a8c0e21", Limits: []string{"db", "build"}, Slots: 4, TTL: 30 * time.Second,
+			Holder: lsHolder(202, "./migrate.sh")},
+	} {
+		if _, err := st.Enqueue(ctx, r); err != nil {
+			t.Fatalf("Enqueue %s: %v", r.ID, err)
+		}
+		clock.Advance(3 * time.Second)
+	}
+	return clock
+}
+
+// TestLsGoldenMulti renders tickets of several limits and weights: each
+// under each of its limits, its SLOT there its indexes, a W column, held
+// counting slots; the JSON with limits, weight and indexes.
+func TestLsGoldenMulti(t *testing.T) {
+	e := newLsEnv(t)
+	clock := lsMultiGoldenStore(t, e)
+	for _, c := range []struct {
+		golden string
+		args   []string
+	}{
+		{"ls_multi.txt", []string{"ls"}},
+		{"ls_multi.json", []string{"ls", "-o", "json"}},
+		{"limit_ls_multi.txt", []string{"limit", "ls"}},
+	} {
+		t.Run(c.golden, func(t *testing.T) {
+			f, out, errOut := lsFactory(e.env, clock, false, 0)
+			if code := lsRun(t, f, c.args...); code != 0 {
+				t.Fatalf("slotctl %s: exit %d\n%s", strings.Join(c.args, " "), code, errOut)
+			}
+			lsGolden(t, c.golden, []byte(strings.ReplaceAll(out.String(), e.store, lsStorePlaceholder)))
+		})
+	}
+}
+
 // TestLsGoldenDeterministic reads the golden store twice, with the store's
 // clock moved in between: everything but the times it shows must stay, and
 // the times must follow the store's clock, not the host's.

@@ -214,7 +214,7 @@ func manText(text string) string {
 // manArgNames name the argument of string and int flags in the man pages.
 var manArgNames = map[string]string{
 	"limit": "NAME", "store": "URL", "config": "FILE", "label": "TEXT", "wait": "DURATION",
-	"on-lost": "kill|continue", "output": "FORMAT", "n": "N", "slots": "N", "busy-exit-code": "CODE",
+	"on-lost": "kill|continue", "output": "FORMAT", "n": "N", "slots": "N", "weight": "N", "busy-exit-code": "CODE",
 }
 
 // writeManFlags writes flags as a titled section of tagged paragraphs:

@@ -93,17 +93,35 @@ func writeReapText(w io.Writer, dryRun bool, removed []store.Removal) {
 		t := r.Ticket
 		// One line per ticket, whatever the record holds: the reaper's
 		// stdout is a journal, and no label may write a line into it.
-		fmt.Fprintf(w, "%s %s (limit %s, %s, %s, pid %d on %s): %s\n", verb, shortID(t.ID), store.Printable(t.Limit),
+		fmt.Fprintf(w, "%s %s (%s, %s, %s, pid %d on %s): %s\n", verb, shortID(t.ID), ticketLimits(t),
 			describeState(t), store.Printable(t.Holder.Command()), t.Holder.Pid, store.Printable(t.Holder.Host),
 			store.Printable(r.Evidence))
 	}
 }
 
+// describeState is a ticket's state in a message: "held slot 1", or for a
+// ticket of several limits or weights "held slots build=0 db=2,3".
 func describeState(t store.Ticket) string {
 	if t.State == store.Held {
+		if t.Multi() {
+			return "held slots " + store.Printable(t.SlotsVar())
+		}
 		return fmt.Sprintf("held slot %d", t.Slot)
 	}
+	if t.Weighs() > 1 {
+		return fmt.Sprintf("waiting for %d slots", t.Weighs())
+	}
 	return "waiting"
+}
+
+// ticketLimits names a ticket's limits in a message: "limit build", or
+// "limits build,db" for a ticket of several (all of them: it is removed
+// from all at once).
+func ticketLimits(t store.Ticket) string {
+	if names := t.Names(); len(names) > 1 {
+		return "limits " + printableNames(names)
+	}
+	return "limit " + store.Printable(t.Limit)
 }
 
 // reapJSON is the schema of reap -o json.
@@ -114,18 +132,23 @@ type reapJSON struct {
 }
 
 type removalJSON struct {
-	Limit    string `json:"limit"`
-	Ticket   string `json:"ticket"`
-	State    string `json:"state"`
-	Slot     int    `json:"slot"`
-	Fence    uint64 `json:"fence"`
-	Host     string `json:"host"`
-	Pid      int    `json:"pid"`
-	User     string `json:"user"`
-	Command  string `json:"command"`
-	Created  string `json:"created"`
-	Reason   string `json:"reason"`
-	Evidence string `json:"evidence"`
+	Limit  string `json:"limit"`
+	Ticket string `json:"ticket"`
+	State  string `json:"state"`
+	Slot   int    `json:"slot"`
+	// All of its limits (it was removed from each), its weight, and the
+	// indexes it held in each limit (null while waiting).
+	Limits   []string         `json:"limits"`
+	Weight   int              `json:"weight"`
+	Indexes  map[string][]int `json:"indexes"`
+	Fence    uint64           `json:"fence"`
+	Host     string           `json:"host"`
+	Pid      int              `json:"pid"`
+	User     string           `json:"user"`
+	Command  string           `json:"command"`
+	Created  string           `json:"created"`
+	Reason   string           `json:"reason"`
+	Evidence string           `json:"evidence"`
 }
 
 func writeReapJSON(w io.Writer, dryRun bool, removed []store.Removal) error {
@@ -133,10 +156,22 @@ func writeReapJSON(w io.Writer, dryRun bool, removed []store.Removal) error {
 	for _, r := range removed {
 		t := r.Ticket
 		out.Removed = append(out.Removed, removalJSON{Limit: t.Limit, Ticket: t.ID, State: string(t.State), Slot: t.Slot,
-			Fence: t.Fence, Host: t.Holder.Host, Pid: t.Holder.Pid, User: t.Holder.User, Command: t.Holder.Command(),
+			Limits: t.Names(), Weight: t.Weighs(), Indexes: heldIndexes(t), Fence: t.Fence, Host: t.Holder.Host, Pid: t.Holder.Pid, User: t.Holder.User, Command: t.Holder.Command(),
 			Created: rfc3339(t.Created), Reason: string(r.Reason), Evidence: r.Evidence})
 	}
 	return writeJSON(w, out)
+}
+
+// heldIndexes is the indexes t holds in each of its limits; nil while waiting.
+func heldIndexes(t store.Ticket) map[string][]int {
+	if t.State != store.Held {
+		return nil
+	}
+	m := make(map[string][]int, len(t.Names()))
+	for _, name := range t.Names() {
+		m[name] = t.In(name)
+	}
+	return m
 }
 
 func rfc3339(t time.Time) string {

@@ -82,15 +82,15 @@ func runRelease(ctx context.Context, f *Factory, g *globalOptions, o *ReleaseOpt
 			return err
 		}
 		if alive, why := provablyAlive(t); alive && !o.Force {
-			return &ExitError{Code: exitUsage, Err: fmt.Errorf("ticket %s (limit %s): %s", shortID(t.ID), store.Printable(t.Limit), why),
+			return &ExitError{Code: exitUsage, Err: fmt.Errorf("ticket %s (%s): %s", shortID(t.ID), ticketLimits(t), why),
 				Hint: "pass --force to release it anyway, letting another job in beside it"}
 		}
 		tickets = append(tickets, t)
 	}
 	if !o.Yes && f.IO.InTTY && f.IO.ErrTTY {
 		for _, t := range tickets {
-			fmt.Fprintf(f.IO.ErrOut, "slotctl: release ticket %s (limit %s, %s, %s, pid %d on %s)? [y/N] ",
-				shortID(t.ID), store.Printable(t.Limit), describeState(t), store.Printable(t.Holder.Command()),
+			fmt.Fprintf(f.IO.ErrOut, "slotctl: release ticket %s (%s, %s, %s, pid %d on %s)? [y/N] ",
+				shortID(t.ID), ticketLimits(t), describeState(t), store.Printable(t.Holder.Command()),
 				t.Holder.Pid, store.Printable(t.Holder.Host))
 		}
 		line, _ := bufio.NewReader(f.IO.In).ReadString('\n')
@@ -104,7 +104,12 @@ func runRelease(ctx context.Context, f *Factory, g *globalOptions, o *ReleaseOpt
 			return err
 		}
 		if removed {
-			log.info("released ticket %s (limit %s, %s)", shortID(t.ID), store.Printable(t.Limit), describeState(t))
+			if len(t.Names()) > 1 {
+				// One removal frees its slots in every limit at once (docs/leases.md §2.1 item 9).
+				log.info("released ticket %s (%s, %s): its slots in all %d limits are free", shortID(t.ID), ticketLimits(t), describeState(t), len(t.Names()))
+			} else {
+				log.info("released ticket %s (%s, %s)", shortID(t.ID), ticketLimits(t), describeState(t))
+			}
 		} else {
 			log.info("ticket %s was already gone", shortID(t.ID))
 		}
@@ -122,11 +127,14 @@ func findTicket(ctx context.Context, st store.Store, prefix string) (store.Ticke
 		return store.Ticket{}, err
 	}
 	var matches []store.Ticket
+	seen := map[string]bool{}
 	for _, t := range snap.Tickets {
 		if t.ID == prefix {
 			return t, nil
 		}
-		if strings.HasPrefix(t.ID, prefix) {
+		// A ticket of several limits is listed under each: one match.
+		if strings.HasPrefix(t.ID, prefix) && !seen[t.ID] {
+			seen[t.ID] = true
 			matches = append(matches, t)
 		}
 	}
@@ -138,7 +146,7 @@ func findTicket(ctx context.Context, st store.Store, prefix string) (store.Ticke
 	}
 	var c []string
 	for _, t := range matches {
-		c = append(c, fmt.Sprintf("%s (limit %s, %s)", store.Printable(t.ID), store.Printable(t.Limit), store.Printable(t.Holder.Command())))
+		c = append(c, fmt.Sprintf("%s (%s, %s)", store.Printable(t.ID), ticketLimits(t), store.Printable(t.Holder.Command())))
 	}
 	return store.Ticket{}, usageError("ticket prefix %q matches %d tickets: %s", prefix, len(matches), strings.Join(c, "; "))
 }

@@ -2,10 +2,12 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/user"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -19,10 +21,12 @@ import (
 
 // RunOptions are slotctl run's flags and arguments (docs/leases.md §2.1).
 type RunOptions struct {
-	Limit        string
+	Limits       []string // in the order given; the first is the one SLOTCTL_SLOT and Position speak of
+	Weight       int      // slots taken in each limit
 	Slots        int
-	SlotsSet     bool          // --slots was given: a different existing size is an error
-	Wait         time.Duration // < 0: no bound
+	SlotsSet     bool           // --slots was given: a different existing size is an error
+	SlotsOf      map[string]int // the config's limits.NAME sizes of o.Limits, when --slots was not given
+	Wait         time.Duration  // < 0: no bound
 	BusyExitCode int
 	TTL          time.Duration
 	RenewEvery   time.Duration // 0: TTL/3
@@ -48,15 +52,27 @@ func newRunCmd(f *Factory, g *globalOptions, runF func(*RunOptions) error) *cobr
 	var noWait bool
 	var wait string
 	cmd := &cobra.Command{
-		Use:   "run --limit NAME [flags] -- COMMAND [ARGS...]",
+		Use:   "run --limit NAME [--limit NAME...] [flags] -- COMMAND [ARGS...]",
 		Short: "Run a command once a slot of a limit is free",
 		Long: `Run COMMAND once a slot of the limit is free, keeping the slot until it exits.
 
 slotctl writes a waiting ticket, waits its turn in arrival order, starts
-COMMAND with SLOTCTL_LIMIT, SLOTCTL_TICKET, SLOTCTL_FENCE, SLOTCTL_SLOT and
-SLOTCTL_STORE in its environment, renews the ticket's lease while it runs, and
-releases the slot when it has exited. A limit that does not exist is created
+COMMAND with SLOTCTL_LIMIT, SLOTCTL_TICKET, SLOTCTL_FENCE, SLOTCTL_SLOT,
+SLOTCTL_SLOTS and SLOTCTL_STORE in its environment, renews the ticket's lease
+while it runs, and releases the slot when it has exited. A limit that does not exist is created
 with --slots (else the config file's limits.NAME, else 1).
+
+--limit may be repeated: the run is admitted to all of its limits in one step
+or to none, and never holds one while it waits for another. --weight N makes
+it take N slots of each. Arrival order holds across limits: an older ticket
+waiting in any of its limits goes first, so a heavy run at the head is not
+overtaken by lighter ones. SLOTCTL_LIMIT is then the names joined by commas,
+SLOTCTL_SLOT the lowest slot index in the first limit, and SLOTCTL_SLOTS the
+indexes held in each, e.g. "build=0 db=2,3".
+
+A nested slotctl run (one started by COMMAND) on limits its ancestor's ticket
+holds runs at once under that ticket; it waits only for the limits the
+ancestor's ticket does not hold.
 
 COMMAND also gets SLOTCTL_SUPERVISOR=PID:START:PIDNS, this slotctl's pid,
 start time (clock ticks after boot) and pid namespace: with SLOTCTL_TICKET it
@@ -77,7 +93,8 @@ the lease expired and hand the slot on.
 
 EXIT STATUS
   COMMAND's exit status, or 128+N if it was killed by signal N
-  64   usage error: bad flag, bad limit name, --slots disagrees with the limit
+  64   usage error: bad flag, bad limit name, the same limit twice, --slots
+       disagrees with the limit, --weight above a limit's size
   69   the store cannot be opened or reached
   70   internal error
   75   not admitted within --wait (--busy-exit-code changes it)
@@ -92,7 +109,11 @@ EXIT STATUS
   slotctl run --limit backup --no-wait --busy-exit-code 0 -- /usr/local/bin/backup
 
   # CI: wait at most ten minutes for a deploy slot
-  slotctl run --limit deploy --wait 10m -- ./deploy.sh`,
+  slotctl run --limit deploy --wait 10m -- ./deploy.sh
+
+  # a build slot and a database slot at once; a heavy job takes two of four
+  slotctl run --limit build --limit db -- ./integration-tests
+  slotctl run --limit build --slots 4 --weight 2 -- make -j16`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return errArgs(cmd, "missing COMMAND: want slotctl run --limit NAME -- COMMAND [ARGS...]")
@@ -113,8 +134,9 @@ EXIT STATUS
 	}
 	fl := cmd.Flags()
 	fl.SetInterspersed(false) // slotctl run --limit x make -j8: -j8 is make's
-	fl.StringVarP(&opts.Limit, "limit", "l", "", "name of the limit (required)")
-	fl.IntVar(&opts.Slots, "slots", 1, "size of the limit when it is created (default: config limits.NAME, else 1)")
+	fl.StringArrayVarP(&opts.Limits, "limit", "l", nil, "name of the limit (required; repeat for several, admitted to all at once)")
+	fl.IntVar(&opts.Weight, "weight", 1, "slots the run takes in each of its limits")
+	fl.IntVar(&opts.Slots, "slots", 1, "size of each limit this run creates (default: config limits.NAME, else 1)")
 	fl.StringVar(&wait, "wait", "", "give up if not admitted within this duration (default: wait without bound; 0 = do not wait)")
 	fl.BoolVar(&noWait, "no-wait", false, "do not wait: exit 75 at once if no slot is free")
 	fl.IntVar(&opts.BusyExitCode, "busy-exit-code", exitBusy, "exit status when not admitted in time (0 for cron)")
@@ -124,7 +146,7 @@ EXIT STATUS
 	fl.DurationVar(&opts.KillAfter, "kill-after", defaultKillAfter, "after stopping COMMAND with a signal, SIGKILL its process group after this long (on a lost lease: at most TTL/20)")
 	fl.DurationVar(&opts.MaxHold, "max-hold", 0, "stop COMMAND and free the slot after this long (exit 124; default: no bound)")
 	fl.StringVar(&opts.Label, "label", "", "text shown instead of the command line in ls (command lines can carry secrets)")
-	_ = cmd.RegisterFlagCompletionFunc("limit", f.completeLimits)
+	_ = cmd.RegisterFlagCompletionFunc("limit", f.completeRunLimits)
 	_ = cmd.RegisterFlagCompletionFunc("on-lost", cobra.FixedCompletions([]string{"kill", "continue"}, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
 }
@@ -132,11 +154,22 @@ EXIT STATUS
 // resolve validates the flags (docs/leases.md §7: one line naming the input and what
 // would be accepted) and applies the config's limit sizes.
 func (o *RunOptions) resolve(f *Factory, cmd *cobra.Command, wait string, noWait bool) error {
-	if o.Limit == "" {
+	if len(o.Limits) == 0 || len(o.Limits) == 1 && o.Limits[0] == "" {
 		return errArgs(cmd, "--limit is required: name the limit to run under, e.g. --limit build")
 	}
-	if err := checkLimitName("--limit", o.Limit); err != nil {
-		return err
+	if len(o.Limits) > store.MaxLimits {
+		return usageError("--limit given %d times: want at most %d limits", len(o.Limits), store.MaxLimits)
+	}
+	for i, name := range o.Limits {
+		if err := checkLimitName("--limit", name); err != nil {
+			return err
+		}
+		if contains(o.Limits[:i], name) {
+			return usageError("--limit %q given twice: name each limit once", name)
+		}
+	}
+	if o.Weight < 1 || o.Weight > store.MaxSlots {
+		return usageError("--weight %d: want 1..%d (the slots taken in each limit)", o.Weight, store.MaxSlots)
 	}
 	if err := checkLabel(o.Label); err != nil {
 		return err
@@ -144,8 +177,22 @@ func (o *RunOptions) resolve(f *Factory, cmd *cobra.Command, wait string, noWait
 	if err := store.CheckSlots(o.Slots); err != nil {
 		return usageError("--slots %d: want 0..%d (0 pauses the limit)", o.Slots, store.MaxSlots)
 	}
-	if !o.SlotsSet {
-		if n, ok := f.cfg.Limits[o.Limit]; ok {
+	if o.SlotsSet {
+		// --slots sizes every limit, existing ones included (a different
+		// size is a conflict), so a weight above it can never be admitted.
+		if err := store.CheckWeightFits("", o.Slots, o.Weight); err != nil {
+			return usageError("--weight %d is more than --slots %d: want a weight of 1..%d", o.Weight, o.Slots, o.Slots)
+		}
+	} else {
+		for _, name := range o.Limits {
+			if n, ok := f.cfg.Limits[name]; ok {
+				if o.SlotsOf == nil {
+					o.SlotsOf = map[string]int{}
+				}
+				o.SlotsOf[name] = n
+			}
+		}
+		if n, ok := o.SlotsOf[o.Limits[0]]; ok {
 			o.Slots = n
 		}
 	}
@@ -221,40 +268,190 @@ func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) er
 		MaxHold:   o.MaxHold,
 		Now:       proc.Boottime,
 	}
-	if anc, ok := nestedTicket(ctx, f, log, st, o.Limit); ok {
-		log.verbose("nested run: %q already holds slot %d of %q in this store; running under its ticket %s", anc.Holder.Command(), anc.Slot, o.Limit, short(anc.ID))
-		c, err := startChild(f, path, o.Argv, nil, log)
-		if err != nil {
-			return err
+	limits := o.Limits // what this run waits for: all of its limits, or those its ancestor does not hold
+	anc, held, nested := nestedTicket(ctx, f, log, st, o)
+	if nested {
+		if len(held) == len(o.Limits) {
+			log.verbose("nested run: %q already holds %s in this store; running under its ticket %s", anc.Holder.Command(), heldSlots(anc, o.Limits), short(anc.ID))
+			c, err := startChild(f, path, o.Argv, nil, log)
+			if err != nil {
+				return err
+			}
+			cfg.Notify = runNotes(ctx, f, log, st, o, o.Limits)
+			return outcomeErr(ctx, st, o, o.Limits, holder.Supervise(ctx, cfg, c))
 		}
-		cfg.Notify = runNotes(ctx, f, log, st, o)
-		return outcomeErr(ctx, st, o, holder.Supervise(ctx, cfg, c))
+		limits = without(o.Limits, held)
+		log.verbose("nested run: %q already holds %s in this store (ticket %s); waiting only for %s", anc.Holder.Command(), heldSlots(anc, held), short(anc.ID), limitsPhrase(limits))
+	}
+	if err := createLimits(ctx, st, o, limits); err != nil {
+		return err
 	}
 
 	// The keeper renews a waiting ticket every TTL/3 and nudges the wait
 	// when a renewal shows it held (the renewal of a waiter settles its
 	// limit): that covers a lost ring, so the fallback poll can be rare.
 	cfg.Gate = gate.Gate{PollEvery: waiterPoll}
-	cfg.Request = store.EnqueueRequest{ID: gate.NewID(), Limit: o.Limit, Slots: o.Slots, CheckSlots: o.SlotsSet, TTL: o.TTL, Holder: holderIdentity(f, o)}
+	cfg.Request = store.EnqueueRequest{ID: gate.NewID(), Slots: o.sizeOf(limits[0]), CheckSlots: o.SlotsSet, TTL: o.TTL, Holder: holderIdentity(f, o)}
+	if len(limits) == 1 {
+		cfg.Request.Limit = limits[0] // the one-limit request as before
+	} else {
+		cfg.Request.Limits = limits
+	}
+	if o.Weight > 1 {
+		cfg.Request.Weight = o.Weight
+	}
 	cfg.Wait = o.Wait
 	cfg.Renew = renew.Options{TTL: o.TTL, Every: o.RenewEvery, WatchdogOnHold: true, Logf: log.info}
-	cfg.Notify = runNotes(ctx, f, log, st, o)
+	cfg.Notify = runNotes(ctx, f, log, st, o, limits)
 	cfg.Start = func(_ context.Context, t store.Ticket) (holder.Child, error) {
-		env := []string{
-			"SLOTCTL_LIMIT=" + o.Limit,
-			"SLOTCTL_TICKET=" + t.ID,
-			"SLOTCTL_FENCE=" + strconv.FormatUint(t.Fence, 10),
-			"SLOTCTL_SLOT=" + strconv.Itoa(t.Slot),
-		}
-		env = append(append(env, f.storeVars(st.String())...), supervisorVar()...)
-		return startChild(f, path, o.Argv, env, log)
+		return startChild(f, path, o.Argv, jobVars(o.Limits, t, anc, held, st.String(), f), log)
 	}
-	return outcomeErr(ctx, st, o, holder.Run(ctx, cfg))
+	return outcomeErr(ctx, st, o, limits, holder.Run(ctx, cfg))
+}
+
+// jobVars are the SLOTCTL_* variables of a child running under ticket t
+// (docs/leases.md §2.1 items 4 and 9). A nested run that waited only for
+// some of its limits (held: those its ancestor's ticket anc holds) shows
+// its own ticket, and the ancestor's indexes in the limits it shares.
+func jobVars(limits []string, t, anc store.Ticket, held []string, storeURL string, f *Factory) []string {
+	in := func(name string) []int {
+		if contains(held, name) {
+			return anc.In(name)
+		}
+		return t.In(name)
+	}
+	first := in(limits[0])
+	slot := t.Slot
+	if len(first) > 0 {
+		slot = first[0]
+	}
+	env := []string{
+		"SLOTCTL_LIMIT=" + strings.Join(limits, ","),
+		"SLOTCTL_TICKET=" + t.ID,
+		"SLOTCTL_FENCE=" + strconv.FormatUint(t.Fence, 10),
+		"SLOTCTL_SLOT=" + strconv.Itoa(slot),
+		"SLOTCTL_SLOTS=" + slotsVar(limits, in),
+	}
+	return append(append(env, f.storeVars(storeURL)...), supervisorVar()...)
+}
+
+// slotsVar is SLOTCTL_SLOTS, as store.Ticket.SlotsVar writes it, with the
+// indexes of each limit from in.
+func slotsVar(limits []string, in func(string) []int) string {
+	var b []byte
+	for i, name := range limits {
+		if i > 0 {
+			b = append(b, ' ')
+		}
+		b = append(b, name...)
+		b = append(b, '=')
+		for j, ix := range in(name) {
+			if j > 0 {
+				b = append(b, ',')
+			}
+			b = strconv.AppendInt(b, int64(ix), 10)
+		}
+	}
+	return string(b)
+}
+
+// createLimits creates, before the request, the limits other than the first
+// that do not exist yet and whose config size differs from the request's
+// Slots (the one size a request creates its limits with), so that each gets
+// its own limits.NAME. Only for a run of several limits without --slots.
+// A limit created by another run between the read and the write is resized
+// to the config's size: the config is the operator's word on it.
+func createLimits(ctx context.Context, st store.Store, o *RunOptions, limits []string) error {
+	if o.SlotsSet || len(o.SlotsOf) == 0 || len(limits) < 2 {
+		return nil
+	}
+	slots := o.sizeOf(limits[0])
+	for _, name := range limits[1:] {
+		n := o.sizeOf(name)
+		if n == slots {
+			continue
+		}
+		_, err := st.Snapshot(ctx, name)
+		if err == nil {
+			continue
+		}
+		if !errors.Is(err, store.ErrLimitNotFound) {
+			return err
+		}
+		if werr := store.CheckWeightFits(name, n, o.Weight); werr != nil {
+			return weightError(werr.(*store.WeightError))
+		}
+		if _, err := st.SetLimit(ctx, name, n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// plural is "1 slot", "2 slots".
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return strconv.Itoa(n) + " " + what + "s"
+}
+
+// sizeOf is the size a limit this run creates gets: --slots, else the
+// config's limits.NAME, else 1.
+func (o *RunOptions) sizeOf(name string) int {
+	if o.SlotsSet {
+		return o.Slots
+	}
+	if n, ok := o.SlotsOf[name]; ok {
+		return n
+	}
+	return 1
+}
+
+// weightError is a weight above a limit's size, said in the run's words.
+func weightError(e *store.WeightError) error {
+	return &ExitError{Code: exitUsage,
+		Err:  fmt.Errorf("--weight %d is more than the %s of limit %q: want a weight of 1..%d", e.Weight, plural(e.Slots, "slot"), e.Limit, e.Slots),
+		Hint: fmt.Sprintf("or resize it: slotctl limit set %s %d", e.Limit, e.Weight)}
+}
+
+// heldSlots says what an ancestor's ticket holds of limits: "slot 0 of \"n\"",
+// or "build=0 db=2,3".
+func heldSlots(t store.Ticket, limits []string) string {
+	if len(limits) == 1 && len(t.In(limits[0])) == 1 {
+		return fmt.Sprintf("slot %d of %q", t.In(limits[0])[0], limits[0])
+	}
+	return "slots " + slotsVar(limits, t.In)
+}
+
+// limitsPhrase names limits in a message: limit "a", or limits "a", "b".
+func limitsPhrase(limits []string) string {
+	if len(limits) == 1 {
+		return fmt.Sprintf("limit %q", limits[0])
+	}
+	q := make([]string, len(limits))
+	for i, l := range limits {
+		q[i] = strconv.Quote(l)
+	}
+	return "limits " + strings.Join(q, ", ")
+}
+
+// without is list less the names in drop, in order.
+func without(list, drop []string) []string {
+	var out []string
+	for _, x := range list {
+		if !contains(drop, x) {
+			out = append(out, x)
+		}
+	}
+	return out
 }
 
 // runNotes turns what the holder reports into slotctl run's messages and
 // status line.
-func runNotes(ctx context.Context, f *Factory, log *logger, st store.Store, o *RunOptions) func(holder.Note) {
+//
+// limits are the request's: all of the run's, or those a nested run waits for.
+func runNotes(ctx context.Context, f *Factory, log *logger, st store.Store, o *RunOptions, limits []string) func(holder.Note) {
 	var status *statusLine
 	var stopStatus context.CancelFunc
 	return func(n holder.Note) {
@@ -263,7 +460,7 @@ func runNotes(ctx context.Context, f *Factory, log *logger, st store.Store, o *R
 		case holder.WaitStart:
 			var sctx context.Context
 			sctx, stopStatus = context.WithCancel(ctx)
-			status = newStatusLine(f, log, st, o.Limit)
+			status = newStatusLine(f, log, st, limits)
 			status.start(sctx, n.Ticket)
 		case holder.WaitUpdate:
 			if status != nil {
@@ -276,12 +473,16 @@ func runNotes(ctx context.Context, f *Factory, log *logger, st store.Store, o *R
 				status = nil
 			}
 		case holder.Admitted:
-			log.verbose("admitted to %q: slot %d, ticket %s, fence %d", o.Limit, n.Ticket.Slot, id, n.Ticket.Fence)
+			if n.Ticket.Multi() {
+				log.verbose("admitted to %s: slots %s, ticket %s, fence %d", limitsPhrase(limits), n.Ticket.SlotsVar(), id, n.Ticket.Fence)
+			} else {
+				log.verbose("admitted to %q: slot %d, ticket %s, fence %d", limits[0], n.Ticket.Slot, id, n.Ticket.Fence)
+			}
 		case holder.LeaseLost:
 			if o.OnLost == "kill" {
-				log.warn("lease of limit %q lost (%v): stopping %s", o.Limit, n.Err, o.Argv[0])
+				log.warn("lease of %s lost (%v): stopping %s", limitsPhrase(limits), n.Err, o.Argv[0])
 			} else {
-				log.warn("LEASE LOST for limit %q (%v): %s keeps running without a slot (--on-lost continue)", o.Limit, n.Err, o.Argv[0])
+				log.warn("LEASE LOST for %s (%v): %s keeps running without a slot (--on-lost continue)", limitsPhrase(limits), n.Err, o.Argv[0])
 			}
 		case holder.MaxHoldOut:
 			log.warn("--max-hold %s ran out: stopping %s", o.MaxHold, o.Argv[0])
@@ -301,18 +502,22 @@ func runNotes(ctx context.Context, f *Factory, log *logger, st store.Store, o *R
 
 // outcomeErr turns the holder's outcome into Main's error (docs/leases.md §3): the
 // child's status passes through, 128+N for a signal.
-func outcomeErr(ctx context.Context, st store.Store, o *RunOptions, out holder.Outcome) error {
+func outcomeErr(ctx context.Context, st store.Store, o *RunOptions, limits []string, out holder.Outcome) error {
 	id := short(out.Ticket.ID)
 	switch out.Result {
 	case holder.Busy:
-		return &ExitError{Code: o.BusyExitCode, Err: busyError(ctx, st, o.Limit, o.Wait == 0)}
+		return &ExitError{Code: o.BusyExitCode, Err: busyError(ctx, st, limits, o.Weight, o.Wait == 0)}
 	case holder.LostWaiting:
-		return &ExitError{Code: exitLost, Err: fmt.Errorf("ticket %s for limit %q was lost while waiting: %w", id, o.Limit, out.Err)}
+		return &ExitError{Code: exitLost, Err: fmt.Errorf("ticket %s for %s was lost while waiting: %w", id, limitsPhrase(limits), out.Err)}
 	case holder.LostBeforeStart:
 		return &ExitError{Code: exitLost, Err: fmt.Errorf("lease of ticket %s lost before %s could start", id, o.Argv[0])}
 	case holder.Signalled:
-		return &ExitError{Code: 128 + signalNumber(out.Signal), Err: fmt.Errorf("%v while waiting for limit %q: left the queue", out.Signal, o.Limit)}
+		return &ExitError{Code: 128 + signalNumber(out.Signal), Err: fmt.Errorf("%v while waiting for %s: left the queue", out.Signal, limitsPhrase(limits))}
 	case holder.Failed:
+		var heavy *store.WeightError
+		if errors.As(out.Err, &heavy) {
+			return weightError(heavy)
+		}
 		return out.Err
 	}
 	switch {
@@ -330,24 +535,39 @@ func outcomeErr(ctx context.Context, st store.Store, o *RunOptions, out holder.O
 	return nil
 }
 
-// nestedTicket finds an ancestor's ticket on the same limit and store
-// (docs/leases.md §2.1 item 8): a nested run must not wait for its own ancestor. The
-// environment only names the ticket — any process can set SLOTCTL_TICKET —
-// so the ticket must be held on this boot and in this pid namespace by a
-// supervisor that is on this process's parent chain (pid and start time),
-// the one SLOTCTL_SUPERVISOR names. Anything else is gated normally. (Only
-// on Linux: elsewhere the parent chain is not read and the environment decides.)
-func nestedTicket(ctx context.Context, f *Factory, log *logger, st store.Store, limit string) (store.Ticket, bool) {
+// nestedTicket finds an ancestor's ticket on some of the run's limits in
+// the same store (docs/leases.md §2.1 items 8 and 9): a nested run must not
+// wait for its own ancestor. held are the run's limits that ticket holds, in
+// the run's order; the run waits only for the others. The environment only
+// names the ticket — any process can set SLOTCTL_TICKET — so the ticket must
+// be held on this boot and in this pid namespace by a supervisor that is on
+// this process's parent chain (pid and start time), the one
+// SLOTCTL_SUPERVISOR names. Anything else is gated normally. (Only on Linux:
+// elsewhere the parent chain is not read and the environment decides.)
+//
+// A nested run heavier than its ancestor in a shared limit still runs under
+// the ancestor's ticket there: it could only get more of that limit by
+// waiting for slots its own ancestor holds, for ever (README).
+func nestedTicket(ctx context.Context, f *Factory, log *logger, st store.Store, o *RunOptions) (store.Ticket, []string, bool) {
 	id := f.Getenv(proc.TicketVar)
-	if id == "" || f.Getenv("SLOTCTL_LIMIT") != limit || f.Getenv(storeVar) != st.String() {
-		return store.Ticket{}, false
+	if id == "" || !overlaps(strings.Split(f.Getenv("SLOTCTL_LIMIT"), ","), o.Limits) || f.Getenv(storeVar) != st.String() {
+		return store.Ticket{}, nil, false
 	}
 	t, err := st.Get(ctx, id)
-	if err != nil || t.State != store.Held || t.Limit != limit {
-		return store.Ticket{}, false
+	if err != nil || t.State != store.Held {
+		return store.Ticket{}, nil, false
+	}
+	var held []string
+	for _, name := range o.Limits {
+		if contains(t.Names(), name) {
+			held = append(held, name)
+		}
+	}
+	if len(held) == 0 {
+		return store.Ticket{}, nil, false
 	}
 	if !proc.AncestryKnown() {
-		return t, true // elsewhere than Linux the environment alone decides (README)
+		return t, nestedHeld(log, t, held, o.Weight), true // elsewhere than Linux the environment alone decides (README)
 	}
 	h := t.Holder
 	m, merr := proc.ParseMarker(f.Getenv(proc.SupervisorVar))
@@ -361,9 +581,28 @@ func nestedTicket(ctx context.Context, f *Factory, log *logger, st store.Store, 
 	case !proc.IsAncestor(h.Pid, h.PidStart):
 		log.verbose("ticket %s is held by pid %d, which is not an ancestor of this process: waiting for a slot like any run", short(id), h.Pid)
 	default:
-		return t, true
+		return t, nestedHeld(log, t, held, o.Weight), true
 	}
-	return store.Ticket{}, false
+	return store.Ticket{}, nil, false
+}
+
+// nestedHeld says with -v when the nested run is heavier than its
+// ancestor's ticket in the limits they share, and returns held.
+func nestedHeld(log *logger, t store.Ticket, held []string, weight int) []string {
+	if weight > t.Weighs() {
+		log.verbose("nested run: --weight %d is more than the %s ticket %s holds in %s: running under that ticket there (taking more would wait for the ancestor's own slots)", weight, plural(t.Weighs(), "slot"), short(t.ID), limitsPhrase(held))
+	}
+	return held
+}
+
+// overlaps reports whether a and b share a name.
+func overlaps(a, b []string) bool {
+	for _, x := range a {
+		if contains(b, x) {
+			return true
+		}
+	}
+	return false
 }
 
 // holderIdentity is what the ticket records of this process (docs/leases.md §4.3).
@@ -397,14 +636,57 @@ func short(id string) string {
 	return id
 }
 
-// busyError says why a run was not admitted (printed even with --busy-exit-code 0, unless -q).
-func busyError(ctx context.Context, st store.Store, limit string, noWait bool) error {
-	held, slots := "?", "?"
-	if snap, err := st.Snapshot(ctx, limit); err == nil && len(snap.Limits) == 1 {
-		held, slots = strconv.Itoa(snap.Limits[0].Held), strconv.Itoa(snap.Limits[0].Slots)
+// busyError says why a run was not admitted (printed even with
+// --busy-exit-code 0, unless -q). A run of several limits names those that
+// kept it out: too few free slots for its weight, or older waiters.
+func busyError(ctx context.Context, st store.Store, limits []string, weight int, noWait bool) error {
+	if len(limits) == 1 && weight == 1 {
+		held, slots := "?", "?"
+		if snap, err := st.Snapshot(ctx, limits[0]); err == nil && len(snap.Limits) == 1 {
+			held, slots = strconv.Itoa(snap.Limits[0].Held), strconv.Itoa(snap.Limits[0].Slots)
+		}
+		if noWait {
+			return fmt.Errorf("limit %q is full (%s/%s held)", limits[0], held, slots)
+		}
+		return fmt.Errorf("limit %q: not admitted within --wait (%s/%s held)", limits[0], held, slots)
+	}
+	what := limitsPhrase(limits)
+	if weight > 1 {
+		what += fmt.Sprintf(" (weight %d)", weight)
+	}
+	why := "?"
+	if snap, err := st.Snapshot(ctx, limits...); err == nil {
+		var blocked []string
+		for _, l := range snap.Limits {
+			if l.Slots-l.Held < weight || l.Waiting > 0 {
+				blocked = append(blocked, limitState(l))
+			}
+		}
+		if len(blocked) > 0 {
+			why = "no room in " + strings.Join(blocked, ", ")
+		} else {
+			why = "room came free just now"
+		}
 	}
 	if noWait {
-		return fmt.Errorf("limit %q is full (%s/%s held)", limit, held, slots)
+		return fmt.Errorf("%s: %s", what, why)
 	}
-	return fmt.Errorf("limit %q: not admitted within --wait (%s/%s held)", limit, held, slots)
+	return fmt.Errorf("%s: not admitted within --wait (%s)", what, why)
+}
+
+// limitState is one limit in a busy or waiting message: "build" 2/2 held,
+// and its waiters if any.
+func limitState(l store.Limit) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%q ", l.Name)
+	if l.Slots == 0 {
+		b.WriteString("(paused: 0 slots")
+	} else {
+		fmt.Fprintf(&b, "(%d/%d held", l.Held, l.Slots)
+	}
+	if l.Waiting > 0 {
+		fmt.Fprintf(&b, ", %d waiting", l.Waiting)
+	}
+	b.WriteString(")")
+	return b.String()
 }

@@ -35,7 +35,7 @@ func TestScript(t *testing.T) {
 // and store, and none of an ancestor slotctl's job variables.
 func scriptSetup(env *testscript.Env) error {
 	work := env.WorkDir
-	drop := []string{"SLOTCTL_TICKET", "SLOTCTL_LIMIT", "SLOTCTL_FENCE", "SLOTCTL_SLOT", "SLOTCTL_CONFIG", "SLOTCTL_TTL", "SLOTCTL_STORE", "SLOTCTL_STORE_TIMEOUT"}
+	drop := []string{"SLOTCTL_TICKET", "SLOTCTL_LIMIT", "SLOTCTL_FENCE", "SLOTCTL_SLOT", "SLOTCTL_SLOTS", "SLOTCTL_CONFIG", "SLOTCTL_TTL", "SLOTCTL_STORE", "SLOTCTL_STORE_TIMEOUT"}
 	vars := env.Vars[:0:0]
 	for _, kv := range env.Vars {
 		k, _, _ := strings.Cut(kv, "=")

@@ -14,11 +14,11 @@ import (
 // line (queue position, who holds the slots and for how long), refreshed
 // every second; elsewhere one plain line when waiting starts.
 type statusLine struct {
-	f     *Factory
-	log   *logger
-	st    store.Store
-	limit string
-	live  bool
+	f      *Factory
+	log    *logger
+	st     store.Store
+	limits []string // the ticket's, in its order
+	live   bool
 
 	mu     sync.Mutex
 	t      store.Ticket
@@ -26,8 +26,8 @@ type statusLine struct {
 	done   chan struct{}
 }
 
-func newStatusLine(f *Factory, log *logger, st store.Store, limit string) *statusLine {
-	return &statusLine{f: f, log: log, st: st, limit: limit, live: f.IO.ErrTTY && !log.quiet}
+func newStatusLine(f *Factory, log *logger, st store.Store, limits []string) *statusLine {
+	return &statusLine{f: f, log: log, st: st, limits: limits, live: f.IO.ErrTTY && !log.quiet}
 }
 
 func (s *statusLine) start(ctx context.Context, t store.Ticket) {
@@ -83,9 +83,12 @@ func (s *statusLine) draw(ctx context.Context) {
 // text is the status: "slotctl: waiting for limit "build" (2/2 held), 3rd in
 // queue; held by make -j8 (pid 4242, 3m12s), ...", cut to width if > 0.
 func (s *statusLine) text(ctx context.Context, t store.Ticket, width int) string {
+	if len(s.limits) > 1 || t.Weighs() > 1 {
+		return cut(s.multiText(ctx, t), width)
+	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "waiting for limit %q", s.limit)
-	snap, err := s.st.Snapshot(ctx, s.limit)
+	fmt.Fprintf(&b, "waiting for limit %q", s.limits[0])
+	snap, err := s.st.Snapshot(ctx, s.limits[0])
 	if err == nil && len(snap.Limits) == 1 {
 		l := snap.Limits[0]
 		if l.Slots == 0 {
@@ -102,17 +105,81 @@ func (s *statusLine) text(ctx context.Context, t store.Ticket, width int) string
 	if t.Position > 0 {
 		fmt.Fprintf(&b, ", %s in queue", ordinal(t.Position))
 	}
-	var holders []string
+	if h := holders(snap, func(string) bool { return true }); h != "" {
+		fmt.Fprintf(&b, "; held by %s", h)
+	}
+	return cut(b.String(), width)
+}
+
+// multiText is the status of a ticket of several limits or of a weight
+// above one: which of its limits keep it waiting, with its place in each,
+// and who holds those: "waiting for limits "build", "db" (weight 2): "db"
+// (3/4 held), 2nd in queue; held by ...". A limit keeps it waiting while an
+// older ticket waits there or fewer than its weight slots are free.
+func (s *statusLine) multiText(ctx context.Context, t store.Ticket) string {
+	var b strings.Builder
+	b.WriteString("waiting for " + limitsPhrase(s.limits))
+	if w := t.Weighs(); w > 1 {
+		fmt.Fprintf(&b, " (weight %d)", w)
+	}
+	snap, err := s.st.Snapshot(ctx, s.limits...)
+	if err != nil {
+		return b.String()
+	}
+	pos := map[string]int{}
 	for _, x := range snap.Tickets {
-		if x.State == store.Held {
-			holders = append(holders, fmt.Sprintf("%s (pid %d on %s, %s)", store.Printable(x.Holder.Command()), x.Holder.Pid,
+		if x.ID == t.ID && x.State == store.Waiting {
+			pos[x.Limit] = x.Position
+		}
+	}
+	blocking := map[string]bool{}
+	var parts []string
+	for _, l := range snap.Limits {
+		if pos[l.Name] <= 1 && l.Slots-l.Held >= t.Weighs() {
+			continue // first in line with room: not what it waits for
+		}
+		blocking[l.Name] = true
+		p := fmt.Sprintf("%q ", l.Name)
+		if l.Slots == 0 {
+			p += "(paused: 0 slots)"
+		} else {
+			p += fmt.Sprintf("(%d/%d held)", l.Held, l.Slots)
+		}
+		if pos[l.Name] > 0 {
+			p += fmt.Sprintf(", %s in queue", ordinal(pos[l.Name]))
+		}
+		if l.Slots > 0 && l.Slots < t.Weighs() {
+			p += fmt.Sprintf(", smaller than weight %d: waits for a resize", t.Weighs()) // shrunk below it (README)
+		}
+		parts = append(parts, p)
+	}
+	if len(parts) > 0 {
+		b.WriteString(": " + strings.Join(parts, "; "))
+	}
+	if h := holders(snap, func(l string) bool { return blocking[l] }); h != "" {
+		fmt.Fprintf(&b, "; held by %s", h)
+	}
+	return b.String()
+}
+
+// holders lists who holds slots of the limits in snap that pick chooses,
+// each ticket once.
+func holders(snap store.Snapshot, pick func(limit string) bool) string {
+	seen := map[string]bool{}
+	var out []string
+	for _, x := range snap.Tickets {
+		if x.State == store.Held && pick(x.Limit) && !seen[x.ID] {
+			seen[x.ID] = true
+			out = append(out, fmt.Sprintf("%s (pid %d on %s, %s)", store.Printable(x.Holder.Command()), x.Holder.Pid,
 				store.Printable(x.Holder.Host), since(snap.Now, x.Admitted)))
 		}
 	}
-	if len(holders) > 0 {
-		fmt.Fprintf(&b, "; held by %s", strings.Join(holders, ", "))
-	}
-	out := escapeControls(b.String())
+	return strings.Join(out, ", ")
+}
+
+// cut escapes the status and cuts it to width, if > 1.
+func cut(s string, width int) string {
+	out := escapeControls(s)
 	if width > 1 && len([]rune(out)) > width {
 		out = string([]rune(out)[:width-1]) + "…"
 	}
