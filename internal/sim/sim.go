@@ -188,7 +188,8 @@ func Run(cfg Config) (res Result) {
 	defer func() {
 		res.Violation, res.Stats, res.Trace = s.viol, s.stats, s.trace
 		for _, h := range s.holders {
-			h.kill() // end the goroutines of the runs still parked
+			h.crashed = true // whatever a parked run does as it ends reaches no store
+			h.kill()         // end the goroutines of the runs still parked
 		}
 		for _, c := range s.conns {
 			c.Close()
@@ -228,6 +229,9 @@ func (s *sim) setup() {
 	r := s.rng
 	s.m = newModel(s)
 	n := 1 + r.IntN(2)
+	if multi {
+		n = 1 + r.IntN(4)
+	}
 	for i := range n {
 		s.limits = append(s.limits, limitCfg{name: fmt.Sprintf("L%d", i), slots: 1 + r.IntN(3)})
 	}
@@ -412,7 +416,7 @@ func (s *sim) arrive() bool {
 	if h.waitFor >= 0 {
 		wait = h.waitFor.Round(time.Millisecond).String()
 	}
-	s.tracef("%s arrives (limit %s, ttl %v, wait %s, job %v)", h.name, h.limit, h.ttl, wait, h.runFor.Round(time.Millisecond))
+	s.tracef("%s arrives (limits %v, weight %d, ttl %v, wait %s, job %v)", h.name, h.limits, h.weight, h.ttl, wait, h.runFor.Round(time.Millisecond))
 	return true
 }
 
@@ -491,6 +495,19 @@ func (s *sim) inject() bool {
 	}
 	return false
 }
+
+// size is a limit's configured size.
+func (s *sim) size(name string) int {
+	for _, l := range s.limits {
+		if l.name == name {
+			return l.slots
+		}
+	}
+	return 1
+}
+
+// multi: holders draw several limits and weights (else one limit, weight 1).
+var multi = false
 
 // anyHolder picks a live holder that ok accepts, at random.
 func (s *sim) anyHolder(ok func(*holder) bool) *holder {
