@@ -183,7 +183,7 @@ func forge(o attackOp) error {
 	}
 	defer db.Close()
 	now := SystemClock{}.Now()
-	r := ticketRec{V: formatVersion, ID: o.ID, Limit: o.Limit, State: store.Waiting, Fence: 1, Slot: -1, TTL: time.Hour,
+	r := ticketRec{V: legacyVersion, ID: o.ID, Limit: o.Limit, State: store.Waiting, Fence: 1, Slot: -1, TTL: time.Hour,
 		DeadlineBoot: now.Boot, DeadlineMono: now.Mono + time.Hour, Created: now.Wall, Holder: store.Holder{Host: "h", Pid: 1}}
 	if o.Forge == "expired" {
 		r.DeadlineBoot = "an-earlier-boot"

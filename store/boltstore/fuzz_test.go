@@ -17,7 +17,7 @@ import (
 var fuzzWall = time.Date(2025, 3, 1, 12, 0, 0, 123456789, time.UTC)
 
 func seedTicket() *ticketRec {
-	return &ticketRec{V: formatVersion, ID: "b", Limit: "x", State: store.Waiting, Fence: 2, Slot: -1, TTL: testTTL,
+	return &ticketRec{V: formatVersion, ID: "b", Limit: "x", Limits: []string{"x"}, Weight: 1, State: store.Waiting, Fence: 2, Slot: -1, TTL: testTTL,
 		DeadlineBoot: "b1", DeadlineMono: time.Hour + testTTL, Created: fuzzWall,
 		Holder: store.Holder{Host: "h", User: "u", BootID: "b1", PidNS: 4026531836, Pid: 42, PidStart: 99,
 			Argv: []string{"make", "-j", "it's"}, Label: "build"}}
@@ -26,6 +26,7 @@ func seedTicket() *ticketRec {
 func seedRecords() []record {
 	held := seedTicket()
 	held.State, held.Slot, held.Admitted, held.Renewed = store.Held, 0, fuzzWall, fuzzWall
+	held.Indexes = map[string][]int{"x": {0}}
 	return []record{
 		seedTicket(),
 		held,

@@ -33,33 +33,52 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 			out = x.view(r, pos)
 			return nil
 		}
-		lim, ok, err := x.limit(req.Limit)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			lim = limitRec{Slots: req.Slots, Created: x.now.Wall}
-			if err := x.putLimit(req.Limit, lim); err != nil {
+		// Every limit is checked before any is created: a refused request
+		// writes nothing (the transaction rolls back anyway).
+		names, w := req.Names(), req.Weighs()
+		sizes := make([]int, len(names))
+		made := make([]bool, len(names))
+		for i, name := range names {
+			lim, ok, err := x.limit(name)
+			if err != nil {
 				return err
 			}
-		} else if req.CheckSlots && lim.Slots != req.Slots {
-			return &store.SlotsConflictError{Limit: req.Limit, Have: lim.Slots, Want: req.Slots}
+			if !ok {
+				sizes[i], made[i] = req.Slots, true
+				continue
+			}
+			if req.CheckSlots && lim.Slots != req.Slots {
+				return &store.SlotsConflictError{Limit: name, Have: lim.Slots, Want: req.Slots}
+			}
+			sizes[i] = lim.Slots
+		}
+		for i, name := range names {
+			if err := store.CheckWeightFits(name, sizes[i], w); err != nil {
+				return err
+			}
+		}
+		for i, name := range names {
+			if made[i] {
+				if err := x.putLimit(name, limitRec{Slots: req.Slots, Created: x.now.Wall}); err != nil {
+					return err
+				}
+			}
 		}
 		fence, err := x.next(keySeq)
 		if err != nil {
 			return err
 		}
-		r := ticketRec{ID: req.ID, Limit: req.Limit, State: store.Waiting, Fence: fence, Slot: -1, TTL: req.TTL,
+		r := ticketRec{ID: req.ID, Limit: names[0], Limits: names, Weight: w, State: store.Waiting, Fence: fence, Slot: -1, TTL: req.TTL,
 			DeadlineBoot: x.now.Boot, DeadlineMono: x.now.Mono + req.TTL, Created: x.now.Wall, Holder: req.Holder,
 			BellUID: ownUID()} // the enqueuer is the waiter: its Watch made the bell
 		if err := x.putTicket(r); err != nil {
 			return err
 		}
-		ir := idRec{V: formatVersion, Limit: req.Limit, Fence: fence}
+		ir := idRec{V: formatVersion, Limit: names[0], Fence: fence}
 		if err := x.bucket(bucketIDs).Put([]byte(req.ID), encode(&ir)); err != nil {
 			return err
 		}
-		recs, _, err := x.settle(req.Limit, false)
+		recs, _, err := x.settle(names, false)
 		if err != nil {
 			return err
 		}
@@ -136,7 +155,7 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 				return err
 			}
 			lost = fmt.Errorf("%w: ticket %s %s", store.ErrLost, t.ID, ev)
-			_, _, err := x.settle(r.Limit, false)
+			_, _, err := x.settle(r.names(), false)
 			return err
 		}
 		r.DeadlineMono, r.TTL, r.Renewed = x.now.Mono+ttl, ttl, x.now.Wall
@@ -150,7 +169,7 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 		// A waiter's renewal also settles its limit, so that waiters free a
 		// dead holder's slot within its TTL even when nothing else happens;
 		// most of the time there is nothing to settle, and that is cheap to see.
-		if quiet, err := x.quiet(r.Limit); err != nil {
+		if quiet, err := x.quiet(r.names()); err != nil {
 			return err
 		} else if quiet {
 			pos, err := x.position(r)
@@ -160,7 +179,7 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 			out = x.view(r, pos)
 			return nil
 		}
-		recs, _, err := x.settle(r.Limit, false)
+		recs, _, err := x.settle(r.names(), false)
 		if err != nil {
 			return err
 		}
@@ -201,7 +220,7 @@ func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (
 					return err
 				}
 			}
-			if why == store.Lost && t.Limit != "" {
+			if why == store.Lost && store.CheckLimits(t.Names()) == nil && store.CheckWeight(t.Weight) == nil {
 				// Reaped or released by someone else: log that its holder
 				// noticed, for "when did it go away".
 				if err := x.event(string(store.Lost), recordOf(t), "holder presumed its lease lost"); err != nil {
@@ -220,7 +239,7 @@ func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (
 			return err
 		}
 		removed = true
-		_, _, err = x.settle(r.Limit, false)
+		_, _, err = x.settle(r.names(), false)
 		return err
 	})
 	return removed, err
@@ -231,7 +250,8 @@ func (s *Store) Cancel(ctx context.Context, t store.Ticket) (bool, error) {
 	return s.Release(ctx, t, store.Cancelled)
 }
 
-// Snapshot implements [store.Store].
+// Snapshot implements [store.Store]: a ticket of several limits is listed
+// under each (store.Snapshot.AddLimit).
 func (s *Store) Snapshot(ctx context.Context, limits ...string) (store.Snapshot, error) {
 	var out store.Snapshot
 	err := s.view(ctx, func(x *txn) error {
@@ -240,6 +260,7 @@ func (s *Store) Snapshot(ctx context.Context, limits ...string) (store.Snapshot,
 		if err != nil {
 			return err
 		}
+		var multi copies
 		for _, name := range names {
 			lim, ok, err := x.limit(name)
 			if err != nil {
@@ -248,13 +269,21 @@ func (s *Store) Snapshot(ctx context.Context, limits ...string) (store.Snapshot,
 			if !ok {
 				return fmt.Errorf("%w: %q", store.ErrLimitNotFound, name)
 			}
-			recs, err := x.tickets(name)
+			var ts []store.Ticket
+			err = x.readQueue(name, func(r ticketRec, raw []byte) error {
+				if len(r.Limits) > 1 {
+					if multi == nil {
+						multi = copies{}
+					}
+					if _, err := multi.seen(&r, raw, name, 0); err != nil {
+						return err
+					}
+				}
+				ts = append(ts, x.view(r, 0))
+				return nil
+			})
 			if err != nil {
 				return err
-			}
-			ts := make([]store.Ticket, len(recs))
-			for i, r := range recs {
-				ts[i] = x.view(r, 0)
 			}
 			out.AddLimit(store.Limit{Name: name, Slots: lim.Slots, Created: lim.Created}, ts)
 		}
@@ -284,15 +313,17 @@ func (s *Store) SetLimit(ctx context.Context, name string, slots int) (store.Lim
 		if err := x.putLimit(name, lim); err != nil {
 			return err
 		}
-		recs, _, err := x.settle(name, false)
+		recs, _, err := x.settle([]string{name}, false)
 		if err != nil {
 			return err
 		}
 		out = store.Limit{Name: name, Slots: slots, Created: lim.Created}
 		for _, r := range recs {
-			if r.State == store.Held {
-				out.Held++
-			} else {
+			switch {
+			case !r.has(name):
+			case r.State == store.Held:
+				out.Held += r.weight() // slots, not tickets
+			default:
 				out.Waiting++
 			}
 		}
@@ -301,7 +332,9 @@ func (s *Store) SetLimit(ctx context.Context, name string, slots int) (store.Lim
 	return out, err
 }
 
-// RemoveLimit implements [store.Store].
+// RemoveLimit implements [store.Store]. With force, every ticket naming
+// the limit is removed entirely, and the other limits they named are
+// settled: their slots there are free now.
 func (s *Store) RemoveLimit(ctx context.Context, name string, force bool) error {
 	if err := store.CheckLimitName(name); err != nil {
 		return err
@@ -319,9 +352,15 @@ func (s *Store) RemoveLimit(ctx context.Context, name string, force bool) error 
 		if len(recs) > 0 && !force {
 			return fmt.Errorf("%w: limit %q has %d tickets", store.ErrLimitInUse, name, len(recs))
 		}
+		var others []string
 		for _, r := range recs {
 			if err := x.remove(r, store.ForceReleased, "limit removed"); err != nil {
 				return err
+			}
+			for _, l := range r.names() {
+				if l != name && !slices.Contains(others, l) {
+					others = append(others, l)
+				}
 			}
 		}
 		if b, _ := x.queue(name, false); b != nil {
@@ -329,13 +368,31 @@ func (s *Store) RemoveLimit(ctx context.Context, name string, force bool) error 
 				return err
 			}
 		}
-		return x.bucket(bucketLimits).Delete([]byte(name))
+		if err := x.bucket(bucketLimits).Delete([]byte(name)); err != nil {
+			return err
+		}
+		if len(others) == 0 {
+			return nil
+		}
+		_, _, err = x.settle(others, false)
+		return err
 	})
 }
 
 // recordOf is the record form of a caller's ticket, for logging only.
 func recordOf(t store.Ticket) ticketRec {
-	return ticketRec{ID: t.ID, Limit: t.Limit, State: t.State, Fence: t.Fence, Slot: t.Slot, Holder: t.Holder}
+	r := ticketRec{ID: t.ID, Limit: t.Names()[0], Limits: t.Names(), Weight: t.Weighs(), State: t.State, Fence: t.Fence, Slot: t.Slot, Holder: t.Holder}
+	if t.State == store.Held { // only indexes a record could hold: the event is read back as strictly
+		r.Indexes = map[string][]int{}
+		for _, name := range r.Limits {
+			ix := t.In(name)
+			if len(ix) != r.Weight || slices.ContainsFunc(ix, func(n int) bool { return n < 0 || n >= store.MaxSlots }) {
+				ix = nil
+			}
+			r.Indexes[name] = ix
+		}
+	}
+	return r
 }
 
 // SetChild implements [store.Store].
@@ -372,60 +429,76 @@ func (s *Store) SetChild(ctx context.Context, t store.Ticket, pgid int, pgidStar
 	return out, err
 }
 
-// Reap implements [store.Store].
+// Reap implements [store.Store]. A reap of some limits sweeps their
+// tickets (each ticket of several limits entirely) and settles the closure
+// of those limits (see txn.gather) in the same step; tickets of the other
+// limits there are neither judged nor removed, only admitted.
 func (s *Store) Reap(ctx context.Context, o store.ReapOptions) ([]store.Removal, error) {
-	dryRun, limits := o.DryRun, o.Limits
-	for _, l := range limits {
+	for _, l := range o.Limits {
 		if err := store.CheckLimitName(l); err != nil {
 			return nil, err
 		}
 	}
-	removed := []store.Removal{}
-	each := func(x *txn, fn func(name string) error) error {
-		names, err := x.limitNames(limits)
+	// input is the planner's input of a reap: the closure of the swept
+	// limits, every swept ticket judged (All), the others left alone.
+	input := func(x *txn) ([]string, []ticketRec, store.SettleInput, error) {
+		names, err := x.limitNames(o.Limits)
 		if err != nil {
-			return err
+			return nil, nil, store.SettleInput{}, err
 		}
 		for _, name := range names {
 			if _, ok, err := x.limit(name); err != nil {
-				return err
+				return nil, nil, store.SettleInput{}, err
 			} else if !ok {
-				return fmt.Errorf("%w: %q", store.ErrLimitNotFound, name)
-			}
-			if err := fn(name); err != nil {
-				return err
+				return nil, nil, store.SettleInput{}, fmt.Errorf("%w: %q", store.ErrLimitNotFound, name)
 			}
 		}
-		return nil
+		recs, in, err := x.settleInput(names)
+		if err != nil {
+			return nil, nil, in, err
+		}
+		in.All = true
+		if len(o.Limits) > 0 {
+			others := map[string]bool{}
+			for i := range in.Tickets {
+				q := &in.Tickets[i]
+				if !slices.ContainsFunc(q.Ticket.Names(), func(l string) bool { return slices.Contains(names, l) }) {
+					q.Expired, others[q.Ticket.ID] = "", true
+				}
+			}
+			if judge := in.Judge; judge != nil && len(others) > 0 {
+				in.Judge = func(t store.Ticket, act bool) (string, bool) {
+					if others[t.ID] {
+						return "", false
+					}
+					return judge(t, act)
+				}
+			}
+		}
+		return names, recs, in, nil
 	}
-	if dryRun {
+	removed := []store.Removal{}
+	if o.DryRun {
 		if s.mut.Has(mutation.BlindReap) || s.mut.Has(mutation.StaleVerdict) { // mutation (test-only): remember this scan
 			s.mutResetScan()
 		}
 		err := s.view(ctx, func(x *txn) error {
-			return each(x, func(name string) error {
-				lim, _, err := x.limit(name)
-				if err != nil {
-					return err
+			_, recs, in, err := input(x)
+			if err != nil {
+				return err
+			}
+			in.DryRun = true
+			gone := make([]bool, len(recs))
+			for _, rm := range store.PlanSettle(in).Remove {
+				gone[rm.Index] = true
+				removed = append(removed, store.Removal{Ticket: in.Tickets[rm.Index].Ticket, Reason: store.Reaped, Evidence: rm.Evidence})
+			}
+			if s.mut.Has(mutation.BlindReap) || s.mut.Has(mutation.StaleVerdict) { // mutation (test-only): remember this scan
+				for i, r := range recs {
+					s.mutNoteScan(r, gone[i])
 				}
-				recs, err := x.tickets(name)
-				if err != nil {
-					return err
-				}
-				in := x.settleInput(name, lim.Slots, recs)
-				in.All, in.DryRun, in.Judge = true, true, s.dead
-				gone := make([]bool, len(recs))
-				for _, rm := range store.PlanSettle(in).Remove {
-					gone[rm.Index] = true
-					removed = append(removed, store.Removal{Ticket: in.Tickets[rm.Index].Ticket, Reason: store.Reaped, Evidence: rm.Evidence})
-				}
-				if s.mut.Has(mutation.BlindReap) || s.mut.Has(mutation.StaleVerdict) { // mutation (test-only): remember this scan
-					for i, r := range recs {
-						s.mutNoteScan(r, gone[i])
-					}
-				}
-				return nil
-			})
+			}
+			return nil
 		})
 		if err != nil {
 			return nil, err
@@ -433,18 +506,32 @@ func (s *Store) Reap(ctx context.Context, o store.ReapOptions) ([]store.Removal,
 		return removed, nil
 	}
 	err := s.update(ctx, func(x *txn) error {
-		removed = removed[:0]
-		return each(x, func(name string) error {
-			_, r, err := x.settle(name, true)
-			removed = append(removed, r...)
-			if err == nil && x.s.mut.Has(mutation.BlindReap) { // mutation (test-only): free a slot per ticket the scan listed (A2)
-				err = x.mutBlindReap(name, r)
-			}
+		names, recs, in, err := input(x)
+		if err != nil {
 			return err
-		})
+		}
+		if x.s.mut.Has(mutation.StaleVerdict) { // mutation (test-only): judge on the deadlines an earlier scan read (A1)
+			x.mutStaleVerdict(&in)
+		}
+		_, rm, err := x.apply(recs, store.PlanSettle(in))
+		if err != nil {
+			return err
+		}
+		removed = rm
+		if x.s.mut.Has(mutation.BlindReap) { // mutation (test-only): free a slot per ticket the scan listed (A2)
+			for _, name := range names {
+				if err := x.mutBlindReap(name, rm); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, err // rolled back: nothing was removed
+	}
+	if removed == nil {
+		removed = []store.Removal{}
 	}
 	return removed, nil
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -13,16 +14,20 @@ import (
 )
 
 // formatVersion is written in the meta bucket and in every record; a reader
-// refuses any other version instead of guessing.
-const formatVersion = 1
+// reads it and the previous release's (legacyVersion: one limit, weight 1)
+// and refuses any other instead of guessing (docs/leases.md §2.1 item 9).
+const (
+	formatVersion = 2
+	legacyVersion = 1
+)
 
 // Bucket and key names. Numbers in keys are big-endian so that bbolt's byte
 // order is numeric order: the queue order of a limit is its keys' order.
 var (
 	bucketMeta   = []byte("meta")
 	bucketLimits = []byte("limits")
-	bucketQueue  = []byte("queue") // holds one sub-bucket per limit: fence -> ticket
-	bucketIDs    = []byte("ids")   // ticket id -> {limit, fence}
+	bucketQueue  = []byte("queue") // holds one sub-bucket per limit: fence -> ticket, a copy in each of its limits
+	bucketIDs    = []byte("ids")   // ticket id -> {first limit, fence}
 	bucketTombs  = []byte("tombstones")
 	bucketTombQ  = []byte("tombstone-order") // counter -> ticket id, oldest first, for pruning
 	bucketEvents = []byte("events")          // counter -> event, oldest first
@@ -36,20 +41,31 @@ var (
 
 // ticketRec is a ticket as stored. Its deadline is on the boot-time clock of
 // the boot it was written in (docs/leases.md §4.4); wall times are for display only.
+//
+// A ticket of several limits is stored in the queue of each, the same bytes
+// in every one (written together, in one transaction): a reader that finds
+// two copies that differ has found a corrupt store. Decoded, every record
+// has Limits, Weight and (when held) Indexes, whatever its version.
 type ticketRec struct {
-	V            int           `json:"v"`
-	ID           string        `json:"id"`
-	Limit        string        `json:"limit"`
-	State        store.State   `json:"state"`
-	Fence        uint64        `json:"fence"`
-	Slot         int           `json:"slot"`
-	TTL          time.Duration `json:"ttl_ns"`
-	DeadlineBoot string        `json:"deadline_boot"`
-	DeadlineMono time.Duration `json:"deadline_mono_ns"`
-	Created      time.Time     `json:"created"`
-	Admitted     time.Time     `json:"admitted,omitzero"`
-	Renewed      time.Time     `json:"renewed,omitzero"`
-	Holder       store.Holder  `json:"holder"`
+	V     int         `json:"v"`
+	ID    string      `json:"id"`
+	Limit string      `json:"limit"` // the first of Limits
+	State store.State `json:"state"`
+	// Limits, Weight and Indexes are version 2's; a version 1 record has
+	// none (one limit, weight 1, holding Slot). Nothing before the holder
+	// can hold a quote (see fastFields).
+	Limits       []string         `json:"limits,omitempty"`
+	Weight       int              `json:"weight,omitempty"`
+	Fence        uint64           `json:"fence"`
+	Slot         int              `json:"slot"`
+	Indexes      map[string][]int `json:"indexes,omitempty"` // iff held: Weight ascending indexes in each limit
+	TTL          time.Duration    `json:"ttl_ns"`
+	DeadlineBoot string           `json:"deadline_boot"`
+	DeadlineMono time.Duration    `json:"deadline_mono_ns"`
+	Created      time.Time        `json:"created"`
+	Admitted     time.Time        `json:"admitted,omitzero"`
+	Renewed      time.Time        `json:"renewed,omitzero"`
+	Holder       store.Holder     `json:"holder"`
 	// BellUID is the user whose bell directory holds the waiter's bell
 	// (bell.go); absent in records of older versions.
 	BellUID *uint32 `json:"bell_uid,omitempty"`
@@ -96,6 +112,7 @@ type eventRec struct {
 type record interface {
 	version() int
 	check() error
+	upgrade()
 }
 
 func (r *ticketRec) version() int { return r.V }
@@ -104,11 +121,28 @@ func (r *idRec) version() int     { return r.V }
 func (r *tombRec) version() int   { return r.V }
 func (r *eventRec) version() int  { return r.V }
 
+func (r *ticketRec) upgrade() { r.V = formatVersion }
+func (r *limitRec) upgrade()  { r.V = formatVersion }
+func (r *idRec) upgrade()     { r.V = formatVersion }
+func (r *tombRec) upgrade()   { r.V = formatVersion }
+func (r *eventRec) upgrade()  { r.V = formatVersion }
+
 func (r *ticketRec) check() error {
 	if err := store.CheckID(r.ID); err != nil {
 		return err
 	}
 	if err := store.CheckLimitName(r.Limit); err != nil {
+		return err
+	}
+	if r.V == legacyVersion {
+		if r.Limits != nil || r.Weight != 0 || r.Indexes != nil {
+			return fmt.Errorf("limits, weight or indexes in a version %d record", legacyVersion)
+		}
+		r.Limits, r.Weight = []string{r.Limit}, 1
+		if r.State == store.Held && r.Slot >= 0 && r.Slot < store.MaxSlots {
+			r.Indexes = map[string][]int{r.Limit: {r.Slot}}
+		}
+	} else if err := r.checkLimits(); err != nil {
 		return err
 	}
 	switch {
@@ -126,6 +160,87 @@ func (r *ticketRec) check() error {
 	return store.CheckTTL(r.TTL)
 }
 
+// checkLimits checks what version 2 adds: the limits a request could name
+// (the first one Limit), a weight of 1..MaxSlots, and, iff held, exactly
+// Weight ascending distinct indexes below MaxSlots in each limit and no other,
+// Slot the lowest in the first.
+func (r *ticketRec) checkLimits() error {
+	if err := store.CheckLimits(r.Limits); err != nil {
+		return err
+	}
+	if r.Limits[0] != r.Limit {
+		return fmt.Errorf("limit %q is not the first of limits %q", r.Limit, r.Limits)
+	}
+	if r.Weight < 1 || r.Weight > store.MaxSlots {
+		return fmt.Errorf("weight %d: want 1..%d", r.Weight, store.MaxSlots)
+	}
+	if r.State != store.Held {
+		if r.Indexes != nil {
+			return fmt.Errorf("slot indexes of a ticket that is not held")
+		}
+		return nil
+	}
+	if len(r.Indexes) != len(r.Limits) {
+		return fmt.Errorf("slot indexes in %d limits of a held ticket of %d", len(r.Indexes), len(r.Limits))
+	}
+	for _, name := range r.Limits {
+		ix, ok := r.Indexes[name]
+		if !ok {
+			return fmt.Errorf("no slot indexes in limit %q of a held ticket", name)
+		}
+		if len(ix) != r.Weight {
+			return fmt.Errorf("%d slot indexes in limit %q of a ticket of weight %d", len(ix), name, r.Weight)
+		}
+		for i, n := range ix {
+			if n < 0 || n >= store.MaxSlots || i > 0 && n <= ix[i-1] {
+				return fmt.Errorf("slot indexes %v in limit %q: want ascending distinct indexes of 0..%d", ix, name, store.MaxSlots-1)
+			}
+		}
+	}
+	if r.Slot != r.Indexes[r.Limit][0] {
+		return fmt.Errorf("slot %d of a ticket whose lowest index in %q is %d", r.Slot, r.Limit, r.Indexes[r.Limit][0])
+	}
+	return nil
+}
+
+// names is the ticket's limits (a decoded or new record has them).
+func (r *ticketRec) names() []string {
+	if len(r.Limits) == 0 {
+		return []string{r.Limit}
+	}
+	return r.Limits
+}
+
+// weight is how many slots it takes in each limit.
+func (r *ticketRec) weight() int { return max(r.Weight, 1) }
+
+// in is its slot indexes in limit while held.
+func (r *ticketRec) in(limit string) []int {
+	if r.State != store.Held {
+		return nil
+	}
+	if ix, ok := r.Indexes[limit]; ok {
+		return ix
+	}
+	if r.Indexes == nil && limit == r.Limit && r.Slot >= 0 {
+		return []int{r.Slot}
+	}
+	return nil
+}
+
+// has reports whether the ticket names limit.
+func (r *ticketRec) has(limit string) bool {
+	if len(r.Limits) == 0 {
+		return r.Limit == limit
+	}
+	for _, n := range r.Limits {
+		if n == limit {
+			return true
+		}
+	}
+	return false
+}
+
 func (r *limitRec) check() error { return store.CheckSlots(r.Slots) }
 
 func (r *idRec) check() error {
@@ -141,7 +256,35 @@ func (r *eventRec) check() error {
 	if err := store.CheckID(r.Ticket); err != nil {
 		return err
 	}
-	return store.CheckLimitName(r.Limit)
+	if err := store.CheckLimitName(r.Limit); err != nil {
+		return err
+	}
+	if r.V == legacyVersion {
+		if r.Limits != nil || r.Weight != 0 || r.Indexes != nil {
+			return fmt.Errorf("limits, weight or indexes in a version %d event", legacyVersion)
+		}
+		return nil
+	}
+	if r.Limits != nil {
+		if err := store.CheckLimits(r.Limits); err != nil {
+			return err
+		}
+		if len(r.Limits) < 2 || !slices.Contains(r.Limits, r.Limit) {
+			return fmt.Errorf("event of limit %q naming limits %q", r.Limit, r.Limits)
+		}
+	}
+	if r.Weight < 0 || r.Weight == 1 || r.Weight > store.MaxSlots {
+		return fmt.Errorf("event weight %d: want none or 2..%d", r.Weight, store.MaxSlots)
+	}
+	if len(r.Indexes) > r.Weight {
+		return fmt.Errorf("%d slot indexes in an event of weight %d", len(r.Indexes), r.Weight)
+	}
+	for _, n := range r.Indexes {
+		if n < 0 || n >= store.MaxSlots {
+			return fmt.Errorf("event slot index %d: want 0..%d", n, store.MaxSlots-1)
+		}
+	}
+	return nil
 }
 
 // decode parses a stored value; anything it cannot read exactly, or that a
@@ -150,12 +293,13 @@ func decode(b []byte, r record) error {
 	if err := json.Unmarshal(b, r); err != nil {
 		return fmt.Errorf("%w: undecodable record: %v", store.ErrCorrupt, err)
 	}
-	if v := r.version(); v != formatVersion {
-		return fmt.Errorf("%w: record format version %d, this slotctl reads %d", store.ErrCorrupt, v, formatVersion)
+	if v := r.version(); v != formatVersion && v != legacyVersion {
+		return fmt.Errorf("%w: record format version %d: this slotctl reads versions %d and %d", store.ErrCorrupt, v, legacyVersion, formatVersion)
 	}
 	if err := r.check(); err != nil {
 		return fmt.Errorf("%w: invalid record: %v", store.ErrCorrupt, strings.TrimPrefix(err.Error(), store.ErrInvalid.Error()+": "))
 	}
+	r.upgrade() // check read a version 1 record as version 2 says
 	return nil
 }
 

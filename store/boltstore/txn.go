@@ -2,6 +2,7 @@ package boltstore
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"slices"
 	"strconv"
@@ -30,7 +31,13 @@ type txn struct {
 	unbell []bellRef // tickets removed: delete their bells after the commit
 }
 
-// init creates the buckets of a new file and checks the format of an old one.
+// formatMeta is the meta bucket's format this slotctl writes; it reads the
+// previous release's too (docs/leases.md §2.1 item 9).
+var formatMeta, legacyMeta = []byte(strconv.Itoa(formatVersion)), []byte(strconv.Itoa(legacyVersion))
+
+// init creates the buckets of a new file and checks the format of an old
+// one. A store of the previous format becomes this format at its first write:
+// records of the older version are still read, and written back in this one.
 func (x *txn) init() error {
 	for _, name := range allBucketKey {
 		if _, err := x.tx.CreateBucketIfNotExists(name); err != nil {
@@ -38,10 +45,16 @@ func (x *txn) init() error {
 		}
 	}
 	meta := x.tx.Bucket(bucketMeta)
-	if meta.Get(keyFormat) == nil {
-		return meta.Put(keyFormat, []byte(fmt.Sprint(formatVersion)))
+	v := meta.Get(keyFormat)
+	if v != nil {
+		if err := x.checkFormat(); err != nil {
+			return err
+		}
 	}
-	return x.checkFormat()
+	if !bytes.Equal(v, formatMeta) {
+		return meta.Put(keyFormat, formatMeta)
+	}
+	return nil
 }
 
 func (x *txn) checkFormat() error {
@@ -57,8 +70,8 @@ func (x *txn) checkFormat() error {
 		}
 		return nil // created by a reader-less open; empty
 	}
-	if v := meta.Get(keyFormat); !bytes.Equal(v, []byte(fmt.Sprint(formatVersion))) {
-		return fmt.Errorf("%w: store format %q, this slotctl reads %d", store.ErrCorrupt, v, formatVersion)
+	if v := meta.Get(keyFormat); !bytes.Equal(v, formatMeta) && !bytes.Equal(v, legacyMeta) {
+		return fmt.Errorf("%w: store format %q: this slotctl reads formats %d and %d", store.ErrCorrupt, v, legacyVersion, formatVersion)
 	}
 	return nil
 }
@@ -121,34 +134,146 @@ func (x *txn) queue(limit string, create bool) (*bolt.Bucket, error) {
 	return q.CreateBucket([]byte(limit))
 }
 
-// tickets reads a limit's queue in order (fence order is FIFO order).
-func (x *txn) tickets(limit string) ([]ticketRec, error) {
+// readQueue decodes a limit's queue in fence order. Each record must sit
+// under its own fence and name the limit whose queue holds it.
+func (x *txn) readQueue(limit string, fn func(r ticketRec, raw []byte) error) error {
 	b, err := x.queue(limit, false)
 	if err != nil || b == nil {
-		return nil, err
+		return err
 	}
-	var out []ticketRec
-	err = b.ForEach(func(k, v []byte) error {
+	return b.ForEach(func(k, v []byte) error {
+		fence, err := keyU64(k)
+		if err != nil {
+			return fmt.Errorf("ticket of limit %q: %w", limit, err)
+		}
 		var r ticketRec
 		if err := decode(v, &r); err != nil {
 			return fmt.Errorf("ticket %x of limit %q: %w", k, limit, err)
 		}
+		if r.Fence != fence || !r.has(limit) {
+			return fmt.Errorf("%w: ticket %s of limits %q, fence %d, stored as ticket %d of limit %q", store.ErrCorrupt, r.ID, r.names(), r.Fence, fence, limit)
+		}
+		return fn(r, v)
+	})
+}
+
+// tickets reads a limit's queue in order (fence order is FIFO order).
+func (x *txn) tickets(limit string) ([]ticketRec, error) {
+	var out []ticketRec
+	err := x.readQueue(limit, func(r ticketRec, _ []byte) error {
 		out = append(out, r)
 		return nil
 	})
 	return out, err
 }
 
-func (x *txn) putTicket(r ticketRec) error {
-	b, err := x.queue(r.Limit, true)
-	if err != nil {
-		return err
-	}
-	r.V = formatVersion
-	return b.Put(u64key(r.Fence), encode(&r))
+// copies remembers the first copy read of each ticket of several limits,
+// by fence: every other copy must be the same bytes.
+type copies map[uint64]*copyOf
+
+type copyOf struct {
+	raw   []byte
+	limit string // the limit it was first read in
+	n     int    // copies read
+	index int    // its place in the caller's list
 }
 
-// lookup finds a live ticket by id.
+// seen reports whether r was read before (in another limit), and checks
+// that this copy is the same.
+func (c copies) seen(r *ticketRec, raw []byte, limit string, index int) (*copyOf, error) {
+	first, ok := c[r.Fence]
+	if !ok {
+		c[r.Fence] = &copyOf{raw: raw, limit: limit, n: 1, index: index}
+		return nil, nil
+	}
+	if !bytes.Equal(first.raw, raw) {
+		return nil, fmt.Errorf("%w: ticket %s (fence %d) differs between limits %q and %q", store.ErrCorrupt, r.ID, r.Fence, first.limit, limit)
+	}
+	first.n++
+	return first, nil
+}
+
+// gather reads the tickets of limits and, transitively, of every limit they
+// name: the closure a settle works on (docs/leases.md §2.1 item 9), since
+// admitting a ticket of several limits can unblock tickets behind it in its
+// others. It returns each ticket once, in fence order (the one queue order
+// of every limit), and every limit it read. Each ticket must be in the queue
+// of every limit it names, the same bytes in each.
+func (x *txn) gather(limits []string) ([]ticketRec, []string, error) {
+	todo := slices.Clone(limits)
+	var recs []ticketRec
+	var multi copies // tickets of several limits, made when one is read
+	for i := 0; i < len(todo); i++ {
+		name := todo[i]
+		err := x.readQueue(name, func(r ticketRec, raw []byte) error {
+			if len(r.Limits) < 2 {
+				recs = append(recs, r)
+				return nil
+			}
+			if multi == nil {
+				multi = copies{}
+			}
+			if first, err := multi.seen(&r, raw, name, len(recs)); err != nil || first != nil {
+				return err
+			}
+			recs = append(recs, r)
+			for _, l := range r.Limits {
+				if !slices.Contains(todo, l) {
+					todo = append(todo, l)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, nil, err
+		}
+	}
+	for _, c := range multi {
+		if r := recs[c.index]; c.n != len(r.Limits) {
+			return nil, nil, fmt.Errorf("%w: ticket %s of limits %q is in %d of their queues", store.ErrCorrupt, r.ID, r.Limits, c.n)
+		}
+	}
+	if len(todo) > 1 {
+		slices.SortFunc(recs, func(a, b ticketRec) int { return cmpU64(a.Fence, b.Fence) })
+	}
+	return recs, todo, nil
+}
+
+func cmpU64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// putTicket writes the ticket into the queue of each of its limits: the
+// same bytes in every one.
+func (x *txn) putTicket(r ticketRec) error {
+	r.V = formatVersion
+	if len(r.Limits) == 0 {
+		r.Limits = []string{r.Limit}
+	}
+	r.Weight = r.weight()
+	if r.State == store.Held && r.Indexes == nil {
+		r.Indexes = map[string][]int{r.Limit: {r.Slot}}
+	}
+	v := encode(&r)
+	for _, name := range r.Limits {
+		b, err := x.queue(name, true)
+		if err != nil {
+			return err
+		}
+		if err := b.Put(u64key(r.Fence), v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// lookup finds a live ticket by id: its copy in its first limit.
 func (x *txn) lookup(id string) (ticketRec, bool, error) {
 	ids := x.bucket(bucketIDs)
 	if ids == nil {
@@ -176,6 +301,10 @@ func (x *txn) lookup(id string) (ticketRec, bool, error) {
 	var r ticketRec
 	if err := decode(tv, &r); err != nil {
 		return r, false, fmt.Errorf("ticket %s: %w", id, err)
+	}
+	if r.ID != id || r.Fence != ir.Fence || r.Limit != ir.Limit {
+		return r, false, fmt.Errorf("%w: ticket id %s points to ticket %s (fence %d, first limit %q) as ticket %d of limit %q",
+			store.ErrCorrupt, id, r.ID, r.Fence, r.Limit, ir.Fence, ir.Limit)
 	}
 	return r, true, nil
 }
@@ -218,18 +347,32 @@ func roundAgo(d time.Duration) string {
 	}
 }
 
-// remove deletes a live ticket, tombstones its id and logs why. It is the
-// only way a ticket leaves the store, and so the only thing that frees a slot.
+// remove deletes a live ticket from every one of its limits, tombstones its
+// id once and logs why in each limit. It is the only way a ticket leaves
+// the store, and so the only thing that frees a slot.
 func (x *txn) remove(r ticketRec, why store.Reason, evidence string) error {
-	b, err := x.queue(r.Limit, false)
-	if err != nil {
-		return err
-	}
-	if b == nil || b.Get(u64key(r.Fence)) == nil {
-		return fmt.Errorf("%w: removing ticket %s that is not in limit %q", store.ErrCorrupt, r.ID, r.Limit)
-	}
-	if err := b.Delete(u64key(r.Fence)); err != nil {
-		return err
+	key := u64key(r.Fence)
+	var first []byte
+	for i, name := range r.names() {
+		b, err := x.queue(name, false)
+		if err != nil {
+			return err
+		}
+		var v []byte
+		if b != nil {
+			v = b.Get(key)
+		}
+		if v == nil {
+			return fmt.Errorf("%w: removing ticket %s that is not in limit %q", store.ErrCorrupt, r.ID, name)
+		}
+		if i == 0 {
+			first = bytes.Clone(v) // the page it is on may change with the deletion
+		} else if !bytes.Equal(v, first) {
+			return fmt.Errorf("%w: ticket %s (fence %d) differs between limits %q and %q", store.ErrCorrupt, r.ID, r.Fence, r.names()[0], name)
+		}
+		if err := b.Delete(key); err != nil {
+			return err
+		}
 	}
 	if err := x.bucket(bucketIDs).Delete([]byte(r.ID)); err != nil {
 		return err
@@ -294,14 +437,37 @@ func (x *txn) pruneTombstones(last uint64) error {
 	return nil
 }
 
+// event logs one event in each of the ticket's limits (docs/leases.md §2.1
+// item 9), each with the ticket's lowest slot index there.
 func (x *txn) event(kind string, r ticketRec, evidence string) error {
+	for _, name := range r.names() {
+		e := store.Event{Time: x.now.Wall, Kind: kind, Limit: name, Ticket: r.ID,
+			Fence: r.Fence, Slot: -1, Host: r.Holder.Host, Pid: r.Holder.Pid, User: r.Holder.User,
+			Command: r.Holder.Command(), Evidence: evidence}
+		ix := r.in(name)
+		if len(ix) > 0 {
+			e.Slot = ix[0]
+		}
+		if len(r.Limits) > 1 {
+			e.Limits = r.Limits
+		}
+		if w := r.weight(); w > 1 {
+			e.Weight, e.Indexes = w, ix
+		}
+		if err := x.event1(e); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (x *txn) event1(ev store.Event) error {
 	n, err := x.next(keyEventSeq)
 	if err != nil {
 		return err
 	}
-	e := eventRec{V: formatVersion, Event: store.Event{Seq: n, Time: x.now.Wall, Kind: kind, Limit: r.Limit, Ticket: r.ID,
-		Fence: r.Fence, Slot: r.Slot, Host: r.Holder.Host, Pid: r.Holder.Pid, User: r.Holder.User,
-		Command: r.Holder.Command(), Evidence: evidence}}
+	ev.Seq = n
+	e := eventRec{V: formatVersion, Event: ev}
 	b := x.bucket(bucketEvents)
 	if err := b.Put(u64key(n), encode(&e)); err != nil {
 		return err
@@ -326,42 +492,54 @@ func (x *txn) event(kind string, r ticketRec, evidence string) error {
 	return nil
 }
 
-// settle sweeps a limit and promotes its waiters: the step every write that
-// can free or add capacity ends with. The policy is store.PlanSettle's, on
-// the tickets read in this transaction (a list made earlier is never
-// trusted); an expired ticket is shown to the judge too, so that a job its
-// dead supervisor left running is stopped before its slot is handed on.
-// all: judge every ticket (reap). It returns the tickets that remain, in
-// order, and the removals.
-func (x *txn) settle(limit string, all bool) ([]ticketRec, []store.Removal, error) {
-	lim, ok, err := x.limit(limit)
-	if err != nil || !ok {
-		return nil, nil, err
-	}
-	recs, err := x.tickets(limit)
+// settle sweeps the limits a write touched and promotes their waiters: the
+// step every write that can free or add capacity ends with. It works on
+// the closure of those limits (gather): one store.PlanSettle over all their
+// tickets, each once, in fence order, on the records read in this
+// transaction (a list made earlier is never trusted); an expired ticket is
+// shown to the judge too, so that a job its dead supervisor left running is
+// stopped before its slot is handed on. all: judge every ticket (reap). It
+// returns the tickets that remain, in order, and the removals.
+func (x *txn) settle(limits []string, all bool) ([]ticketRec, []store.Removal, error) {
+	recs, in, err := x.settleInput(limits)
 	if err != nil {
 		return nil, nil, err
 	}
-	in := x.settleInput(limit, lim.Slots, recs)
-	in.All, in.Judge, in.JudgeExpired = all, x.s.dead, true
+	in.All = all
 	if x.s.mut.Has(mutation.StaleVerdict) { // mutation (test-only): judge on the deadlines an earlier scan read (A1)
 		x.mutStaleVerdict(&in)
 	}
 	return x.apply(recs, store.PlanSettle(in))
 }
 
-// settleInput is a limit's tickets as the planner sees them, judged by the store's clock.
-func (x *txn) settleInput(limit string, slots int, recs []ticketRec) store.SettleInput {
-	in := store.SettleInput{Slots: map[string]int{limit: slots}, Tickets: make([]store.Queued, len(recs))}
+// settleInput reads the closure of limits (gather) and their sizes: the
+// planner's input, judged by the store's clock.
+func (x *txn) settleInput(limits []string) ([]ticketRec, store.SettleInput, error) {
+	recs, names, err := x.gather(limits)
+	if err != nil {
+		return nil, store.SettleInput{}, err
+	}
+	in := store.SettleInput{Slots: make(map[string]int, len(names)), Tickets: make([]store.Queued, len(recs)),
+		Judge: x.s.dead, JudgeExpired: true, Mutations: x.s.mut}
+	for _, name := range names {
+		lim, ok, err := x.limit(name)
+		if err != nil {
+			return nil, in, err
+		}
+		if ok { // a ticket of a limit that is gone is never admitted
+			in.Slots[name] = lim.Slots
+		}
+	}
 	for i, r := range recs {
 		in.Tickets[i] = store.Queued{Ticket: x.view(r, 0), Expired: x.expiry(r)}
 	}
-	return in
+	return recs, in, nil
 }
 
 // apply carries out a settle's plan on recs (the planner's input): each
-// removal reaps its ticket, each admission takes its slot index. It returns
-// the tickets that remain, in order, with the admitted ones held.
+// removal reaps its ticket, each admission takes its slot indexes in each of
+// its limits. It returns the tickets that remain, in order, with the
+// admitted ones held.
 func (x *txn) apply(recs []ticketRec, plan store.SettlePlan) ([]ticketRec, []store.Removal, error) {
 	var removed []store.Removal
 	gone := make([]bool, len(recs))
@@ -375,14 +553,14 @@ func (x *txn) apply(recs []ticketRec, plan store.SettlePlan) ([]ticketRec, []sto
 	}
 	for _, a := range plan.Admit {
 		r := &recs[a.Index]
-		r.State, r.Slot, r.Admitted = store.Held, a.Slot, x.now.Wall
+		r.State, r.Slot, r.Indexes, r.Admitted = store.Held, a.Slot, a.Indexes, x.now.Wall
 		if err := x.putTicket(*r); err != nil {
 			return nil, nil, err
 		}
 		if err := x.event("admitted", *r, ""); err != nil {
 			return nil, nil, err
 		}
-		x.rings = append(x.rings, refOf(*r))
+		x.rings = append(x.rings, refOf(*r)) // one bell per ticket, rung once it holds all its limits
 	}
 	live := recs[:0:0]
 	for i, r := range recs {
@@ -393,12 +571,21 @@ func (x *txn) apply(recs []ticketRec, plan store.SettlePlan) ([]ticketRec, []sto
 	return live, removed, nil
 }
 
-// view turns a record into the caller's Ticket; position is 1-based among waiters.
+// view turns a record into the caller's Ticket, under its first limit;
+// position is 1-based among that limit's waiters.
 func (x *txn) view(r ticketRec, position int) store.Ticket {
 	t := store.Ticket{ID: r.ID, Limit: r.Limit, State: r.State, Fence: r.Fence, Slot: r.Slot,
 		TTL: r.TTL, Holder: r.Holder, Created: r.Created, Admitted: r.Admitted, Renewed: r.Renewed}
+	if len(r.Limits) > 1 {
+		t.Limits = r.Limits
+	}
+	if r.Weight > 1 {
+		t.Weight = r.Weight
+	}
 	if r.State == store.Waiting {
 		t.Slot, t.Position = -1, position
+	} else if t.Multi() {
+		t.Indexes = r.Indexes
 	}
 	if r.DeadlineBoot == x.now.Boot {
 		t.Remaining = r.DeadlineMono - x.now.Mono
@@ -457,37 +644,67 @@ func fastState(v []byte) (store.State, bool) {
 	return "", false
 }
 
-// quiet reports whether a limit's settle would change nothing: no ticket has
-// expired, and store.PlanSettle finds nobody to admit or prove dead. It reads
-// the queue's fixed fields without decoding the records (see fastFields),
-// and decodes only the few tickets the planner shows the judge. A waiter's
-// renewal asks it first: hundreds of queued waiters renew a full limit all
-// the time, and each full settle would decode the whole queue.
-func (x *txn) quiet(limit string) (bool, error) {
-	lim, ok, err := x.limit(limit)
-	if err != nil || !ok {
-		return false, err
-	}
-	b, err := x.queue(limit, false)
-	if err != nil || b == nil {
-		return false, err
-	}
-	in := store.SettleInput{Slots: map[string]int{limit: lim.Slots}}
-	var raw [][]byte // the records, by the index each Queued carries as its ID
-	err = b.ForEach(func(_, v []byte) error {
-		f, ok := fastFields(v)
-		if !ok || f.boot != x.now.Boot || x.now.Mono >= f.deadline {
-			return errNotQuiet // expired (or to be decoded): the full settle sweeps it
+// quiet reports whether a settle of limits would change nothing: no ticket
+// of their closure (see gather) has expired, and store.PlanSettle finds
+// nobody to admit or prove dead. It reads the queues' fixed fields without
+// decoding the records (see fastFields), and decodes only the few tickets
+// the planner shows the judge. A waiter's renewal asks it first: hundreds of
+// queued waiters renew a full limit all the time, and each full settle would
+// decode the whole queue.
+func (x *txn) quiet(limits []string) (bool, error) {
+	in := store.SettleInput{Slots: make(map[string]int, len(limits)), Mutations: x.s.mut}
+	var raw [][]byte         // the records, by the index each Queued carries as its ID
+	var seen map[uint64]bool // tickets of several limits already read
+	todo := limits
+	for i := 0; i < len(todo); i++ {
+		name := todo[i]
+		lim, ok, err := x.limit(name)
+		if err != nil || !ok {
+			return false, err
 		}
-		in.Tickets = append(in.Tickets, store.Queued{Ticket: store.Ticket{ID: strconv.Itoa(len(raw)), Limit: limit, State: f.state}})
-		raw = append(raw, v)
-		return nil
-	})
-	if err == errNotQuiet {
-		return false, nil
+		in.Slots[name] = lim.Slots
+		b, err := x.queue(name, false)
+		if err != nil {
+			return false, err
+		}
+		if b == nil {
+			continue
+		}
+		err = b.ForEach(func(k, v []byte) error {
+			f, ok := fastFields(v)
+			if !ok || len(k) != 8 || f.boot != x.now.Boot || x.now.Mono >= f.deadline {
+				return errNotQuiet // expired (or to be decoded): the full settle sweeps it
+			}
+			fence := binary.BigEndian.Uint64(k)
+			t := store.Ticket{ID: strconv.Itoa(len(raw)), Limit: name, State: f.state, Fence: fence, Weight: f.weight}
+			if f.limits != nil {
+				if seen[fence] {
+					return nil
+				}
+				if seen == nil {
+					seen, todo = map[uint64]bool{}, slices.Clone(todo)
+				}
+				seen[fence] = true
+				t.Limit, t.Limits = f.limits[0], f.limits
+				for _, l := range f.limits {
+					if !slices.Contains(todo, l) {
+						todo = append(todo, l)
+					}
+				}
+			}
+			in.Tickets = append(in.Tickets, store.Queued{Ticket: t})
+			raw = append(raw, v)
+			return nil
+		})
+		if err == errNotQuiet {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
 	}
-	if err != nil {
-		return false, err
+	if len(todo) > 1 {
+		slices.SortFunc(in.Tickets, func(a, b store.Queued) int { return cmpU64(a.Ticket.Fence, b.Ticket.Fence) })
 	}
 	if x.s.dead != nil {
 		in.Judge = func(t store.Ticket, act bool) (string, bool) {
@@ -509,15 +726,19 @@ type fixed struct {
 	state    store.State
 	boot     string
 	deadline time.Duration
+	limits   []string // nil for a ticket of one limit
+	weight   int
 }
 
-// fastFields reads a stored ticket's state and deadline without decoding it.
-// encoding/json writes ticketRec's fields in order, and every field before
-// the holder is ours (version, id, limit name, state, numbers, boot id): none
-// can hold a quote, so the first occurrence of each key is the field. A
-// record that does not read this way gets ok = false and a full decode.
+// fastFields reads a stored ticket's state, deadline, limits and weight
+// without decoding it. encoding/json writes ticketRec's fields in order,
+// and every field before the holder is ours (version, id, limit names,
+// state, numbers, slot indexes, boot id): none can hold a quote, so the
+// first occurrence of each key is the field. A record that does not read
+// this way gets ok = false and a full decode. A record without limits is of
+// version 1: one limit, weight 1.
 func fastFields(v []byte) (fixed, bool) {
-	var f fixed
+	f := fixed{weight: 1}
 	var ok bool
 	if f.state, ok = fastState(v); !ok {
 		return f, false
@@ -534,7 +755,44 @@ func fastFields(v []byte) (fixed, bool) {
 		return f, false
 	}
 	f.boot, f.deadline = boot, time.Duration(mono)
+	if i := bytes.Index(v, []byte(`"limits":[`)); i >= 0 {
+		rest := v[i+len(`"limits":[`):]
+		j := bytes.IndexByte(rest, ']')
+		if j < 0 {
+			return f, false
+		}
+		if list := rest[:j]; bytes.IndexByte(list, ',') >= 0 {
+			for _, q := range bytes.Split(list, []byte(",")) {
+				name, ok := bytes.CutPrefix(q, []byte(`"`))
+				if name, ok = bytes.CutSuffix(name, []byte(`"`)); !ok || !store.ValidLimitName(string(name)) {
+					return f, false
+				}
+				f.limits = append(f.limits, string(name))
+			}
+		}
+		w, ok := fastUint(v, `"weight":`)
+		if !ok || w < 1 || w > store.MaxSlots {
+			return f, false
+		}
+		f.weight = w
+	}
 	return f, true
+}
+
+// fastUint reads a small unsigned number without allocating.
+func fastUint(v []byte, key string) (int, bool) {
+	i := bytes.Index(v, []byte(key))
+	if i < 0 {
+		return 0, false
+	}
+	n, digits := 0, 0
+	for _, c := range v[i+len(key):] {
+		if c < '0' || c > '9' || digits > 6 {
+			break
+		}
+		n, digits = n*10+int(c-'0'), digits+1
+	}
+	return n, digits > 0 && digits <= 6
 }
 
 func fastString(v []byte, key string) (string, bool) {
@@ -564,16 +822,22 @@ func fastInt(v []byte, key string) (int64, bool) {
 	return n, err == nil
 }
 
-// viewIn returns the ticket with its queue position among recs.
+// viewIn returns the ticket with its place among its first limit's waiters in recs.
 func (x *txn) viewIn(recs []ticketRec, id string) (store.Ticket, bool) {
-	pos := 0
-	for _, r := range recs {
+	for i, r := range recs {
+		if r.ID != id {
+			continue
+		}
+		pos := 0
 		if r.State == store.Waiting {
-			pos++
+			pos = 1
+			for _, o := range recs[:i] {
+				if o.State == store.Waiting && o.has(r.Limit) {
+					pos++
+				}
+			}
 		}
-		if r.ID == id {
-			return x.view(r, pos), true
-		}
+		return x.view(r, pos), true
 	}
 	return store.Ticket{}, false
 }
@@ -641,17 +905,17 @@ func (x *txn) mutFreeOne(limit string) error {
 	if err != nil || !ok {
 		return err
 	}
-	recs, err := x.tickets(limit)
+	recs, in, err := x.settleInput([]string{limit})
 	if err != nil {
 		return err
 	}
 	held := 0
 	for _, r := range recs {
-		if r.State == store.Held {
-			held++
+		if r.State == store.Held && r.has(limit) {
+			held += r.weight()
 		}
 	}
-	in := x.settleInput(limit, max(held+1, lim.Slots), recs)
+	in.Slots[limit], in.Judge = max(held+1, lim.Slots), nil
 	for i := range in.Tickets {
 		in.Tickets[i].Expired = "" // no sweep: only the promotion
 	}
@@ -662,7 +926,7 @@ func (x *txn) mutFreeOne(limit string) error {
 // mutReleaseSlot (ReleaseNoCompare) removes whichever ticket holds the slot
 // t held: a release keyed by the slot, not by the caller's own ticket.
 func (x *txn) mutReleaseSlot(t store.Ticket, why store.Reason) error {
-	if t.State != store.Held || t.Limit == "" {
+	if t.State != store.Held || store.CheckLimitName(t.Limit) != nil {
 		return nil
 	}
 	recs, err := x.tickets(t.Limit)
@@ -670,11 +934,11 @@ func (x *txn) mutReleaseSlot(t store.Ticket, why store.Reason) error {
 		return err
 	}
 	for _, r := range recs {
-		if r.State == store.Held && r.Slot == t.Slot {
+		if r.State == store.Held && slices.Contains(r.in(t.Limit), t.Slot) {
 			if err := x.remove(r, why, ""); err != nil {
 				return err
 			}
-			_, _, err := x.settle(t.Limit, false)
+			_, _, err := x.settle(r.names(), false)
 			return err
 		}
 	}
