@@ -272,7 +272,8 @@ func (m *model) apply(o *op, now Instant) {
 				t.dl = now.Mono + o.ttl
 				m.view("renewal", o.res, t)
 			}
-		case t != nil && t.fence == o.t.Fence && !m.expired(t, now):
+		case t != nil && t.fence == o.t.Fence && !m.expired(t, now) && !m.sweptBefore(t, now):
+			// (A renewal's own sweep may remove a ticket whose holder is proven dead.)
 			m.fail("S6", "renewal by %s of live ticket %s refused: %v", o.who, short(t.id), o.err)
 		}
 	case "release":

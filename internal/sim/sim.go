@@ -507,7 +507,7 @@ func (s *sim) size(name string) int {
 }
 
 // multi: holders draw several limits and weights (else one limit, weight 1).
-var multi = false
+var multi = true
 
 // anyHolder picks a live holder that ok accepts, at random.
 func (s *sim) anyHolder(ok func(*holder) bool) *holder {
@@ -705,7 +705,12 @@ func (s *sim) judge(t store.Ticket, act bool) (string, bool) {
 	return "supervisor gone, process group empty", true
 }
 
+// short is an id's first 6 characters, and a suffix "-N" (the tickets of
+// one limit each that mutation.HoldAndWait takes).
 func short(id string) string {
+	if i := strings.LastIndexByte(id, '-'); i > 6 {
+		return id[:6] + id[i:]
+	}
 	if len(id) > 6 {
 		return id[:6]
 	}
