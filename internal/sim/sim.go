@@ -109,9 +109,11 @@ func (v *Violation) Error() string { return fmt.Sprintf("step %d: %s: %s", v.Ste
 type Stats struct {
 	Steps, StoreCalls                 int
 	Holders, Admitted, Finished, Lost int
-	Crashes, Pauses, Reaped           int
-	Faults                            int
-	Ignored                           int // violations of Config.Ignore rules
+	// Admissions of tickets of several limits, and of weight above 1.
+	AdmittedMulti, AdmittedHeavy int
+	Crashes, Pauses, Reaped      int
+	Faults                       int
+	Ignored                      int // violations of Config.Ignore rules
 	// PauseOverlap is the longest time a paused (or just resumed) holder's
 	// child ran without a lease beside a full limit: what fencing is for.
 	PauseOverlap time.Duration

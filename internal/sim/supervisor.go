@@ -399,6 +399,12 @@ func (h *holder) note(n gh.Note) {
 		s.tracef("%s polls: %s", h.name, result(n.Ticket, nil))
 	case gh.Admitted:
 		s.stats.Admitted++
+		if len(h.limits) > 1 {
+			s.stats.AdmittedMulti++
+		}
+		if h.weight > 1 {
+			s.stats.AdmittedHeavy++
+		}
 		s.tracef("%s: admitted to slot %d, starts its job (local deadline in %v)", h.name, n.Ticket.Slot, h.lease.Deadline()-s.now().Mono)
 	case gh.LeaseLost:
 		s.tracef("%s: lease lost while its job runs: stops it", h.name)
