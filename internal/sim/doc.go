@@ -31,8 +31,9 @@
 //     by the scheduler (so that they can be delayed, lost or fail), decided
 //     with renew.Lease, the Keeper's own arithmetic, and retried after
 //     renew.RetryDelay. The supervisor-side mutations
-//     (mutation.WaiterNotRenewed, mutation.ReleaseBeforeExit) switch
-//     gate/holder's code through its Config.Mutations.
+//     (mutation.WaiterNotRenewed, mutation.ReleaseBeforeExit,
+//     mutation.HoldAndWait) switch gate/holder's code through its
+//     Config.Mutations.
 //   - A holder's job names 1-3 of the run's 1-4 limits (sizes 1-3), in a
 //     random order, and takes 1 or 2 slots of each: one ticket
 //     (EnqueueRequest Limits and Weight), never heavier than a limit at its
@@ -62,8 +63,9 @@
 // # Model and invariants
 //
 // The model is its own record of the live tickets (limits, weight, fence,
-// state, slot indexes in each limit, deadline on the store's clock), the removed and refused ids, the limits,
-// and each holder's child, built only from the calls' answers and the
+// state, slot indexes in each limit, deadline on the store's clock), which
+// job owns each, the removed and refused ids, the limits, and each holder's
+// child, built only from the calls' answers and the
 // actors' observations, never from the store's internals. After every step
 // that called the store, a Snapshot is compared with it. The rules checked
 // (names as in docs/leases.md, "Simulation invariants"):
