@@ -34,6 +34,59 @@ func BenchmarkEnqueueRelease(b *testing.B) {
 	}
 }
 
+// BenchmarkEnqueueRelease2Limits is BenchmarkEnqueueRelease for a ticket of
+// two limits (docs/leases.md §2.1 item 9): its one run should cost about
+// what a run on one limit does (within 1.2x).
+func BenchmarkEnqueueRelease2Limits(b *testing.B) {
+	for _, noSync := range []bool{false, true} {
+		b.Run(fmt.Sprintf("nosync=%v", noSync), func(b *testing.B) {
+			s, err := New(filepath.Join(b.TempDir(), "slots.db"), Options{NoSync: noSync})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx := context.Background()
+			for i := 0; b.Loop(); i++ {
+				t, err := s.Enqueue(ctx, store.EnqueueRequest{ID: fmt.Sprintf("t%d", i), Limits: []string{"x", "y"}, Slots: 1, TTL: 30 * time.Second})
+				if err != nil || t.State != store.Held {
+					b.Fatal(t.State, err)
+				}
+				if _, err := s.Release(ctx, t, store.Released); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkEnqueuePromoteRelease2Limits is the handoff of a two-limit mutex:
+// BenchmarkEnqueuePromoteRelease with every ticket in limits x and y of one slot.
+func BenchmarkEnqueuePromoteRelease2Limits(b *testing.B) {
+	for _, noSync := range []bool{false, true} {
+		b.Run(fmt.Sprintf("nosync=%v", noSync), func(b *testing.B) {
+			s, err := New(filepath.Join(b.TempDir(), "slots.db"), Options{NoSync: noSync})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx := context.Background()
+			two := []string{"x", "y"}
+			holder, err := s.Enqueue(ctx, store.EnqueueRequest{ID: "h", Limits: two, Slots: 1, TTL: 30 * time.Second})
+			if err != nil || holder.State != store.Held {
+				b.Fatal(holder.State, err)
+			}
+			for i := 0; b.Loop(); i++ {
+				w, err := s.Enqueue(ctx, store.EnqueueRequest{ID: fmt.Sprintf("w%d", i), Limits: two, Slots: 1, TTL: 30 * time.Second})
+				if err != nil || w.State != store.Waiting {
+					b.Fatal(w.State, err)
+				}
+				if ok, err := s.Release(ctx, holder, store.Released); err != nil || !ok {
+					b.Fatal(ok, err)
+				}
+				holder = w
+			}
+		})
+	}
+}
+
 // BenchmarkRenew is one renewal of a held ticket.
 func BenchmarkRenew(b *testing.B) {
 	s, err := New(filepath.Join(b.TempDir(), "slots.db"), Options{})

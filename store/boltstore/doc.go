@@ -10,7 +10,8 @@
 //   - PATH, the bbolt file: limits, each limit's queue of tickets in fence
 //     order, an index from ticket id to its place, tombstones of removed ids
 //     and the bounded event log (records.go has the buckets and the record
-//     formats, and checks every record as strictly as a request). It must be
+//     formats, and checks every record as strictly as a request; see
+//     Layout below). It must be
 //     a regular file with one link; a missing one is made with O_EXCL and
 //     its mode set with fchmod: 0600 in a private directory, 0660 in a shared
 //     (group-writable) one. Before bbolt maps it, the page structure bbolt
@@ -23,6 +24,31 @@
 //   - PATH.bells/UID/, one named pipe per waiting ticket in its user's own
 //     directory: the transaction that admits a waiter rings its bell after
 //     the commit, writing only to a FIFO owned by that user (bell.go).
+//
+// # Layout
+//
+// Buckets: meta (format, the fence counter and the other counters), limits
+// (name -> size), queue/LIMIT (fence -> ticket: the limit's queue in fence
+// order), ids (ticket id -> its first limit and fence), tombstones and
+// tombstone-order (removed ids, pruned after a day), events (counter ->
+// event). A ticket of several limits (docs/leases.md §2.1 item 9) is stored
+// whole in the queue of each of its limits, the same bytes in every one,
+// written and deleted together in one transaction: each queue is ordered by
+// the one fence sequence, a ticket of one limit costs what it always did,
+// and a reader that finds two copies that differ, or a copy missing, has
+// found a corrupt store (store.ErrCorrupt). A ticket record holds its
+// limits (the first is the one ids points to), its weight and, while held,
+// its slot indexes in each limit.
+//
+// # Format
+//
+// The meta bucket's format is "2", and every record is of version 2. A
+// store written by the previous release (format "1", records of version 1:
+// one limit, weight 1, no limits, weight or indexes) opens and works: its
+// records read as tickets of one limit and weight 1, the format becomes "2"
+// at the first write transaction, and each record becomes version 2 when it
+// is next written. A format or record version above 2 is store.ErrCorrupt
+// naming it: a newer slotctl wrote it, and this one does not guess.
 //
 // No file is held open between operations: each opens the file, takes the
 // lock, runs one transaction and closes both, so a waiter or a supervisor
@@ -40,11 +66,16 @@
 // # Where the protocol happens
 //
 // Every write that can add or free capacity ends with txn.settle, in the
-// same transaction: it reads the limit's queue, asks the one planner both
-// stores share (store.PlanSettle) which expired or proven-dead tickets to
-// remove (judged on the records as they are in this transaction, never on an
-// earlier list) and which waiters to admit, in fence order into the lowest
-// free slots, and applies that plan. Renew refuses a ticket that is
+// same transaction: it reads the queues of the limits it touched and,
+// transitively, of every other limit their tickets name (the closure: an
+// admission of a ticket of several limits can unblock tickets behind it in
+// its others), asks the one planner both stores share (store.PlanSettle),
+// once over all those tickets in fence order, which expired or proven-dead
+// tickets to remove (judged on the records as they are in this transaction,
+// never on an earlier list) and which waiters to admit, all of a ticket's
+// limits at once or none, into the lowest free slots of each, and applies
+// that plan. A removal takes a ticket out of every one of its limits, with
+// one tombstone and an event in each limit. Renew refuses a ticket that is
 // gone or expired (store.ErrLost): expiry is monotone. Release and reap are
 // compare-and-delete; only the deletion frees a slot, and the id is
 // tombstoned so that it never comes back.

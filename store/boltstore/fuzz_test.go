@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -17,7 +18,7 @@ import (
 var fuzzWall = time.Date(2025, 3, 1, 12, 0, 0, 123456789, time.UTC)
 
 func seedTicket() *ticketRec {
-	return &ticketRec{V: formatVersion, ID: "b", Limit: "x", Limits: []string{"x"}, Weight: 1, State: store.Waiting, Fence: 2, Slot: -1, TTL: testTTL,
+	return &ticketRec{V: formatVersion, ID: "b", Limit: "x", State: store.Waiting, Fence: 2, Slot: -1, TTL: testTTL,
 		DeadlineBoot: "b1", DeadlineMono: time.Hour + testTTL, Created: fuzzWall,
 		Holder: store.Holder{Host: "h", User: "u", BootID: "b1", PidNS: 4026531836, Pid: 42, PidStart: 99,
 			Argv: []string{"make", "-j", "it's"}, Label: "build"}}
@@ -26,15 +27,27 @@ func seedTicket() *ticketRec {
 func seedRecords() []record {
 	held := seedTicket()
 	held.State, held.Slot, held.Admitted, held.Renewed = store.Held, 0, fuzzWall, fuzzWall
-	held.Indexes = map[string][]int{"x": {0}}
+	multi := seedTicket() // a ticket of two limits and weight 2, waiting and held
+	multi.Limits, multi.Weight = []string{"x", "y"}, 2
+	multiHeld := *multi
+	multiHeld.State, multiHeld.Slot, multiHeld.Admitted = store.Held, 1, fuzzWall
+	multiHeld.Indexes = map[string][]int{"x": {1, 2}, "y": {0, 3}}
+	legacy := seedTicket() // as the previous release wrote it
+	legacy.V, legacy.State, legacy.Slot = legacyVersion, store.Held, 0
 	return []record{
 		seedTicket(),
 		held,
+		multi,
+		&multiHeld,
+		legacy,
 		&limitRec{V: formatVersion, Slots: 2, Created: fuzzWall},
 		&idRec{V: formatVersion, Limit: "x", Fence: 2},
 		&tombRec{V: formatVersion, Reason: store.Cancelled, Wall: fuzzWall, Boot: "b1", Mono: time.Hour},
 		&eventRec{V: formatVersion, Event: store.Event{Seq: 9, Time: fuzzWall, Kind: "reaped", Limit: "x", Ticket: "b", Fence: 2,
 			Slot: 0, Host: "h", Pid: 42, Command: "make", Evidence: "expired 3s ago"}},
+		&eventRec{V: formatVersion, Event: store.Event{Seq: 10, Time: fuzzWall, Kind: "admitted", Limit: "y", Ticket: "b", Fence: 2,
+			Slot: 0, Limits: []string{"x", "y"}, Weight: 2, Indexes: []int{0, 3}, Host: "h", Pid: 42, Command: "make"}},
+		&eventRec{V: legacyVersion, Event: store.Event{Seq: 9, Time: fuzzWall, Kind: "released", Limit: "x", Ticket: "b", Fence: 2}},
 	}
 }
 
@@ -42,7 +55,14 @@ var extraSeeds = []string{
 	``, `null`, `{}`, `[]`, `{"v":1}`, `{"v":2}`, `{"v":1.5}`, `{"v":"1"}`, `{"v":1,"v":2}`,
 	`{"v":1,"fence":-1}`, `{"v":1,"ttl_ns":1e30}`, `{"v":1,"created":"10000-01-01T00:00:00Z"}`,
 	`{"v":1,"created":"0000-01-01T00:00:00+23:59"}`, `{"v":1,"holder":{"argv":["\xff"]}}`,
-	`{"v":1,"state":"zombie","slot":-7}`, "\x00\xff", `{"v":1}garbage`,
+	`{"v":1,"state":"zombie","slot":-7}`, "\x00\xff", `{"v":1}garbage`, `{"v":3}`,
+	`{"v":2,"id":"b","limit":"x","limits":["x","x"],"weight":1,"state":"waiting","fence":2,"slot":-1,"ttl_ns":1}`,
+	`{"v":2,"id":"b","limit":"x","limits":["x"],"weight":2,"state":"held","fence":2,"slot":0,"indexes":{"x":[0,0]},"ttl_ns":1}`,
+	`{"v":2,"id":"b","limit":"x","limits":["x"],"weight":1,"state":"held","fence":2,"slot":0,"indexes":{"x":[0],"y":[0]},"ttl_ns":1}`,
+	`{"v":2,"id":"b","limit":"x","limits":["x"],"weight":1,"state":"held","fence":2,"slot":0,"indexes":{"x":null},"ttl_ns":1}`,
+	`{"v":2,"id":"b","limit":"x","limits":["x"],"weight":65536,"state":"waiting","fence":2,"slot":-1,"indexes":{},"ttl_ns":1}`,
+	`{"v":1,"id":"b","limit":"x","limits":["x"],"state":"waiting","fence":2,"slot":-1,"ttl_ns":1}`,
+	`{"v":2,"ticket":"b","limit":"x","limits":["y"],"weight":1,"indexes":[70000]}`,
 }
 
 // checkDecode decodes b into r and checks the contract: an error wraps
@@ -67,6 +87,22 @@ func checkDecode(t *testing.T, b []byte, r record) {
 	}
 	if v := r.version(); v != formatVersion {
 		t.Fatalf("decode(%q) accepted version %d", b, v)
+	}
+	if tr, ok := r.(*ticketRec); ok {
+		// Whatever its version, a decoded ticket is what a request could
+		// have made: 1..16 limits, the first Limit, a weight, and indexes iff held.
+		names, w := tr.names(), tr.weight()
+		if store.CheckLimits(names) != nil || names[0] != tr.Limit || w > store.MaxSlots {
+			t.Fatalf("decode(%q) accepted limits %q, weight %d", b, names, w)
+		}
+		if tr.State != store.Held && tr.Indexes != nil {
+			t.Fatalf("decode(%q) accepted a %s ticket with indexes %v", b, tr.State, tr.Indexes)
+		}
+		for _, name := range names {
+			if ix := tr.in(name); tr.State == store.Held && (len(ix) != w || !slices.IsSorted(ix) || ix[0] < 0 || ix[len(ix)-1] >= store.MaxSlots) {
+				t.Fatalf("decode(%q) accepted indexes %v in %s of weight %d", b, ix, name, w)
+			}
+		}
 	}
 	func() {
 		defer func() {
@@ -117,9 +153,11 @@ func FuzzDecodeRecords(f *testing.F) {
 }
 
 // FuzzStoredTicket writes arbitrary bytes as the value of waiting ticket "b"
-// (fence 2) of limit "x", behind held ticket "a" (fence 1), straight into the
-// file, then runs every operation that reads it: none may panic, and when the
-// value does not decode each fails with ErrCorrupt naming the file.
+// (fence 2) of limits x and y, behind held ticket "a" (fence 1) of x,
+// straight into the file: its copy in x, and with both its copy in y too (a
+// member who writes both copies alike). Then it runs every operation that
+// reads it: none may panic, and when the value does not decode each fails
+// with ErrCorrupt naming the file.
 func FuzzStoredTicket(f *testing.F) {
 	tmpl := filepath.Join(f.TempDir(), "template.db")
 	clock := newClock()
@@ -129,41 +167,58 @@ func FuzzStoredTicket(f *testing.F) {
 		f.Fatal(err)
 	}
 	ctx := context.Background()
-	for _, id := range []string{"a", "b"} {
-		if _, err := s.Enqueue(ctx, req(id, "x", 1)); err != nil {
-			f.Fatal(err)
-		}
+	if _, err := s.Enqueue(ctx, req("a", "x", 1)); err != nil {
+		f.Fatal(err)
+	}
+	b := req("b", "", 1)
+	b.Limits = []string{"x", "y"}
+	if _, err := s.Enqueue(ctx, b); err != nil {
+		f.Fatal(err)
 	}
 	template, err := os.ReadFile(tmpl)
 	if err != nil {
 		f.Fatal(err)
 	}
 	rawView(f, tmpl, func(tx *bolt.Tx) error {
-		f.Add(append([]byte(nil), tx.Bucket(bucketQueue).Bucket([]byte("x")).Get(u64key(2))...))
+		v := append([]byte(nil), tx.Bucket(bucketQueue).Bucket([]byte("x")).Get(u64key(2))...)
+		f.Add(v, true)
+		f.Add(v, false)
 		return nil
 	})
-	for _, r := range seedRecords()[:2] {
-		f.Add(encode(r))
+	for _, r := range seedRecords()[:5] {
+		f.Add(encode(r), true)
+		f.Add(encode(r), false)
 	}
 	for _, s := range extraSeeds {
-		f.Add([]byte(s))
+		f.Add([]byte(s), true)
 	}
 	other := seedTicket()
-	other.Limit = "y" // decodes, but sits in the wrong limit
-	f.Add(encode(other))
+	other.Limit, other.Limits = "y", []string{"y"} // decodes, but sits in the wrong limit
+	f.Add(encode(other), false)
 	other = seedTicket()
 	other.ID = "zz" // decodes, but is not the id that points to it
-	f.Add(encode(other))
+	f.Add(encode(other), true)
 	other = seedTicket()
 	other.Fence = 7
-	f.Add(encode(other))
+	f.Add(encode(other), true)
+	other = seedTicket()
+	other.Limits = []string{"x", "y", "z"} // decodes, but has no copy in z
+	f.Add(encode(other), true)
+	other = seedTicket()
+	other.Limits, other.Weight = []string{"x", "y"}, 2 // another weight than its copy in y
+	f.Add(encode(other), false)
 
-	f.Fuzz(func(t *testing.T, value []byte) {
+	f.Fuzz(func(t *testing.T, value []byte, both bool) {
 		path := filepath.Join(t.TempDir(), "slots.db")
 		if err := os.WriteFile(path, template, 0o600); err != nil {
 			t.Fatal(err)
 		}
 		rawUpdate(t, path, func(tx *bolt.Tx) error {
+			if both {
+				if err := tx.Bucket(bucketQueue).Bucket([]byte("y")).Put(u64key(2), value); err != nil {
+					return err
+				}
+			}
 			return tx.Bucket(bucketQueue).Bucket([]byte("x")).Put(u64key(2), value)
 		})
 		corrupt := decode(value, &ticketRec{}) != nil
@@ -182,6 +237,10 @@ func FuzzStoredTicket(f *testing.F) {
 				_, err := s.Renew(ctx, store.Ticket{ID: "b", Limit: "x", Fence: 2}, testTTL)
 				return err
 			}},
+			{"Reap(y)", func() error {
+				_, err := s.Reap(ctx, store.ReapOptions{Limits: []string{"y"}, DryRun: true})
+				return err
+			}},
 			{"Release(a)", func() error { _, err := s.Release(ctx, store.Ticket{ID: "a", Fence: 1}, store.Released); return err }},
 			{"Enqueue(c)", func() error { _, err := s.Enqueue(ctx, req("c", "x", 1)); return err }},
 			{"SetLimit(x)", func() error { _, err := s.SetLimit(ctx, "x", 2); return err }},
@@ -197,8 +256,8 @@ func FuzzStoredTicket(f *testing.F) {
 				}()
 				err = op.run()
 			}()
-			if !corrupt {
-				continue
+			if !corrupt || op.name == "Reap(y)" && !both {
+				continue // y's own copy of b is intact: a read of y alone need not see x's
 			}
 			if !errors.Is(err, store.ErrCorrupt) {
 				t.Fatalf("%s with undecodable stored ticket %q: err = %v, want ErrCorrupt", op.name, value, err)

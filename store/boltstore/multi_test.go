@@ -1,9 +1,14 @@
 package boltstore
 
 import (
+	"compress/gzip"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -295,30 +300,40 @@ func TestMultiRemoval(t *testing.T) {
 	}
 }
 
-// A waiter's renewal in a limit whose queue holds tickets of several limits
-// takes the quiet path only when a full settle would change nothing: here
-// it would admit (a slot of b was freed behind the store's back), so the
-// renewal must admit.
+// A waiter's renewal takes the quiet path only when a full settle would
+// change nothing, over the closure of its limits: here waiter wb of b
+// waits behind ab of {a,b}, and a has grown behind the store's back (no
+// settle ran), so a settle of b reaches a through ab and admits both. A
+// quiet check of b alone would see ab blocked by a limit it did not read.
 func TestMultiRenewSettles(t *testing.T) {
 	s, _, path := newTestStore(t, Options{})
 	ctx := context.Background()
-	hb := mustEnqueue(t, s, req("hb", "b", 1))
+	if _, err := s.SetLimit(ctx, "b", 2); err != nil {
+		t.Fatal(err)
+	}
+	mustEnqueue(t, s, req("ha", "a", 1))
 	ab := mustEnqueue(t, s, mreq("ab", 1, 1, "a", "b"))
-	if ab.State != store.Waiting {
+	wb := mustEnqueue(t, s, req("wb", "b", 2))
+	if ab.State != store.Waiting || wb.State != store.Waiting {
 		t.Fatal("setup")
 	}
-	// Grow b in the file, without a settle: only a renewal's settle sees it.
-	rawUpdate(t, path, func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketLimits).Put([]byte("b"), encode(&limitRec{V: formatVersion, Slots: 2}))
-	})
-	got, err := s.Renew(ctx, ab, testTTL)
-	if err != nil || got.State != store.Held {
-		t.Fatalf("Renew(ab) = %s, %v; want held", got.State, err)
+	if q, err := quietOf(t, path, s, "b"); err != nil || !q {
+		t.Fatalf("quiet(b) before = %v, %v; want true", q, err)
 	}
+	rawUpdate(t, path, func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketLimits).Put([]byte("a"), encode(&limitRec{V: formatVersion, Slots: 2}))
+	})
+	if q, err := quietOf(t, path, s, "b"); err != nil || q {
+		t.Errorf("quiet(b) with room in a = %v, %v; want false", q, err)
+	}
+	got, err := s.Renew(ctx, wb, testTTL)
+	if err != nil || got.State != store.Held {
+		t.Fatalf("Renew(wb) = %s, %v; want held", got.State, err)
+	}
+	wantState(t, s, "ab", store.Held)
 	if q, err := quietOf(t, path, s, "b"); err != nil || !q {
 		t.Errorf("quiet(b) after the settle = %v, %v; want true", q, err)
 	}
-	_ = hb
 }
 
 func quietOf(t *testing.T, path string, s *Store, limits ...string) (bool, error) {
@@ -385,4 +400,123 @@ func TestFormatUpgrade(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// openLegacyFile copies testdata/v1.db.gz, a store written by slotctl of
+// the previous release (c26f0f3: "slotctl run --limit legacy --slots 2" four
+// times: one run done, two holding, one waiting), and returns a store on it
+// whose clock reads the boot its leases run in, 5s before the first expires.
+func openLegacyFile(t *testing.T) (*Store, *FakeClock, string) {
+	t.Helper()
+	gz, err := os.Open("testdata/v1.db.gz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gz.Close()
+	zr, err := gzip.NewReader(gz)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "slots.db")
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var boot string
+	var first time.Duration
+	rawView(t, path, func(tx *bolt.Tx) error {
+		if v := tx.Bucket(bucketMeta).Get(keyFormat); string(v) != "1" {
+			t.Fatalf("testdata/v1.db has format %q, want 1", v)
+		}
+		return tx.Bucket(bucketQueue).Bucket([]byte("legacy")).ForEach(func(_, v []byte) error {
+			var m map[string]any
+			if err := json.Unmarshal(v, &m); err != nil {
+				return err
+			}
+			if m["v"] != 1.0 || m["limits"] != nil {
+				t.Fatalf("testdata/v1.db holds a record that is not of version 1: %s", v)
+			}
+			boot = m["deadline_boot"].(string)
+			if d := time.Duration(m["deadline_mono_ns"].(float64)); first == 0 || d < first {
+				first = d
+			}
+			return nil
+		})
+	})
+	clock := NewFakeClock(Instant{Boot: boot, Mono: first - 5*time.Second, Wall: time.Now()})
+	s, err := New(path, Options{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, clock, path
+}
+
+// A store written by the previous release opens and works: its tickets read
+// as one limit, weight 1; its events read; a release promotes its waiter;
+// a ticket of two limits joins its queue; the file moves to format 2.
+func TestLegacyFile(t *testing.T) {
+	s, _, path := openLegacyFile(t)
+	ctx := context.Background()
+	snap, err := s.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(snap.Limits) != 1 || snap.Limits[0].Name != "legacy" || snap.Limits[0].Slots != 2 || snap.Limits[0].Held != 2 || snap.Limits[0].Waiting != 1 {
+		t.Fatalf("limits %+v, want legacy: 2 slots, 2 held, 1 waiting", snap.Limits)
+	}
+	var held, waiting []store.Ticket
+	for _, tk := range snap.Tickets {
+		if tk.Weight != 0 || tk.Indexes != nil {
+			t.Errorf("legacy ticket %+v has a weight or indexes", tk)
+		}
+		if got := mustGet(t, s, tk.ID); got.Limits != nil || got.Weight != 0 || got.Indexes != nil || got.Slot != tk.Slot {
+			t.Errorf("legacy ticket %+v has limits, weight or indexes", got)
+		}
+		if tk.State == store.Held {
+			held = append(held, tk)
+		} else {
+			waiting = append(waiting, tk)
+		}
+	}
+	if len(held) != 2 || held[0].Slot != 0 || held[1].Slot != 1 || held[0].Holder.Label != "first" || len(waiting) != 1 || waiting[0].Holder.Label != "third" {
+		t.Fatalf("tickets %+v", snap.Tickets)
+	}
+	evs, err := s.Events(ctx, "legacy", 10)
+	if err != nil || len(evs) != 4 || evs[0].Kind != "admitted" || evs[1].Kind != "released" {
+		t.Fatalf("legacy events %+v, %v; want admitted, released, admitted, admitted", evs, err)
+	}
+	if got, err := s.Renew(ctx, waiting[0], testTTL); err != nil || got.State != store.Waiting || got.Position != 1 {
+		t.Fatalf("Renew(third) = %+v, %v", got, err)
+	}
+	two := mustEnqueue(t, s, mreq("two", 1, 1, "legacy", "other"))
+	if two.State != store.Waiting || two.Position != 2 {
+		t.Fatalf("two = %s at %d, want waiting behind third", two.State, two.Position)
+	}
+	mustRelease(t, s, held[0])
+	third := wantState(t, s, waiting[0].ID, store.Held)
+	wantState(t, s, "two", store.Waiting)
+	if third.Slot != 0 {
+		t.Errorf("third holds %d, want 0", third.Slot)
+	}
+	mustRelease(t, s, held[1])
+	if two = wantState(t, s, "two", store.Held); two.SlotsVar() != "legacy=1 other=0" {
+		t.Errorf("two holds %q, want legacy=1 other=0", two.SlotsVar())
+	}
+	rawView(t, path, func(tx *bolt.Tx) error {
+		if v := tx.Bucket(bucketMeta).Get(keyFormat); string(v) != "2" {
+			t.Errorf("format %q after a write, want 2", v)
+		}
+		v := tx.Bucket(bucketQueue).Bucket([]byte("legacy")).Get(u64key(third.Fence))
+		if !strings.HasPrefix(string(v), `{"v":2,`) {
+			t.Errorf("third rewritten as %s, want version 2", v)
+		}
+		return nil
+	})
+	evs, err = s.Events(ctx, "", 100)
+	if err != nil || len(evs) != 4+5 {
+		t.Errorf("events %+v, %v; want the 4 old ones and 5 new", evs, err)
+	}
 }

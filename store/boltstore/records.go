@@ -44,16 +44,16 @@ var (
 //
 // A ticket of several limits is stored in the queue of each, the same bytes
 // in every one (written together, in one transaction): a reader that finds
-// two copies that differ has found a corrupt store. Decoded, every record
-// has Limits, Weight and (when held) Indexes, whatever its version.
+// two copies that differ has found a corrupt store.
 type ticketRec struct {
 	V     int         `json:"v"`
 	ID    string      `json:"id"`
 	Limit string      `json:"limit"` // the first of Limits
 	State store.State `json:"state"`
-	// Limits, Weight and Indexes are version 2's; a version 1 record has
-	// none (one limit, weight 1, holding Slot). Nothing before the holder
-	// can hold a quote (see fastFields).
+	// Limits, Weight and Indexes are version 2's, written only for a ticket
+	// of several limits or a weight above 1; otherwise (and in a version 1
+	// record) it has none: one limit, weight 1, holding Slot. Use names,
+	// weight, in. Nothing before the holder can hold a quote (see fastFields).
 	Limits       []string         `json:"limits,omitempty"`
 	Weight       int              `json:"weight,omitempty"`
 	Fence        uint64           `json:"fence"`
@@ -134,16 +134,13 @@ func (r *ticketRec) check() error {
 	if err := store.CheckLimitName(r.Limit); err != nil {
 		return err
 	}
-	if r.V == legacyVersion {
-		if r.Limits != nil || r.Weight != 0 || r.Indexes != nil {
+	if r.Limits != nil || r.Weight != 0 || r.Indexes != nil {
+		if r.V == legacyVersion {
 			return fmt.Errorf("limits, weight or indexes in a version %d record", legacyVersion)
 		}
-		r.Limits, r.Weight = []string{r.Limit}, 1
-		if r.State == store.Held && r.Slot >= 0 && r.Slot < store.MaxSlots {
-			r.Indexes = map[string][]int{r.Limit: {r.Slot}}
+		if err := r.checkLimits(); err != nil {
+			return err
 		}
-	} else if err := r.checkLimits(); err != nil {
-		return err
 	}
 	switch {
 	case r.State != store.Held && r.State != store.Waiting:
@@ -160,10 +157,12 @@ func (r *ticketRec) check() error {
 	return store.CheckTTL(r.TTL)
 }
 
-// checkLimits checks what version 2 adds: the limits a request could name
-// (the first one Limit), a weight of 1..MaxSlots, and, iff held, exactly
-// Weight ascending distinct indexes below MaxSlots in each limit and no other,
-// Slot the lowest in the first.
+// checkLimits checks what version 2 adds, written only for a ticket of
+// several limits or of a weight above 1 (a ticket of one limit and weight 1
+// is stored as version 1 stored it, but for "v", and holds Slot): the
+// limits a request could name (the first one Limit), a weight of
+// 1..MaxSlots, and, iff held, exactly Weight ascending distinct indexes
+// below MaxSlots in each limit and no other, Slot the lowest in the first.
 func (r *ticketRec) checkLimits() error {
 	if err := store.CheckLimits(r.Limits); err != nil {
 		return err
@@ -173,6 +172,9 @@ func (r *ticketRec) checkLimits() error {
 	}
 	if r.Weight < 1 || r.Weight > store.MaxSlots {
 		return fmt.Errorf("weight %d: want 1..%d", r.Weight, store.MaxSlots)
+	}
+	if len(r.Limits) == 1 && r.Weight == 1 {
+		return fmt.Errorf("limits and weight of a ticket of one limit and weight 1: want neither")
 	}
 	if r.State != store.Held {
 		if r.Indexes != nil {
@@ -203,7 +205,7 @@ func (r *ticketRec) checkLimits() error {
 	return nil
 }
 
-// names is the ticket's limits (a decoded or new record has them).
+// names is the ticket's limits: Limits, or Limit alone.
 func (r *ticketRec) names() []string {
 	if len(r.Limits) == 0 {
 		return []string{r.Limit}

@@ -253,15 +253,15 @@ func cmpU64(a, b uint64) int {
 // same bytes in every one.
 func (x *txn) putTicket(r ticketRec) error {
 	r.V = formatVersion
-	if len(r.Limits) == 0 {
-		r.Limits = []string{r.Limit}
-	}
-	r.Weight = r.weight()
-	if r.State == store.Held && r.Indexes == nil {
-		r.Indexes = map[string][]int{r.Limit: {r.Slot}}
+	if len(r.Limits) <= 1 && r.weight() == 1 {
+		// One limit, weight 1: stored as before, its slot its index, so
+		// that the one-limit path decodes no more than it did.
+		r.Limits, r.Weight, r.Indexes = nil, 0, nil
+	} else if r.State != store.Held {
+		r.Indexes = nil
 	}
 	v := encode(&r)
-	for _, name := range r.Limits {
+	for _, name := range r.names() {
 		b, err := x.queue(name, true)
 		if err != nil {
 			return err

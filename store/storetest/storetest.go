@@ -134,6 +134,20 @@ var cases = []struct {
 	{"LiveHolderKeptUntilTTL", testLiveHolderKept, true},
 	{"SetChild", testSetChild, false},
 	{"Events", testEvents, false},
+	// Several limits and weights (docs/leases.md §2.1 item 9): multi.go.
+	{"AtomicAdmissionAcrossLimits", testAtomicAdmission, false},
+	{"WeightsCountedInSlots", testWeights, false},
+	{"FIFOAcrossLimits", testFIFOAcrossLimits, false},
+	{"HeavyHeadNotOvertaken", testHeavyHead, false},
+	{"MultiReleasePromotesEveryLimit", testMultiRelease, false},
+	{"ResizeAndPauseWithWeights", testResizeWeights, false},
+	{"ReapMultiLimit", testReapMulti, false},
+	{"DoubleReleaseMultiFreesOnce", testDoubleReleaseMulti, false},
+	{"EnqueueRefusalsMulti", testEnqueueRefusals, false},
+	{"EventsMultiLimit", testEventsMulti, false},
+	{"RemoveLimitForceMulti", testRemoveLimitMulti, false},
+	{"DeadMultiHolderFreesAll", testDeadMulti, true},
+	{"LegacyFormatRead", testLegacy, false},
 }
 
 // suite is one case's store and helpers. Its helpers stop the case on the
@@ -256,26 +270,67 @@ func (s *suite) enqReq(r store.EnqueueRequest) store.Ticket {
 	s.Helper()
 	tk, err := s.st.Enqueue(s.ctx, r)
 	if err != nil {
-		s.Fatalf("Enqueue %s into %q (slots %d): %v", s.who(r.ID), r.Limit, r.Slots, err)
+		s.Fatalf("Enqueue %s into %q (weight %d, slots %d): %v", s.who(r.ID), r.Names(), r.Weight, r.Slots, err)
 	}
-	if tk.ID != r.ID || tk.Limit != r.Limit {
-		s.Fatalf("Enqueue %s into %q returned ticket %q in limit %q", s.who(r.ID), r.Limit, tk.ID, tk.Limit)
+	if tk.ID != r.ID || tk.Limit != r.Names()[0] {
+		s.Fatalf("Enqueue %s into %q returned ticket %q in limit %q, want the view under its first limit %q", s.who(r.ID), r.Names(), tk.ID, tk.Limit, r.Names()[0])
+	}
+	if !slices.Equal(tk.Names(), r.Names()) || tk.Weighs() != r.Weighs() {
+		s.Fatalf("Enqueue %s into %q weight %d returned a ticket of limits %q weight %d", s.who(r.ID), r.Names(), r.Weighs(), tk.Names(), tk.Weighs())
 	}
 	s.checkShape("Enqueue", tk)
 	return tk
 }
 
 // checkShape checks the fields of a ticket that must agree with its state.
+// A ticket of one limit and weight one may come in the old form (Limits
+// empty, Weight 0, Indexes nil) or spelled out (Limits [Limit], Weight 1,
+// Indexes {Limit: [Slot]}): it is read through Names, Weighs and In. A held
+// ticket holds Weighs distinct indexes, ascending, in each of its limits
+// (docs/leases.md §2.1 item 9), and Slot is the lowest of them in Limit.
 func (s *suite) checkShape(op string, tk store.Ticket) {
 	s.Helper()
+	names := tk.Names()
+	if !slices.Contains(names, tk.Limit) {
+		s.Fatalf("%s %s: listed under limit %q, which is not one of its limits %q", op, s.who(tk.ID), tk.Limit, names)
+	}
+	if err := store.CheckLimits(names); err != nil {
+		s.Fatalf("%s %s: limits %q: %v", op, s.who(tk.ID), names, err)
+	}
+	if tk.Weight < 0 {
+		s.Fatalf("%s %s: weight %d", op, s.who(tk.ID), tk.Weight)
+	}
 	switch tk.State {
 	case store.Held:
 		if tk.Slot < 0 || tk.Position != 0 {
 			s.Fatalf("%s %s: held with slot %d, position %d; want slot >= 0, position 0", op, s.who(tk.ID), tk.Slot, tk.Position)
 		}
+		for _, name := range names {
+			ix := tk.In(name)
+			if len(ix) != tk.Weighs() {
+				s.Fatalf("%s %s: held, weight %d, holds indexes %v in %q (Indexes %v, Slot %d); want %d indexes in each of its limits %q",
+					op, s.who(tk.ID), tk.Weighs(), ix, name, tk.Indexes, tk.Slot, tk.Weighs(), names)
+			}
+			for i, x := range ix {
+				if x < 0 || i > 0 && x <= ix[i-1] {
+					s.Fatalf("%s %s: holds indexes %v in %q; want distinct indexes >= 0, ascending", op, s.who(tk.ID), ix, name)
+				}
+			}
+		}
+		if ix := tk.In(tk.Limit); ix[0] != tk.Slot {
+			s.Fatalf("%s %s: slot %d under %q, but its lowest index there is %d (indexes %v)", op, s.who(tk.ID), tk.Slot, tk.Limit, ix[0], ix)
+		}
+		for name := range tk.Indexes {
+			if !slices.Contains(names, name) {
+				s.Fatalf("%s %s: indexes %v name limit %q, not one of its limits %q", op, s.who(tk.ID), tk.Indexes, name, names)
+			}
+		}
 	case store.Waiting:
 		if tk.Slot != -1 || tk.Position < 1 {
 			s.Fatalf("%s %s: waiting with slot %d, position %d; want slot -1, position >= 1", op, s.who(tk.ID), tk.Slot, tk.Position)
+		}
+		if len(tk.Indexes) != 0 {
+			s.Fatalf("%s %s: waiting but holds indexes %v", op, s.who(tk.ID), tk.Indexes)
 		}
 	default:
 		s.Fatalf("%s %s: state %q, want %q or %q", op, s.who(tk.ID), tk.State, store.Held, store.Waiting)
@@ -449,6 +504,7 @@ func (s *suite) snap(limits ...string) store.Snapshot {
 	type count struct{ held, waiting int }
 	counts := map[string]*count{}
 	slotsUsed := map[string]map[int]string{}
+	listed := map[string][]store.Ticket{} // id -> its views, one per limit listed
 	for i, tk := range sn.Tickets {
 		if _, ok := byName[tk.Limit]; !ok {
 			s.Fatalf("Snapshot(%q): ticket %s is in limit %q, which the snapshot does not list", limits, s.who(tk.ID), tk.Limit)
@@ -467,12 +523,15 @@ func (s *suite) snap(limits ...string) store.Snapshot {
 			counts[tk.Limit] = c
 			slotsUsed[tk.Limit] = map[int]string{}
 		}
+		listed[tk.ID] = append(listed[tk.ID], tk)
 		if tk.State == store.Held {
-			c.held++
-			if other, dup := slotsUsed[tk.Limit][tk.Slot]; dup {
-				s.Fatalf("Snapshot(%q): %s and %s both hold slot %d of %q", limits, s.who(other), s.who(tk.ID), tk.Slot, tk.Limit)
+			c.held += tk.Weighs() // Limit.Held counts slots
+			for _, ix := range tk.In(tk.Limit) {
+				if other, dup := slotsUsed[tk.Limit][ix]; dup {
+					s.Fatalf("Snapshot(%q): %s and %s both hold slot %d of %q", limits, s.who(other), s.who(tk.ID), ix, tk.Limit)
+				}
+				slotsUsed[tk.Limit][ix] = tk.ID
 			}
-			slotsUsed[tk.Limit][tk.Slot] = tk.ID
 		} else {
 			c.waiting++
 			if tk.Position != c.waiting {
@@ -486,7 +545,38 @@ func (s *suite) snap(limits ...string) store.Snapshot {
 			c = &count{}
 		}
 		if l.Held != c.held || l.Waiting != c.waiting {
-			s.Fatalf("Snapshot(%q): limit %q reports %d held, %d waiting; its tickets are %d held, %d waiting", limits, l.Name, l.Held, l.Waiting, c.held, c.waiting)
+			s.Fatalf("Snapshot(%q): limit %q reports %d held, %d waiting; its tickets hold %d slots, %d wait", limits, l.Name, l.Held, l.Waiting, c.held, c.waiting)
+		}
+	}
+	// A ticket of several limits is listed under each of them the snapshot
+	// lists, in one state everywhere: admission is all or none (docs/leases.md
+	// §2.1 item 9), never held in one limit and waiting in another.
+	for id, views := range listed {
+		first := views[0]
+		seen := map[string]bool{}
+		for _, v := range views {
+			if seen[v.Limit] {
+				s.Fatalf("Snapshot(%q): %s listed twice under %q", limits, s.who(id), v.Limit)
+			}
+			seen[v.Limit] = true
+			if v.State != first.State || v.Fence != first.Fence || v.Weighs() != first.Weighs() || !slices.Equal(v.Names(), first.Names()) {
+				s.Fatalf("Snapshot(%q): %s is %s (fence %d, limits %q, weight %d) under %q but %s (fence %d, limits %q, weight %d) under %q: a ticket is admitted to all of its limits or to none",
+					limits, s.who(id), first.State, first.Fence, first.Names(), first.Weighs(), first.Limit, v.State, v.Fence, v.Names(), v.Weighs(), v.Limit)
+			}
+		}
+		for _, name := range first.Names() {
+			if _, ok := byName[name]; ok && !seen[name] {
+				s.Fatalf("Snapshot(%q): %s (limits %q) is listed under %q but not under its limit %q", limits, s.who(id), first.Names(), first.Limit, name)
+			}
+		}
+		if first.State == store.Held {
+			for _, v := range views {
+				for _, name := range first.Names() {
+					if !slices.Equal(v.In(name), first.In(name)) {
+						s.Fatalf("Snapshot(%q): %s holds %v in %q as listed under %q, %v as listed under %q", limits, s.who(id), first.In(name), name, first.Limit, v.In(name), v.Limit)
+					}
+				}
+			}
 		}
 	}
 	return sn
@@ -1280,7 +1370,7 @@ func limitKeys(sn store.Snapshot) []string {
 func ticketKeys(sn store.Snapshot) []string {
 	var out []string
 	for _, tk := range sn.Tickets {
-		out = append(out, fmt.Sprintf("%s %s %s fence=%d slot=%d pos=%d ttl=%v", tk.ID, tk.Limit, tk.State, tk.Fence, tk.Slot, tk.Position, tk.TTL))
+		out = append(out, fmt.Sprintf("%s %s %s fence=%d slot=%d pos=%d ttl=%v limits=%q weight=%d in=%v", tk.ID, tk.Limit, tk.State, tk.Fence, tk.Slot, tk.Position, tk.TTL, tk.Names(), tk.Weighs(), tk.In(tk.Limit)))
 	}
 	return out
 }
@@ -1500,8 +1590,9 @@ func (s *suite) wantRemoved(op string, rm []store.Removal, tks ...store.Ticket) 
 	}
 	for _, r := range rm {
 		for _, tk := range tks {
-			if r.Ticket.ID == tk.ID && (r.Ticket.Limit != tk.Limit || r.Ticket.Fence != tk.Fence) {
-				s.Fatalf("%s: %s removed as of limit %q fence %d, want limit %q fence %d", op, s.who(tk.ID), r.Ticket.Limit, r.Ticket.Fence, tk.Limit, tk.Fence)
+			// A ticket of several limits is removed once, under any of them.
+			if r.Ticket.ID == tk.ID && (!slices.Contains(tk.Names(), r.Ticket.Limit) || r.Ticket.Fence != tk.Fence) {
+				s.Fatalf("%s: %s removed as of limit %q fence %d, want limit %q fence %d", op, s.who(tk.ID), r.Ticket.Limit, r.Ticket.Fence, tk.Names(), tk.Fence)
 			}
 		}
 	}
