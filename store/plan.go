@@ -175,6 +175,9 @@ func PlanSettle(in SettleInput) SettlePlan {
 		for _, name := range q.Ticket.Names() {
 			if c := per[name]; c != nil {
 				c.held += q.Ticket.Weighs()
+				if in.Mutations.Has(mutation.WeightIgnored) { // mutation (test-only): a holder counts as one slot (docs/leases.md H2)
+					c.held -= q.Ticket.Weighs() - 1
+				}
 				for _, ix := range q.Ticket.In(name) {
 					c.used[ix] = true
 				}
@@ -194,6 +197,21 @@ func PlanSettle(in SettleInput) SettlePlan {
 		for _, c := range cs {
 			fits = fits && !c.blocked && c.held+w <= c.size
 		}
+		if in.Mutations.Has(mutation.WeightIgnored) { // mutation (test-only): a waiter asks for one slot (docs/leases.md H2)
+			fits = all
+			for _, c := range cs {
+				fits = fits && !c.blocked && c.held+1 <= c.size
+			}
+		}
+		if !fits && in.Mutations.Has(mutation.BargePastHead) { // mutation (test-only): want of room blocks nobody behind (docs/leases.md H3)
+			room := all
+			for _, c := range cs {
+				room = room && !c.blocked
+			}
+			if room {
+				continue
+			}
+		}
 		if !fits {
 			for _, c := range cs {
 				c.blocked = true // strict FIFO: nobody behind it in any of its limits
@@ -212,6 +230,9 @@ func PlanSettle(in SettleInput) SettlePlan {
 				c.used[c.next] = true
 			}
 			c.held += w
+			if in.Mutations.Has(mutation.WeightIgnored) { // mutation (test-only): an admission counts as one slot (docs/leases.md H2)
+				c.held -= w - 1
+			}
 			a.Indexes[name] = ix
 		}
 		a.Slot = a.Indexes[q.Ticket.Names()[0]][0]

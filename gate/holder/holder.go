@@ -165,6 +165,9 @@ func (r *runner) bug(b mutation.Bug) bool { return r.cfg.Mutations.Has(b) }
 // it, drain it and release. It returns when the job and its group are gone
 // and the ticket is released (or the release failed).
 func Run(ctx context.Context, cfg Config) Outcome {
+	if cfg.Mutations.Has(mutation.HoldAndWait) && len(cfg.Request.Names()) > 1 { // mutation (test-only): one limit at a time (docs/leases.md H1)
+		return holdAndWait(ctx, cfg)
+	}
 	r := newRunner(cfg)
 	g := cfg.Gate
 	g.Store = cfg.Store

@@ -14,9 +14,11 @@
 // The package is internal, so no other module can use it.
 package mutation
 
-// The store-side bugs live at their real location in store/boltstore, the
-// supervisor-side ones in gate/holder (Config.Mutations), the protocol that
-// slotctl run and the simulation both run.
+// The store-side bugs live at their real location in store/boltstore, or
+// in store.PlanSettle, the planner every backend calls
+// (SettleInput.Mutations); the supervisor-side ones in gate/holder
+// (Config.Mutations), the protocol that slotctl run and the simulation both
+// run.
 const (
 	// BlindReap: a reaper frees a slot for every ticket its earlier scan
 	// listed, whether or not this reap deleted it, so two reapers free one
@@ -42,6 +44,13 @@ const (
 	// WallClock: deadlines are written and judged on the wall clock, not on
 	// the boot-time clock (D2).
 	WallClock Bug = "wall-clock"
+	// WeightIgnored: the planner (store.PlanSettle) counts every ticket as
+	// one slot, held or asking, so heavy tickets over-admit (H2).
+	WeightIgnored Bug = "weight-ignored"
+	// BargePastHead: the planner does not block the limits of a waiter that
+	// is not admitted for want of room, so a lighter or younger ticket is
+	// admitted past the older head it shares a limit with (H3).
+	BargePastHead Bug = "barge-past-head"
 
 	// WaiterNotRenewed: the supervisor renews only once admitted, and counts
 	// its lease from the admission it observed (C4).
@@ -49,10 +58,16 @@ const (
 	// ReleaseBeforeExit: on a terminating signal the supervisor releases the
 	// ticket first and stops the child after (C7).
 	ReleaseBeforeExit Bug = "release-before-exit"
+	// HoldAndWait: the supervisor takes a ticket of several limits one
+	// limit at a time, as tickets of one limit each, holding the earlier
+	// ones while it waits for the next: two jobs that name the same limits
+	// in other orders deadlock (H1).
+	HoldAndWait Bug = "hold-and-wait"
 )
 
 // All lists every Bug, store-side first.
 func All() []Bug {
 	return []Bug{BlindReap, ReleaseCounter, ReleaseNoCompare, RenewExpired, StaleVerdict, NoTombstone, WallClock,
-		WaiterNotRenewed, ReleaseBeforeExit}
+		WeightIgnored, BargePastHead,
+		WaiterNotRenewed, ReleaseBeforeExit, HoldAndWait}
 }

@@ -16,7 +16,9 @@ const Enabled = true
 type Bug string
 
 // InStore reports whether b is switched in the store (else in the holder).
-func (b Bug) InStore() bool { return b != WaiterNotRenewed && b != ReleaseBeforeExit }
+func (b Bug) InStore() bool {
+	return b != WaiterNotRenewed && b != ReleaseBeforeExit && b != HoldAndWait
+}
 
 // A Set is the bugs switched on. The nil Set is production: none.
 type Set map[Bug]bool

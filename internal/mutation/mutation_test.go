@@ -31,12 +31,12 @@ func TestParse(t *testing.T) {
 	if got := mutation.String(s); got != "blind-reap,wall-clock" {
 		t.Errorf("String = %q", got)
 	}
-	both, err := mutation.Parse("waiter-not-renewed,wall-clock")
+	both, err := mutation.Parse("waiter-not-renewed,wall-clock,hold-and-wait,weight-ignored,barge-past-head")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := mutation.String(mutation.InStore(both)); got != "wall-clock" {
-		t.Errorf("InStore: %q, want wall-clock", got)
+	if got := mutation.String(mutation.InStore(both)); got != "wall-clock,weight-ignored,barge-past-head" {
+		t.Errorf("InStore: %q, want wall-clock,weight-ignored,barge-past-head (the planner's bugs are the store's)", got)
 	}
 	if _, err := mutation.Parse("no-such-bug"); err == nil {
 		t.Error("Parse of an unknown name: no error")

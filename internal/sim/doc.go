@@ -31,8 +31,13 @@
 //     by the scheduler (so that they can be delayed, lost or fail), decided
 //     with renew.Lease, the Keeper's own arithmetic, and retried after
 //     renew.RetryDelay. The supervisor-side mutations
-//     (mutation.WaiterNotRenewed, mutation.ReleaseBeforeExit) switch
-//     gate/holder's code through its Config.Mutations.
+//     (mutation.WaiterNotRenewed, mutation.ReleaseBeforeExit,
+//     mutation.HoldAndWait) switch gate/holder's code through its
+//     Config.Mutations.
+//   - A holder's job names 1-3 of the run's 1-4 limits (sizes 1-3), in a
+//     random order, and takes 1 or 2 slots of each: one ticket
+//     (EnqueueRequest Limits and Weight), never heavier than a limit at its
+//     enqueue nor than its configured size (operators may shrink it later).
 //   - A child runs from its start until its holder observes that it exited
 //     or killed it. A crashed holder's child dies with it (parent-death
 //     signal); a paused holder's child runs on.
@@ -57,19 +62,22 @@
 //
 // # Model and invariants
 //
-// The model is its own record of the live tickets (fence, state, slot,
-// deadline on the store's clock), the removed and refused ids, the limits,
-// and each holder's child, built only from the calls' answers and the
+// The model is its own record of the live tickets (limits, weight, fence,
+// state, slot indexes in each limit, deadline on the store's clock), which
+// job owns each, the removed and refused ids, the limits, and each holder's
+// child, built only from the calls' answers and the
 // actors' observations, never from the store's internals. After every step
 // that called the store, a Snapshot is compared with it. The rules checked
 // (names as in docs/leases.md, "Simulation invariants"):
 //
-//	S1  held ≤ slots outside a shrink; a grant only below the limit; slot
-//	    indexes unique and below the limit
+//	S1  slots held (weights counted) ≤ slots outside a shrink; a grant only
+//	    while its limits stay within their size; slot indexes unique in a
+//	    limit and below its size
 //	S2  every running child is leased, or its holder lost the ticket at most
 //	    margin + kill grace ago (past its local deadline or the store's
 //	    expiry, whichever is first), or its holder is or just was paused
-//	S3  a limit's held and waiting counts are its tickets'
+//	S3  a limit's held slots and waiting count are its tickets'; a ticket
+//	    is listed once under each of its limits
 //	S4  a ticket is removed only by its holder, an operator, or a sweep that
 //	    finds it expired or its holder dead
 //	S5  every ticket leaves the live set exactly once
@@ -83,11 +91,20 @@
 //	S10 a holder releases only after its child is gone
 //	S12 the store answers (no corrupt or failed calls)
 //	S13 the store judges on one clock (remaining lease = deadline − now)
-//	S14 a retried enqueue returns the same ticket; only removed ids are refused
+//	S14 a retried enqueue returns the same ticket; only removed ids are
+//	    refused, and weights only above a limit's size
+//	S15 admission is atomic: every answer and listing shows a ticket held
+//	    in all of its limits, with weight indexes in each, or in none
 //	L1  a reap leaves no expired ticket of its limits; none outlives three
 //	    reaper periods
-//	L3  no waiter waits while a slot is free
-//	L4  waiters are admitted in FIFO order
+//	L3  no ticket waits that is the oldest waiter of each of its limits
+//	    while each has room for its weight: the step that made the room
+//	    admitted it (every write that frees room settles the limits its
+//	    tickets connect)
+//	L4  FIFO across limits: nobody is admitted while an older ticket
+//	    waits in one of its limits
+//	L9  no job holds a ticket while it waits for another
+//	L10 no cycle of jobs each waiting for a slot the next one holds
 //	L2  at quiescence every holder has finished and no ticket is left
 //
 // Slot indexes are unique. Overlap that the design cannot prevent (a paused
@@ -97,8 +114,9 @@
 // # Mutations
 //
 // Each bug class of docs/leases.md that the design prevents can be switched back
-// on (internal/mutation; store-side ones in store/boltstore at their real
-// location). TestMutationsCaught asserts that the simulation finds each
+// on (internal/mutation; store-side ones in store/boltstore or in
+// store.PlanSettle, the planner, at their real location; holder-side ones in
+// gate/holder). TestMutationsCaught asserts that the simulation finds each
 // within a bounded budget of seeds and steps. The switches exist only in a
 // build with the tag slotctl_mutations, so those tests (and TestReduce,
 // which needs a failing run) run only with it:

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/slotctl/slotctl/store"
@@ -27,13 +28,26 @@ type model struct {
 }
 
 type mTicket struct {
-	id, limit string
-	fence     uint64
-	state     store.State
-	slot      int
-	boot      string
-	dl        time.Duration // deadline on the store's boot clock
-	owner     *holder
+	id     string
+	limits []string // in the order requested; the first is its view's
+	weight int      // slots it takes in each of its limits
+	fence  uint64
+	state  store.State
+	slots  map[string][]int // held: its slot indexes in each limit
+	boot   string
+	dl     time.Duration // deadline on the store's boot clock
+	owner  *holder
+}
+
+// names reports whether t names limit.
+func (t *mTicket) names(limit string) bool { return slices.Contains(t.limits, limit) }
+
+// slot is its lowest index in its first limit, -1 while waiting.
+func (t *mTicket) slot() int {
+	if ix := t.slots[t.limits[0]]; len(ix) > 0 {
+		return ix[0]
+	}
+	return -1
 }
 
 type goneRec struct {
@@ -123,14 +137,34 @@ func (m *model) limit(name string, slots int) *mLimit {
 	return l
 }
 
+// held is the slots held in limit: its held tickets' weights.
 func (m *model) held(limit string) int {
 	n := 0
 	for _, t := range m.live {
-		if t.limit == limit && t.state == store.Held {
-			n++
+		if t.state == store.Held && t.names(limit) {
+			n += t.weight
 		}
 	}
 	return n
+}
+
+// size is a limit's size as an enqueue of req finds it: its own, or the
+// size req creates it with.
+func (m *model) size(name string, req store.EnqueueRequest) int {
+	if l := m.limits[name]; l != nil {
+		return l.slots
+	}
+	return req.Slots
+}
+
+// fits: no limit of req is smaller than its weight (a paused one, 0, takes any).
+func (m *model) fits(req store.EnqueueRequest) bool {
+	for _, name := range req.Names() {
+		if n := m.size(name, req); n > 0 && req.Weighs() > n {
+			return false
+		}
+	}
+	return true
 }
 
 // check runs after every step.
@@ -153,6 +187,10 @@ func (m *model) check() {
 		if s.viol != nil {
 			return
 		}
+		m.jobs()
+		if s.viol != nil {
+			return
+		}
 	}
 	m.holders(now)
 	if s.viol == nil {
@@ -166,6 +204,14 @@ func unexpected(err error) bool {
 
 // apply learns one call's answer.
 func (m *model) apply(o *op, now Instant) {
+	var heavy *store.WeightError
+	if o.kind == "enqueue" && errors.As(o.err, &heavy) {
+		// A late duplicate may find a limit shrunk below its weight since.
+		if !slices.Contains(o.req.Names(), heavy.Limit) || m.size(heavy.Limit, o.req) != heavy.Slots || m.fits(o.req) {
+			m.fail("S14", "enqueue of %s (weight %d, limits %v) refused: %v; the model's sizes fit it", short(o.req.ID), o.req.Weighs(), o.req.Names(), o.err)
+		}
+		return
+	}
 	if unexpected(o.err) {
 		m.fail("S12", "%s by %s failed: %v", o.kind, o.who, o.err)
 		return
@@ -178,7 +224,9 @@ func (m *model) apply(o *op, now Instant) {
 		case o.err == nil && t != nil:
 			if o.res.Fence != t.fence {
 				m.fail("S14", "a retried enqueue of %s returned fence %d, not %d", short(id), o.res.Fence, t.fence)
+				return
 			}
+			m.view("a retried enqueue", o.res, t)
 		case o.err == nil:
 			if m.refused[id] {
 				m.fail("S7", "removed ticket id %s (%s) was enqueued again by %s: fence %d", short(id), m.gone[id].why, o.who, o.res.Fence)
@@ -189,9 +237,17 @@ func (m *model) apply(o *op, now Instant) {
 				return
 			}
 			m.maxFence = o.res.Fence
-			m.limit(o.req.Limit, o.req.Slots)
-			m.live[id] = &mTicket{id: id, limit: o.req.Limit, fence: o.res.Fence, state: store.Waiting, slot: -1,
+			if !m.fits(o.req) {
+				m.fail("S1", "enqueue of %s of weight %d accepted, heavier than one of its limits %v", short(id), o.req.Weighs(), o.req.Names())
+				return
+			}
+			for _, name := range o.req.Names() {
+				m.limit(name, o.req.Slots)
+			}
+			t := &mTicket{id: id, limits: slices.Clone(o.req.Names()), weight: o.req.Weighs(), fence: o.res.Fence, state: store.Waiting,
 				boot: now.Boot, dl: now.Mono + o.req.TTL, owner: o.owner}
+			m.live[id] = t
+			m.view("enqueue", o.res, t)
 		case errors.Is(o.err, store.ErrRemoved):
 			if t != nil && !m.sweptBefore(t, now) || t == nil && !m.refused[id] {
 				m.fail("S14", "enqueue of %s refused as removed, but it never was", short(id))
@@ -214,8 +270,10 @@ func (m *model) apply(o *op, now Instant) {
 				m.fail("S7", "renewal by %s of ticket %s accepted %v after it expired", o.who, short(t.id), now.Mono-m.expiry(t, now))
 			default:
 				t.dl = now.Mono + o.ttl
+				m.view("renewal", o.res, t)
 			}
-		case t != nil && t.fence == o.t.Fence && !m.expired(t, now):
+		case t != nil && t.fence == o.t.Fence && !m.expired(t, now) && !m.sweptBefore(t, now):
+			// (A renewal's own sweep may remove a ticket whose holder is proven dead.)
 			m.fail("S6", "renewal by %s of live ticket %s refused: %v", o.who, short(t.id), o.err)
 		}
 	case "release":
@@ -241,6 +299,8 @@ func (m *model) apply(o *op, now Instant) {
 			m.fail("S7", "Get found ticket %s, which is not live", short(o.t.ID))
 		case o.err == nil && o.res.Fence != t.fence:
 			m.fail("S8", "Get of %s returned fence %d, not %d", short(t.id), o.res.Fence, t.fence)
+		case o.err == nil:
+			m.view("Get", o.res, t)
 		case o.err != nil && t != nil && !m.sweptBefore(t, now):
 			m.fail("S4", "Get lost live ticket %s: %v", short(t.id), o.err)
 		}
@@ -270,7 +330,7 @@ func (m *model) apply(o *op, now Instant) {
 		}
 		if o.kind == "reap" {
 			for _, t := range m.sorted() {
-				if m.expired(t, now) && (len(o.lims) == 0 || slices.Contains(o.lims, t.limit)) {
+				if m.expired(t, now) && (len(o.lims) == 0 || slices.ContainsFunc(o.lims, t.names)) {
 					m.fail("L1", "a reap by %s left expired ticket %s of %s (expired %v ago)", o.who, short(t.id),
 						ownerName(t.owner), now.Mono-m.expiry(t, now))
 					return
@@ -295,32 +355,97 @@ func (m *model) sweptBefore(t *mTicket, now Instant) bool {
 	return true
 }
 
-// diff compares the model with the store after a step.
+// view checks one view of ticket t that the store returned (S15: held in
+// all of its limits or in none), and that it names t's limits and weight.
+// A view is its ticket under one limit (its first, or in a Snapshot the
+// one it is listed under).
+func (m *model) view(what string, v store.Ticket, t *mTicket) bool {
+	if !slices.Equal(v.Names(), t.limits) || v.Weighs() != t.weight || !t.names(v.Limit) {
+		m.fail("S8", "%s of %s: limits %v (under %s), weight %d; it was enqueued with %v, weight %d", what, short(t.id),
+			v.Names(), v.Limit, v.Weighs(), t.limits, t.weight)
+		return false
+	}
+	switch v.State {
+	case store.Held:
+		for _, name := range t.limits {
+			if ix := v.In(name); len(ix) != t.weight || !increasing(ix) {
+				m.fail("S15", "%s of %s: held, with slot indexes %v in %s: not %d distinct ones in each of %v", what, short(t.id), ix, name, t.weight, t.limits)
+				return false
+			}
+		}
+		if v.Slot != v.In(v.Limit)[0] {
+			m.fail("S15", "%s of %s: slot %d under %s, its indexes there %v", what, short(t.id), v.Slot, v.Limit, v.In(v.Limit))
+			return false
+		}
+	default:
+		if v.Slot != -1 || len(v.Indexes) > 0 {
+			m.fail("S15", "%s of %s: %s, but slot %d, indexes %v", what, short(t.id), v.State, v.Slot, v.Indexes)
+			return false
+		}
+	}
+	return true
+}
+
+// diff compares the model with the store after a step. A Snapshot lists a
+// ticket under each of its limits.
 func (m *model) diff(snap store.Snapshot, now Instant) {
-	seen := make(map[string]bool, len(snap.Tickets))
-	promoted := map[string][]*mTicket{}
+	views := map[string][]store.Ticket{}
+	var order []string
 	for _, st := range snap.Tickets {
-		seen[st.ID] = true
-		t := m.live[st.ID]
+		if views[st.ID] == nil {
+			order = append(order, st.ID)
+		}
+		views[st.ID] = append(views[st.ID], st)
+	}
+	var promoted []*mTicket
+	for _, id := range order {
+		vs := views[id]
+		st := vs[0]
+		t := m.live[id]
 		switch {
-		case t == nil && m.refused[st.ID]:
-			m.fail("S7", "removed ticket %s (%s) is live again, fence %d", short(st.ID), m.gone[st.ID].why, st.Fence)
+		case t == nil && m.refused[id]:
+			m.fail("S7", "removed ticket %s (%s) is live again, fence %d", short(id), m.gone[id].why, st.Fence)
 			return
 		case t == nil:
-			m.fail("S4", "ticket %s appeared without an enqueue", short(st.ID))
+			m.fail("S4", "ticket %s appeared without an enqueue", short(id))
 			return
-		case st.Fence != t.fence || st.Limit != t.limit:
-			m.fail("S8", "ticket %s changed fence or limit: %d/%s, was %d/%s", short(t.id), st.Fence, st.Limit, t.fence, t.limit)
+		}
+		var under []string
+		for _, v := range vs {
+			switch {
+			case v.Fence != t.fence:
+				m.fail("S8", "ticket %s changed fence: %d, was %d", short(t.id), v.Fence, t.fence)
+				return
+			case v.State != st.State:
+				m.fail("S15", "ticket %s is %s under %s and %s under %s: admitted to some of its limits %v", short(t.id),
+					st.State, st.Limit, v.State, v.Limit, t.limits)
+				return
+			case !m.view("the snapshot", v, t):
+				return
+			}
+			under = append(under, v.Limit)
+		}
+		if slices.Sort(under); !slices.Equal(under, sorted(t.limits)) {
+			m.fail("S3", "ticket %s is listed under %v; it names %v", short(t.id), under, t.limits)
 			return
+		}
+		switch {
 		case t.state == store.Held && st.State != store.Held:
 			m.fail("S1", "held ticket %s went back to %s", short(t.id), st.State)
 			return
-		case t.state == store.Held && st.Slot != t.slot:
-			m.fail("S1", "held ticket %s moved from slot %d to %d", short(t.id), t.slot, st.Slot)
-			return
-		case t.state == store.Waiting && st.State == store.Held:
-			t.state, t.slot = store.Held, st.Slot
-			promoted[t.limit] = append(promoted[t.limit], t)
+		case t.state == store.Held:
+			for _, name := range t.limits {
+				if ix := st.In(name); !slices.Equal(ix, t.slots[name]) {
+					m.fail("S1", "held ticket %s moved in %s from slots %v to %v", short(t.id), name, t.slots[name], ix)
+					return
+				}
+			}
+		case st.State == store.Held:
+			t.state, t.slots = store.Held, map[string][]int{}
+			for _, name := range t.limits {
+				t.slots[name] = slices.Clone(st.In(name))
+			}
+			promoted = append(promoted, t)
 		}
 		if want := m.left(t, now); st.Remaining != want {
 			m.fail("S13", "ticket %s of %s: the store says %v left, its deadline says %v", short(t.id), ownerName(t.owner), st.Remaining, want)
@@ -328,12 +453,12 @@ func (m *model) diff(snap store.Snapshot, now Instant) {
 		}
 	}
 	for _, t := range m.sorted() {
-		if seen[t.id] {
+		if views[t.id] != nil {
 			continue
 		}
 		if !m.mayReap(t, now) {
 			m.fail("S6", "ticket %s of %s (%s, slot %d) vanished while its lease has %v left%s", short(t.id), ownerName(t.owner),
-				t.state, t.slot, m.left(t, now), m.stepCalls())
+				t.state, t.slot(), m.left(t, now), m.stepCalls())
 			return
 		}
 		m.sweep(t, now)
@@ -342,66 +467,218 @@ func (m *model) diff(snap store.Snapshot, now Instant) {
 		m.fail("S1", "the store has %d limits, the model %d", len(snap.Limits), len(m.limits))
 		return
 	}
+	all := m.sorted()
 	for _, l := range snap.Limits {
 		ml := m.limits[l.Name]
 		if ml == nil || ml.slots != l.Slots {
 			m.fail("S1", "limit %s has %d slots in the store, not %v", l.Name, l.Slots, ml)
 			return
 		}
-		var held, waiting []*mTicket
-		for _, t := range m.sorted() {
-			if t.limit != l.Name {
-				continue
-			}
-			if t.state == store.Held {
-				held = append(held, t)
-			} else {
+		held, waiting, slots := 0, []*mTicket{}, map[int]*mTicket{}
+		for _, t := range all {
+			switch {
+			case !t.names(l.Name):
+			case t.state == store.Held:
+				held += t.weight
+				for _, ix := range t.slots[l.Name] {
+					if o := slots[ix]; o != nil {
+						m.fail("S1", "limit %s: slot %d held by %s and %s", l.Name, ix, short(o.id), short(t.id))
+						return
+					}
+					slots[ix] = t
+				}
+			default:
 				waiting = append(waiting, t)
 			}
 		}
-		if len(held) != l.Held || len(waiting) != l.Waiting {
-			m.fail("S3", "limit %s counts %d held, %d waiting; its tickets say %d, %d", l.Name, l.Held, l.Waiting, len(held), len(waiting))
+		if held != l.Held || len(waiting) != l.Waiting {
+			m.fail("S3", "limit %s counts %d slots held, %d waiting; its tickets say %d, %d", l.Name, l.Held, l.Waiting, held, len(waiting))
 			return
 		}
-		if ps := promoted[l.Name]; len(ps) > 0 {
-			if len(held) > l.Slots {
-				m.fail("S1", "limit %s admitted %s: %d held of %d slots%s", l.Name, names(ps), len(held), l.Slots, m.stepCalls())
+		var ps []*mTicket
+		for _, p := range promoted {
+			if p.names(l.Name) {
+				ps = append(ps, p)
+			}
+		}
+		if len(ps) > 0 {
+			if held > l.Slots {
+				m.fail("S1", "limit %s admitted %s: %d slots held of %d%s", l.Name, names(ps), held, l.Slots, m.stepCalls())
 				return
 			}
 			for _, p := range ps {
-				if p.slot < 0 || p.slot >= l.Slots {
-					m.fail("S1", "ticket %s admitted to slot %d of %d", short(p.id), p.slot, l.Slots)
+				if ix := p.slots[l.Name]; ix[len(ix)-1] >= l.Slots {
+					m.fail("S1", "ticket %s admitted to slots %v of %s, which has %d", short(p.id), ix, l.Name, l.Slots)
 					return
 				}
 				for _, w := range waiting {
 					if w.fence < p.fence {
-						m.fail("L4", "limit %s admitted %s (fence %d) before waiting %s (fence %d)", l.Name, short(p.id), p.fence, short(w.id), w.fence)
+						m.fail("L4", "limit %s admitted %s (fence %d, weight %d, limits %v) before waiting %s (fence %d, weight %d, limits %v)",
+							l.Name, short(p.id), p.fence, p.weight, p.limits, short(w.id), w.fence, w.weight, w.limits)
 						return
 					}
 				}
-				if h := p.owner; h != nil && h.phase == hWait {
-					h.rung = true // the promoter rings its bell
+			}
+		}
+		if held > l.Slots+ml.over {
+			m.fail("S1", "limit %s has %d slots held of %d", l.Name, held, l.Slots)
+			return
+		}
+		ml.over = min(ml.over, max(0, held-l.Slots))
+	}
+	for _, p := range promoted {
+		if h := p.owner; h != nil && h.phase == hWait {
+			h.rung = true // the promoter rings its bell
+		}
+	}
+	m.heads(all)
+}
+
+// heads checks L3: no waiting ticket is the oldest waiter of each of its
+// limits while each has room for its weight. Every write that frees or adds
+// room settles every limit its tickets connect, in the same step, so the
+// step that made room admits it.
+func (m *model) heads(all []*mTicket) {
+	blocked := map[string]*mTicket{} // limit -> its oldest waiter
+	for _, t := range all {
+		if t.state == store.Held {
+			continue
+		}
+		head := true
+		for _, name := range t.limits {
+			if blocked[name] != nil {
+				head = false
+			}
+		}
+		if head {
+			var room []string
+			for _, name := range t.limits {
+				held, size := m.held(name), m.limits[name].slots
+				if held+t.weight > size {
+					room = nil
+					break
+				}
+				room = append(room, fmt.Sprintf("%s %d/%d", name, held, size))
+			}
+			if room != nil {
+				m.fail("L3", "ticket %s of %s (fence %d, weight %d) waits at the head of its limits, which have room (slots held/size: %v)%s",
+					short(t.id), ownerName(t.owner), t.fence, t.weight, room, m.stepCalls())
+				return
+			}
+		}
+		for _, name := range t.limits {
+			if blocked[name] == nil {
+				blocked[name] = t
+			}
+		}
+	}
+}
+
+// jobs checks the tickets job by job (L9, L10): a job never holds a ticket
+// while it waits for another, so no waiting job waits for one that waits.
+func (m *model) jobs() {
+	type job struct{ held, waiting []*mTicket }
+	js := map[*holder]*job{}
+	var order []*holder
+	for _, t := range m.sorted() {
+		if t.owner == nil {
+			continue
+		}
+		j := js[t.owner]
+		if j == nil {
+			j = &job{}
+			js[t.owner] = j
+			order = append(order, t.owner)
+		}
+		if t.state == store.Held {
+			j.held = append(j.held, t)
+		} else {
+			j.waiting = append(j.waiting, t)
+		}
+	}
+	// L10: the wait-for graph: a job waits for each job that holds a slot
+	// in a limit it waits in. A cycle is a deadlock: none of them lets go.
+	waitsFor := func(h *holder) []*holder {
+		var out []*holder
+		for _, w := range js[h].waiting {
+			for _, o := range order {
+				if o == h || slices.Contains(out, o) {
+					continue
+				}
+				for _, ht := range js[o].held {
+					if slices.ContainsFunc(w.limits, ht.names) {
+						out = append(out, o)
+						break
+					}
 				}
 			}
 		}
-		if len(held) > l.Slots+ml.over {
-			m.fail("S1", "limit %s has %d held of %d slots", l.Name, len(held), l.Slots)
-			return
-		}
-		ml.over = min(ml.over, max(0, len(held)-l.Slots))
-		if len(held) < l.Slots && len(waiting) > 0 {
-			m.fail("L3", "limit %s has %d of %d slots held and %d waiting", l.Name, len(held), l.Slots, len(waiting))
-			return
-		}
-		slots := map[int]bool{}
-		for _, t := range held {
-			if slots[t.slot] {
-				m.fail("S1", "limit %s: slot %d held twice", l.Name, t.slot)
-				return
+		return out
+	}
+	state := map[*holder]int{} // 1 on the path, 2 done
+	var path []*holder
+	var visit func(h *holder) bool
+	visit = func(h *holder) bool {
+		state[h] = 1
+		path = append(path, h)
+		for _, o := range waitsFor(h) {
+			switch state[o] {
+			case 1:
+				i := slices.Index(path, o)
+				var cyc []string
+				for _, c := range path[i:] {
+					cyc = append(cyc, m.jobString(c, js[c].held, js[c].waiting))
+				}
+				m.fail("L10", "a cycle of waiting jobs, each waiting for a slot the next holds: %s", strings.Join(cyc, " -> "))
+				return true
+			case 0:
+				if visit(o) {
+					return true
+				}
 			}
-			slots[t.slot] = true
+		}
+		path = path[:len(path)-1]
+		state[h] = 2
+		return false
+	}
+	for _, h := range order {
+		if state[h] == 0 && visit(h) {
+			return
 		}
 	}
+	for _, h := range order {
+		if j := js[h]; len(j.held) > 0 && len(j.waiting) > 0 {
+			m.fail("L9", "%s holds while it waits: %s", h.name, m.jobString(h, j.held, j.waiting))
+			return
+		}
+	}
+}
+
+func (m *model) jobString(h *holder, held, waiting []*mTicket) string {
+	var hs, ws []string
+	for _, t := range held {
+		hs = append(hs, fmt.Sprintf("%s %v", short(t.id), t.limits))
+	}
+	for _, t := range waiting {
+		ws = append(ws, fmt.Sprintf("%s %v", short(t.id), t.limits))
+	}
+	return fmt.Sprintf("%s (holds %s, waits %s)", h.name, strings.Join(hs, ", "), strings.Join(ws, ", "))
+}
+
+// increasing: ascending and distinct.
+func increasing(ix []int) bool {
+	for i := 1; i < len(ix); i++ {
+		if ix[i] <= ix[i-1] {
+			return false
+		}
+	}
+	return true
+}
+
+func sorted(names []string) []string {
+	out := slices.Clone(names)
+	slices.Sort(out)
+	return out
 }
 
 func names(ts []*mTicket) string {
@@ -462,14 +739,18 @@ func (m *model) holder(h *holder, now Instant, running map[string]int, exempt ma
 	if !h.child.running {
 		return
 	}
-	running[h.limit]++
+	for _, name := range h.limits {
+		running[name] += h.weight
+	}
 	stopped := h.paused || h.wasPaused && now.Mono <= h.resumedAt+h.grace
 	if t == nil || t.state != store.Held {
 		g := m.gone[h.id]
 		until := never
 		switch {
 		case stopped:
-			exempt[h.limit] = true
+			for _, name := range h.limits {
+				exempt[name] = true
+			}
 		case g.force:
 			until = h.lease.Deadline() + h.margin + h.grace
 		case g.swept:

@@ -77,31 +77,37 @@ func TestReduce(t *testing.T) {
 // TestMutationConsequences: the supervisor-side bugs are caught by a rule
 // about the holder itself (S9: its deadline; S10: release after exit). With
 // that rule ignored, the simulation still finds what the bug does: a child
-// running without a lease (S2).
+// running without a lease (S2). Hold-and-wait is caught as a job holding
+// while it waits (L9); with that ignored, as the deadlock it makes: a cycle
+// of waiting jobs (L10); with that ignored too, as jobs that never finish
+// once the faults stop (L2).
 func TestMutationConsequences(t *testing.T) {
 	for _, c := range []struct {
 		bug    mutation.Bug
-		ignore string
+		ignore []string
+		want   string
 	}{
-		{mutation.WaiterNotRenewed, "S9"},
-		{mutation.ReleaseBeforeExit, "S10"},
+		{mutation.WaiterNotRenewed, []string{"S9"}, "S2"},
+		{mutation.ReleaseBeforeExit, []string{"S10"}, "S2"},
+		{mutation.HoldAndWait, []string{"L9"}, "L10"},
+		{mutation.HoldAndWait, []string{"L9", "L10"}, "L2"},
 	} {
-		t.Run(string(c.bug), func(t *testing.T) {
+		t.Run(string(c.bug)+"-"+c.want, func(t *testing.T) {
 			t.Parallel()
 			d := &dirs{root: t.TempDir()}
 			steps := 0
 			for seed := uint64(1); seed <= mutSeeds; seed++ {
-				r := sim.Run(sim.Config{Seed: seed, Steps: mutSteps, Mutations: mutation.Of(c.bug), Ignore: []string{c.ignore}, Dir: d.next()})
+				r := sim.Run(sim.Config{Seed: seed, Steps: mutSteps, Mutations: mutation.Of(c.bug), Ignore: c.ignore, Dir: d.next()})
 				steps += r.Stats.Steps
 				if v := r.Violation; v != nil {
-					t.Logf("with %s ignored: caught at seed %d, step %d (%d steps searched): %v", c.ignore, seed, v.Step, steps, v)
-					if v.Rule != "S2" {
-						t.Errorf("caught by %s, want S2", v.Rule)
+					t.Logf("with %v ignored: caught at seed %d, step %d (%d steps searched): %v", c.ignore, seed, v.Step, steps, v)
+					if v.Rule != c.want {
+						t.Errorf("caught by %s, want %s", v.Rule, c.want)
 					}
 					return
 				}
 			}
-			t.Errorf("with %s ignored: not caught in %d seeds × %d steps", c.ignore, mutSeeds, mutSteps)
+			t.Errorf("with %v ignored: not caught in %d seeds × %d steps", c.ignore, mutSeeds, mutSteps)
 		})
 	}
 }

@@ -109,9 +109,11 @@ func (v *Violation) Error() string { return fmt.Sprintf("step %d: %s: %s", v.Ste
 type Stats struct {
 	Steps, StoreCalls                 int
 	Holders, Admitted, Finished, Lost int
-	Crashes, Pauses, Reaped           int
-	Faults                            int
-	Ignored                           int // violations of Config.Ignore rules
+	// Admissions of tickets of several limits, and of weight above 1.
+	AdmittedMulti, AdmittedHeavy int
+	Crashes, Pauses, Reaped      int
+	Faults                       int
+	Ignored                      int // violations of Config.Ignore rules
 	// PauseOverlap is the longest time a paused (or just resumed) holder's
 	// child ran without a lease beside a full limit: what fencing is for.
 	PauseOverlap time.Duration
@@ -188,7 +190,8 @@ func Run(cfg Config) (res Result) {
 	defer func() {
 		res.Violation, res.Stats, res.Trace = s.viol, s.stats, s.trace
 		for _, h := range s.holders {
-			h.kill() // end the goroutines of the runs still parked
+			h.crashed = true // whatever a parked run does as it ends reaches no store
+			h.kill()         // end the goroutines of the runs still parked
 		}
 		for _, c := range s.conns {
 			c.Close()
@@ -228,6 +231,9 @@ func (s *sim) setup() {
 	r := s.rng
 	s.m = newModel(s)
 	n := 1 + r.IntN(2)
+	if multi {
+		n = 1 + r.IntN(4)
+	}
 	for i := range n {
 		s.limits = append(s.limits, limitCfg{name: fmt.Sprintf("L%d", i), slots: 1 + r.IntN(3)})
 	}
@@ -412,7 +418,7 @@ func (s *sim) arrive() bool {
 	if h.waitFor >= 0 {
 		wait = h.waitFor.Round(time.Millisecond).String()
 	}
-	s.tracef("%s arrives (limit %s, ttl %v, wait %s, job %v)", h.name, h.limit, h.ttl, wait, h.runFor.Round(time.Millisecond))
+	s.tracef("%s arrives (limits %v, weight %d, ttl %v, wait %s, job %v)", h.name, h.limits, h.weight, h.ttl, wait, h.runFor.Round(time.Millisecond))
 	return true
 }
 
@@ -491,6 +497,19 @@ func (s *sim) inject() bool {
 	}
 	return false
 }
+
+// size is a limit's configured size.
+func (s *sim) size(name string) int {
+	for _, l := range s.limits {
+		if l.name == name {
+			return l.slots
+		}
+	}
+	return 1
+}
+
+// multi: holders draw several limits and weights (else one limit, weight 1).
+var multi = true
 
 // anyHolder picks a live holder that ok accepts, at random.
 func (s *sim) anyHolder(ok func(*holder) bool) *holder {
@@ -688,7 +707,12 @@ func (s *sim) judge(t store.Ticket, act bool) (string, bool) {
 	return "supervisor gone, process group empty", true
 }
 
+// short is an id's first 6 characters, and a suffix "-N" (the tickets of
+// one limit each that mutation.HoldAndWait takes).
 func short(id string) string {
+	if i := strings.LastIndexByte(id, '-'); i > 6 {
+		return id[:6] + id[i:]
+	}
 	if len(id) > 6 {
 		return id[:6]
 	}

@@ -145,6 +145,8 @@ func TestSim(t *testing.T) {
 		total.StoreCalls += s.StoreCalls
 		total.Holders += s.Holders
 		total.Admitted += s.Admitted
+		total.AdmittedMulti += s.AdmittedMulti
+		total.AdmittedHeavy += s.AdmittedHeavy
 		total.Lost += s.Lost
 		total.Crashes += s.Crashes
 		total.Pauses += s.Pauses
@@ -158,9 +160,9 @@ func TestSim(t *testing.T) {
 	t.Logf("%d seeds (from %d) × %d steps: %d steps, %d store calls in %v (%.0f steps/s, %.0f store calls/s on %d CPUs)",
 		seeds, seed0, base.Steps, total.Steps, total.StoreCalls, elapsed.Round(time.Millisecond),
 		float64(total.Steps)/elapsed.Seconds(), float64(total.StoreCalls)/elapsed.Seconds(), runtime.GOMAXPROCS(0))
-	t.Logf("%d holders, %d admitted, %d leases lost, %d crashes, %d pauses, %d faults, %d reaped; "+
+	t.Logf("%d holders, %d admitted (%d to several limits, %d of weight 2), %d leases lost, %d crashes, %d pauses, %d faults, %d reaped; "+
 		"longest overlap behind a paused supervisor %v; %d violations",
-		total.Holders, total.Admitted, total.Lost, total.Crashes, total.Pauses, total.Faults, total.Reaped,
+		total.Holders, total.Admitted, total.AdmittedMulti, total.AdmittedHeavy, total.Lost, total.Crashes, total.Pauses, total.Faults, total.Reaped,
 		total.PauseOverlap.Round(time.Millisecond), len(failed))
 	if len(failed) > 0 {
 		r := failed[0]

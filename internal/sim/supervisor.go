@@ -26,7 +26,8 @@ type holder struct {
 	s          *sim
 	n, pid     int
 	name       string
-	limit      string
+	limits     []string // its ticket's limits, in the order it names them
+	weight     int      // the slots it takes in each
 	ttl, every time.Duration
 	margin     time.Duration
 	grace      time.Duration // --kill-after
@@ -139,10 +140,24 @@ func (c *renewCall) deliver() {
 	}
 }
 
+// newHolder draws a job: 1-3 of the limits in a random order (the order
+// matters to a job that takes them one at a time: mutation.HoldAndWait),
+// and a weight of 1 or 2 (fitted to the limits when it joins).
 func newHolder(s *sim, n int) *holder {
-	lim := s.limits[s.rng.IntN(len(s.limits))]
+	k := 1
+	if multi {
+		k = 1 + s.rng.IntN(min(3, len(s.limits)))
+	}
+	var lims []string
+	for _, i := range s.rng.Perm(len(s.limits))[:k] {
+		lims = append(lims, s.limits[i].name)
+	}
+	weight := 1
+	if multi && s.chance(0.3) {
+		weight = 2
+	}
 	ttl := ttls[s.rng.IntN(len(ttls))]
-	h := &holder{s: s, n: n, pid: 1000 + n, name: fmt.Sprintf("h%d", n), limit: lim.name,
+	h := &holder{s: s, n: n, pid: 1000 + n, name: fmt.Sprintf("h%d", n), limits: lims, weight: weight,
 		ttl: ttl, every: ttl / 3, margin: ttl / 10, grace: ttl / 5, waitFor: -1}
 	if s.chance(0.25) {
 		h.waitFor = s.between(ttl/2, 4*ttl)
@@ -273,11 +288,22 @@ func (h *holder) start() {
 	s := h.s
 	h.started = true
 	h.id = s.newID()
-	slots := 1
-	for _, l := range s.limits {
-		if l.name == h.limit {
-			slots = l.slots
+	req := store.EnqueueRequest{ID: h.id, Slots: s.size(h.limits[0]), TTL: h.ttl, Holder: store.Holder{Host: "sim", Pid: h.pid, Label: h.name}}
+	if len(h.limits) == 1 {
+		req.Limit = h.limits[0]
+	} else {
+		req.Limits = h.limits
+	}
+	// Never heavier than a limit at its enqueue (nor than its configured
+	// size, which the quiescent phase restores): operators may shrink it later.
+	for _, name := range h.limits {
+		h.weight = min(h.weight, s.size(name))
+		if n := s.m.size(name, req); n > 0 {
+			h.weight = min(h.weight, n)
 		}
+	}
+	if h.weight > 1 || s.chance(0.5) {
+		req.Weight = h.weight // else 0, which means 1
 	}
 	if !s.quiet && s.cfg.Faults.Has(LostReply) && s.chance(0.06) {
 		h.c.enqFault = 1 + s.rng.IntN(2)
@@ -285,7 +311,7 @@ func (h *holder) start() {
 	cfg := gh.Config{
 		Store:   h.c,
 		Gate:    gate.Gate{PollEvery: pollEvery, Rand: s.rng.Float64},
-		Request: store.EnqueueRequest{ID: h.id, Limit: h.limit, Slots: slots, TTL: h.ttl, Holder: store.Holder{Host: "sim", Pid: h.pid, Label: h.name}},
+		Request: req,
 		Wait:    h.waitFor, KillAfter: h.grace,
 		Now:       func() time.Duration { return s.now().Mono },
 		Waiter:    simWaiter{h},
@@ -368,11 +394,17 @@ func (h *holder) note(n gh.Note) {
 	switch n.Kind {
 	case gh.Joined:
 		h.phase = hWait
-		s.tracef("%s joins %s as %s: %s", h.name, h.limit, short(h.id), result(n.Ticket, nil))
+		s.tracef("%s joins %v as %s: %s", h.name, n.Ticket.Names(), short(n.Ticket.ID), result(n.Ticket, nil))
 	case gh.WaitUpdate:
 		s.tracef("%s polls: %s", h.name, result(n.Ticket, nil))
 	case gh.Admitted:
 		s.stats.Admitted++
+		if len(h.limits) > 1 {
+			s.stats.AdmittedMulti++
+		}
+		if h.weight > 1 {
+			s.stats.AdmittedHeavy++
+		}
 		s.tracef("%s: admitted to slot %d, starts its job (local deadline in %v)", h.name, n.Ticket.Slot, h.lease.Deadline()-s.now().Mono)
 	case gh.LeaseLost:
 		s.tracef("%s: lease lost while its job runs: stops it", h.name)
