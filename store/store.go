@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -181,6 +182,9 @@ type EnqueueRequest struct {
 	Weight int
 	// Slots is the size each limit is created with when it does not exist.
 	Slots int
+	// Sizes, where it names one of the limits, is the size that limit is
+	// created with instead of Slots (a config file's sizes of each). Use SizeOf.
+	Sizes map[string]int
 	// CheckSlots refuses the request with a *SlotsConflictError when a limit
 	// exists with another size.
 	CheckSlots bool
@@ -454,6 +458,14 @@ func (r EnqueueRequest) Names() []string {
 	return []string{r.Limit}
 }
 
+// SizeOf is the size the limit name is created with when it does not exist.
+func (r EnqueueRequest) SizeOf(name string) int {
+	if n, ok := r.Sizes[name]; ok {
+		return n
+	}
+	return r.Slots
+}
+
 // Weighs is the request's weight (at least 1).
 func (r EnqueueRequest) Weighs() int { return max(r.Weight, 1) }
 
@@ -478,6 +490,14 @@ func (r EnqueueRequest) Check() error {
 	}
 	if err := CheckSlots(r.Slots); err != nil {
 		return err
+	}
+	for name, n := range r.Sizes {
+		if !slices.Contains(r.Names(), name) {
+			return fmt.Errorf("%w: a size for limit %q, which the request does not name", ErrInvalid, name)
+		}
+		if err := CheckSlots(n); err != nil {
+			return err
+		}
 	}
 	return CheckTTL(r.TTL)
 }

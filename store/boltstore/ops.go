@@ -44,7 +44,7 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 				return err
 			}
 			if !ok {
-				sizes[i], made[i] = req.Slots, true
+				sizes[i], made[i] = req.SizeOf(name), true
 				continue
 			}
 			if req.CheckSlots && lim.Slots != req.Slots {
@@ -59,7 +59,7 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 		}
 		for i, name := range names {
 			if made[i] {
-				if err := x.putLimit(name, limitRec{Slots: req.Slots, Created: x.now.Wall}); err != nil {
+				if err := x.putLimit(name, limitRec{Slots: sizes[i], Created: x.now.Wall}); err != nil {
 					return err
 				}
 			}

@@ -104,7 +104,7 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 				}
 			}
 			for _, n := range names {
-				size := req.Slots
+				size := req.SizeOf(n)
 				if l := st.lim(n); l != nil {
 					size = l.Slots
 				}
@@ -115,7 +115,7 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 			for _, n := range names {
 				p.compareLimit(n)
 				if st.lim(n) == nil {
-					lim := limitRec{V: formatVersion, Slots: req.Slots, Created: p.now}
+					lim := limitRec{V: formatVersion, Slots: req.SizeOf(n), Created: p.now}
 					p.put(s.k.limit(n), writeOp{val: encode(lim)})
 					st.lims[n].lim = &lim
 				}

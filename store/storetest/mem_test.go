@@ -523,6 +523,9 @@ func (s *memStore) Enqueue(_ context.Context, r store.EnqueueRequest) (store.Tic
 	// Refusals first, each limit in the order given, before anything is written.
 	for i, n := range names {
 		size := r.Slots
+		if sz, ok := r.Sizes[n]; ok && !s.is("sizes-ignored") {
+			size = sz
+		}
 		if l := s.d.limits[n]; l != nil {
 			if r.CheckSlots && l.slots != r.Slots && !s.is("no-conflict") && !(s.is("conflict-first-limit-only") && i > 0) {
 				return store.Ticket{}, &store.SlotsConflictError{Limit: n, Have: l.slots, Want: r.Slots}
@@ -541,7 +544,11 @@ func (s *memStore) Enqueue(_ context.Context, r store.EnqueueRequest) (store.Tic
 	for _, n := range names {
 		switch l := s.d.limits[n]; {
 		case l == nil:
-			s.d.limits[n] = &memLimit{name: n, slots: r.Slots, created: s.wallNow()}
+			size := r.Slots
+			if sz, ok := r.Sizes[n]; ok && !s.is("sizes-ignored") {
+				size = sz
+			}
+			s.d.limits[n] = &memLimit{name: n, slots: size, created: s.wallNow()}
 		case s.is("resize-on-enqueue"):
 			l.slots = r.Slots
 		}
@@ -1259,6 +1266,7 @@ var mutants = map[string][]string{
 	"reaped-frees-first-limit-only":  {"ReapMultiLimit", "DeadMultiHolderFreesAll"},
 	"release-missing-frees-multi":    {"DoubleReleaseMultiFreesOnce"},
 	"limits-unchecked":               {"EnqueueRefusalsMulti"},
+	"sizes-ignored":                  {"SizesOfCreatedLimits"},
 	"weight-unchecked":               {"EnqueueRefusalsMulti", "ResizeAndPauseWithWeights"},
 	"weight-checked-existing-only":   {"EnqueueRefusalsMulti"},
 	"conflict-first-limit-only":      {"EnqueueRefusalsMulti"},

@@ -813,6 +813,36 @@ func (s *suite) wantEventOf(e store.Event, tk store.Ticket, slots []int) {
 	}
 }
 
+// Sizes gives each limit a request creates its own size (Slots for the
+// rest); a limit that exists keeps its size, and the weight is checked
+// against the size each limit has or is created with.
+func testSizes(s *suite) {
+	r := s.reqM("A", lims("sa", "sb", "sc"), 2, 2)
+	r.Sizes = map[string]int{"sb": 3}
+	s.enqReq(r)
+	s.checkLimit("sa", 2, 2, 0)
+	s.checkLimit("sb", 3, 2, 0)
+	s.checkLimit("sc", 2, 2, 0)
+	r = s.reqM("B", lims("sb", "sd"), 1, 1)
+	r.Sizes = map[string]int{"sb": 7, "sd": 4}
+	s.enqReq(r)
+	s.checkLimit("sb", 3, 3, 0) // exists: keeps its size
+	s.checkLimit("sd", 4, 1, 0)
+	r = s.reqM("C", lims("se", "sf"), 3, 3)
+	r.Sizes = map[string]int{"sf": 2}
+	var we *store.WeightError
+	if _, err := s.st.Enqueue(s.ctx, r); !errors.As(err, &we) || we.Limit != "sf" {
+		s.Fatalf("Enqueue of weight 3 creating sf with 2 slots: %v, want a *store.WeightError naming sf", err)
+	}
+	s.wantNoLimit("se")
+	s.wantNoLimit("sf")
+	r = s.reqM("D", lims("sg"), 1, 1)
+	r.Sizes = map[string]int{"zz": 2}
+	if _, err := s.st.Enqueue(s.ctx, r); !errors.Is(err, store.ErrInvalid) {
+		s.Fatalf("Enqueue with a size for a limit it does not name: %v, want ErrInvalid", err)
+	}
+}
+
 // A ticket of several limits logs each admission and removal once in each
 // of its limits, naming them all, with its weight and its indexes in that
 // limit when it weighs more than one; Events(limit) returns that limit's.

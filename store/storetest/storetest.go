@@ -144,6 +144,7 @@ var cases = []struct {
 	{"ReapMultiLimit", testReapMulti, false},
 	{"DoubleReleaseMultiFreesOnce", testDoubleReleaseMulti, false},
 	{"EnqueueRefusalsMulti", testEnqueueRefusals, false},
+	{"SizesOfCreatedLimits", testSizes, false},
 	{"EventsMultiLimit", testEventsMulti, false},
 	{"RemoveLimitForceMulti", testRemoveLimitMulti, false},
 	{"DeadMultiHolderFreesAll", testDeadMulti, true},

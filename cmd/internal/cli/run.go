@@ -283,10 +283,6 @@ func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) er
 		limits = without(o.Limits, held)
 		log.verbose("nested run: %q already holds %s in this store (ticket %s); waiting only for %s", anc.Holder.Command(), heldSlots(anc, held), short(anc.ID), limitsPhrase(limits))
 	}
-	if err := createLimits(ctx, st, o, limits); err != nil {
-		return err
-	}
-
 	// The keeper renews a waiting ticket every TTL/3 and nudges the wait
 	// when a renewal shows it held (the renewal of a waiter settles its
 	// limit): that covers a lost ring, so the fallback poll can be rare.
@@ -296,6 +292,14 @@ func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) er
 		cfg.Request.Limit = limits[0] // the one-limit request as before
 	} else {
 		cfg.Request.Limits = limits
+		for _, name := range limits[1:] { // the config's size of each limit this run creates
+			if n := o.sizeOf(name); n != cfg.Request.Slots {
+				if cfg.Request.Sizes == nil {
+					cfg.Request.Sizes = map[string]int{}
+				}
+				cfg.Request.Sizes[name] = n
+			}
+		}
 	}
 	if o.Weight > 1 {
 		cfg.Request.Weight = o.Weight
@@ -353,39 +357,6 @@ func slotsVar(limits []string, in func(string) []int) string {
 		}
 	}
 	return string(b)
-}
-
-// createLimits creates, before the request, the limits other than the first
-// that do not exist yet and whose config size differs from the request's
-// Slots (the one size a request creates its limits with), so that each gets
-// its own limits.NAME. Only for a run of several limits without --slots.
-// A limit created by another run between the read and the write is resized
-// to the config's size: the config is the operator's word on it.
-func createLimits(ctx context.Context, st store.Store, o *RunOptions, limits []string) error {
-	if o.SlotsSet || len(o.SlotsOf) == 0 || len(limits) < 2 {
-		return nil
-	}
-	slots := o.sizeOf(limits[0])
-	for _, name := range limits[1:] {
-		n := o.sizeOf(name)
-		if n == slots {
-			continue
-		}
-		_, err := st.Snapshot(ctx, name)
-		if err == nil {
-			continue
-		}
-		if !errors.Is(err, store.ErrLimitNotFound) {
-			return err
-		}
-		if werr := store.CheckWeightFits(name, n, o.Weight); werr != nil {
-			return weightError(werr.(*store.WeightError))
-		}
-		if _, err := st.SetLimit(ctx, name, n); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // plural is "1 slot", "2 slots".
