@@ -90,7 +90,10 @@ func (p SettlePlan) Empty() bool { return len(p.Remove) == 0 && len(p.Admit) == 
 // head is not overtaken by lighter tickets, and since the oldest waiter is
 // only ever blocked by holders, no set of tickets can deadlock. A limit
 // shrunk below its held slots admits nobody until they are fewer than its
-// slots. Holders are never moved or evicted.
+// slots. A ticket that replaces others (Ticket.Replaces) is not admitted
+// while one of them is still live, and blocks its limits meanwhile, as a
+// ticket that does not fit (docs/leases.md §2.1 item 10). Holders are never
+// moved or evicted.
 func PlanSettle(in SettleInput) SettlePlan {
 	type count struct {
 		size      int
@@ -184,6 +187,12 @@ func PlanSettle(in SettleInput) SettlePlan {
 			}
 		}
 	}
+	live := map[string]bool{} // tickets that stay: a replacing ticket waits for those it replaces
+	for i, q := range in.Tickets {
+		if !gone[i] {
+			live[q.Ticket.ID] = true
+		}
+	}
 	for i, q := range in.Tickets {
 		if gone[i] || q.Ticket.State == Held {
 			continue
@@ -194,6 +203,9 @@ func PlanSettle(in SettleInput) SettlePlan {
 		}
 		w := q.Ticket.Weighs()
 		fits := all
+		for _, id := range q.Ticket.Replaces {
+			fits = fits && (!live[id] || in.Mutations.Has(mutation.ReplaceBeside))
+		}
 		for _, c := range cs {
 			fits = fits && !c.blocked && c.held+w <= c.size
 		}

@@ -303,3 +303,25 @@ func TestPlanSettleSeveralLimits(t *testing.T) {
 		})
 	}
 }
+
+// A replacing ticket waits for the tickets it replaces, however much room
+// there is, and blocks the tickets behind it meanwhile.
+func TestPlanSettleReplaces(t *testing.T) {
+	old := Queued{Ticket: Ticket{ID: "old", Limit: "l", State: Held, Slot: 0, Key: "main"}}
+	repl := Queued{Ticket: Ticket{ID: "new", Limit: "l", State: Waiting, Slot: -1, Key: "main", Replaces: []string{"old"}}}
+	other := Queued{Ticket: Ticket{ID: "other", Limit: "l", State: Waiting, Slot: -1}}
+	got := PlanSettle(SettleInput{Slots: map[string]int{"l": 3}, Tickets: []Queued{old, repl, other}})
+	if !got.Empty() {
+		t.Errorf("with the replaced holder live: plan %s, want nothing", show(got))
+	}
+	old.Expired = "expired 1s ago"
+	got = PlanSettle(SettleInput{Slots: map[string]int{"l": 3}, Tickets: []Queued{old, repl, other}})
+	want := []Admit{{Index: 1, Slot: 0, Indexes: map[string][]int{"l": {0}}}, {Index: 2, Slot: 1, Indexes: map[string][]int{"l": {1}}}}
+	if !reflect.DeepEqual(got.Admit, want) || len(got.Remove) != 1 {
+		t.Errorf("once the replaced holder is gone: plan %s, want it removed and both admitted", show(got))
+	}
+	got = PlanSettle(SettleInput{Slots: map[string]int{"l": 3}, Tickets: []Queued{repl, other}})
+	if len(got.Admit) != 2 {
+		t.Errorf("a replaced ticket already released: plan %s, want both admitted", show(got))
+	}
+}

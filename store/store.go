@@ -41,6 +41,8 @@ type Holder struct {
 	PgidStart uint64   `json:"pgid_start,omitempty"` // start time of the group leader
 	Argv      []string `json:"argv,omitempty"`
 	Label     string   `json:"label,omitempty"`
+	// URL is where the job comes from: its CI run (docs/leases.md §2.1 item 11).
+	URL string `json:"url,omitempty"`
 }
 
 // Command is what to show for the holder: its label, else its command line.
@@ -73,14 +75,36 @@ type Ticket struct {
 	// Indexes are the slot indexes it holds in each limit, ascending, while
 	// held; nil while waiting (and for a held ticket of one limit and weight
 	// one, which holds Slot). Use In.
-	Indexes   map[string][]int `json:"indexes,omitempty"`
-	Position  int              `json:"position"` // 1-based place among Limit's waiters; 0 when held
-	TTL       time.Duration    `json:"ttl"`
-	Holder    Holder           `json:"holder"`
-	Created   time.Time        `json:"created"`           // wall clock, display only
-	Admitted  time.Time        `json:"admitted,omitzero"` // wall clock, display only
-	Renewed   time.Time        `json:"renewed,omitzero"`  // wall clock, display only
-	Remaining time.Duration    `json:"remaining"`         // lease left by the store's clock when read; <= 0 is expired
+	Indexes  map[string][]int `json:"indexes,omitempty"`
+	Position int              `json:"position"` // 1-based place among Limit's waiters; 0 when held
+	// Key names the work the ticket does within its limits (a branch, an
+	// environment); "" for a run without one (docs/leases.md §2.1 item 10).
+	Key string `json:"key,omitempty"`
+	// Stop is set on a held ticket that a newer run of its key asked to
+	// stop (--replace): its holder stops its job, releases and exits 143.
+	Stop *Successor `json:"stop,omitempty"`
+	// Replaces are the held tickets this waiting ticket asked to stop: it
+	// is admitted only once none of them is live (never beside them).
+	Replaces  []string      `json:"replaces,omitempty"`
+	TTL       time.Duration `json:"ttl"`
+	Holder    Holder        `json:"holder"`
+	Created   time.Time     `json:"created"`           // wall clock, display only
+	Admitted  time.Time     `json:"admitted,omitzero"` // wall clock, display only
+	Renewed   time.Time     `json:"renewed,omitzero"`  // wall clock, display only
+	Remaining time.Duration `json:"remaining"`         // lease left by the store's clock when read; <= 0 is expired
+}
+
+// A Successor names the newer run that superseded or replaced a ticket.
+type Successor struct {
+	Ticket string `json:"ticket"`
+	Host   string `json:"host,omitempty"`
+	Pid    int    `json:"pid,omitempty"`
+	URL    string `json:"url,omitempty"`
+}
+
+// SuccessorOf names the run of ticket t as a successor.
+func SuccessorOf(t Ticket) Successor {
+	return Successor{Ticket: t.ID, Host: t.Holder.Host, Pid: t.Holder.Pid, URL: t.Holder.URL}
 }
 
 // Expired reports whether the store judged the lease over when the ticket was read.
@@ -190,6 +214,21 @@ type EnqueueRequest struct {
 	CheckSlots bool
 	TTL        time.Duration
 	Holder     Holder
+
+	// Key names the work this ticket does in its limits (docs/leases.md
+	// §2.1 item 10); see CheckKey. Supersede removes, in the enqueue's own
+	// step, every older waiting ticket of the same key in any of its limits
+	// (reason Superseded). Replace also asks every held ticket of the same
+	// key in its limits to stop (Ticket.Stop) and admits this one only after
+	// they are gone (Ticket.Replaces).
+	Key       string
+	Supersede bool
+	Replace   bool
+	// MaxWaiting, when set, refuses to queue (a *QueueFullError, nothing
+	// written) a ticket that is not admitted at once while one of its
+	// limits already has *MaxWaiting waiting tickets, counted after the
+	// superseded ones are gone.
+	MaxWaiting *int
 }
 
 // Reason says why a ticket left the live set.
@@ -201,6 +240,9 @@ const (
 	Cancelled     Reason = "cancelled"      // removed by Cancel: its holder gave up before its job ran
 	Reaped        Reason = "reaped"         // expired or proven dead, removed by a sweep
 	ForceReleased Reason = "force-released" // an operator removed it
+	// Superseded: a newer waiting run of the same key took its place in the
+	// queue (--supersede, --replace); its job never ran.
+	Superseded Reason = "superseded"
 	// Lost: the holder presumed its lease lost and stopped (or, with
 	// --on-lost continue, did not stop) its child. Releasing with it removes
 	// the ticket if the store still has it, and logs a "lost" event either way.
@@ -219,14 +261,16 @@ type Event struct {
 	Slot   int       `json:"slot"`
 	// A ticket of several limits logs one event in each (Limit), naming
 	// them all; Weight and Indexes (its indexes in Limit) when it weighs more than 1.
-	Limits   []string `json:"limits,omitempty"`
-	Weight   int      `json:"weight,omitempty"`
-	Indexes  []int    `json:"indexes,omitempty"`
-	Host     string   `json:"host,omitempty"`
-	Pid      int      `json:"pid,omitempty"`
-	User     string   `json:"user,omitempty"`
-	Command  string   `json:"command,omitempty"`
-	Evidence string   `json:"evidence,omitempty"`
+	Limits  []string `json:"limits,omitempty"`
+	Weight  int      `json:"weight,omitempty"`
+	Indexes []int    `json:"indexes,omitempty"`
+	// By is the newer run's ticket of a "superseded" or "replaced" event.
+	By       string `json:"by,omitempty"`
+	Host     string `json:"host,omitempty"`
+	Pid      int    `json:"pid,omitempty"`
+	User     string `json:"user,omitempty"`
+	Command  string `json:"command,omitempty"`
+	Evidence string `json:"evidence,omitempty"`
 }
 
 // MaxEvents is how many of the newest events a store keeps.
@@ -253,6 +297,17 @@ type Store interface {
 	// returned ticket may already be held. Enqueueing an id that is live
 	// returns that ticket unchanged; an id that was ever removed is refused
 	// with ErrRemoved.
+	//
+	// In the same step it supersedes and replaces (req.Supersede,
+	// req.Replace: older waiting tickets of req.Key sharing a limit are
+	// removed as Superseded, with a "superseded" event naming the new
+	// ticket in By; held ones get Stop and a "replaced" event, and the new
+	// ticket's Replaces lists them) and applies req.MaxWaiting (a refusal
+	// writes nothing, supersedes nothing). A ticket that was superseded is
+	// not found (Get wraps ErrNotFound, Renew ErrLost) with a
+	// *SupersededError naming its successor. A stop request is part of
+	// the held ticket: Get and Renew return it, a restart keeps it, and the
+	// holder's bell rings when it is made.
 	Enqueue(ctx context.Context, req EnqueueRequest) (Ticket, error)
 
 	// Get returns the live ticket with this id, or an error wrapping ErrNotFound.
@@ -321,7 +376,7 @@ type Store interface {
 	RemoveLimit(ctx context.Context, name string, force bool) error
 
 	// Watch returns a Bell that rings when the ticket with this id may have
-	// changed (promoted or removed). Call it before Enqueue so that no ring is
+	// changed (promoted, asked to stop, or removed). Call it before Enqueue so that no ring is
 	// lost. A ring is a hint: the caller confirms with Get.
 	Watch(ctx context.Context, id string) (Bell, error)
 
@@ -369,7 +424,61 @@ var (
 	ErrInvalid = errors.New("invalid request")
 	// ErrClosed: the store handle was closed.
 	ErrClosed = errors.New("store is closed")
+	// ErrQueueFull: a limit already has as many waiting tickets as the
+	// request allows (EnqueueRequest.MaxWaiting).
+	ErrQueueFull = errors.New("queue is full")
 )
+
+// QueueFullError refuses to queue a ticket behind Waiting tickets of Limit
+// (at most Max allowed). It wraps ErrQueueFull.
+type QueueFullError struct {
+	Limit   string
+	Waiting int
+	Max     int
+}
+
+func (e *QueueFullError) Error() string {
+	return fmt.Sprintf("%v: limit %q has %d waiting (at most %d allowed)", ErrQueueFull, e.Limit, e.Waiting, e.Max)
+}
+
+// Unwrap makes a QueueFullError an ErrQueueFull.
+func (e *QueueFullError) Unwrap() error { return ErrQueueFull }
+
+// SupersededError says a ticket is gone because a newer run of its key
+// took its place. Get wraps it in ErrNotFound, Renew in ErrLost.
+type SupersededError struct {
+	ID string
+	By Successor
+}
+
+func (e *SupersededError) Error() string {
+	return fmt.Sprintf("ticket %s was superseded by ticket %s", e.ID, e.By.Ticket)
+}
+
+// MaxURL is the longest job URL (Holder.URL), in bytes.
+const MaxURL = 2048
+
+// CheckURL returns an error wrapping ErrInvalid for a job URL that is too
+// long or holds anything but printable characters.
+func CheckURL(url string) error {
+	if len(url) > MaxURL || !IsPrintable(url) {
+		return fmt.Errorf("%w: url %q: want at most %d printable characters", ErrInvalid, url, MaxURL)
+	}
+	return nil
+}
+
+// MaxKey is the longest key, in bytes.
+const MaxKey = 256
+
+// CheckKey returns an error wrapping ErrInvalid for a key that is too long
+// or holds anything but printable characters (IsPrintable). "" is the key
+// of a run without --key.
+func CheckKey(key string) error {
+	if len(key) > MaxKey || !IsPrintable(key) {
+		return fmt.Errorf("%w: key %q: want 1-%d printable characters", ErrInvalid, key, MaxKey)
+	}
+	return nil
+}
 
 // LockTimeoutError: the store stayed locked by another process for all of
 // Waited, the longest an operation may wait for its lock. It wraps
@@ -490,6 +599,15 @@ func (r EnqueueRequest) Check() error {
 	}
 	if err := CheckSlots(r.Slots); err != nil {
 		return err
+	}
+	if err := CheckKey(r.Key); err != nil {
+		return err
+	}
+	if err := CheckURL(r.Holder.URL); err != nil {
+		return err
+	}
+	if r.MaxWaiting != nil && *r.MaxWaiting < 0 {
+		return fmt.Errorf("%w: at most %d waiting: want 0 or more", ErrInvalid, *r.MaxWaiting)
 	}
 	for name, n := range r.Sizes {
 		if !slices.Contains(r.Names(), name) {

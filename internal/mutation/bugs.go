@@ -51,6 +51,13 @@ const (
 	// is not admitted for want of room, so a lighter or younger ticket is
 	// admitted past the older head it shares a limit with (H3).
 	BargePastHead Bug = "barge-past-head"
+	// ReplaceBeside: the planner admits a replacing ticket while the
+	// holder it replaces still holds its slot, so the new job runs beside
+	// the one it replaces (R1).
+	ReplaceBeside Bug = "replace-beside"
+	// SupersedeHeld: a superseding enqueue removes older tickets of its key
+	// whether they wait or hold, so a running job loses its slot (R2).
+	SupersedeHeld Bug = "supersede-held"
 
 	// WaiterNotRenewed: the supervisor renews only once admitted, and counts
 	// its lease from the admission it observed (C4).
@@ -68,6 +75,6 @@ const (
 // All lists every Bug, store-side first.
 func All() []Bug {
 	return []Bug{BlindReap, ReleaseCounter, ReleaseNoCompare, RenewExpired, StaleVerdict, NoTombstone, WallClock,
-		WeightIgnored, BargePastHead,
+		WeightIgnored, BargePastHead, ReplaceBeside, SupersedeHeld,
 		WaiterNotRenewed, ReleaseBeforeExit, HoldAndWait}
 }
