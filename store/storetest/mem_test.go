@@ -589,6 +589,17 @@ func (s *memStore) Enqueue(_ context.Context, r store.EnqueueRequest) (store.Tic
 			l.slots = r.Slots
 		}
 	}
+	var stale []*memTicket // bug "supersede-racy": the waiters read before the write
+	if s.is("supersede-racy") && r.Supersede {
+		for _, o := range s.d.byFence() {
+			if !o.held() && o.t.Key == r.Key && s.shares(o, names) {
+				stale = append(stale, o)
+			}
+		}
+		s.d.mu.Unlock()
+		time.Sleep(time.Duration(rand.IntN(500)) * time.Microsecond)
+		s.d.mu.Lock()
+	}
 	s.d.fence++
 	fence := s.d.fence
 	if s.is("fence-per-limit") {
@@ -613,7 +624,14 @@ func (s *memStore) Enqueue(_ context.Context, r store.EnqueueRequest) (store.Tic
 		s.sweep(n)
 	}
 	before := s.waitingIn(names, t) // bug "max-waiting-before-supersede"
-	if r.Supersede || r.Replace {
+	switch {
+	case s.is("supersede-racy") && r.Supersede:
+		for _, o := range stale {
+			if s.d.tickets[o.t.ID] == o {
+				s.supersede(o, t)
+			}
+		}
+	case r.Supersede || r.Replace:
 		s.newerFirst(t, r.Replace)
 	}
 	s.settle(nil, names)
@@ -1482,7 +1500,7 @@ var mutants = map[string][]string{
 	"waiter-removal-no-settle":       {"FIFOAcrossLimits", "HeavyHeadNotOvertaken"},
 	// Newer runs first (docs/leases.md §2.1 item 10).
 	"supersede-held":               {"SupersedeOlderWaiting"},
-	"supersede-other-keys":         {"SupersedeScope"},
+	"supersede-other-keys":         {"SupersedeScope", "ReplaceStopsHolder"},
 	"supersede-unrelated-limits":   {"SupersedeScope"},
 	"supersede-first-limit-only":   {"SupersedeScope"},
 	"supersede-younger":            {"SupersedeScope"},
@@ -1501,6 +1519,7 @@ var mutants = map[string][]string{
 	"stop-lost-on-reopen":          {"StopSurvivesReopen"},
 	"replaces-lost-on-reopen":      {"StopSurvivesReopen"},
 	"successor-lost-on-reopen":     {"StopSurvivesReopen"},
+	"supersede-racy":               {"ConcurrentSupersede"},
 }
 
 // TestMutants shows that the suite is not vacuous: each bug, planted in the

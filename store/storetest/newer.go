@@ -1,10 +1,12 @@
 package storetest
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/slotctl/slotctl/store"
 )
@@ -314,8 +316,7 @@ func testReplace(s *suite) {
 	w := s.enqReq(s.reqK("W", q, 3, "deploy"))
 	s.wantHeld(w, 2) // admitted: same key, held
 	s.quiet(bellA)
-	s.release(w, true)
-	s.release(o, true) // now A holds 1 of 3: two slots free
+	s.release(w, true) // now A and O hold 2 of 3: a slot is free
 
 	rb := rep(s.reqK("B", q, 3, "deploy"))
 	b := s.enqReq(rb)
@@ -327,6 +328,8 @@ func testReplace(s *suite) {
 	s.wantReplaces(b, a)
 	s.wantNewerEvent("replaced", a, rb, "q")
 	s.wantNoNewerEvent("superseded", a)
+	s.wantStop(o, nil) // held, of another key: not asked
+	s.wantNoNewerEvent("replaced", o)
 	// B blocks the queue behind it: a ticket of another key waits too.
 	x := s.enqReq(s.reqK("X", q, 3, "other"))
 	s.wantWaiting(b, 1)
@@ -352,6 +355,7 @@ func testReplace(s *suite) {
 	s.release(a, true)
 	s.wantHeld(c, -1)
 	s.wantStop(c, nil)
+	s.wantStop(o, nil)
 	s.wantPlainGone(a)
 }
 
@@ -378,6 +382,18 @@ func testReplaceFIFO(s *suite) {
 	s.wantHeld(c, 0)
 	s.wantReplaces(c)
 	s.wantStop(c, nil)
+
+	// A replaced holder that dies without releasing leaves when its lease
+	// does: then its replacer is admitted (by the reap, or any sweep).
+	rd := rep(s.reqK("D", q, 1, "k"))
+	d := s.enqReq(rd)
+	s.wantStop(c, &rd)
+	s.advance(s.part())
+	s.renew(d)
+	s.advance(s.part())
+	s.renew(d)
+	s.wantRemoved("Reap", s.reap(false, "q"), c)
+	s.wantHeld(d, 0)
 }
 
 // MaxWaiting refuses with a *store.QueueFullError a ticket that would
@@ -436,6 +452,69 @@ func testMaxWaiting(s *suite) {
 	// limit has room and no waiter.
 	g := s.enqReq(maxW(s.reqK("G", []string{"solo"}, 1, ""), 0))
 	s.wantHeld(g, 0)
+
+	// A refused id was never written, so it is no tombstone.
+	rd.MaxWaiting = nil
+	s.wantWaitingIn(s.enqReq(rd), map[string]int{"q": 3, "fresh": 1})
+}
+
+// Many runs of one key enqueued at once with --supersede --max-waiting 1
+// behind a holder: each supersede is part of its own enqueue's step, so
+// none is refused, exactly one (the newest) is left waiting, and each of
+// the others was superseded by a newer one.
+func testConcurrentSupersede(s *suite) {
+	const workers, iters = 6, 4
+	h := s.enqReq(s.reqK("H", []string{"q"}, 1, "main"))
+	reqs := make([][]store.EnqueueRequest, workers)
+	for w := range reqs {
+		for i := range iters {
+			reqs[w] = append(reqs[w], maxW(sup(s.reqK(fmt.Sprintf("R%d.%d", w, i), []string{"q"}, 1, "main")), 1))
+		}
+	}
+	var (
+		mu  sync.Mutex
+		got []store.Ticket
+		wg  sync.WaitGroup
+	)
+	for w := range reqs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, r := range reqs[w] {
+				tk, err := s.st.Enqueue(s.ctx, r)
+				if err != nil {
+					s.Errorf("Enqueue %s (--supersede --max-waiting 1) beside others of its key: %v", s.who(r.ID), err)
+					return
+				}
+				mu.Lock()
+				got = append(got, tk)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if s.Failed() {
+		s.FailNow()
+	}
+	slices.SortFunc(got, func(a, b store.Ticket) int { return cmp.Compare(a.Fence, b.Fence) })
+	fences := map[string]uint64{}
+	for _, tk := range got {
+		fences[tk.ID] = tk.Fence
+	}
+	s.checkLimit("q", 1, 1, 1)
+	newest := got[len(got)-1]
+	s.wantWaiting(newest, 1)
+	for _, tk := range got[:len(got)-1] {
+		_, err := s.st.Get(s.ctx, tk.ID)
+		var se *store.SupersededError
+		if !errors.As(err, &se) {
+			s.Fatalf("Get %s: %v, want it superseded by a newer run", s.who(tk.ID), err)
+		}
+		if f, ok := fences[se.By.Ticket]; !ok || f <= tk.Fence {
+			s.Fatalf("%s (fence %d) was superseded by %s (fence %d), want a newer run of the key", s.who(tk.ID), tk.Fence, s.who(se.By.Ticket), f)
+		}
+	}
+	s.wantStop(h, nil)
 }
 
 // lastSeq is the newest event's sequence number (0 when none).
@@ -609,6 +688,9 @@ func testReplaceMulti(s *suite) {
 	ra := s.reqM("A", []string{"x", "y"}, 2, 4)
 	ra.Key = "env"
 	a := s.enqReq(ra)
+	re := s.reqM("E", []string{"x", "w"}, 1, 4) // same key, shares no limit with B
+	re.Key = "env"
+	e := s.enqReq(re)
 	s.wantIn(a, map[string][]int{"x": ix(0, 1), "y": ix(0, 1)})
 	rb := s.reqM("B", []string{"y", "z"}, 2, 4)
 	rb.Key, rb.Replace, rb.Holder.URL = "env", true, "https://ci.invalid/b"
@@ -617,11 +699,12 @@ func testReplaceMulti(s *suite) {
 	s.wantStop(a, &rb)
 	s.wantReplaces(b, a)
 	s.wantNewerEvent("replaced", a, rb, "x", "y")
+	s.wantStop(e, nil)
 	// B blocks y and z meanwhile, as a ticket that does not fit.
 	c := s.enqM("C", []string{"z"}, 1, 4)
 	s.wantWaitingIn(c, map[string]int{"z": 2})
 	d := s.enqM("D", []string{"x"}, 1, 4) // x is not B's: free
-	s.wantIn(d, map[string][]int{"x": ix(2)})
+	s.wantIn(d, map[string][]int{"x": ix(3)})
 	s.release(a, true)
 	s.wantIn(b, map[string][]int{"y": ix(0, 1), "z": ix(0, 1)})
 	s.wantIn(c, map[string][]int{"z": ix(2)})

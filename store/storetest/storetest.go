@@ -161,6 +161,7 @@ var cases = []struct {
 	{"KeyAndURLInvalid", testKeyURLInvalid, false},
 	{"StopSurvivesReopen", testStopSurvivesReopen, false},
 	{"ReplaceMultiLimit", testReplaceMulti, false},
+	{"ConcurrentSupersede", testConcurrentSupersede, false},
 }
 
 // suite is one case's store and helpers. Its helpers stop the case on the
