@@ -861,6 +861,9 @@ func (s *memStore) Release(_ context.Context, tk store.Ticket, why store.Reason)
 	}
 	if !match {
 		if t == nil {
+			if s.is("release-forgets-successor") {
+				delete(s.d.succ, tk.ID) // the tombstone rewritten with the caller's reason
+			}
 			if _, removed := s.d.tombs[tk.ID]; !removed && !s.is("no-tombstone") {
 				s.d.tombs[tk.ID] = why // cancel before create
 			}
@@ -1520,6 +1523,7 @@ var mutants = map[string][]string{
 	"replaces-lost-on-reopen":      {"StopSurvivesReopen"},
 	"successor-lost-on-reopen":     {"StopSurvivesReopen"},
 	"supersede-racy":               {"ConcurrentSupersede"},
+	"release-forgets-successor":    {"SupersedeOlderWaiting"},
 }
 
 // TestMutants shows that the suite is not vacuous: each bug, planted in the

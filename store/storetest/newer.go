@@ -221,6 +221,13 @@ func testSupersedeWaiting(s *suite) {
 	s.wantNoNewerEvent("replaced", a)
 	s.wantReplaces(d)
 
+	// Its waiter, told, gives up: a Cancel (or a Release) of a superseded
+	// ticket removes nothing, frees nothing, and keeps the successor known.
+	s.cancel(b, false)
+	s.release(c, false)
+	s.wantSuperseded(b, rd)
+	s.wantSuperseded(c, rd)
+	s.wantWaiting(d, 1)
 	// A superseded id stays removed.
 	if _, err := s.st.Enqueue(s.ctx, rb); !errors.Is(err, store.ErrRemoved) {
 		s.Fatalf("Enqueue of superseded B again: %v, want ErrRemoved", err)
