@@ -620,6 +620,12 @@ func (s *memStore) Enqueue(_ context.Context, r store.EnqueueRequest) (store.Tic
 		TTL: r.TTL, Holder: h, Created: s.wallNow(), Key: r.Key,
 	}}
 	s.d.tickets[r.ID] = t
+	fullBefore := false // bug "max-waiting-before-sweep": judged on the state before the sweep
+	for _, n := range names {
+		held, _ := s.d.inLimit(n)
+		fullBefore = fullBefore || slotsHeld(n, held)+w > s.d.limits[n].slots
+	}
+	beforeSweep := s.waitingIn(names, t)
 	for _, n := range names {
 		s.sweep(n)
 	}
@@ -635,10 +641,15 @@ func (s *memStore) Enqueue(_ context.Context, r store.EnqueueRequest) (store.Tic
 		s.newerFirst(t, r.Replace)
 	}
 	s.settle(nil, names)
-	if r.MaxWaiting != nil && (!t.held() || s.is("max-waiting-admitted-refused")) {
+	if r.MaxWaiting != nil && (!t.held() || s.is("max-waiting-admitted-refused") || s.is("max-waiting-before-sweep") && fullBefore) {
 		counts := s.waitingIn(names, t)
-		if s.is("max-waiting-before-supersede") {
+		switch {
+		case s.is("max-waiting-before-supersede"):
 			counts = before
+		case s.is("max-waiting-before-sweep"):
+			for i := range counts {
+				counts[i] += beforeSweep[i] - before[i] // the waiters the sweep removed, still counted
+			}
 		}
 		for i, n := range names {
 			c := counts[i]
@@ -1527,6 +1538,7 @@ var mutants = map[string][]string{
 	"supersede-racy":               {"ConcurrentSupersede"},
 	"release-forgets-successor":    {"SupersedeOlderWaiting"},
 	"replaces-first-only":          {"ReplaceFIFOPlace"},
+	"max-waiting-before-sweep":     {"MaxWaiting"},
 }
 
 // TestMutants shows that the suite is not vacuous: each bug, planted in the

@@ -485,6 +485,22 @@ func testMaxWaiting(s *suite) {
 	// A refused id was never written, so it is no tombstone.
 	rd.MaxWaiting = nil
 	s.wantWaitingIn(s.enqReq(rd), map[string]int{"q": 3, "fresh": 1})
+
+	// Counted after the enqueue's own sweep: an expired waiter is not
+	// counted, and a ticket admitted once an expired holder is swept was
+	// admitted at once.
+	m := s.enqReq(s.reqK("M", []string{"m"}, 1, ""))
+	s.enqReq(s.reqK("MW", []string{"m"}, 1, "")) // waits, never renewed
+	x := s.enqReq(s.reqK("X", []string{"e"}, 1, ""))
+	s.wantHeld(x, 0)
+	s.advance(s.part())
+	s.renew(m)
+	s.advance(s.part())
+	s.renew(m)
+	mr := s.enqReq(maxW(s.reqK("MR", []string{"m"}, 1, ""), 1))
+	s.wantWaiting(mr, 1)
+	y := s.enqReq(maxW(s.reqK("Y", []string{"e"}, 1, ""), 0))
+	s.wantHeld(y, 0)
 }
 
 // Many runs of one key enqueued at once with --supersede --max-waiting 1
