@@ -150,7 +150,11 @@ func TestSupersedeRacingHandles(t *testing.T) {
 		}
 	}
 	if len(waiting) != 1 {
-		t.Fatalf("%d waiting tickets of key main after %d superseding enqueues, want 1: %+v", len(waiting), n, waiting)
+		var ids []string
+		for _, tk := range waiting {
+			ids = append(ids, tk.ID)
+		}
+		t.Fatalf("%d waiting tickets of key main after %d superseding enqueues, want 1: %q", len(waiting), n, ids)
 	}
 	last := waiting[0]
 	fences := map[string]uint64{}
