@@ -139,7 +139,7 @@ func (x *txn) supersede(recs []ticketRec, r ticketRec, req store.EnqueueRequest)
 	if err := checkSuccessorHost(req.Holder.Host); err != nil {
 		return nil, err
 	}
-	by := store.Successor{Ticket: r.ID, Host: r.Holder.Host, Pid: r.Holder.Pid, URL: r.Holder.URL}
+	by := store.SuccessorOf(store.Ticket{ID: r.ID, Holder: r.Holder})
 	self := -1
 	live := recs[:0:0]
 	for _, o := range recs {

@@ -269,7 +269,15 @@ func TestBellsRingOnSupersedeAndStop(t *testing.T) {
 	if _, err := os.Lstat(bellPath(path, "h")); err != nil {
 		t.Fatalf("held h's bell after admission: %v, want kept", err)
 	}
+	// A later Watch of the same user sweeps old bells without a reader:
+	// never the one a holder keeps open, however long its job runs.
+	defer func(age time.Duration) { sweepAge = age }(sweepAge)
+	sweepAge = 0
 	wb := watch("w")
+	sweepAge = time.Minute
+	if _, err := os.Lstat(bellPath(path, "h")); err != nil {
+		t.Fatalf("held h's open bell after another Watch swept: %v, want kept", err)
+	}
 	mustEnqueue(t, s, kreq("w", "x", "k"))
 	if rang(wb, 50*time.Millisecond) || rang(hb, 50*time.Millisecond) {
 		t.Fatal("a bell rang on a plain enqueue")
