@@ -396,3 +396,35 @@ func TestSupersedeRefusesUnprintableHost(t *testing.T) {
 		t.Fatalf("Enqueue with host %q = %v, want ErrInvalid", r.Holder.Host, err)
 	}
 }
+
+// A replace asks at most maxReplaces held tickets to stop, the most a
+// record lists: one that would ask more is refused and writes nothing,
+// rather than writing a record no reader accepts.
+func TestReplaceBounded(t *testing.T) {
+	ctx := context.Background()
+	for _, held := range []int{maxReplaces, maxReplaces + 1} {
+		s, _, _ := newTestStore(t, Options{NoSync: true})
+		if _, err := s.SetLimit(ctx, "x", held); err != nil {
+			t.Fatal(err)
+		}
+		for i := range held {
+			mustEnqueue(t, s, kreq(fmt.Sprintf("h%d", i), "x", "k"))
+		}
+		mustEnqueue(t, s, kreq("w", "x", "k"))
+		n, err := s.Enqueue(ctx, replacing(kreq("n", "x", "k")))
+		if held > maxReplaces {
+			if !errors.Is(err, store.ErrInvalid) {
+				t.Fatalf("a replace of %d held tickets = %v, want ErrInvalid", held, err)
+			}
+			wantState(t, s, "w", store.Waiting)
+			if got := mustGet(t, s, "h0"); got.Stop != nil {
+				t.Errorf("h0.Stop = %+v after a refused replace, want none", got.Stop)
+			}
+			continue
+		}
+		if err != nil || len(n.Replaces) != held || n.State != store.Waiting {
+			t.Fatalf("a replace of %d held tickets = %d replaced, %s, %v; want all, waiting", held, len(n.Replaces), n.State, err)
+		}
+		mustGet(t, s, "n") // its record reads back
+	}
+}
