@@ -343,12 +343,12 @@ func (s *Store) admissible(st *lstate, e *entry) bool {
 type waitResult int
 
 const (
-	waitDone       waitResult = iota // the bell closed
-	waitHeld                         // the ticket is held
+	waitDone waitResult = iota // the bell closed
+	waitHeld                   // the ticket is held
 
-	waitAgain                        // read the limit again
-	waitOwnLost                      // the own watch failed: re-establish it
-	waitTargetLost                   // the target watch failed
+	waitAgain      // read the limit again
+	waitOwnLost    // the own watch failed: re-establish it
+	waitTargetLost // the target watch failed
 )
 
 // wait sleeps until the ticket's own key changes (ring, then read again),
