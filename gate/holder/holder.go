@@ -130,8 +130,8 @@ type Outcome struct {
 	// stopped (docs/leases.md §2.1 item 10).
 	Replaced *store.Successor
 	By       store.Successor // Superseded: the run that took the ticket's place
-	Signal  os.Signal
-	Err     error
+	Signal   os.Signal
+	Err      error
 }
 
 const never = time.Duration(math.MaxInt64)
