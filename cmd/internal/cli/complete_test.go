@@ -37,7 +37,7 @@ func compStore(t *testing.T) *lsEnv {
 			Holder: store.Holder{Host: "h", Pid: 1, Argv: []string{"make", "all"}}},
 		{ID: "aaaa9999eeee8888ffff7777aaaa6666", Limit: "build", Slots: 1, TTL: time.Hour,
 			Holder: store.Holder{Host: "h", Pid: 2, Label: "nightly"}},
-		{ID: "0123456789abcdef0123456789abcdef", Limit: "deploy", Slots: 1, TTL: time.Hour,
+		{ID: "0123456789abcdef0123456789abcdef", Limit: "deploy", Slots: 1, TTL: time.Hour, Key: "production",
 			Holder: store.Holder{Host: "h", Pid: 3, Argv: []string{"deploy.sh", "prod"}}},
 	} {
 		if _, err := st.Enqueue(ctx, r); err != nil {
@@ -221,5 +221,19 @@ func TestCompletionScript(t *testing.T) {
 	lsRun(t, f, "completion", "bash")
 	if !strings.Contains(out.String(), "__start_slotctl") {
 		t.Errorf("completion bash: no __start_slotctl function")
+	}
+}
+
+// TestCompleteRunKey: --key suggests the keys of the tickets in the run's
+// limits (docs/leases.md §2.1 item 10), and no files.
+func TestCompleteRunKey(t *testing.T) {
+	e := compStore(t)
+	got, dir, _ := compRun(t, e.env, "run", "--limit", "deploy", "--key", "pro")
+	if !slices.Equal(got, []string{"production"}) || dir != ":4" {
+		t.Errorf("run --limit deploy --key pro<Tab>: %q %s, want [production] :4", got, dir)
+	}
+	got, _, _ = compRun(t, e.env, "run", "--limit", "build", "--key", "")
+	if len(got) != 0 {
+		t.Errorf("run --limit build --key <Tab>: %q, want none (no ticket of build has a key)", got)
 	}
 }

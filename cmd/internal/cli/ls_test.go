@@ -111,7 +111,7 @@ func lsHolder(pid int, argv ...string) store.Holder {
 // lsGoldenStore builds the golden store at e.store with a fake clock:
 //
 //	build  2 slots: two held (one lease close to expiry), one labelled waiter
-//	deploy paused (0 slots), one waiter
+//	deploy paused (0 slots), one waiter (key prod, a CI URL)
 //	backup 1 slot, held by a ticket whose lease expired (not reaped)
 //
 // and returns the clock, left at the moment to read it.
@@ -124,9 +124,10 @@ func lsGoldenStore(t testing.TB, e *lsEnv) *boltstore.FakeClock {
 	}
 	t.Cleanup(func() { st.Close() })
 	ctx := context.Background()
+	key := "" // the next ticket's --key
 	enq := func(id, limit string, slots int, ttl time.Duration, h store.Holder) store.Ticket {
 		t.Helper()
-		tk, err := st.Enqueue(ctx, store.EnqueueRequest{ID: id, Limit: limit, Slots: slots, TTL: ttl, Holder: h})
+		tk, err := st.Enqueue(ctx, store.EnqueueRequest{ID: id, Limit: limit, Slots: slots, TTL: ttl, Holder: h, Key: key})
 		if err != nil {
 			t.Fatalf("Enqueue %s: %v", id, err)
 		}
@@ -151,7 +152,12 @@ func lsGoldenStore(t testing.TB, e *lsEnv) *boltstore.FakeClock {
 	if _, err := st.SetLimit(ctx, "deploy", 0); err != nil {
 		t.Fatal(err)
 	}
-	d := enq("e5b7d9f1a3c54e6b8d0f2a4c6e8b0d21", "deploy", 1, ttl, lsHolder(103, "ansible-playbook", "site.yml", "--limit", "prod"))
+	// deploy's waiter comes from a CI run of key prod (docs/leases.md §2.1 items 10, 11).
+	dh := lsHolder(103, "ansible-playbook", "site.yml", "--limit", "prod")
+	dh.URL = "https://ci.example/org/site/actions/runs/7"
+	key = "prod"
+	d := enq("e5b7d9f1a3c54e6b8d0f2a4c6e8b0d21", "deploy", 1, ttl, dh)
+	key = ""
 	clock.Advance(time.Second)
 	enq("9b2e4d6f8a0c4e1b3d5f7a9c1e3b5d70", "backup", 1, 5*time.Second, lsHolder(104, "restic", "backup", "/srv"))
 	// Everybody but backup's holder renews (backup's 5s lease runs out);
