@@ -22,6 +22,7 @@ type op struct {
 	name  string
 	slots int
 	lims  []string // a reap's limits; none means all
+	first bool     // the step's first call
 
 	res      store.Ticket
 	removed  bool
