@@ -19,6 +19,8 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 	err := s.update(ctx, func(x *txn) error {
 		if t, ok, err := x.tombstone(req.ID); err != nil {
 			return err
+		} else if ok && t.By != nil {
+			return fmt.Errorf("%w: %w", store.ErrRemoved, &store.SupersededError{ID: req.ID, By: *t.By})
 		} else if ok {
 			return fmt.Errorf("%w: ticket %s was %s", store.ErrRemoved, req.ID, t.Reason)
 		}
@@ -70,7 +72,8 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 		}
 		r := ticketRec{ID: req.ID, Limit: names[0], Limits: names, Weight: w, State: store.Waiting, Fence: fence, Slot: -1, TTL: req.TTL,
 			DeadlineBoot: x.now.Boot, DeadlineMono: x.now.Mono + req.TTL, Created: x.now.Wall, Holder: req.Holder,
-			BellUID: ownUID()} // the enqueuer is the waiter: its Watch made the bell
+			BellUID: ownUID(), // the enqueuer is the waiter: its Watch made the bell
+			Key:     req.Key}
 		if err := x.putTicket(r); err != nil {
 			return err
 		}
@@ -78,14 +81,112 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 		if err := x.bucket(bucketIDs).Put([]byte(req.ID), encode(&ir)); err != nil {
 			return err
 		}
-		recs, _, err := x.settle(names, false)
+		// The closure of its limits, read once: the supersede decides on
+		// these very records, and the settle plans on what it leaves.
+		recs, lnames, err := x.gather(names)
 		if err != nil {
 			return err
 		}
+		if req.Supersede || req.Replace {
+			if recs, err = x.supersede(recs, r, req); err != nil {
+				return err
+			}
+		}
+		if recs, _, err = x.settleOn(recs, lnames, false); err != nil {
+			return err
+		}
 		out, _ = x.viewIn(recs, req.ID)
+		if req.MaxWaiting != nil && out.State == store.Waiting {
+			// Refused: the error rolls back the whole step (docs/leases.md
+			// §2.1 item 10), the supersede and the ticket with it.
+			if err := queueFull(recs, r, *req.MaxWaiting); err != nil {
+				out = store.Ticket{}
+				return err
+			}
+		}
 		return nil
 	})
 	return out, err
+}
+
+// queueFull refuses r, left waiting by its enqueue's settle, when one of its
+// limits has max waiting tickets besides it (recs: the closure after the
+// settle, r among them).
+func queueFull(recs []ticketRec, r ticketRec, max int) error {
+	for _, name := range r.names() {
+		n := 0
+		for _, o := range recs {
+			if o.State == store.Waiting && o.Fence != r.Fence && o.has(name) {
+				n++
+			}
+		}
+		if n >= max {
+			return &store.QueueFullError{Limit: name, Waiting: n, Max: max}
+		}
+	}
+	return nil
+}
+
+// supersede carries out req.Supersede and req.Replace for r, the ticket
+// just written, on recs (the closure of its limits, r among them) in the
+// enqueue's own step (docs/leases.md §2.1 item 10): every older waiting
+// ticket of r's key that shares a limit with it is removed as Superseded;
+// with Replace every such held ticket gets a stop request naming r, and r
+// waits for them (Replaces). Held tickets are never removed. It returns recs
+// as they are now.
+func (x *txn) supersede(recs []ticketRec, r ticketRec, req store.EnqueueRequest) ([]ticketRec, error) {
+	if err := checkSuccessorHost(req.Holder.Host); err != nil {
+		return nil, err
+	}
+	by := store.Successor{Ticket: r.ID, Host: r.Holder.Host, Pid: r.Holder.Pid, URL: r.Holder.URL}
+	self := -1
+	live := recs[:0:0]
+	for _, o := range recs {
+		if o.Fence == r.Fence {
+			self = len(live)
+			live = append(live, o)
+			continue
+		}
+		if o.Key != r.Key || o.Fence > r.Fence || !slices.ContainsFunc(r.names(), o.has) {
+			live = append(live, o)
+			continue
+		}
+		held := o.State == store.Held
+		if held && x.s.mut.Has(mutation.SupersedeHeld) { // mutation (test-only): a supersede removes a running job too (R2)
+			held = false
+		}
+		switch {
+		case !held:
+			if err := x.removeBy(o, store.Superseded, "", &by); err != nil {
+				return nil, err
+			}
+		case req.Replace:
+			stop := by
+			o.Stop = &stop // a newer replace overwrites an older one's request
+			if err := x.putTicket(o); err != nil {
+				return nil, err
+			}
+			if err := x.eventBy(eventOf{kind: "replaced", by: r.ID}, o); err != nil {
+				return nil, err
+			}
+			x.rings = append(x.rings, refOf(o)) // its holder keeps its bell open while the job runs
+			r.Replaces = append(r.Replaces, o.ID)
+			live = append(live, o)
+		default:
+			live = append(live, o)
+		}
+	}
+	if len(r.Replaces) > maxReplaces {
+		return nil, fmt.Errorf("%w: --replace would stop %d running tickets of key %q: at most %d", store.ErrInvalid, len(r.Replaces), r.Key, maxReplaces)
+	}
+	if len(r.Replaces) > 0 && self >= 0 {
+		me := &live[self] // as read back, so that the settle writes what it read
+		me.Replaces = r.Replaces
+		if err := x.putTicket(*me); err != nil {
+			return nil, err
+		}
+	}
+	return live, nil
 }
 
 // Get implements [store.Store].
@@ -112,6 +213,9 @@ func (s *Store) Get(ctx context.Context, id string) (store.Ticket, error) {
 func (x *txn) notFound(id string) error {
 	if t, ok, err := x.tombstone(id); err != nil {
 		return err
+	} else if ok && t.By != nil {
+		// docs/leases.md §2.1 item 10: a superseded waiter learns who took its place.
+		return fmt.Errorf("%w: %w", store.ErrNotFound, &store.SupersededError{ID: id, By: *t.By})
 	} else if ok {
 		return fmt.Errorf("%w: ticket %s was %s", store.ErrNotFound, id, t.Reason)
 	}

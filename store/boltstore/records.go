@@ -69,7 +69,17 @@ type ticketRec struct {
 	// BellUID is the user whose bell directory holds the waiter's bell
 	// (bell.go); absent in records of older versions.
 	BellUID *uint32 `json:"bell_uid,omitempty"`
+	// Key, Stop and Replaces are docs/leases.md §2.1 item 10's (version 2,
+	// optional). They come after the holder: a key or a URL may hold a
+	// quote, and fastFields reads nothing past "holder".
+	Key      string           `json:"key,omitempty"`
+	Stop     *store.Successor `json:"stop,omitempty"`     // a held ticket a newer run asked to stop
+	Replaces []string         `json:"replaces,omitempty"` // the held tickets this one waits to be gone
 }
+
+// maxReplaces is the most held tickets one enqueue may ask to stop: a
+// record's list of them is bounded like everything else read from the file.
+const maxReplaces = 256
 
 // ownUID is this process's effective uid, as a record keeps it.
 func ownUID() *uint32 {
@@ -98,6 +108,9 @@ type tombRec struct {
 	Wall   time.Time     `json:"wall"`
 	Boot   string        `json:"boot"`
 	Mono   time.Duration `json:"mono_ns"`
+	// By is the newer run that superseded the ticket (Reason Superseded
+	// only): what Get and Renew of its id name (store.SupersededError).
+	By *store.Successor `json:"by,omitempty"`
 }
 
 // eventRec is a store.Event as stored.
@@ -154,7 +167,75 @@ func (r *ticketRec) check() error {
 	case r.Holder.Pid < 0 || r.Holder.Pgid < 0:
 		return fmt.Errorf("holder pid %d, group %d: want no negative pid", r.Holder.Pid, r.Holder.Pgid)
 	}
+	if err := r.checkKeyed(); err != nil {
+		return err
+	}
 	return store.CheckTTL(r.TTL)
+}
+
+// checkKeyed checks what docs/leases.md §2.1 items 10 and 11 add, as
+// strictly as a request: a key and a URL a request could carry, a stop
+// request only on a held ticket naming a successor, and at most maxReplaces
+// distinct ticket ids (never its own) in Replaces.
+func (r *ticketRec) checkKeyed() error {
+	if r.V == legacyVersion && (r.Key != "" || r.Stop != nil || r.Replaces != nil || r.Holder.URL != "") {
+		return fmt.Errorf("key, stop, replaces or url in a version %d record", legacyVersion)
+	}
+	if err := store.CheckKey(r.Key); err != nil {
+		return err
+	}
+	if err := store.CheckURL(r.Holder.URL); err != nil {
+		return err
+	}
+	if r.Stop != nil {
+		if r.State != store.Held {
+			return fmt.Errorf("a stop request on a ticket that is not held")
+		}
+		if err := checkSuccessor(*r.Stop); err != nil {
+			return err
+		}
+	}
+	if r.Replaces != nil && len(r.Replaces) == 0 || len(r.Replaces) > maxReplaces {
+		return fmt.Errorf("%d replaced tickets: want 1..%d", len(r.Replaces), maxReplaces)
+	}
+	for i, id := range r.Replaces {
+		if err := store.CheckID(id); err != nil {
+			return err
+		}
+		if id == r.ID || slices.Contains(r.Replaces[:i], id) {
+			return fmt.Errorf("ticket %s replaces %s twice or itself", r.ID, id)
+		}
+	}
+	return nil
+}
+
+// checkSuccessor checks a successor as the enqueue that made it checked its
+// request: a ticket id, a printable host, a pid, a URL.
+func checkSuccessor(s store.Successor) error {
+	if err := store.CheckID(s.Ticket); err != nil {
+		return err
+	}
+	if len(s.Host) > maxHost || !store.IsPrintable(s.Host) {
+		return fmt.Errorf("successor host %q: want at most %d printable characters", s.Host, maxHost)
+	}
+	if s.Pid < 0 {
+		return fmt.Errorf("successor pid %d: want no negative pid", s.Pid)
+	}
+	return store.CheckURL(s.URL)
+}
+
+// maxHost bounds a successor's host name: a supersede or replace refuses a
+// request whose host is longer or not printable (checkSuccessorHost), so
+// that it never writes a successor its reader would refuse.
+const maxHost = 255
+
+// checkSuccessorHost refuses a superseding request whose host could not be
+// read back from the records it names it in.
+func checkSuccessorHost(host string) error {
+	if len(host) > maxHost || !store.IsPrintable(host) {
+		return fmt.Errorf("%w: host %q: want at most %d printable characters", store.ErrInvalid, host, maxHost)
+	}
+	return nil
 }
 
 // checkLimits checks what version 2 adds, written only for a ticket of
@@ -252,7 +333,15 @@ func (r *idRec) check() error {
 	return store.CheckLimitName(r.Limit)
 }
 
-func (r *tombRec) check() error { return nil }
+func (r *tombRec) check() error {
+	if r.By == nil {
+		return nil
+	}
+	if r.Reason != store.Superseded {
+		return fmt.Errorf("a successor in a tombstone of a ticket %s", r.Reason)
+	}
+	return checkSuccessor(*r.By)
+}
 
 func (r *eventRec) check() error {
 	if err := store.CheckID(r.Ticket); err != nil {
@@ -261,8 +350,13 @@ func (r *eventRec) check() error {
 	if err := store.CheckLimitName(r.Limit); err != nil {
 		return err
 	}
+	if r.By != "" {
+		if err := store.CheckID(r.By); err != nil {
+			return err
+		}
+	}
 	if r.V == legacyVersion {
-		if r.Limits != nil || r.Weight != 0 || r.Indexes != nil {
+		if r.Limits != nil || r.Weight != 0 || r.Indexes != nil || r.By != "" {
 			return fmt.Errorf("limits, weight or indexes in a version %d event", legacyVersion)
 		}
 		return nil

@@ -351,6 +351,13 @@ func roundAgo(d time.Duration) string {
 // id once and logs why in each limit. It is the only way a ticket leaves
 // the store, and so the only thing that frees a slot.
 func (x *txn) remove(r ticketRec, why store.Reason, evidence string) error {
+	return x.removeBy(r, why, evidence, nil)
+}
+
+// removeBy is remove naming the newer run that superseded r (by, with
+// reason store.Superseded): its tombstone keeps it for Get and Renew of r's
+// id, and each limit's event names it (docs/leases.md §2.1 item 10).
+func (x *txn) removeBy(r ticketRec, why store.Reason, evidence string, by *store.Successor) error {
 	key := u64key(r.Fence)
 	var first []byte
 	for i, name := range r.names() {
@@ -377,18 +384,24 @@ func (x *txn) remove(r ticketRec, why store.Reason, evidence string) error {
 	if err := x.bucket(bucketIDs).Delete([]byte(r.ID)); err != nil {
 		return err
 	}
-	if err := x.addTombstone(r.ID, why); err != nil {
+	if err := x.addTombstoneBy(r.ID, why, by); err != nil {
 		return err
 	}
-	x.unbell = append(x.unbell, refOf(r))
-	return x.event(string(why), r, evidence)
+	x.unbell = append(x.unbell, refOf(r)) // rung, then deleted: its waiter learns at once
+	e := eventOf{kind: string(why), evidence: evidence}
+	if by != nil {
+		e.by = by.Ticket
+	}
+	return x.eventBy(e, r)
 }
 
-func (x *txn) addTombstone(id string, why store.Reason) error {
+func (x *txn) addTombstone(id string, why store.Reason) error { return x.addTombstoneBy(id, why, nil) }
+
+func (x *txn) addTombstoneBy(id string, why store.Reason, by *store.Successor) error {
 	if x.s.mut.Has(mutation.NoTombstone) { // mutation (test-only): forget removed ids (C5, S7)
 		return nil
 	}
-	t := tombRec{V: formatVersion, Reason: why, Wall: x.now.Wall, Boot: x.now.Boot, Mono: x.now.Mono}
+	t := tombRec{V: formatVersion, Reason: why, Wall: x.now.Wall, Boot: x.now.Boot, Mono: x.now.Mono, By: by}
 	if err := x.bucket(bucketTombs).Put([]byte(id), encode(&t)); err != nil {
 		return err
 	}
@@ -440,10 +453,20 @@ func (x *txn) pruneTombstones(last uint64) error {
 // event logs one event in each of the ticket's limits (docs/leases.md §2.1
 // item 9), each with the ticket's lowest slot index there.
 func (x *txn) event(kind string, r ticketRec, evidence string) error {
+	return x.eventBy(eventOf{kind: kind, evidence: evidence}, r)
+}
+
+// eventOf is what an event says beside its ticket.
+type eventOf struct {
+	kind, evidence string
+	by             string // the newer run of a "superseded" or "replaced" event
+}
+
+func (x *txn) eventBy(o eventOf, r ticketRec) error {
 	for _, name := range r.names() {
-		e := store.Event{Time: x.now.Wall, Kind: kind, Limit: name, Ticket: r.ID,
+		e := store.Event{Time: x.now.Wall, Kind: o.kind, Limit: name, Ticket: r.ID,
 			Fence: r.Fence, Slot: -1, Host: r.Holder.Host, Pid: r.Holder.Pid, User: r.Holder.User,
-			Command: r.Holder.Command(), Evidence: evidence}
+			Command: r.Holder.Command(), Evidence: o.evidence, By: o.by}
 		ix := r.in(name)
 		if len(ix) > 0 {
 			e.Slot = ix[0]
@@ -501,7 +524,18 @@ func (x *txn) event1(ev store.Event) error {
 // stopped before its slot is handed on. all: judge every ticket (reap). It
 // returns the tickets that remain, in order, and the removals.
 func (x *txn) settle(limits []string, all bool) ([]ticketRec, []store.Removal, error) {
-	recs, in, err := x.settleInput(limits)
+	recs, names, err := x.gather(limits)
+	if err != nil {
+		return nil, nil, err
+	}
+	return x.settleOn(recs, names, all)
+}
+
+// settleOn is settle on the closure recs of limits names that gather read
+// in this transaction (and the caller changed since, as an enqueue's
+// supersede does).
+func (x *txn) settleOn(recs []ticketRec, names []string, all bool) ([]ticketRec, []store.Removal, error) {
+	in, err := x.planInput(recs, names)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -519,12 +553,18 @@ func (x *txn) settleInput(limits []string) ([]ticketRec, store.SettleInput, erro
 	if err != nil {
 		return nil, store.SettleInput{}, err
 	}
+	in, err := x.planInput(recs, names)
+	return recs, in, err
+}
+
+// planInput is the planner's input on recs, the closure of names.
+func (x *txn) planInput(recs []ticketRec, names []string) (store.SettleInput, error) {
 	in := store.SettleInput{Slots: make(map[string]int, len(names)), Tickets: make([]store.Queued, len(recs)),
 		Judge: x.s.dead, JudgeExpired: true, Mutations: x.s.mut}
 	for _, name := range names {
 		lim, ok, err := x.limit(name)
 		if err != nil {
-			return nil, in, err
+			return in, err
 		}
 		if ok { // a ticket of a limit that is gone is never admitted
 			in.Slots[name] = lim.Slots
@@ -533,7 +573,7 @@ func (x *txn) settleInput(limits []string) ([]ticketRec, store.SettleInput, erro
 	for i, r := range recs {
 		in.Tickets[i] = store.Queued{Ticket: x.view(r, 0), Expired: x.expiry(r)}
 	}
-	return recs, in, nil
+	return in, nil
 }
 
 // apply carries out a settle's plan on recs (the planner's input): each
@@ -575,7 +615,12 @@ func (x *txn) apply(recs []ticketRec, plan store.SettlePlan) ([]ticketRec, []sto
 // position is 1-based among that limit's waiters.
 func (x *txn) view(r ticketRec, position int) store.Ticket {
 	t := store.Ticket{ID: r.ID, Limit: r.Limit, State: r.State, Fence: r.Fence, Slot: r.Slot,
-		TTL: r.TTL, Holder: r.Holder, Created: r.Created, Admitted: r.Admitted, Renewed: r.Renewed}
+		TTL: r.TTL, Holder: r.Holder, Created: r.Created, Admitted: r.Admitted, Renewed: r.Renewed,
+		Key: r.Key, Replaces: slices.Clip(r.Replaces)}
+	if r.Stop != nil {
+		stop := *r.Stop
+		t.Stop = &stop
+	}
 	if len(r.Limits) > 1 {
 		t.Limits = r.Limits
 	}
