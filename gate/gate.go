@@ -82,7 +82,8 @@ func (g *Gate) Join(ctx context.Context, req store.EnqueueRequest) (*Entry, erro
 // isRefusal tells an answer that certainly wrote nothing.
 func isRefusal(err error) bool {
 	var conflict *store.SlotsConflictError
-	return errors.As(err, &conflict) || errors.Is(err, store.ErrInvalid) || errors.Is(err, store.ErrRemoved)
+	return errors.As(err, &conflict) || errors.Is(err, store.ErrInvalid) || errors.Is(err, store.ErrRemoved) ||
+		errors.Is(err, store.ErrQueueFull) // §2.1 item 10: a full queue writes nothing, so its id needs no tombstone
 }
 
 // Nudge makes Wait read the ticket now, as a ring of its bell does. A caller

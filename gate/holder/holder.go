@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -88,6 +89,7 @@ const (
 	LeaveFailed                   // the waiting ticket could not be removed (Err)
 	ReleaseFailed                 // the held ticket could not be released (Err)
 	AlreadyGone                   // the held ticket was gone at release (reaped or released by an operator)
+	Replaced                      // a newer run of the key asked the job to stop (Ticket.Stop): it is being stopped
 )
 
 // A Note is one thing that happened.
@@ -109,6 +111,9 @@ const (
 	LostBeforeStart               // admitted, but the lease was lost before the job could start (Err)
 	Signalled                     // a terminating signal while waiting (Signal)
 	Failed                        // joining, waiting or starting the job failed (Err)
+	// Superseded: a newer run of the same key took the waiting ticket's
+	// place (Outcome.By); the job never ran (docs/leases.md §2.1 item 10).
+	Superseded
 )
 
 // Outcome is what Run returns, for the caller to turn into an exit status.
@@ -121,8 +126,12 @@ type Outcome struct {
 	// for it (not with Config.Continue).
 	Lost    bool
 	MaxHold bool // MaxHold ran out and the job was stopped
-	Signal  os.Signal
-	Err     error
+	// Replaced: a newer run of the key asked the job to stop, and it was
+	// stopped (docs/leases.md §2.1 item 10).
+	Replaced *store.Successor
+	By       store.Successor // Superseded: the run that took the ticket's place
+	Signal   os.Signal
+	Err      error
 }
 
 const never = time.Duration(math.MaxInt64)
@@ -134,6 +143,10 @@ type runner struct {
 	entry    *gate.Entry
 	lease    Lease
 	released bool // mutation.ReleaseBeforeExit: released before the job stopped
+	// holding: the job runs, so a renewal that shows the ticket held is
+	// news only when it carries a stop request (set from Run's goroutine,
+	// read from the renewer's).
+	holding atomic.Bool
 }
 
 func newRunner(cfg Config) *runner {
@@ -212,6 +225,7 @@ func Run(ctx context.Context, cfg Config) Outcome {
 		out = Outcome{Result: Failed, Ticket: t, Err: err}
 	} else {
 		r.note(Note{Kind: Started, Ticket: t})
+		r.holding.Store(true)
 		out = r.supervise(ctx, c, t, cancelJob)
 	}
 	// Drain before release: the job and its group are gone; no renewal is
@@ -236,8 +250,11 @@ func Supervise(ctx context.Context, cfg Config, c Child) Outcome {
 
 func (r *runner) startLease(ctx context.Context, t store.Ticket, sent time.Duration) Lease {
 	onRenew := func(nt store.Ticket) {
-		if nt.State == store.Held {
-			r.entry.Nudge() // a renewal shows the ticket held: a lost ring costs one period
+		if nt.State == store.Held && (!r.holding.Load() || nt.Stop != nil) {
+			// A renewal shows the ticket held (a lost ring costs one
+			// period) or asked to stop (§2.1 item 10: heard at the next
+			// renewal at the latest).
+			r.entry.Nudge()
 		}
 	}
 	if r.cfg.NewLease != nil {
@@ -290,6 +307,9 @@ func (r *runner) wait(ctx context.Context) (store.Ticket, Outcome, bool) {
 		case Done:
 			return t, r.leave(ctx, Outcome{Result: Failed, Ticket: t, Err: context.Cause(ctx)}), false
 		case Lost:
+			if by, ok := supersededBy(r.lease.Err()); ok {
+				return t, r.superseded(t, by, r.lease.Err()), false
+			}
 			err := fmt.Errorf("%w while waiting: %w", store.ErrLost, r.lease.Err())
 			return t, r.leave(ctx, Outcome{Result: LostWaiting, Ticket: t, Err: err}), false
 		case Signal:
@@ -321,6 +341,9 @@ func (r *runner) wait(ctx context.Context) (store.Ticket, Outcome, bool) {
 			}
 		}
 		nt, err := e.Refresh(ctx)
+		if by, ok := supersededBy(err); ok {
+			return t, r.superseded(t, by, err), false
+		}
 		switch {
 		case errors.Is(err, store.ErrLost):
 			return t, r.leave(ctx, Outcome{Result: LostWaiting, Ticket: t, Err: err}), false
@@ -334,6 +357,26 @@ func (r *runner) wait(ctx context.Context) (store.Ticket, Outcome, bool) {
 		}
 	}
 	return t, Outcome{}, true
+}
+
+// supersededBy finds the successor in an error of Get or Renew for a
+// ticket that a newer run of its key superseded.
+func supersededBy(err error) (store.Successor, bool) {
+	var s *store.SupersededError
+	if errors.As(err, &s) {
+		return s.By, true
+	}
+	return store.Successor{}, false
+}
+
+// superseded ends a wait whose ticket a newer run took the place of: the
+// store removed it already, so there is nothing to leave (§2.1 item 10).
+func (r *runner) superseded(t store.Ticket, by store.Successor, err error) Outcome {
+	if r.lease != nil {
+		r.lease.Stop()
+	}
+	r.entry.Close()
+	return Outcome{Result: Superseded, Ticket: t, By: by, Err: err}
 }
 
 // leave removes a ticket that was never admitted, and returns out: as
@@ -416,9 +459,30 @@ func (r *runner) supervise(ctx context.Context, c Child, t store.Ticket, cancelJ
 		killAt = min(killAt, killBy)
 	}
 	done := ctx.Done()
+	// The bell stays open while the job runs: a newer run of the key that
+	// asks it to stop rings it (§2.1 item 10), and so do renewals that
+	// carry the request (a nudge).
+	var bellC, nudgeC <-chan struct{}
+	if r.entry != nil {
+		bellC, nudgeC = r.entry.Bell(), r.entry.Nudged()
+	}
 	for {
-		ev := r.w.Wait(Wake{At: at(recordAt, maxHoldAt, killAt), Done: done, Lost: lostC, Exited: c.Exited()})
+		if r.released {
+			bellC, nudgeC = nil, nil // mutation.ReleaseBeforeExit: the bell is closed
+		}
+		ev := r.w.Wait(Wake{At: at(recordAt, maxHoldAt, killAt), Done: done, Lost: lostC, Exited: c.Exited(), Bell: bellC, Nudge: nudgeC})
 		switch ev.Kind {
+		case Bell, Nudge:
+			nt, err := r.entry.Refresh(ctx)
+			if err != nil || nt.Stop == nil {
+				continue // gone or unreadable: the lease judges that
+			}
+			bellC, nudgeC = nil, nil
+			t = nt
+			by := *nt.Stop
+			out.Replaced = &by
+			r.note(Note{Kind: Replaced, Ticket: t})
+			stop(syscall.SIGTERM)
 		case Exited:
 			out.Exit, out.ExitErr = c.Exit()
 			grace := r.cfg.KillAfter

@@ -114,3 +114,25 @@ func printableNames(names []string) string {
 func signalContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 }
+
+// completeRunKeys suggests the keys of the tickets in the run's limits
+// (docs/leases.md §2.1 item 10): a new run of a branch names the key of its
+// older runs.
+func (f *Factory) completeRunKeys(cmd *cobra.Command, _ []string, toComplete string) ([]string, cobra.ShellCompDirective) {
+	limits, _ := cmd.Flags().GetStringArray("limit")
+	var out []string
+	if st, ctx, cancel, ok := f.completionStore(cmd); ok {
+		defer cancel()
+		if snap, err := st.Snapshot(ctx, limits...); err == nil {
+			seen := map[string]bool{}
+			for _, t := range snap.Tickets {
+				// A candidate is a line of cobra's output: only a printable key may be one.
+				if k := t.Key; k != "" && !seen[k] && store.IsPrintable(k) && !strings.ContainsAny(k, " \t") && strings.HasPrefix(k, toComplete) {
+					seen[k] = true
+					out = append(out, k)
+				}
+			}
+		}
+	}
+	return out, cobra.ShellCompDirectiveNoFileComp
+}

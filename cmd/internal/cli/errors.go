@@ -19,6 +19,7 @@ const (
 	exitBusy        = 75
 	exitLost        = 76
 	exitMaxHold     = 124
+	exitReplaced    = 143 // 128+SIGTERM: stopped for a newer run of the key (docs/leases.md §2.1 item 10)
 	exitCannotExec  = 126
 	exitNotFound    = 127
 )

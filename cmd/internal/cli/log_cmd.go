@@ -92,13 +92,20 @@ var eventHeaders = []string{"TIME", "EVENT", "LIMIT", "TICKET", "FENCE", "SLOT",
 // limit ("2,3"), and a W column (the weight) appears when some event
 // weighs more than one slot.
 func drawEvents(out tableOut, events []store.Event) error {
-	weighted := false
+	weighted, by := false, false
 	for _, e := range events {
 		weighted = weighted || e.Weight > 1
+		by = by || e.By != ""
 	}
 	headers := eventHeaders
 	if weighted {
 		headers = append(append(slices.Clip(eventHeaders[:6]), "W"), eventHeaders[6:]...)
+	}
+	if by {
+		// "superseded" and "replaced" name the newer run's ticket
+		// (docs/leases.md §2.1 item 10): a BY column after TICKET.
+		i := slices.Index(headers, "TICKET") + 1
+		headers = append(append(slices.Clip(headers[:i]), "BY"), headers[i:]...)
 	}
 	rows := make([][]string, 0, len(events))
 	for _, e := range events {
@@ -109,7 +116,11 @@ func drawEvents(out tableOut, events []store.Event) error {
 			slot = fmt.Sprint(e.Slot)
 		}
 		p := store.Printable
-		row := []string{e.Time.Local().Format(time.DateTime), p(e.Kind), p(e.Limit), shortID(e.Ticket), fmt.Sprint(e.Fence), slot}
+		row := []string{e.Time.Local().Format(time.DateTime), p(e.Kind), p(e.Limit), shortID(e.Ticket)}
+		if by {
+			row = append(row, orDash(shortID(e.By)))
+		}
+		row = append(row, fmt.Sprint(e.Fence), slot)
 		if weighted {
 			row = append(row, fmt.Sprint(max(e.Weight, 1)))
 		}
@@ -122,13 +133,16 @@ func drawEvents(out tableOut, events []store.Event) error {
 		switch k := events[row].Kind; store.Reason(k) {
 		case store.Released:
 			return colorGreen
-		case store.Cancelled:
+		case store.Cancelled, store.Superseded:
 			return colorYellow
 		case store.Reaped, store.ForceReleased, store.Lost:
 			return colorRed
 		default:
 			if k == "admitted" {
 				return colorGreen
+			}
+			if k == "replaced" {
+				return colorYellow
 			}
 		}
 		return ""
@@ -155,6 +169,9 @@ type eventJSON struct {
 	User     string   `json:"user"`
 	Command  string   `json:"command"`
 	Evidence string   `json:"evidence"`
+	// By: the newer run's ticket of a "superseded" or "replaced" event
+	// (docs/leases.md §2.1 item 10), added to version 1; else "".
+	By string `json:"by"`
 }
 
 // writeEventsJSON writes one JSON object per line, so that a log streams into jq.
@@ -169,7 +186,7 @@ func writeEventsJSON(w io.Writer, events []store.Event) error {
 		}
 		if err := writeJSONLine(w, eventJSON{SchemaVersion: 1, Seq: e.Seq, Time: e.Time.UTC().Format(time.RFC3339Nano), Kind: e.Kind,
 			Limit: e.Limit, Ticket: e.Ticket, Fence: e.Fence, Slot: e.Slot, Limits: limits, Weight: max(e.Weight, 1), Indexes: indexes, Host: e.Host, Pid: e.Pid, User: e.User,
-			Command: e.Command, Evidence: e.Evidence}); err != nil {
+			Command: e.Command, Evidence: e.Evidence, By: e.By}); err != nil {
 			return err
 		}
 	}

@@ -163,6 +163,12 @@ func drawTickets(out tableOut, snap store.Snapshot, wide bool) error {
 	if weighted {
 		headers = append(append(slices.Clip(ticketHeaders[:3]), "W"), ticketHeaders[3:]...)
 	}
+	if wide {
+		// -o wide shows where each run comes from (docs/leases.md §2.1
+		// items 10 and 11): its key and CI URL, before the whole command.
+		n := len(headers) - 1
+		headers = append(append(slices.Clip(headers[:n]), "KEY", "URL"), headers[n:]...)
+	}
 	col := func(name string) int { return slices.Index(headers, name) }
 	rows := make([][]string, 0, len(snap.Tickets))
 	for _, t := range snap.Tickets {
@@ -176,9 +182,13 @@ func drawTickets(out tableOut, snap store.Snapshot, wide bool) error {
 		if weighted {
 			row = append(row, strconv.Itoa(t.Weighs()))
 		}
-		rows = append(rows, append(row, shortID(t.ID), strconv.FormatUint(t.Fence, 10),
+		row = append(row, shortID(t.ID), strconv.FormatUint(t.Fence, 10),
 			store.Printable(t.Holder.Host), strconv.Itoa(t.Holder.Pid), store.Printable(t.Holder.User),
-			human(snap.Now.Sub(t.Created)), human(t.Remaining), store.Printable(t.Holder.Command())))
+			human(snap.Now.Sub(t.Created)), human(t.Remaining))
+		if wide {
+			row = append(row, orDash(store.Printable(t.Key)), orDash(store.Printable(t.Holder.URL)))
+		}
+		rows = append(rows, append(row, store.Printable(t.Holder.Command())))
 	}
 	all, fit := headers, len(headers)-1
 	cols := make([]int, len(headers)) // the columns shown: all but on a narrow terminal
@@ -218,6 +228,14 @@ func drawTickets(out tableOut, snap store.Snapshot, wide bool) error {
 		}
 		return ""
 	})
+}
+
+// orDash is s, or "-" for an empty cell.
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 // joinInts is slot indexes as a table shows them: "2,3".
@@ -286,6 +304,20 @@ type ticketJSON struct {
 	AgeSeconds            float64  `json:"age_seconds"`
 	TTLSeconds            float64  `json:"ttl_seconds"`
 	LeaseRemainingSeconds float64  `json:"lease_remaining_seconds"` // <= 0: expired
+	// Newer runs first (docs/leases.md §2.1 items 10 and 11), added to
+	// version 1: "" for a run without --key or a URL.
+	Key      string         `json:"key"`
+	URL      string         `json:"url"`
+	Stop     *successorJSON `json:"stop"`     // a held ticket a newer run asked to stop; else null
+	Replaces []string       `json:"replaces"` // the held tickets this one waits to replace; else null
+}
+
+// successorJSON is the newer run that asked a ticket to stop.
+type successorJSON struct {
+	Ticket string `json:"ticket"`
+	Host   string `json:"host"`
+	Pid    int    `json:"pid"`
+	URL    string `json:"url"`
 }
 
 func lsJSONOf(storeURL string, snap store.Snapshot) lsJSON {
@@ -299,6 +331,10 @@ func lsJSONOf(storeURL string, snap store.Snapshot) lsJSON {
 			Labelled: t.Holder.Label != "", Created: rfc3339(t.Created),
 			AgeSeconds: seconds(snap.Now.Sub(t.Created)), TTLSeconds: seconds(t.TTL), LeaseRemainingSeconds: seconds(t.Remaining)}
 		j.Limits, j.Weight = t.Names(), t.Weighs()
+		j.Key, j.URL, j.Replaces = t.Key, t.Holder.URL, t.Replaces
+		if s := t.Stop; s != nil {
+			j.Stop = &successorJSON{Ticket: s.Ticket, Host: s.Host, Pid: s.Pid, URL: s.URL}
+		}
 		if t.State == store.Held {
 			j.Slot = &t.Slot
 			j.Indexes = t.In(t.Limit)

@@ -34,7 +34,15 @@ type RunOptions struct {
 	KillAfter    time.Duration
 	MaxHold      time.Duration // 0: none
 	Label        string
-	Argv         []string
+	// Newer runs first (docs/leases.md §2.1 item 10): the run's key, and
+	// what it does to older runs of that key; MaxWaiting < 0: no bound.
+	Key        string
+	Supersede  bool
+	Replace    bool
+	MaxWaiting int
+	// URL is the job's CI run (§2.1 item 11): --url, else the CI's variables.
+	URL  string
+	Argv []string
 }
 
 const (
@@ -50,6 +58,7 @@ const (
 func newRunCmd(f *Factory, g *globalOptions, runF func(*RunOptions) error) *cobra.Command {
 	opts := &RunOptions{}
 	var noWait bool
+	var keySet bool
 	var wait string
 	cmd := &cobra.Command{
 		Use:   "run --limit NAME [--limit NAME...] [flags] -- COMMAND [ARGS...]",
@@ -69,6 +78,19 @@ waiting in any of its limits goes first, so a heavy run at the head is not
 overtaken by lighter ones. SLOTCTL_LIMIT is then the names joined by commas,
 SLOTCTL_SLOT the lowest slot index in the first limit, and SLOTCTL_SLOTS the
 indexes held in each, e.g. "build=0 db=2,3".
+
+Newer runs first: --key names the work a run does in its limits (a branch,
+an environment). With --supersede a new run removes the older WAITING runs
+of the same key that share a limit with it: they exit 75 at once, naming
+the run that took their place, and their COMMAND never runs. --replace also
+asks the runs of the key that HOLD a slot to stop: each stops its COMMAND as
+for a lost lease (SIGTERM, SIGKILL after --kill-after), releases and exits
+143, and the new run is admitted only after that, never beside them.
+--max-waiting N refuses (exit 75) a run that would wait behind N or more
+waiting runs of one of its limits. --url records where the job comes from
+(default: the CI's variables: GITHUB_SERVER_URL/GITHUB_REPOSITORY/actions/
+runs/GITHUB_RUN_ID, CI_JOB_URL, BUILDKITE_BUILD_URL, BUILD_URL), shown by
+ls -o wide and the waiting and busy messages.
 
 A nested slotctl run (one started by COMMAND) on limits its ancestor's ticket
 holds runs at once under that ticket; it waits only for the limits the
@@ -97,9 +119,13 @@ EXIT STATUS
        disagrees with the limit, --weight above a limit's size
   69   the store cannot be opened or reached
   70   internal error
-  75   not admitted within --wait (--busy-exit-code changes it)
+  75   not admitted within --wait, a --max-waiting queue was full, or a
+       newer run of the --key superseded this one before COMMAND ran
+       (--busy-exit-code changes it)
   76   the lease was lost while COMMAND ran, and COMMAND was stopped
   124  --max-hold ran out and COMMAND was stopped
+  143  a newer run of the --key asked with --replace to stop COMMAND, and
+       it was stopped
   126  COMMAND is not executable
   127  COMMAND was not found`,
 		Example: `  # at most two builds at once, in arrival order
@@ -113,7 +139,13 @@ EXIT STATUS
 
   # a build slot and a database slot at once; a heavy job takes two of four
   slotctl run --limit build --limit db -- ./integration-tests
-  slotctl run --limit build --slots 4 --weight 2 -- make -j16`,
+  slotctl run --limit build --slots 4 --weight 2 -- make -j16
+
+  # one running, one pending per branch; a newer pending run wins
+  slotctl run --limit ci --key "$GITHUB_REF_NAME" --supersede --max-waiting 1 -- make test
+
+  # deploy: stop the running deploy of this environment and take its place
+  slotctl run --limit deploy --key prod --replace -- ./deploy.sh prod`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return errArgs(cmd, "missing COMMAND: want slotctl run --limit NAME -- COMMAND [ARGS...]")
@@ -123,6 +155,10 @@ EXIT STATUS
 		RunE: func(cmd *cobra.Command, args []string) error {
 			opts.Argv = args
 			opts.SlotsSet = cmd.Flags().Changed("slots")
+			keySet = cmd.Flags().Changed("key")
+			if err := opts.resolveNewer(f, keySet, cmd.Flags().Changed("url")); err != nil {
+				return err
+			}
 			if err := opts.resolve(f, cmd, wait, noWait); err != nil {
 				return err
 			}
@@ -146,6 +182,14 @@ EXIT STATUS
 	fl.DurationVar(&opts.KillAfter, "kill-after", defaultKillAfter, "after stopping COMMAND with a signal, SIGKILL its process group after this long (on a lost lease: at most TTL/20)")
 	fl.DurationVar(&opts.MaxHold, "max-hold", 0, "stop COMMAND and free the slot after this long (exit 124; default: no bound)")
 	fl.StringVar(&opts.Label, "label", "", "text shown instead of the command line in ls (command lines can carry secrets)")
+	fl.StringVar(&opts.Key, "key", "", "the work this run does in its limits (a branch, an environment), for --supersede and --replace")
+	fl.BoolVar(&opts.Supersede, "supersede", false, "remove the older waiting runs of the same --key: they exit 75 without running")
+	fl.BoolVar(&opts.Replace, "replace", false, "like --supersede, and also stop the runs of the same --key that hold a slot (they exit 143)")
+	fl.IntVar(&opts.MaxWaiting, "max-waiting", -1, "exit 75 at once rather than wait behind N or more waiting runs of a limit (default: no bound)")
+	fl.StringVar(&opts.URL, "url", "", "where the job comes from, shown by ls (default: the CI run's URL from its variables)")
+	_ = cmd.RegisterFlagCompletionFunc("key", f.completeRunKeys)
+	_ = cmd.RegisterFlagCompletionFunc("url", cobra.NoFileCompletions)
+	_ = cmd.RegisterFlagCompletionFunc("max-waiting", cobra.FixedCompletions([]string{"0", "1"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("limit", f.completeRunLimits)
 	_ = cmd.RegisterFlagCompletionFunc("on-lost", cobra.FixedCompletions([]string{"kill", "continue"}, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
@@ -232,6 +276,65 @@ func (o *RunOptions) resolve(f *Factory, cmd *cobra.Command, wait string, noWait
 	return nil
 }
 
+// resolveNewer checks --key, --supersede, --replace, --max-waiting and
+// --url (docs/leases.md §7: one line naming the input), and fills URL from
+// the CI's variables when --url is not given (§2.1 item 11).
+func (o *RunOptions) resolveNewer(f *Factory, keySet, urlSet bool) error {
+	if keySet {
+		if o.Key == "" {
+			return usageError("--key '': want 1-%d printable characters (a branch, an environment)", store.MaxKey)
+		}
+		if store.CheckKey(o.Key) != nil {
+			return usageError("--key %s: want 1-%d printable characters (a branch, an environment)", quoteInput(o.Key), store.MaxKey)
+		}
+	}
+	if o.MaxWaiting < -1 {
+		return usageError("--max-waiting %d: want 0 or more", o.MaxWaiting)
+	}
+	if urlSet {
+		if store.CheckURL(o.URL) != nil {
+			return usageError("--url %s: want at most %d printable characters", quoteInput(o.URL), store.MaxURL)
+		}
+		return nil
+	}
+	o.URL = ciURL(f.Getenv)
+	return nil
+}
+
+// quoteInput shows a bad input on one line: quoted, escaped, cut short.
+func quoteInput(s string) string {
+	const max = 80
+	if len(s) > max {
+		return strconv.Quote(s[:max]) + fmt.Sprintf("... (%d bytes)", len(s))
+	}
+	return strconv.Quote(s)
+}
+
+// ciURL is the job's CI run from the CI's own variables, in the order of
+// docs/leases.md §2.1 item 11; "" when there is none or it is not a URL
+// slotctl can record (too long, control characters).
+func ciURL(getenv func(string) string) string {
+	url := ""
+	switch {
+	case getenv("GITHUB_RUN_ID") != "" && getenv("GITHUB_REPOSITORY") != "":
+		server := getenv("GITHUB_SERVER_URL")
+		if server == "" {
+			server = "https://github.com"
+		}
+		url = strings.TrimRight(server, "/") + "/" + getenv("GITHUB_REPOSITORY") + "/actions/runs/" + getenv("GITHUB_RUN_ID")
+	case getenv("CI_JOB_URL") != "":
+		url = getenv("CI_JOB_URL")
+	case getenv("BUILDKITE_BUILD_URL") != "":
+		url = getenv("BUILDKITE_BUILD_URL")
+	case getenv("BUILD_URL") != "":
+		url = getenv("BUILD_URL")
+	}
+	if store.CheckURL(url) != nil {
+		return ""
+	}
+	return url
+}
+
 // parseWait reads --wait: "" waits without bound (-1), else a duration >= 0.
 func parseWait(wait string) (time.Duration, error) {
 	if wait == "" {
@@ -287,7 +390,12 @@ func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) er
 	// when a renewal shows it held (the renewal of a waiter settles its
 	// limit): that covers a lost ring, so the fallback poll can be rare.
 	cfg.Gate = gate.Gate{PollEvery: waiterPoll}
-	cfg.Request = store.EnqueueRequest{ID: gate.NewID(), Slots: o.sizeOf(limits[0]), CheckSlots: o.SlotsSet, TTL: o.TTL, Holder: holderIdentity(f, o)}
+	cfg.Request = store.EnqueueRequest{ID: gate.NewID(), Slots: o.sizeOf(limits[0]), CheckSlots: o.SlotsSet, TTL: o.TTL, Holder: holderIdentity(f, o),
+		Key: o.Key, Supersede: o.Supersede || o.Replace, Replace: o.Replace}
+	if o.MaxWaiting >= 0 {
+		n := o.MaxWaiting
+		cfg.Request.MaxWaiting = &n
+	}
 	if len(limits) == 1 {
 		cfg.Request.Limit = limits[0] // the one-limit request as before
 	} else {
@@ -465,6 +573,8 @@ func runNotes(ctx context.Context, f *Factory, log *logger, st store.Store, o *R
 			log.warn("could not remove ticket %s: %v (it expires within %s)", id, n.Err, o.TTL)
 		case holder.ReleaseFailed:
 			log.warn("could not release ticket %s: %v (the slot comes back when its lease expires, within %s)", id, n.Err, o.TTL)
+		case holder.Replaced:
+			log.warn("%s: stopping %s", replacedBy(n.Ticket.Stop), o.Argv[0])
 		case holder.AlreadyGone:
 			log.warn("ticket %s was already gone (reaped or released by an operator): this run was not protected by the limit for part of its life", id)
 		}
@@ -484,14 +594,22 @@ func outcomeErr(ctx context.Context, st store.Store, o *RunOptions, limits []str
 		return &ExitError{Code: exitLost, Err: fmt.Errorf("lease of ticket %s lost before %s could start", id, o.Argv[0])}
 	case holder.Signalled:
 		return &ExitError{Code: 128 + signalNumber(out.Signal), Err: fmt.Errorf("%v while waiting for %s: left the queue", out.Signal, limitsPhrase(limits))}
+	case holder.Superseded:
+		return &ExitError{Code: o.BusyExitCode, Err: fmt.Errorf("superseded by ticket %s: %s did not run", successorPhrase(out.By), o.Argv[0])}
 	case holder.Failed:
 		var heavy *store.WeightError
 		if errors.As(out.Err, &heavy) {
 			return weightError(heavy)
 		}
+		var full *store.QueueFullError
+		if errors.As(out.Err, &full) {
+			return &ExitError{Code: o.BusyExitCode, Err: queueFullError(ctx, st, full)}
+		}
 		return out.Err
 	}
 	switch {
+	case out.Replaced != nil:
+		return &ExitError{Code: exitReplaced, Err: errors.New(replacedBy(out.Replaced))}
 	case out.Lost:
 		return &ExitError{Code: exitLost}
 	case out.MaxHold:
@@ -580,7 +698,7 @@ func overlaps(a, b []string) bool {
 func holderIdentity(f *Factory, o *RunOptions) store.Holder {
 	if f.Identity != nil {
 		h := f.Identity()
-		h.Argv, h.Label = o.Argv, o.Label
+		h.Argv, h.Label, h.URL = o.Argv, o.Label, o.URL
 		return h
 	}
 	return realIdentity(o)
@@ -588,7 +706,7 @@ func holderIdentity(f *Factory, o *RunOptions) store.Holder {
 
 // realIdentity is this process's own identity.
 func realIdentity(o *RunOptions) store.Holder {
-	h := store.Holder{BootID: proc.BootID(), PidNS: proc.PidNS(), Pid: os.Getpid(), Argv: o.Argv, Label: o.Label}
+	h := store.Holder{BootID: proc.BootID(), PidNS: proc.PidNS(), Pid: os.Getpid(), Argv: o.Argv, Label: o.Label, URL: o.URL}
 	h.Host, _ = os.Hostname()
 	h.PidStart, _ = proc.StartTime(h.Pid)
 	if u, err := user.Current(); err == nil {
@@ -597,6 +715,61 @@ func realIdentity(o *RunOptions) store.Holder {
 		h.User = strconv.Itoa(os.Getuid())
 	}
 	return h
+}
+
+// successorPhrase names a newer run: "ID (host H, pid P, URL)", escaped.
+func successorPhrase(s store.Successor) string {
+	var b strings.Builder
+	b.WriteString(store.Printable(s.Ticket))
+	b.WriteString(" (host ")
+	b.WriteString(store.Printable(s.Host))
+	fmt.Fprintf(&b, ", pid %d", s.Pid)
+	if s.URL != "" {
+		b.WriteString(", ")
+		b.WriteString(store.Printable(s.URL))
+	}
+	b.WriteString(")")
+	return b.String()
+}
+
+// replacedBy is the message of a holder stopped by --replace.
+func replacedBy(s *store.Successor) string {
+	if s == nil {
+		return "replaced by a newer run"
+	}
+	return "replaced by ticket " + successorPhrase(*s)
+}
+
+// queueFullError is a --max-waiting refusal: the limit, its waiting count
+// and the runs holding it (with their URLs, §2.1 item 11).
+func queueFullError(ctx context.Context, st store.Store, e *store.QueueFullError) error {
+	msg := fmt.Sprintf("limit %q already has %d waiting (--max-waiting %d): not queued", e.Limit, e.Waiting, e.Max)
+	if snap, err := st.Snapshot(ctx, e.Limit); err == nil {
+		if h := holdersPhrase(snap, e.Limit); h != "" {
+			msg += "; held by " + h
+		}
+	}
+	return errors.New(msg)
+}
+
+// holdersPhrase names the runs holding limit in snap: their ticket, host,
+// pid and URL, at most three.
+func holdersPhrase(snap store.Snapshot, limit string) string {
+	var parts []string
+	n := 0
+	for _, t := range snap.Tickets {
+		if t.Limit != limit || t.State != store.Held {
+			continue
+		}
+		n++
+		if n <= 3 {
+			parts = append(parts, successorPhrase(store.Successor{Ticket: short(t.ID), Host: t.Holder.Host, Pid: t.Holder.Pid, URL: t.Holder.URL}))
+		}
+	}
+	if n > 3 {
+		parts = append(parts, fmt.Sprintf("%d more", n-3))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // short is the short form of a ticket id shown to people.
@@ -612,14 +785,15 @@ func short(id string) string {
 // kept it out: too few free slots for its weight, or older waiters.
 func busyError(ctx context.Context, st store.Store, limits []string, weight int, noWait bool) error {
 	if len(limits) == 1 && weight == 1 {
-		held, slots := "?", "?"
+		held, slots, urls := "?", "?", ""
 		if snap, err := st.Snapshot(ctx, limits[0]); err == nil && len(snap.Limits) == 1 {
 			held, slots = strconv.Itoa(snap.Limits[0].Held), strconv.Itoa(snap.Limits[0].Slots)
+			urls = heldByURLs(snap, limits)
 		}
 		if noWait {
-			return fmt.Errorf("limit %q is full (%s/%s held)", limits[0], held, slots)
+			return fmt.Errorf("limit %q is full (%s/%s held)%s", limits[0], held, slots, urls)
 		}
-		return fmt.Errorf("limit %q: not admitted within --wait (%s/%s held)", limits[0], held, slots)
+		return fmt.Errorf("limit %q: not admitted within --wait (%s/%s held)%s", limits[0], held, slots, urls)
 	}
 	what := limitsPhrase(limits)
 	if weight > 1 {
@@ -638,11 +812,37 @@ func busyError(ctx context.Context, st store.Store, limits []string, weight int,
 		} else {
 			why = "room came free just now"
 		}
+		why += heldByURLs(snap, limits)
 	}
+	return multiBusy(what, why, noWait)
+}
+
+func multiBusy(what, why string, noWait bool) error {
 	if noWait {
 		return fmt.Errorf("%s: %s", what, why)
 	}
 	return fmt.Errorf("%s: not admitted within --wait (%s)", what, why)
+}
+
+// heldByURLs is "; held by ID (host H, pid P, URL), ..." for the holders of
+// limits in snap that come from a CI run (docs/leases.md §2.1 item 11), or
+// "" when none does: the busy message points at the run to look at.
+func heldByURLs(snap store.Snapshot, limits []string) string {
+	seen := map[string]bool{}
+	var parts []string
+	for _, t := range snap.Tickets {
+		if t.State != store.Held || t.Holder.URL == "" || seen[t.ID] || !contains(limits, t.Limit) {
+			continue
+		}
+		seen[t.ID] = true
+		if len(parts) < 3 {
+			parts = append(parts, successorPhrase(store.Successor{Ticket: short(t.ID), Host: t.Holder.Host, Pid: t.Holder.Pid, URL: t.Holder.URL}))
+		}
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return "; held by " + strings.Join(parts, ", ")
 }
 
 // limitState is one limit in a busy or waiting message: "build" 2/2 held,

@@ -170,8 +170,12 @@ func holders(snap store.Snapshot, pick func(limit string) bool) string {
 	for _, x := range snap.Tickets {
 		if x.State == store.Held && pick(x.Limit) && !seen[x.ID] {
 			seen[x.ID] = true
-			out = append(out, fmt.Sprintf("%s (pid %d on %s, %s)", store.Printable(x.Holder.Command()), x.Holder.Pid,
-				store.Printable(x.Holder.Host), since(snap.Now, x.Admitted)))
+			url := ""
+			if x.Holder.URL != "" { // the CI run behind it (docs/leases.md §2.1 item 11)
+				url = ", " + store.Printable(x.Holder.URL)
+			}
+			out = append(out, fmt.Sprintf("%s (pid %d on %s, %s%s)", store.Printable(x.Holder.Command()), x.Holder.Pid,
+				store.Printable(x.Holder.Host), since(snap.Now, x.Admitted), url))
 		}
 	}
 	return strings.Join(out, ", ")
