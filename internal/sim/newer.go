@@ -4,6 +4,7 @@ import (
 	"errors"
 	"slices"
 
+	gh "github.com/slotctl/slotctl/gate/holder"
 	"github.com/slotctl/slotctl/store"
 )
 
@@ -46,18 +47,26 @@ func (m *model) keyed(req store.EnqueueRequest, first bool) *supStep {
 }
 
 // waitingIn counts the waiting tickets of limit other than self and the
-// victims: hi all of them, lo those no sweep of this step may remove.
+// supersede's victims, as its enqueue's settle may leave them: at most hi,
+// at least lo. The settle may remove tickets that a sweep may take, and
+// admit the waiters behind them or behind the victims; else it admits
+// nobody (L3 held after the last step), so lo = hi.
 func (m *model) waitingIn(limit string, victims map[string]bool, self string, now Instant) (lo, hi int) {
 	for _, t := range m.live {
 		if t.state == store.Held || t.id == self || victims[t.id] || !t.names(limit) {
 			continue
 		}
 		hi++
-		if !m.mayReap(t, now) {
-			lo++
+	}
+	if len(victims) > 0 {
+		return 0, hi
+	}
+	for _, t := range m.live {
+		if m.mayReap(t, now) {
+			return 0, hi
 		}
 	}
-	return lo, hi
+	return hi, hi
 }
 
 // newer learns what the enqueue that created t did to the tickets of its
@@ -88,6 +97,7 @@ func (m *model) newer(o *op, t *mTicket, now Instant) bool {
 		for _, id := range o.res.Replaces {
 			m.live[id].stop = t.id
 		}
+		m.s.stats.StopRequests += len(o.res.Replaces)
 		t.repl = slices.Clone(o.res.Replaces)
 		m.replace[t.id] = t.repl
 	}
@@ -121,6 +131,7 @@ func (m *model) refusedFull(o *op, full *store.QueueFullError, now Instant) {
 	}
 	st := m.keyed(req, o.first)
 	m.qfull = append(m.qfull, st)
+	m.s.stats.QueueFull++
 	if !o.first {
 		return // the model's states may be behind this step's earlier calls
 	}
@@ -164,6 +175,7 @@ func (m *model) victimOf(t *mTicket) *supStep {
 func (m *model) vanished(t *mTicket, now Instant) bool {
 	if st := m.victimOf(t); st != nil {
 		m.remove(t, goneRec{why: "superseded by " + short(st.id), by: st.id, sure: !m.mayReap(t, now)})
+		m.s.stats.Superseded++
 		if h := t.owner; h != nil && h.phase == hWait && h.id == t.id {
 			m.s.ring(h) // the store rings the superseded waiter's bell
 		}
@@ -304,4 +316,22 @@ func sortedKeys(s map[string]bool) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// outcome checks how h's run ended against what became of its ticket: a
+// superseded run says so, naming its successor, unless something else
+// ended its wait first (a signal, its --wait, a lease that ran out); a
+// replaced run names a ticket that replaces it.
+func (m *model) outcome(h *holder, o gh.Outcome) {
+	g := m.gone[h.id]
+	switch {
+	case o.Result == gh.Superseded && (g.by == "" || o.By.Ticket != g.by):
+		m.fail("S16", "%s ends superseded by %s; its ticket %s was %s", h.name, short(o.By.Ticket), short(h.id), m.state(h.id))
+	case g.by != "" && g.sure && o.Result != gh.Superseded && o.Result != gh.Signalled && o.Result != gh.Busy && o.Result != gh.LostWaiting:
+		m.fail("S16", "%s's ticket %s was superseded by %s, and its run ends %s", h.name, short(h.id), short(g.by), h.exit)
+	case o.Replaced != nil && !slices.Contains(m.replace[o.Replaced.Ticket], h.id):
+		m.fail("S18", "%s ends replaced by %s, which does not replace its ticket %s", h.name, short(o.Replaced.Ticket), short(h.id))
+	case o.Replaced != nil && !h.stopHeard:
+		m.fail("S18", "%s ends replaced by %s, but it never heard of it (bell or renewal)", h.name, short(o.Replaced.Ticket))
+	}
 }

@@ -208,6 +208,11 @@ func (h *holder) heard(now time.Duration, by, how string) {
 		return
 	}
 	h.stopHeard, h.stopHeardAt, h.stopBy, h.stopHow = true, now, by, how
+	if how == "its bell" {
+		h.s.stats.HeardByBell++
+	} else {
+		h.s.stats.HeardByRenewal++
+	}
 	h.s.tracef("%s hears that %s replaces it (%s)", h.name, short(by), how)
 }
 
@@ -420,6 +425,12 @@ func (h *holder) finished() {
 		if o.Lost {
 			h.exit = "lost"
 		}
+		if o.Replaced != nil {
+			h.exit = "replaced by " + short(o.Replaced.Ticket)
+			h.s.stats.Replaced++
+		}
+	case gh.Superseded:
+		h.exit = "superseded by " + short(o.By.Ticket)
 	case gh.Busy:
 		h.exit = "busy"
 	case gh.LostWaiting:
@@ -434,6 +445,7 @@ func (h *holder) finished() {
 	if h.exit == "ok" {
 		h.s.stats.Finished++
 	}
+	h.s.m.outcome(h, o)
 	h.s.tracef("%s: run over: %s", h.name, h.exit)
 	h.phase, h.leased = hDone, false
 }
