@@ -47,6 +47,7 @@ type supStep struct {
 	first   bool // the step's first store call: the model's states are the store's
 	victims map[string]bool
 	held    map[string]bool
+	unasked []string // held, of its key, not in its Replaces: gone by the diff, or S18
 }
 
 type mTicket struct {
@@ -521,7 +522,7 @@ func (m *model) diff(snap store.Snapshot, now Instant) {
 		}
 		m.sweep(t, now)
 	}
-	if !m.admittedBeside(promoted) {
+	if !m.asked() || !m.admittedBeside(promoted) {
 		return
 	}
 	if len(snap.Limits) != len(m.limits) {

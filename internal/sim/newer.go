@@ -90,8 +90,7 @@ func (m *model) newer(o *op, t *mTicket, now Instant) bool {
 		}
 		for _, id := range sortedKeys(st.held) {
 			if !slices.Contains(o.res.Replaces, id) && !m.mayReap(m.live[id], now) && o.first {
-				m.fail("S18", "enqueue of %s (key %q, limits %v) does not replace held %s of its key", short(t.id), req.Key, req.Names(), short(id))
-				return false
+				st.unasked = append(st.unasked, id) // the diff says whether it is still there (S18) or was removed (S17)
 			}
 		}
 		for _, id := range o.res.Replaces {
@@ -188,7 +187,9 @@ func (m *model) vanished(t *mTicket, now Instant) bool {
 		if st.held[t.id] {
 			m.fail("S17", "held ticket %s of %s (key %q, limits %v) was removed by the supersede of %s%s", short(t.id), ownerName(t.owner),
 				t.key, t.limits, short(st.id), m.stepCalls())
-			return false
+			// (With S17 ignored, the run goes on with what the store did.)
+			m.remove(t, goneRec{why: "superseded, held, by " + short(st.id), by: st.id, sure: true})
+			return true
 		}
 	}
 	for _, st := range m.qfull {
@@ -223,6 +224,21 @@ func (m *model) listed(id string, st store.Ticket) bool {
 			m.fail("S16", "ticket %s of %s (%s, key %q, limits %v) is still there after the supersede of %s (key %q, limits %v)",
 				short(id), ownerName(t.owner), st.State, t.key, t.limits, short(sup.id), sup.key, sup.limits)
 			return false
+		}
+	}
+	return true
+}
+
+// asked checks that every held ticket of a replace's key sharing a limit
+// with it that is still there was asked to stop.
+func (m *model) asked() bool {
+	for _, st := range m.sups {
+		for _, id := range st.unasked {
+			if t := m.live[id]; t != nil {
+				m.fail("S18", "the replace of %s (key %q, limits %v) did not ask held %s of %s, of its key, to stop", short(st.id), st.key, st.limits,
+					short(id), ownerName(t.owner))
+				return false
+			}
 		}
 	}
 	return true
