@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	gh "github.com/slotctl/slotctl/gate/holder"
+	"github.com/slotctl/slotctl/renew"
 	"github.com/slotctl/slotctl/store"
 )
 
@@ -343,7 +344,8 @@ func (m *model) outcome(h *holder, o gh.Outcome) {
 	switch {
 	case o.Result == gh.Superseded && (g.by == "" || o.By.Ticket != g.by):
 		m.fail("S16", "%s ends superseded by %s; its ticket %s was %s", h.name, short(o.By.Ticket), short(h.id), m.state(h.id))
-	case g.by != "" && g.sure && o.Result != gh.Superseded && o.Result != gh.Signalled && o.Result != gh.Busy && o.Result != gh.LostWaiting:
+	case g.by != "" && g.sure && o.Result != gh.Superseded && o.Result != gh.Signalled && o.Result != gh.Busy &&
+		!(o.Result == gh.LostWaiting && errors.Is(o.Err, renew.ErrDeadline)):
 		m.fail("S16", "%s's ticket %s was superseded by %s, and its run ends %s", h.name, short(h.id), short(g.by), h.exit)
 	case o.Replaced != nil && !slices.Contains(m.replace[o.Replaced.Ticket], h.id):
 		m.fail("S18", "%s ends replaced by %s, which does not replace its ticket %s", h.name, short(o.Replaced.Ticket), short(h.id))
