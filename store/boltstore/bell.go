@@ -16,10 +16,13 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-// Bells are named pipes, one per waiting ticket. The transaction that
-// promotes a ticket writes one byte to its pipe after the commit, so a
-// release wakes exactly the waiters it admitted, not the whole queue. A ring
-// is a hint; a waiter that misses one finds out by its poll.
+// Bells are named pipes, one per ticket. The transaction that promotes a
+// ticket writes one byte to its pipe after the commit, so a release wakes
+// exactly the waiters it admitted, not the whole queue. A holder may keep
+// its bell open while its job runs: admission does not delete it, and the
+// enqueue that asks a held ticket to stop (docs/leases.md §2.1 item 10) rings
+// it. The removal of a ticket rings its bell and deletes it. A ring is a
+// hint; a waiter or holder that misses one finds out by its poll or renewal.
 //
 // A bell lives in its waiter's own directory, <store>.bells/<uid>/<id>,
 // which only that user (and root) can write: in a sticky shared directory

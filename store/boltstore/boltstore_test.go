@@ -366,6 +366,15 @@ func TestCorruptFormatVersion(t *testing.T) {
 	}
 }
 
+// manyIDs is n distinct ticket ids.
+func manyIDs(n int) []string {
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("r%d", i)
+	}
+	return ids
+}
+
 func TestCorruptRecords(t *testing.T) {
 	ticketV3, _ := json.Marshal(map[string]any{"v": 3, "id": "t0", "limit": "x", "state": "held", "fence": 1})
 	// A ticket a request could not have written (docs/leases.md §4.5: records are
@@ -457,6 +466,24 @@ func TestCorruptRecords(t *testing.T) {
 		{"v2 indexes of another limit", q, u64key(1), ticket2(map[string]any{"indexes": map[string][]int{"x": {0, 1}, "z": {0, 1}}}), all},
 		{"v2 indexes of a limit too many", q, u64key(1), ticket2(map[string]any{"indexes": map[string][]int{"x": {0, 1}, "y": {0, 1}, "z": {0, 1}}}), all},
 		{"v2 slot not the lowest index", q, u64key(1), ticket2(map[string]any{"slot": 1}), all},
+		// docs/leases.md §2.1 items 10 and 11: a key, a URL, a stop request and replaced ids as a request could make them.
+		{"v2 key control character", q, u64key(1), ticket(map[string]any{"v": 2, "key": "main\x1b[2J"}), all},
+		{"v2 key too long", q, u64key(1), ticket(map[string]any{"v": 2, "key": strings.Repeat("k", store.MaxKey+1)}), all},
+		{"v1 key", q, u64key(1), ticket(map[string]any{"key": "main"}), all},
+		{"v2 url control character", q, u64key(1), ticket(map[string]any{"v": 2, "holder": map[string]any{"host": "h", "pid": 1, "url": "https://x/\n"}}), all},
+		{"v2 url too long", q, u64key(1), ticket(map[string]any{"v": 2, "holder": map[string]any{"host": "h", "pid": 1, "url": strings.Repeat("u", store.MaxURL+1)}}), all},
+		{"v2 stop of a waiting ticket", q, u64key(1), ticket(map[string]any{"v": 2, "state": "waiting", "slot": -1, "stop": map[string]any{"ticket": "n"}}), all},
+		{"v2 stop ticket a path", q, u64key(1), ticket(map[string]any{"v": 2, "stop": map[string]any{"ticket": "../n"}}), all},
+		{"v2 stop ticket empty", q, u64key(1), ticket(map[string]any{"v": 2, "stop": map[string]any{"host": "h"}}), all},
+		{"v2 stop host control character", q, u64key(1), ticket(map[string]any{"v": 2, "stop": map[string]any{"ticket": "n", "host": "h\x1b]0;x\x07"}}), all},
+		{"v2 stop host too long", q, u64key(1), ticket(map[string]any{"v": 2, "stop": map[string]any{"ticket": "n", "host": strings.Repeat("h", 256)}}), all},
+		{"v2 stop pid negative", q, u64key(1), ticket(map[string]any{"v": 2, "stop": map[string]any{"ticket": "n", "pid": -1}}), all},
+		{"v2 stop url control character", q, u64key(1), ticket(map[string]any{"v": 2, "stop": map[string]any{"ticket": "n", "url": "\r"}}), all},
+		{"v2 replaces a path", q, u64key(1), ticket(map[string]any{"v": 2, "replaces": []string{"../../x"}}), all},
+		{"v2 replaces empty list", q, u64key(1), ticket(map[string]any{"v": 2, "replaces": []string{}}), all},
+		{"v2 replaces itself", q, u64key(1), ticket(map[string]any{"v": 2, "replaces": []string{"t0"}}), all},
+		{"v2 replaces twice", q, u64key(1), ticket(map[string]any{"v": 2, "replaces": []string{"a", "a"}}), all},
+		{"v2 replaces too many", q, u64key(1), ticket(map[string]any{"v": 2, "replaces": manyIDs(maxReplaces + 1)}), all},
 		// Decodes, but its copy in y is missing: what a settle or a removal reads finds it.
 		{"v2 copy missing", q, u64key(1), ticket2(nil), settles},
 		{"limit slots", [][]byte{bucketLimits}, []byte("x"), []byte(`{"v":1,"slots":70000}`),
@@ -470,11 +497,28 @@ func TestCorruptRecords(t *testing.T) {
 			[]string{"Snapshot", "SnapshotLimit", "Enqueue", "Release", "SetLimit", "RemoveLimit"}},
 		{"id garbage", [][]byte{bucketIDs}, []byte("t0"), []byte("[1,2"), []string{"Get", "Renew", "Release"}},
 		{"id v3", [][]byte{bucketIDs}, []byte("t0"), []byte(`{"v":3,"limit":"x","fence":1}`), []string{"Get", "Renew", "Release"}},
+		// The tombstone of a superseded ticket names its successor: checked as the enqueue that wrote it.
+		{"tombstone successor a path", [][]byte{bucketTombs}, []byte("gone"), []byte(`{"v":2,"reason":"superseded","by":{"ticket":"../n"}}`), []string{"GetGone", "RenewGone", "EnqueueGone"}},
+		{"tombstone successor host escape", [][]byte{bucketTombs}, []byte("gone"), []byte(`{"v":2,"reason":"superseded","by":{"ticket":"n","host":"\u001b[2J"}}`), []string{"GetGone", "RenewGone", "EnqueueGone"}},
+		{"tombstone successor url escape", [][]byte{bucketTombs}, []byte("gone"), []byte(`{"v":2,"reason":"superseded","by":{"ticket":"n","url":"\u0007"}}`), []string{"GetGone", "RenewGone", "EnqueueGone"}},
+		{"tombstone successor of a release", [][]byte{bucketTombs}, []byte("gone"), []byte(`{"v":2,"reason":"released","by":{"ticket":"n"}}`), []string{"GetGone", "RenewGone", "EnqueueGone"}},
 	}
 	base := validFile(t, 2)
+	// The operations that read the tombstone of id "gone".
+	ops := append(corruptOps(), []struct {
+		name string
+		run  func(ctx context.Context, s *Store) error
+	}{
+		{"GetGone", func(ctx context.Context, s *Store) error { _, err := s.Get(ctx, "gone"); return err }},
+		{"RenewGone", func(ctx context.Context, s *Store) error {
+			_, err := s.Renew(ctx, store.Ticket{ID: "gone", Limit: "x", Fence: 9}, testTTL)
+			return err
+		}},
+		{"EnqueueGone", func(ctx context.Context, s *Store) error { _, err := s.Enqueue(ctx, req("gone", "x", 1)); return err }},
+	}...)
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			for _, op := range corruptOps() {
+			for _, op := range ops {
 				if !slices.Contains(c.ops, op.name) {
 					continue
 				}

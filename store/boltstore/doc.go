@@ -21,9 +21,10 @@
 //     for a write, shared for a read (lock.go): it blocks in the kernel,
 //     where bbolt's own lock on PATH polls every 50 ms, so the next process
 //     gets the store the moment the last one lets go.
-//   - PATH.bells/UID/, one named pipe per waiting ticket in its user's own
-//     directory: the transaction that admits a waiter rings its bell after
-//     the commit, writing only to a FIFO owned by that user (bell.go).
+//   - PATH.bells/UID/, one named pipe per ticket in its user's own
+//     directory: the transaction that admits a waiter, asks a holder to
+//     stop or removes a ticket rings its bell after the commit, writing
+//     only to a FIFO owned by that user (bell.go).
 //
 // # Layout
 //
@@ -38,7 +39,12 @@
 // and a reader that finds two copies that differ, or a copy missing, has
 // found a corrupt store (store.ErrCorrupt). A ticket record holds its
 // limits (the first is the one ids points to), its weight and, while held,
-// its slot indexes in each limit.
+// its slot indexes in each limit; and, optional in version 2, its key, the
+// stop request a newer run of its key made of it while held, and the held
+// tickets it waits to be gone (docs/leases.md §2.1 item 10). An enqueue
+// decides its supersede, stop requests and max-waiting on the records its
+// own transaction read, and a refusal rolls the whole transaction back. The
+// tombstone of a superseded ticket names its successor.
 //
 // # Format
 //

@@ -34,15 +34,27 @@ func seedRecords() []record {
 	multiHeld.Indexes = map[string][]int{"x": {1, 2}, "y": {0, 3}}
 	legacy := seedTicket() // as the previous release wrote it
 	legacy.V, legacy.State, legacy.Slot = legacyVersion, store.Held, 0
+	by := store.Successor{Ticket: "n", Host: "h2", Pid: 43, URL: `https://ci.example/o/r/actions/runs/7?q="x"`}
+	stopped := *held // a held ticket of a key that a newer run asked to stop
+	stopped.Key, stopped.Stop, stopped.Holder.URL = `main "quoted"`, &by, "https://ci.example/o/r/actions/runs/6"
+	replacing := seedTicket() // the newer run, waiting for it
+	replacing.ID, replacing.Fence, replacing.Key, replacing.Replaces = "n", 3, stopped.Key, []string{"b"}
 	return []record{
 		seedTicket(),
 		held,
 		multi,
 		&multiHeld,
 		legacy,
+		&stopped,
+		replacing,
 		&limitRec{V: formatVersion, Slots: 2, Created: fuzzWall},
 		&idRec{V: formatVersion, Limit: "x", Fence: 2},
 		&tombRec{V: formatVersion, Reason: store.Cancelled, Wall: fuzzWall, Boot: "b1", Mono: time.Hour},
+		&tombRec{V: formatVersion, Reason: store.Superseded, Wall: fuzzWall, Boot: "b1", Mono: time.Hour, By: &by},
+		&eventRec{V: formatVersion, Event: store.Event{Seq: 11, Time: fuzzWall, Kind: "superseded", Limit: "x", Ticket: "b", Fence: 2,
+			Slot: -1, By: "n", Host: "h", Pid: 42, Command: "make"}},
+		&eventRec{V: formatVersion, Event: store.Event{Seq: 12, Time: fuzzWall, Kind: "replaced", Limit: "x", Ticket: "b", Fence: 2,
+			Slot: 0, By: "n", Host: "h", Pid: 42, Command: "make"}},
 		&eventRec{V: formatVersion, Event: store.Event{Seq: 9, Time: fuzzWall, Kind: "reaped", Limit: "x", Ticket: "b", Fence: 2,
 			Slot: 0, Host: "h", Pid: 42, Command: "make", Evidence: "expired 3s ago"}},
 		&eventRec{V: formatVersion, Event: store.Event{Seq: 10, Time: fuzzWall, Kind: "admitted", Limit: "y", Ticket: "b", Fence: 2,
@@ -63,6 +75,13 @@ var extraSeeds = []string{
 	`{"v":2,"id":"b","limit":"x","limits":["x"],"weight":65536,"state":"waiting","fence":2,"slot":-1,"indexes":{},"ttl_ns":1}`,
 	`{"v":1,"id":"b","limit":"x","limits":["x"],"state":"waiting","fence":2,"slot":-1,"ttl_ns":1}`,
 	`{"v":2,"ticket":"b","limit":"x","limits":["y"],"weight":1,"indexes":[70000]}`,
+	`{"v":2,"id":"b","limit":"x","state":"waiting","fence":2,"slot":-1,"ttl_ns":1,"holder":{"url":"a\u0007"},"key":"k\n"}`,
+	`{"v":2,"id":"b","limit":"x","state":"waiting","fence":2,"slot":-1,"ttl_ns":1,"stop":{"ticket":"n"},"replaces":["b","../x"]}`,
+	`{"v":2,"id":"b","limit":"x","state":"held","fence":2,"slot":0,"ttl_ns":1,"stop":{"ticket":"","host":"\u001b[2J","pid":-1}}`,
+	`{"v":2,"id":"b","limit":"x","state":"waiting","fence":2,"slot":-1,"ttl_ns":1,"replaces":[]}`,
+	`{"v":1,"id":"b","limit":"x","state":"waiting","fence":2,"slot":-1,"ttl_ns":1,"key":"k"}`,
+	`{"v":2,"reason":"released","by":{"ticket":"n"}}`, `{"v":2,"reason":"superseded","by":{"ticket":"a/b"}}`,
+	`{"v":2,"ticket":"b","limit":"x","by":"../n"}`, `{"v":1,"ticket":"b","limit":"x","by":"n"}`,
 }
 
 // checkDecode decodes b into r and checks the contract: an error wraps
@@ -185,7 +204,7 @@ func FuzzStoredTicket(f *testing.F) {
 		f.Add(v, false)
 		return nil
 	})
-	for _, r := range seedRecords()[:5] {
+	for _, r := range seedRecords()[:7] {
 		f.Add(encode(r), true)
 		f.Add(encode(r), false)
 	}

@@ -2,6 +2,7 @@ package boltstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -138,7 +139,7 @@ func (x *txn) supersede(recs []ticketRec, r ticketRec, req store.EnqueueRequest)
 	if err := checkSuccessorHost(req.Holder.Host); err != nil {
 		return nil, err
 	}
-	by := store.Successor{Ticket: r.ID, Host: r.Holder.Host, Pid: r.Holder.Pid, URL: r.Holder.URL}
+	by := store.SuccessorOf(store.Ticket{ID: r.ID, Holder: r.Holder})
 	self := -1
 	live := recs[:0:0]
 	for _, o := range recs {
@@ -237,7 +238,11 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 			return err
 		}
 		if !ok {
-			lost = fmt.Errorf("%w: %w", store.ErrLost, x.notFound(t.ID))
+			err := x.notFound(t.ID)
+			if !errors.Is(err, store.ErrNotFound) {
+				return err // a tombstone it cannot read: the store's error, not a lost lease
+			}
+			lost = fmt.Errorf("%w: %w", store.ErrLost, err)
 			return nil
 		}
 		if r.Fence != t.Fence {

@@ -150,7 +150,11 @@ func TestSupersedeRacingHandles(t *testing.T) {
 		}
 	}
 	if len(waiting) != 1 {
-		t.Fatalf("%d waiting tickets of key main after %d superseding enqueues, want 1: %+v", len(waiting), n, waiting)
+		var ids []string
+		for _, tk := range waiting {
+			ids = append(ids, tk.ID)
+		}
+		t.Fatalf("%d waiting tickets of key main after %d superseding enqueues, want 1: %q", len(waiting), n, ids)
 	}
 	last := waiting[0]
 	fences := map[string]uint64{}
@@ -265,7 +269,15 @@ func TestBellsRingOnSupersedeAndStop(t *testing.T) {
 	if _, err := os.Lstat(bellPath(path, "h")); err != nil {
 		t.Fatalf("held h's bell after admission: %v, want kept", err)
 	}
+	// A later Watch of the same user sweeps old bells without a reader:
+	// never the one a holder keeps open, however long its job runs.
+	defer func(age time.Duration) { sweepAge = age }(sweepAge)
+	sweepAge = 0
 	wb := watch("w")
+	sweepAge = time.Minute
+	if _, err := os.Lstat(bellPath(path, "h")); err != nil {
+		t.Fatalf("held h's open bell after another Watch swept: %v, want kept", err)
+	}
 	mustEnqueue(t, s, kreq("w", "x", "k"))
 	if rang(wb, 50*time.Millisecond) || rang(hb, 50*time.Millisecond) {
 		t.Fatal("a bell rang on a plain enqueue")
@@ -382,5 +394,37 @@ func TestSupersedeRefusesUnprintableHost(t *testing.T) {
 	r.Holder.Host = "a\x1bb"
 	if _, err := s.Enqueue(context.Background(), r); !errors.Is(err, store.ErrInvalid) {
 		t.Fatalf("Enqueue with host %q = %v, want ErrInvalid", r.Holder.Host, err)
+	}
+}
+
+// A replace asks at most maxReplaces held tickets to stop, the most a
+// record lists: one that would ask more is refused and writes nothing,
+// rather than writing a record no reader accepts.
+func TestReplaceBounded(t *testing.T) {
+	ctx := context.Background()
+	for _, held := range []int{maxReplaces, maxReplaces + 1} {
+		s, _, _ := newTestStore(t, Options{NoSync: true})
+		if _, err := s.SetLimit(ctx, "x", held); err != nil {
+			t.Fatal(err)
+		}
+		for i := range held {
+			mustEnqueue(t, s, kreq(fmt.Sprintf("h%d", i), "x", "k"))
+		}
+		mustEnqueue(t, s, kreq("w", "x", "k"))
+		n, err := s.Enqueue(ctx, replacing(kreq("n", "x", "k")))
+		if held > maxReplaces {
+			if !errors.Is(err, store.ErrInvalid) {
+				t.Fatalf("a replace of %d held tickets = %v, want ErrInvalid", held, err)
+			}
+			wantState(t, s, "w", store.Waiting)
+			if got := mustGet(t, s, "h0"); got.Stop != nil {
+				t.Errorf("h0.Stop = %+v after a refused replace, want none", got.Stop)
+			}
+			continue
+		}
+		if err != nil || len(n.Replaces) != held || n.State != store.Waiting {
+			t.Fatalf("a replace of %d held tickets = %d replaced, %s, %v; want all, waiting", held, len(n.Replaces), n.State, err)
+		}
+		mustGet(t, s, "n") // its record reads back
 	}
 }

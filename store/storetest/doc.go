@@ -65,13 +65,34 @@
 // may come in the old form (Limits, Weight, Indexes unset) or spelled out;
 // the suite reads every ticket through Names, Weighs and In.
 //
+// Newer runs first (docs/leases.md §2.1 item 10; newer.go): a supersede
+// removes, in the enqueue's own step, only older waiting tickets of the same
+// key sharing a limit, never a held one, and a superseded ticket is not found
+// with a *store.SupersededError naming its successor's ticket, host, pid and
+// URL (SupersedeOlderWaiting); other keys, the empty key, unrelated limits
+// and a retried enqueue are left alone, and a ticket sharing any one of
+// several limits is superseded (SupersedeScope); a replace asks the held
+// tickets of its key to stop (Stop through Get, Renew and Snapshot, their
+// bell rung, "replaced" events) and is admitted only once they are gone,
+// even with free slots, blocking its limits meanwhile; a second replace
+// overwrites Stop and supersedes the first (ReplaceStopsHolder,
+// ReplaceFIFOPlace, ReplaceMultiLimit); MaxWaiting counts after the
+// supersede, never refuses a ticket admitted at once, and a refusal writes
+// nothing (MaxWaiting); keys are compared as bytes (KeysComparedExactly) and
+// checked like any input, and so are URLs (KeyAndURLInvalid); a stop
+// request, a ticket's Replaces and a superseded tombstone survive a reopen
+// (StopSurvivesReopen).
+//
 // The suite's own tests (mem_test.go) run it against an in-memory reference
 // store, which must pass, and against that store with one planted bug at a
 // time (a counter beside the tickets, no tombstones, renewal of expired
 // leases, a check-then-act race, a reaper that trusts its scan, a release
 // that frees a slot it read before a reaper removed it, a ticket that takes
 // one limit at a time, a weight ignored in the count, a light ticket barging
-// past a heavy head, a release that frees only a ticket's first limit, ...),
+// past a heavy head, a release that frees only a ticket's first limit, a
+// supersede of held tickets or other keys, a replace admitted beside the
+// ticket it replaces, a max-waiting counted before the supersede, a refusal
+// that writes, a stop request lost on reopen, ...),
 // each of which must fail its case. Its admission is written by hand, not
 // with store.PlanSettle, so that the planner is checked against an
 // independent reference.

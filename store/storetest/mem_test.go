@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -78,11 +79,15 @@ type memData struct {
 	limits  map[string]*memLimit
 	tickets map[string]*memTicket
 	tombs   map[string]store.Reason
-	fence   uint64
-	bells   map[string]map[*memBell]bool
-	judge   store.Judge
-	events  []store.Event // the newest store.MaxEvents, oldest first
-	seq     uint64        // last event sequence number
+	// succ names the successor of each superseded id (docs/leases.md §2.1
+	// item 10): a tombstone that says who took its place.
+	succ   map[string]store.Successor
+	by     string // the newer run of the "superseded" and "replaced" events being logged
+	fence  uint64
+	bells  map[string]map[*memBell]bool
+	judge  store.Judge
+	events []store.Event // the newest store.MaxEvents, oldest first
+	seq    uint64        // last event sequence number
 	// explicit spells out Limits, Weight and Indexes of tickets of one
 	// limit and weight one, which the suite must accept as it accepts the
 	// old form.
@@ -179,6 +184,11 @@ func (s *memStore) view(t *memTicket) store.Ticket { return s.under(t, t.names[0
 func (s *memStore) under(t *memTicket, limit string) store.Ticket {
 	v := t.t
 	v.Limit = limit
+	if v.Stop != nil {
+		stop := *v.Stop
+		v.Stop = &stop
+	}
+	v.Replaces = slices.Clone(v.Replaces)
 	v.Remaining = t.deadline - s.now()
 	v.Limits, v.Weight, v.Indexes = nil, 0, nil
 	if len(t.names) > 1 || s.d.explicit {
@@ -214,7 +224,7 @@ func (s *memStore) under(t *memTicket, limit string) store.Ticket {
 func (s *memStore) eventIn(kind string, v store.Ticket, limit string, slots []int, evidence string) {
 	s.d.seq++
 	e := store.Event{Seq: s.d.seq, Time: s.wallNow(), Kind: kind, Limit: limit, Ticket: v.ID, Fence: v.Fence,
-		Slot: -1, Host: v.Holder.Host, Pid: v.Holder.Pid, User: v.Holder.User, Command: v.Holder.Command(), Evidence: evidence}
+		Slot: -1, By: s.d.by, Host: v.Holder.Host, Pid: v.Holder.Pid, User: v.Holder.User, Command: v.Holder.Command(), Evidence: evidence}
 	if len(slots) > 0 {
 		e.Slot = slots[0]
 	}
@@ -463,6 +473,13 @@ func (s *memStore) settle(extra map[string]int, touched []string) {
 				fits = false
 			}
 		}
+		for _, id := range t.t.Replaces {
+			// Never beside a ticket it replaces (docs/leases.md §2.1 item 10):
+			// it waits, and blocks its limits, as a ticket that does not fit.
+			if s.d.tickets[id] != nil && !s.is("replace-beside") {
+				fits = false
+			}
+		}
 		if !fits {
 			for _, n := range t.names {
 				l := s.d.limits[n]
@@ -504,6 +521,12 @@ func (s *memStore) Enqueue(_ context.Context, r store.EnqueueRequest) (store.Tic
 		if s.is("limits-unchecked") {
 			rr.Limit, rr.Limits = r.Names()[0], nil // checks the first limit only
 		}
+		if s.is("lax-key") {
+			rr.Key = ""
+		}
+		if s.is("lax-url") {
+			rr.Holder.URL = ""
+		}
 		if err := rr.Check(); err != nil {
 			return store.Ticket{}, err
 		}
@@ -514,12 +537,25 @@ func (s *memStore) Enqueue(_ context.Context, r store.EnqueueRequest) (store.Tic
 		return store.Ticket{}, store.ErrRemoved
 	}
 	if t := s.d.tickets[r.ID]; t != nil {
+		if s.is("supersede-younger") && (r.Supersede || r.Replace) {
+			// A retry that supersedes again: the waiters of its key behind it.
+			for _, o := range s.d.byFence() {
+				if o != t && !o.held() && o.t.Key == t.t.Key && s.shares(o, t.names) {
+					s.supersede(o, t)
+				}
+			}
+			s.settle(nil, t.names)
+		}
 		if !s.is("enqueue-dup") {
 			return s.view(t), nil
 		}
 		delete(s.d.tickets, r.ID)
 	}
 	names := slices.Clone(r.Names())
+	var saved *memData
+	if r.MaxWaiting != nil && !s.is("refusal-writes") {
+		saved = s.d.save() // a refusal writes nothing: the step is undone
+	}
 	// Refusals first, each limit in the order given, before anything is written.
 	for i, n := range names {
 		size := r.Slots
@@ -553,6 +589,17 @@ func (s *memStore) Enqueue(_ context.Context, r store.EnqueueRequest) (store.Tic
 			l.slots = r.Slots
 		}
 	}
+	var stale []*memTicket // bug "supersede-racy": the waiters read before the write
+	if s.is("supersede-racy") && r.Supersede {
+		for _, o := range s.d.byFence() {
+			if !o.held() && o.t.Key == r.Key && s.shares(o, names) {
+				stale = append(stale, o)
+			}
+		}
+		s.d.mu.Unlock()
+		time.Sleep(time.Duration(rand.IntN(500)) * time.Microsecond)
+		s.d.mu.Lock()
+	}
 	s.d.fence++
 	fence := s.d.fence
 	if s.is("fence-per-limit") {
@@ -570,17 +617,169 @@ func (s *memStore) Enqueue(_ context.Context, r store.EnqueueRequest) (store.Tic
 	}
 	t := &memTicket{names: names, w: w, deadline: s.now() + r.TTL, t: store.Ticket{
 		ID: r.ID, Limit: names[0], State: store.Waiting, Fence: fence, Slot: -1,
-		TTL: r.TTL, Holder: h, Created: s.wallNow(),
+		TTL: r.TTL, Holder: h, Created: s.wallNow(), Key: r.Key,
 	}}
 	s.d.tickets[r.ID] = t
 	for _, n := range names {
 		s.sweep(n)
 	}
+	before := s.waitingIn(names, t) // bug "max-waiting-before-supersede"
+	switch {
+	case s.is("supersede-racy") && r.Supersede:
+		for _, o := range stale {
+			if s.d.tickets[o.t.ID] == o {
+				s.supersede(o, t)
+			}
+		}
+	case r.Supersede || r.Replace:
+		s.newerFirst(t, r.Replace)
+	}
 	s.settle(nil, names)
+	if r.MaxWaiting != nil && (!t.held() || s.is("max-waiting-admitted-refused")) {
+		counts := s.waitingIn(names, t)
+		if s.is("max-waiting-before-supersede") {
+			counts = before
+		}
+		for i, n := range names {
+			c := counts[i]
+			if s.is("max-waiting-counts-new") {
+				c++
+			}
+			if c >= *r.MaxWaiting {
+				if saved != nil {
+					s.d.restore(saved)
+				} else {
+					delete(s.d.tickets, r.ID)
+					s.settle(nil, names)
+				}
+				return store.Ticket{}, &store.QueueFullError{Limit: n, Waiting: c, Max: *r.MaxWaiting}
+			}
+		}
+	}
 	if s.d.tickets[r.ID] != t {
 		return store.Ticket{}, fmt.Errorf("ticket %s vanished", r.ID)
 	}
 	return s.view(t), nil
+}
+
+// sameKey compares keys exactly, as bytes (docs/leases.md §2.1 item 10).
+func (s *memStore) sameKey(a, b string) bool {
+	if s.is("key-folded") {
+		return strings.EqualFold(strings.TrimSpace(a), strings.TrimSpace(b))
+	}
+	return a == b
+}
+
+// shares reports whether o names one of the limits names.
+func (s *memStore) shares(o *memTicket, names []string) bool {
+	switch {
+	case s.is("supersede-unrelated-limits"):
+		return true
+	case s.is("supersede-first-limit-only"):
+		names = names[:1]
+	}
+	return slices.ContainsFunc(o.names, func(n string) bool { return slices.Contains(names, n) })
+}
+
+// newerFirst is the supersede and replace of the new ticket t, in its
+// enqueue's own step (docs/leases.md §2.1 item 10): every older waiting
+// ticket of its key sharing a limit is removed as superseded; with replace,
+// every held one is asked to stop and t replaces it.
+func (s *memStore) newerFirst(t *memTicket, replace bool) {
+	for _, o := range s.d.byFence() {
+		if o == t || o.t.Fence > t.t.Fence || !s.shares(o, t.names) {
+			continue
+		}
+		if !s.sameKey(o.t.Key, t.t.Key) && !s.is("supersede-other-keys") {
+			continue
+		}
+		if o.held() && !s.is("supersede-held") {
+			if !replace {
+				continue
+			}
+			succ := store.SuccessorOf(s.view(t))
+			if o.t.Stop == nil || !s.is("stop-not-overwritten") {
+				o.t.Stop = &succ
+			}
+			t.t.Replaces = append(t.t.Replaces, o.t.ID)
+			s.d.by = t.t.ID
+			s.event("replaced", o, "")
+			s.d.by = ""
+			if !s.is("no-stop-ring") {
+				s.d.ring(o.t.ID)
+			}
+			continue
+		}
+		if replace && s.is("replace-no-supersede") {
+			continue
+		}
+		s.supersede(o, t)
+	}
+}
+
+// supersede removes o, superseded by t, recording t as its successor.
+func (s *memStore) supersede(o, t *memTicket) {
+	s.d.succ[o.t.ID] = store.SuccessorOf(s.view(t))
+	s.d.by = t.t.ID
+	s.remove(o, store.Superseded, "")
+	s.d.by = ""
+}
+
+// superseded is the *store.SupersededError of a superseded id, else nil.
+func (s *memStore) superseded(id string) error {
+	succ, ok := s.d.succ[id]
+	if !ok || s.is("superseded-plain-not-found") {
+		return nil
+	}
+	return &store.SupersededError{ID: id, By: succ}
+}
+
+// waitingIn counts the waiters of each of names but t.
+func (s *memStore) waitingIn(names []string, t *memTicket) []int {
+	out := make([]int, len(names))
+	for i, n := range names {
+		_, waiting := s.d.inLimit(n)
+		for _, w := range waiting {
+			if w != t {
+				out[i]++
+			}
+		}
+	}
+	return out
+}
+
+// save copies what a step may change, for restore.
+func (d *memData) save() *memData {
+	c := &memData{fence: d.fence, seq: d.seq, events: slices.Clone(d.events),
+		limits: map[string]*memLimit{}, tickets: map[string]*memTicket{},
+		tombs: maps.Clone(d.tombs), succ: maps.Clone(d.succ)}
+	for n, l := range d.limits {
+		cl := *l
+		c.limits[n] = &cl
+	}
+	for id, t := range d.tickets {
+		ct := *t
+		ct.names = slices.Clone(t.names)
+		if t.ix != nil {
+			ct.ix = map[string][]int{}
+			for n, ix := range t.ix {
+				ct.ix[n] = slices.Clone(ix)
+			}
+		}
+		if t.t.Stop != nil {
+			stop := *t.t.Stop
+			ct.t.Stop = &stop
+		}
+		ct.t.Replaces = slices.Clone(t.t.Replaces)
+		c.tickets[id] = &ct
+	}
+	return c
+}
+
+// restore undoes a step: the state saved before it.
+func (d *memData) restore(c *memData) {
+	d.fence, d.seq, d.events = c.fence, c.seq, c.events
+	d.limits, d.tickets, d.tombs, d.succ = c.limits, c.tickets, c.tombs, c.succ
 }
 
 func (s *memStore) Get(_ context.Context, id string) (store.Ticket, error) {
@@ -591,6 +790,9 @@ func (s *memStore) Get(_ context.Context, id string) (store.Ticket, error) {
 	defer s.d.mu.Unlock()
 	t := s.d.tickets[id]
 	if t == nil {
+		if err := s.superseded(id); err != nil {
+			return store.Ticket{}, fmt.Errorf("%w: %w", store.ErrNotFound, err)
+		}
 		return store.Ticket{}, fmt.Errorf("%w: %s", store.ErrNotFound, id)
 	}
 	return s.view(t), nil
@@ -617,6 +819,9 @@ func (s *memStore) Renew(_ context.Context, tk store.Ticket, ttl time.Duration) 
 			// A late write puts the ticket back as its holder last saw it.
 			t = fromView(tk, s.now()+ttl)
 		default:
+			if err := s.superseded(tk.ID); err != nil {
+				return store.Ticket{}, fmt.Errorf("%w: %w", store.ErrLost, err)
+			}
 			return store.Ticket{}, fmt.Errorf("%w: %s is gone", store.ErrLost, tk.ID)
 		}
 		s.d.tickets[tk.ID] = t
@@ -656,6 +861,9 @@ func (s *memStore) Release(_ context.Context, tk store.Ticket, why store.Reason)
 	}
 	if !match {
 		if t == nil {
+			if s.is("release-forgets-successor") {
+				delete(s.d.succ, tk.ID) // the tombstone rewritten with the caller's reason
+			}
 			if _, removed := s.d.tombs[tk.ID]; !removed && !s.is("no-tombstone") {
 				s.d.tombs[tk.ID] = why // cancel before create
 			}
@@ -1059,6 +1267,16 @@ func (s *memStore) reopen() store.Store {
 		s.d.tombs = map[string]store.Reason{}
 	case "reopen-resets-fence":
 		s.d.fence = 0
+	case "stop-lost-on-reopen": // a record format without the stop request
+		for _, t := range s.d.tickets {
+			t.t.Stop = nil
+		}
+	case "replaces-lost-on-reopen":
+		for _, t := range s.d.tickets {
+			t.t.Replaces = nil
+		}
+	case "successor-lost-on-reopen": // a tombstone that keeps the reason only
+		s.d.succ = map[string]store.Successor{}
 	case "reopen-drops-weight": // a decoder that ignores the weight
 		for _, t := range s.d.tickets {
 			t.w = 1
@@ -1083,7 +1301,7 @@ func newMem(bug string, j store.Judge, explicit bool) (*memStore, storetest.Back
 	d := &memData{
 		now: time.Hour, wall: time.Now(),
 		limits: map[string]*memLimit{}, tickets: map[string]*memTicket{},
-		tombs: map[string]store.Reason{}, bells: map[string]map[*memBell]bool{},
+		tombs: map[string]store.Reason{}, succ: map[string]store.Successor{}, bells: map[string]map[*memBell]bool{},
 		judge: j, explicit: explicit,
 	}
 	s := &memStore{d: d, bug: bug}
@@ -1283,6 +1501,29 @@ var mutants = map[string][]string{
 	"reopen-drops-weight":            {"ReopenMultiLimit"},
 	"reopen-drops-limits":            {"ReopenMultiLimit"},
 	"waiter-removal-no-settle":       {"FIFOAcrossLimits", "HeavyHeadNotOvertaken"},
+	// Newer runs first (docs/leases.md §2.1 item 10).
+	"supersede-held":               {"SupersedeOlderWaiting"},
+	"supersede-other-keys":         {"SupersedeScope", "ReplaceStopsHolder"},
+	"supersede-unrelated-limits":   {"SupersedeScope"},
+	"supersede-first-limit-only":   {"SupersedeScope"},
+	"supersede-younger":            {"SupersedeScope"},
+	"superseded-plain-not-found":   {"SupersedeOlderWaiting", "SupersedeScope"},
+	"replace-beside":               {"ReplaceStopsHolder", "StopSurvivesReopen", "ReplaceMultiLimit"},
+	"replace-no-supersede":         {"ReplaceStopsHolder"},
+	"stop-not-overwritten":         {"ReplaceStopsHolder"},
+	"no-stop-ring":                 {"ReplaceStopsHolder"},
+	"max-waiting-before-supersede": {"MaxWaiting"},
+	"max-waiting-counts-new":       {"MaxWaiting"},
+	"max-waiting-admitted-refused": {"MaxWaiting"},
+	"refusal-writes":               {"MaxWaiting"},
+	"key-folded":                   {"KeysComparedExactly"},
+	"lax-key":                      {"KeyAndURLInvalid"},
+	"lax-url":                      {"KeyAndURLInvalid"},
+	"stop-lost-on-reopen":          {"StopSurvivesReopen"},
+	"replaces-lost-on-reopen":      {"StopSurvivesReopen"},
+	"successor-lost-on-reopen":     {"StopSurvivesReopen"},
+	"supersede-racy":               {"ConcurrentSupersede"},
+	"release-forgets-successor":    {"SupersedeOlderWaiting"},
 }
 
 // TestMutants shows that the suite is not vacuous: each bug, planted in the

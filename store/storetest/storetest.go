@@ -151,6 +151,17 @@ var cases = []struct {
 	{"LegacyFormatRead", testLegacy, false},
 	{"ConcurrentMultiLimit", testConcurrentMulti, false},
 	{"ReopenMultiLimit", testReopenMulti, false},
+	// Newer runs first (docs/leases.md §2.1 item 10): newer.go.
+	{"SupersedeOlderWaiting", testSupersedeWaiting, false},
+	{"SupersedeScope", testSupersedeScope, false},
+	{"ReplaceStopsHolder", testReplace, false},
+	{"ReplaceFIFOPlace", testReplaceFIFO, false},
+	{"MaxWaiting", testMaxWaiting, false},
+	{"KeysComparedExactly", testKeysExact, false},
+	{"KeyAndURLInvalid", testKeyURLInvalid, false},
+	{"StopSurvivesReopen", testStopSurvivesReopen, false},
+	{"ReplaceMultiLimit", testReplaceMulti, false},
+	{"ConcurrentSupersede", testConcurrentSupersede, false},
 }
 
 // suite is one case's store and helpers. Its helpers stop the case on the
