@@ -51,7 +51,8 @@ func newPTEnv(t *testing.T) *ptEnv {
 	for _, kv := range os.Environ() {
 		k, _, _ := strings.Cut(kv, "=")
 		switch {
-		case strings.HasPrefix(k, "SLOTCTL_"), k == "HOME", k == "XDG_CONFIG_HOME", k == "XDG_STATE_HOME", k == "NO_COLOR":
+		case strings.HasPrefix(k, "SLOTCTL_"), k == "HOME", k == "XDG_CONFIG_HOME", k == "XDG_STATE_HOME", k == "NO_COLOR",
+			slices.Contains(ciURLVars, k): // a test sets the CI's URL itself
 			continue
 		}
 		env = append(env, kv)
@@ -71,6 +72,9 @@ func newPTEnv(t *testing.T) *ptEnv {
 	t.Cleanup(e.cleanup)
 	return e
 }
+
+// ciURLVars are the variables slotctl reads a CI run's URL from.
+var ciURLVars = []string{"GITHUB_RUN_ID", "GITHUB_REPOSITORY", "GITHUB_SERVER_URL", "CI_JOB_URL", "BUILDKITE_BUILD_URL", "BUILD_URL"}
 
 // path is a file in the test's directory.
 func (e *ptEnv) path(name string) string { return filepath.Join(e.dir, name) }

@@ -156,6 +156,9 @@ EXIT STATUS
 			opts.Argv = args
 			opts.SlotsSet = cmd.Flags().Changed("slots")
 			keySet = cmd.Flags().Changed("key")
+			if cmd.Flags().Changed("max-waiting") && opts.MaxWaiting < 0 {
+				return usageError("--max-waiting %d: want 0 or more", opts.MaxWaiting)
+			}
 			if err := opts.resolveNewer(f, keySet, cmd.Flags().Changed("url")); err != nil {
 				return err
 			}
@@ -287,9 +290,6 @@ func (o *RunOptions) resolveNewer(f *Factory, keySet, urlSet bool) error {
 		if store.CheckKey(o.Key) != nil {
 			return usageError("--key %s: want 1-%d printable characters (a branch, an environment)", quoteInput(o.Key), store.MaxKey)
 		}
-	}
-	if o.MaxWaiting < -1 {
-		return usageError("--max-waiting %d: want 0 or more", o.MaxWaiting)
 	}
 	if urlSet {
 		if store.CheckURL(o.URL) != nil {
@@ -574,7 +574,7 @@ func runNotes(ctx context.Context, f *Factory, log *logger, st store.Store, o *R
 		case holder.ReleaseFailed:
 			log.warn("could not release ticket %s: %v (the slot comes back when its lease expires, within %s)", id, n.Err, o.TTL)
 		case holder.Replaced:
-			log.warn("%s: stopping %s", replacedBy(n.Ticket.Stop), o.Argv[0])
+			log.verbose("%s: stopping %s", replacedBy(n.Ticket.Stop), o.Argv[0]) // the exit says it once (§7: one line)
 		case holder.AlreadyGone:
 			log.warn("ticket %s was already gone (reaped or released by an operator): this run was not protected by the limit for part of its life", id)
 		}
