@@ -351,5 +351,8 @@ func (m *model) outcome(h *holder, o gh.Outcome) {
 		m.fail("S18", "%s ends replaced by %s, which does not replace its ticket %s", h.name, short(o.Replaced.Ticket), short(h.id))
 	case o.Replaced != nil && !h.stopHeard:
 		m.fail("S18", "%s ends replaced by %s, but it never heard of it (bell or renewal)", h.name, short(o.Replaced.Ticket))
+	case o.Replaced == nil && h.stopHeard && h.stopHow == "its bell" && o.Result == gh.Ran && !o.Lost:
+		// Its bell made it read its ticket, with the stop request in it.
+		m.fail("S18", "%s heard by its bell that %s replaces it, and its run ends %s, not replaced", h.name, short(h.stopBy), h.exit)
 	}
 }

@@ -329,7 +329,11 @@ func (h *holder) act() {
 		case gh.Nudge:
 			<-h.wk.Nudge // as the real Waiter's select takes it
 		}
+		waiting := h.phase == hWait
 		h.deliver(ev)
+		if g := s.m.gone[h.id]; ev.Kind == gh.Bell && waiting && g.by != "" && h.live() {
+			s.fail("S16", "%s heard its bell after %s superseded its ticket %s, and still %ss", h.name, short(g.by), short(h.id), h.phase)
+		}
 		return
 	}
 	if h.renewing() && now >= h.nextRenew {
