@@ -86,6 +86,7 @@ type goneRec struct {
 	expiry time.Duration // when its lease ran out (for swept)
 	by     string        // superseded: the newer ticket
 	sure   bool          // superseded while no sweep could have removed it first
+	limits []string      // superseded: its limits
 }
 
 type mLimit struct {
@@ -594,6 +595,9 @@ func (m *model) diff(snap store.Snapshot, now Instant) {
 		}
 	}
 	m.stops()
+	if m.logged(); m.s.viol != nil {
+		return
+	}
 	m.heads(all)
 }
 

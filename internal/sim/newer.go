@@ -174,7 +174,7 @@ func (m *model) victimOf(t *mTicket) *supStep {
 // have removed: true if it is a supersede's; else it fails the rule it breaks.
 func (m *model) vanished(t *mTicket, now Instant) bool {
 	if st := m.victimOf(t); st != nil {
-		m.remove(t, goneRec{why: "superseded by " + short(st.id), by: st.id, sure: !m.mayReap(t, now)})
+		m.remove(t, goneRec{why: "superseded by " + short(st.id), by: st.id, sure: !m.mayReap(t, now), limits: t.limits})
 		m.s.stats.Superseded++
 		if h := t.owner; h != nil && h.phase == hWait && h.id == t.id {
 			m.s.ring(h) // the store rings the superseded waiter's bell
@@ -354,5 +354,49 @@ func (m *model) outcome(h *holder, o gh.Outcome) {
 	case o.Replaced == nil && h.stopHeard && h.stopHow == "its bell" && o.Result == gh.Ran && !o.Lost:
 		// Its bell made it read its ticket, with the stop request in it.
 		m.fail("S18", "%s heard by its bell that %s replaces it, and its run ends %s, not replaced", h.name, short(h.stopBy), h.exit)
+	}
+}
+
+// logged checks the event log after a step that superseded or asked to
+// stop: an event in each limit of each ticket concerned, naming the newer
+// ticket (By), as slotctl log shows them.
+func (m *model) logged() {
+	if len(m.sups) == 0 {
+		return
+	}
+	evs, err := m.s.checker.Events(m.s.ctx, "", 256)
+	if err != nil {
+		m.fail("S12", "events: %v", err)
+		return
+	}
+	type entry struct{ kind, limit, ticket, by string }
+	have := map[entry]bool{}
+	for _, e := range evs {
+		have[entry{e.Kind, e.Limit, e.Ticket, e.By}] = true
+	}
+	for _, st := range m.sups {
+		for _, id := range sortedKeys(st.victims) {
+			g := m.gone[id]
+			if g.by != st.id || !g.sure {
+				continue
+			}
+			for _, name := range g.limits {
+				if !have[entry{"superseded", name, id, st.id}] {
+					m.fail("S16", "no superseded event of %s in %s naming %s", short(id), name, short(st.id))
+					return
+				}
+			}
+		}
+		for _, t := range m.sorted() {
+			if t.stop != st.id || !st.held[t.id] {
+				continue
+			}
+			for _, name := range t.limits {
+				if !have[entry{"replaced", name, t.id, st.id}] {
+					m.fail("S18", "no replaced event of %s in %s naming %s", short(t.id), name, short(st.id))
+					return
+				}
+			}
+		}
 	}
 }

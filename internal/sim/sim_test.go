@@ -180,6 +180,11 @@ func TestSim(t *testing.T) {
 	if seeds*base.Steps >= defaultSeeds*defaultSteps && total.Steps < 100000 {
 		t.Errorf("only %d steps ran; the budget is at least 100,000", total.Steps)
 	}
+	if seeds*base.Steps >= defaultSeeds*defaultSteps && base.Faults == nil &&
+		min(total.Superseded, total.StopRequests, total.Replaced, total.HeardByBell, total.HeardByRenewal, total.QueueFull) < 20 {
+		t.Errorf("newer runs first barely ran: %d superseded, %d stop requests, %d replaced, heard by bell %d, by renewal %d, %d refused; want 20 of each",
+			total.Superseded, total.StopRequests, total.Replaced, total.HeardByBell, total.HeardByRenewal, total.QueueFull)
+	}
 }
 
 // TestDeterministic: a seed replays step for step.
