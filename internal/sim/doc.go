@@ -106,13 +106,15 @@
 //	S15 admission is atomic: every answer and listing shows a ticket held
 //	    in all of its limits, with weight indexes in each, or in none
 //	S16 a supersede removes, in its enqueue's step, exactly the older
-//	    waiting tickets of its key sharing a limit with it; Get and Renew
+//	    waiting tickets of its key sharing a limit with it, with a
+//	    superseded event in each of their limits naming it; Get and Renew
 //	    of one name its successor; its job never runs; its holder ends
-//	    superseded (unless a signal, its --wait or its own local deadline
-//	    ended the wait first)
+//	    superseded, at once when its bell rings (unless a signal, its
+//	    --wait or its own local deadline ended the wait first)
 //	S17 a held ticket is never removed by a supersede
 //	S18 a replace asks exactly the held tickets of its key sharing a limit
-//	    to stop; every answer and listing shows the request; a holder that
+//	    to stop, with a replaced event in each of their limits; every
+//	    answer and listing shows the request; a holder that
 //	    heard it (its bell, a renewal's answer) has sent its child SIGTERM
 //	    before the clock moves on, and ends replaced
 //	S19 a replacing ticket is admitted only once every ticket it replaces

@@ -14,13 +14,14 @@ import (
 // the answers alone. The rules (docs/leases.md, "Simulation invariants"):
 //
 //	S16 a supersede removes, in its enqueue's own step, exactly the older
-//	    waiting tickets of its key that share a limit with it; a superseded
-//	    ticket is never found again, Get and Renew name its successor, and
-//	    its job never runs
+//	    waiting tickets of its key that share a limit with it, and logs it;
+//	    a superseded ticket is never found again, Get and Renew name its
+//	    successor, its job never runs, its holder ends superseded
 //	S17 a held ticket is never removed by a supersede
 //	S18 a replace asks exactly the held tickets of its key sharing a limit
-//	    to stop; Get and Renew return the request; its holder stops its
-//	    child at once when it hears it (its bell, or its next renewal)
+//	    to stop, and logs it; Get and Renew return the request; its holder
+//	    stops its child at once when it hears it (its bell, or its next
+//	    renewal), and ends replaced
 //	S19 a replacing ticket is admitted only once every ticket it replaces
 //	    is gone, and its job never runs beside a replaced job
 //	S20 --max-waiting refuses exactly when the ticket would wait behind N
