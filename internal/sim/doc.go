@@ -64,9 +64,9 @@
 // opens its file for every operation anyway), wall-clock steps of up to ±2 h,
 // reboot (every process dies, new boot id), late duplicates of earlier
 // enqueue, renew and release requests (a retried request), lost enqueue
-// answers, SIGTERM to a supervisor, and lost rings (a holder that is not
-// told by its bell learns of its promotion, supersede or stop request at
-// its next poll or renewal). A late renewal may arrive from a
+// answers, SIGTERM to a supervisor, and lost rings of a supersede or a
+// stop request (a holder that is not told by its bell learns it at its
+// next poll or renewal). A late renewal may arrive from a
 // holder that reapers have since proven dead: it is lost (see
 // TestRenewOfDeadWaiter, the bug the simulation found there).
 //

@@ -113,12 +113,13 @@ type Stats struct {
 	// Admissions of tickets of several limits, and of weight above 1.
 	AdmittedMulti, AdmittedHeavy int
 	Crashes, Pauses, Reaped      int
+	Faults                       int
+	Ignored                      int // violations of Config.Ignore rules
 	// Newer runs first: tickets superseded, held tickets asked to stop,
-	// runs that ended replaced (having heard it by their bell or a
-	// renewal), refusals of --max-waiting.
-	Superseded, StopRequests, Replaced, HeardByBell, HeardByRenewal, QueueFull int
-	Faults                                                                     int
-	Ignored                                                                    int // violations of Config.Ignore rules
+	// runs that ended replaced, holders that heard their stop request by
+	// their bell or a renewal, refusals of --max-waiting.
+	Superseded, StopRequests, Replaced     int
+	HeardByBell, HeardByRenewal, QueueFull int
 	// PauseOverlap is the longest time a paused (or just resumed) holder's
 	// child ran without a lease beside a full limit: what fencing is for.
 	PauseOverlap time.Duration
