@@ -29,6 +29,12 @@ import (
 // whole queue, and no waiter polls. A ring is a hint: the gate confirms with
 // Get, which answers a promotion this bell saw in a watch event without
 // another read (the handoff's critical path: one commit, one watch event).
+//
+// Once the ticket is held the bell goes on watching its own key while it is
+// open (the holder keeps it open while its job runs): a newer run's stop
+// request (--replace) rewrites the key, a removal deletes it, and either
+// rings within one watch event (docs/leases.md §2.1 item 10). The Get the
+// ring causes answers from that event.
 type bell struct {
 	s      *Store
 	id     string
@@ -88,16 +94,17 @@ func (b *bell) ring() {
 type enqueued struct {
 	names []string // its limits, first first
 	held  bool
+	rev   int64 // the revision it was written held at, when held
 }
 
 // ring tells id's bell, if this handle has one, where its ticket is.
-func (s *Store) ring(id string, names []string, held bool) {
+func (s *Store) ring(id string, names []string, held bool, rev int64) {
 	s.mu.Lock()
 	b := s.bells[id]
 	s.mu.Unlock()
 	if b != nil {
 		select {
-		case b.limit <- enqueued{names, held}:
+		case b.limit <- enqueued{names, held, rev}:
 		default:
 		}
 	}
@@ -120,7 +127,8 @@ func (b *bell) run() {
 	select {
 	case e := <-b.limit:
 		if e.held {
-			b.ring() // admitted at once: nothing to wait for
+			b.ring() // admitted at once: nothing to wait for but a stop request
+			b.hold(e.names[0], e.rev, nil)
 			return
 		}
 		names = e.names
@@ -195,10 +203,14 @@ func (b *bell) follow(names []string) {
 		}
 		e, _ := st.find(b.id)
 		if e == nil || !e.live() || e.r.State == store.Held {
-			if e != nil && e.tkv != nil {
+			held := e != nil && e.tkv != nil && e.r.State == store.Held
+			if held {
 				b.s.promoted(b.id, e.tkv) // held: Get answers from this read
 			}
 			b.ring()
+			if held {
+				b.hold(first, st.rev, own)
+			}
 			return
 		}
 		if b.s.admissible(st, e) {
@@ -256,10 +268,13 @@ func (b *bell) follow(names []string) {
 		for _, n := range e.r.names() {
 			ownKeys[b.s.k.ticket(n, b.id)] = true
 		}
-		again := b.wait(own, merge(tctx, targets), ownKeys, watched)
+		again, heldAt := b.wait(own, merge(tctx, targets), ownKeys, watched)
 		tcancel()
 		switch again {
 		case waitDone:
+			return
+		case waitHeld:
+			b.hold(first, heldAt, own)
 			return
 		case waitOwnLost:
 			own = nil
@@ -328,10 +343,12 @@ func (s *Store) admissible(st *lstate, e *entry) bool {
 type waitResult int
 
 const (
-	waitDone       waitResult = iota // the bell closed, or the ticket is held
-	waitAgain                        // read the limit again
-	waitOwnLost                      // the own watch failed: re-establish it
-	waitTargetLost                   // the target watch failed
+	waitDone waitResult = iota // the bell closed
+	waitHeld                   // the ticket is held
+
+	waitAgain      // read the limit again
+	waitOwnLost    // the own watch failed: re-establish it
+	waitTargetLost // the target watch failed
 )
 
 // wait sleeps until the ticket's own key changes (ring, then read again),
@@ -341,11 +358,16 @@ const (
 // revision, and the prefix watch of another limit may bring it first)
 // that shows the ticket promoted, on either watch, ends the wait: nothing
 // is left to watch.
-func (b *bell) wait(own, target clientv3.WatchChan, ownKeys map[string]bool, watched map[string]bool) waitResult {
+func (b *bell) wait(own, target clientv3.WatchChan, ownKeys map[string]bool, watched map[string]bool) (waitResult, int64) {
+	var at int64 // the revision it was seen promoted at
 	promotedIn := func(evs []*clientv3.Event) bool {
 		for i := len(evs) - 1; i >= 0; i-- {
 			if ev := evs[i]; ownKeys[string(ev.Kv.Key)] {
-				return ev.Type == mvccpb.PUT && b.s.promoted(b.id, ev.Kv)
+				if ev.Type == mvccpb.PUT && b.s.promoted(b.id, ev.Kv) {
+					at = ev.Kv.ModRevision
+					return true
+				}
+				return false
 			}
 		}
 		return false
@@ -353,26 +375,26 @@ func (b *bell) wait(own, target clientv3.WatchChan, ownKeys map[string]bool, wat
 	for {
 		select {
 		case <-b.ctx.Done():
-			return waitDone
+			return waitDone, 0
 		case wr, ok := <-own:
 			if !ok || wr.Err() != nil || wr.Canceled {
-				return waitOwnLost
+				return waitOwnLost, 0
 			}
 			if len(wr.Events) > 0 {
 				held := promotedIn(wr.Events) // before the ring: the Get it causes answers from it
 				b.ring()
 				if held {
-					return waitDone
+					return waitHeld, at
 				}
-				return waitAgain
+				return waitAgain, 0
 			}
 		case wr, ok := <-target:
 			if !ok || wr.Err() != nil || wr.Canceled {
-				return waitTargetLost
+				return waitTargetLost, 0
 			}
 			if promotedIn(wr.Events) {
 				b.ring()
-				return waitDone
+				return waitHeld, at
 			}
 			for _, ev := range wr.Events {
 				if deletesOnly, ok := watched[string(ev.Kv.Key)]; ok && (!deletesOnly || ev.Type == mvccpb.DELETE) {
@@ -384,14 +406,71 @@ func (b *bell) wait(own, target clientv3.WatchChan, ownKeys map[string]bool, wat
 							held := promotedIn(owr.Events)
 							b.ring()
 							if held {
-								return waitDone
+								return waitHeld, at
 							}
 						}
 					default:
 					}
-					return waitAgain
+					return waitAgain, 0
 				}
 			}
 		}
+	}
+}
+
+// hold follows the held ticket's own key under its first limit (a
+// rewrite or removal changes all of its keys in one revision) from the
+// revision after from, until the key is deleted or the bell closes:
+// every change after from rings. A stop request is a rewrite; so is the
+// holder's own SetChild, a spurious ring its Get answers from the event.
+// own, if not nil, is a watch of that key already open. A failed watch
+// reads the key, rings if it changed meanwhile, and watches again.
+func (b *bell) hold(first string, from int64, own clientv3.WatchChan) {
+	key := b.s.k.ticket(first, b.id)
+	for {
+		if own == nil {
+			own = b.s.c.Watch(b.ctx, key, clientv3.WithRev(from+1))
+		}
+		for wr := range own {
+			if wr.Err() != nil || wr.Canceled {
+				break
+			}
+			for _, ev := range wr.Events {
+				if string(ev.Kv.Key) != key || ev.Kv.ModRevision <= from {
+					continue
+				}
+				from = ev.Kv.ModRevision
+				if ev.Type == mvccpb.DELETE {
+					b.s.forget(b.id) // gone: a Get reads its tombstone
+					b.ring()
+					return
+				}
+				// Before the ring: the Get it causes answers from it. A
+				// rewrite this handle made itself (SetChild) is no news.
+				if b.s.promoted(b.id, ev.Kv) || !b.s.wrote(b.id, ev.Kv.ModRevision) {
+					b.ring()
+				}
+			}
+		}
+		if b.ctx.Err() != nil {
+			return
+		}
+		own = nil
+		resp, err := b.s.c.Get(b.ctx, key)
+		if err != nil {
+			if !b.pause(time.Second) {
+				return
+			}
+			continue
+		}
+		if len(resp.Kvs) == 0 {
+			b.s.forget(b.id)
+			b.ring()
+			return
+		}
+		if kv := resp.Kvs[0]; kv.ModRevision > from && (b.s.promoted(b.id, kv) || !b.s.wrote(b.id, kv.ModRevision)) {
+			b.ring()
+		}
+		from = resp.Header.Revision
 	}
 }

@@ -53,6 +53,16 @@
 // queue, the holders. When that key goes without anyone settling (its lease
 // expired), the waiter settles the limits itself. A release thus wakes the
 // waiter it promoted and the one behind it, not the queue.
+//
+// Newer runs first (docs/leases.md §2.1 item 10): a ticket's record carries
+// its key. An Enqueue with Supersede removes, in its own transaction, the
+// older live waiting tickets of its key that share a limit (their
+// tombstones name the successor, so Get and Renew can say who took their
+// place); with Replace it also rewrites the held ones' keys with a stop
+// request (keeping their lease: a restart keeps it), and the new ticket's
+// Replaces names them: it is admitted only once they are gone. A holder
+// hears the request through its bell, which goes on watching its own key
+// while it is held (one watch event), or at its next renewal.
 package etcdstore
 
 import (

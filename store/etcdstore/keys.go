@@ -87,7 +87,9 @@ type limitRec struct {
 // A ticket of several limits has these two keys under each of them, all
 // with the same value and written together (one create revision: its
 // fence). Version 2 adds Limits (when more than one), Weight (when more
-// than 1) and Indexes (while held, when either is).
+// than 1) and Indexes (while held, when either is), and, all optional, the
+// ticket's Key, the Stop request a newer run of its key made of it while
+// held, and the held tickets it Replaces (docs/leases.md §2.1 item 10).
 type rec struct {
 	V        int              `json:"v"`
 	ID       string           `json:"id"`
@@ -102,7 +104,15 @@ type rec struct {
 	Holder   store.Holder     `json:"holder"`
 	Created  time.Time        `json:"created"`
 	Admitted time.Time        `json:"admitted,omitzero"`
+	Key      string           `json:"key,omitempty"`
+	Stop     *store.Successor `json:"stop,omitempty"`
+	Replaces []string         `json:"replaces,omitempty"`
 }
+
+// maxReplaces bounds the held tickets one ticket replaces: its record is
+// written under each of its limits in one transaction, which etcd bounds
+// in bytes too (--max-request-bytes, 1.5 MiB by default).
+const maxReplaces = 256
 
 // idRec is the value of P/ids/<id>: where a live ticket is, or, once it was
 // removed, why (the tombstone, under the day lease).
@@ -113,6 +123,31 @@ type idRec struct {
 	Lease   int64        `json:"lease,omitempty"`
 	Removed store.Reason `json:"removed,omitempty"`
 	At      time.Time    `json:"at,omitzero"`
+	// By names the newer run that superseded the ticket (Removed is
+	// store.Superseded; docs/leases.md §2.1 item 10).
+	By *store.Successor `json:"by,omitempty"`
+}
+
+// successorOf names the run of a request as the successor of the tickets
+// it supersedes or replaces, its host escaped if need be (a record's host
+// is not checked; the successor's is, on decode).
+func successorOf(req store.EnqueueRequest) store.Successor {
+	by := store.SuccessorOf(store.Ticket{ID: req.ID, Holder: req.Holder})
+	if !store.IsPrintable(req.Holder.Host) {
+		by.Host = store.Printable(req.Holder.Host)
+	}
+	return by
+}
+
+// checkSuccessor holds a stored successor to what a request may name.
+func checkSuccessor(by *store.Successor) error {
+	if err := store.CheckID(by.Ticket); err != nil {
+		return err
+	}
+	if !store.IsPrintable(by.Host) || by.Pid < 0 {
+		return fmt.Errorf("host %q, pid %d: want printable, a pid of 0 or more", by.Host, by.Pid)
+	}
+	return store.CheckURL(by.URL)
 }
 
 // eventRec is the value of an event key. I orders the events written by one
@@ -191,8 +226,30 @@ func (r *rec) check(what, limit, id string) error {
 	if r.ID != id || store.CheckID(r.ID) != nil {
 		return bad("ticket id %q under key of id %q", r.ID, id)
 	}
-	if r.V < 2 && (len(r.Limits) > 0 || r.Weight != 0 || r.Indexes != nil) {
-		return bad("a version 1 record names limits, a weight or indexes")
+	if r.V < 2 && (len(r.Limits) > 0 || r.Weight != 0 || r.Indexes != nil || r.Key != "" || r.Stop != nil || r.Replaces != nil) {
+		return bad("a version 1 record names limits, a weight, indexes, a key, a stop request or tickets it replaces")
+	}
+	if err := store.CheckKey(r.Key); err != nil {
+		return bad("%v", err)
+	}
+	if err := store.CheckURL(r.Holder.URL); err != nil {
+		return bad("%v", err)
+	}
+	if len(r.Replaces) > maxReplaces {
+		return bad("it replaces %d tickets: at most %d", len(r.Replaces), maxReplaces)
+	}
+	for _, id := range r.Replaces {
+		if err := store.CheckID(id); err != nil {
+			return bad("it replaces: %v", err)
+		}
+	}
+	if r.Stop != nil {
+		if err := checkSuccessor(r.Stop); err != nil {
+			return bad("stop request: %v", err)
+		}
+		if r.State != store.Held {
+			return bad("a stop request on a %s ticket: only a held one is asked to stop", r.State)
+		}
 	}
 	if len(r.Limits) > 0 && r.Limits[0] != r.Limit {
 		return bad("limit %q is not the first of its limits %q", r.Limit, r.Limits)

@@ -260,6 +260,19 @@ func TestHostileRecordsAreCorrupt(t *testing.T) {
 		{`{"v":2,"id":"t","limit":"l","limits":["l","a","b","c","d","e","f","g","h","i","j","k","m","n","o","p","q"],"state":"waiting","slot":-1}`, "17 limits"},
 		{`{"v":2,"id":"t","limit":"l","weight":62,"state":"waiting","slot":-1}`, "more than one transaction"},
 		{`[1,2]`, "ticket record"},
+		// Issue 15's fields: a key, the job's URL, a stop request, the tickets it replaces.
+		{`{"v":1,"id":"t","limit":"l","state":"waiting","slot":-1,"key":"main"}`, "version 1"},
+		{`{"v":2,"id":"t","limit":"l","state":"waiting","slot":-1,"key":"a\u0007b"}`, "key"},
+		{`{"v":2,"id":"t","limit":"l","state":"waiting","slot":-1,"key":"` + strings.Repeat("k", store.MaxKey+1) + `"}`, "key"},
+		{`{"v":2,"id":"t","limit":"l","state":"waiting","slot":-1,"holder":{"host":"h","pid":1,"url":"https://x/\u001b[2J"}}`, "url"},
+		{`{"v":2,"id":"t","limit":"l","state":"waiting","slot":-1,"holder":{"host":"h","pid":1,"url":"` + strings.Repeat("u", store.MaxURL+1) + `"}}`, "url"},
+		{`{"v":2,"id":"t","limit":"l","state":"waiting","slot":-1,"stop":{"ticket":"n"}}`, "stop request on a waiting"},
+		{`{"v":2,"id":"t","limit":"l","state":"held","slot":0,"stop":{"ticket":"../n"}}`, "ticket id"},
+		{`{"v":2,"id":"t","limit":"l","state":"held","slot":0,"stop":{"ticket":"n","host":"h\u202e"}}`, "host"},
+		{`{"v":2,"id":"t","limit":"l","state":"held","slot":0,"stop":{"ticket":"n","pid":-3}}`, "pid -3"},
+		{`{"v":2,"id":"t","limit":"l","state":"held","slot":0,"stop":{"ticket":"n","url":"\u0000"}}`, "url"},
+		{`{"v":2,"id":"t","limit":"l","state":"waiting","slot":-1,"replaces":["a","b/c"]}`, "replaces"},
+		{`{"v":2,"id":"t","limit":"l","state":"waiting","slot":-1,"replaces":["` + strings.Repeat(`a","`, 256) + `a"]}`, "replaces 257"},
 	} {
 		prefix := fmt.Sprintf("/hostile/%d", i)
 		if _, err := c.Put(ctx, prefix+"/limits/l", `{"v":1,"slots":100,"created":"`+now+`"}`); err != nil {
@@ -287,6 +300,10 @@ func TestHostileRecordsAreCorrupt(t *testing.T) {
 		{"/ids/new", `{"v":2,"limit":"bad name"}`, "bad name"},
 		{"/ids/new", `{"v":2,"limit":"l","limits":["m","l"]}`, "first"},
 		{"/ids/new", `{"v":3,"limit":"l"}`, "version 3"},
+		{"/ids/new", `{"v":2,"limit":"l","removed":"superseded","by":{"ticket":"a/b"}}`, "successor"},
+		{"/ids/new", `{"v":2,"limit":"l","removed":"superseded","by":{"ticket":"n","host":"\u001b]0;x\u0007"}}`, "successor"},
+		{"/ids/new", `{"v":2,"limit":"l","removed":"superseded","by":{"ticket":"n","url":"` + strings.Repeat("u", store.MaxURL+1) + `"}}`, "successor"},
+		{"/ids/new", `{"v":2,"limit":"l","removed":"released","by":{"ticket":"n"}}`, "not superseded"},
 	} {
 		prefix := fmt.Sprintf("/hostile-keys/%d", i)
 		if _, err := c.Put(ctx, prefix+"/limits/l", `{"v":1,"slots":3,"created":"`+now+`"}`); err != nil {

@@ -29,6 +29,28 @@ func unknownOutcome(err error) bool {
 // a serializable read; the transaction's compares make a stale one retry.
 // A ticket of several limits has its keys under each, created in that one
 // transaction: one create revision, its fence (docs/leases.md §2.1 item 9).
+//
+// With Supersede or Replace the same transaction removes the live older
+// waiting tickets of the key that share a limit (compare-and-delete on the
+// revisions read, tombstones naming the successor) and asks the held ones
+// to stop (their keys rewritten on the revisions read, keeping their
+// lease), and a compare that no ticket joined its limits since the read
+// makes that "every older ticket" (docs/leases.md §2.1 item 10). The step
+// is planned whole before anything is written, so MaxWaiting refuses
+// (QueueFullError, on a linearizable read) with nothing written.
+//
+// When the removals and stop requests do not fit in one transaction with
+// the ticket (some twenty waiters of the key), they are committed first,
+// as many per transaction as fit, and the step is planned again until the
+// rest fits. That is still correct: a waiter removed early frees no slot
+// and admits nobody beside a holder (the tickets it blocked are older than
+// the new one, which would admit them anyway, and their bells see it go),
+// its job never ran, and a holder asked early only stops sooner, while the
+// new ticket's Replaces still names it, so it is never admitted beside it.
+// What is given up is only the atomicity of the whole for such an enqueue:
+// if it then fails (the caller gives up, the store goes away, max-waiting
+// refuses on a queue that grew meanwhile), those runs were superseded or
+// stopped for a ticket that was never written.
 func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ticket, error) {
 	if s.closed.Load() {
 		return store.Ticket{}, s.errClosed()
@@ -75,6 +97,7 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 	}()
 
 	st, err := rr.st, rr.err
+	linear := false // st was read linearizably
 	for {
 		if err != nil {
 			// A lost answer (or a lost read) is retried for as long as one
@@ -88,7 +111,9 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 		}
 		var e *entry
 		var answer func() (store.Ticket, error)
+		pre := false // this round commits supersede removals and stop requests only
 		p, resp, cerr := s.commit(ctx, st, req.ID, func(p *plan) error {
+			pre = false
 			st := p.st
 			if st.idKV != nil {
 				answer = func() (store.Ticket, error) {
@@ -112,31 +137,98 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 					return err
 				}
 			}
+			// The limits this step creates: planned on now, written with
+			// the ticket (a refusal creates none).
+			var create []string
 			for _, n := range names {
 				p.compareLimit(n)
 				if st.lim(n) == nil {
-					lim := limitRec{V: formatVersion, Slots: req.SizeOf(n), Created: p.now}
-					p.put(s.k.limit(n), writeOp{val: encode(lim)})
-					st.lims[n].lim = &lim
+					st.lims[n].lim = &limitRec{V: formatVersion, Slots: req.SizeOf(n), Created: p.now}
+					create = append(create, n)
 				}
 			}
 			p.cmp(clientv3.Compare(clientv3.CreateRevision(s.k.id(req.ID)), "=", 0))
 			r := rec{V: formatVersion, ID: req.ID, Limit: first, Lease: lease, State: store.Waiting,
-				Slot: -1, TTL: req.TTL, Holder: req.Holder, Created: p.now}
+				Slot: -1, TTL: req.TTL, Holder: req.Holder, Created: p.now, Key: req.Key}
 			if len(names) > 1 {
 				r.Limits = slices.Clone(names)
 			}
 			if req.Weighs() > 1 {
 				r.Weight = req.Weighs()
 			}
+			sup, held, err := keyed(st, req)
+			if err != nil {
+				return err
+			}
+			for _, h := range held {
+				r.Replaces = append(r.Replaces, h.r.ID)
+			}
 			e = &entry{isNew: true, r: r}
 			st.entries = append(st.entries, e)
 			for _, n := range names {
 				st.lims[n].entries = append(st.lims[n].entries, e)
 			}
+			joined := false // compared: no ticket joined its limits since the read
+			if req.Supersede || req.Replace || req.MaxWaiting != nil {
+				// The decision covers every ticket of its limits: one
+				// created since the read (an older ticket of its key, a
+				// waiter to count) makes it plan again.
+				joined = true
+				for _, n := range names {
+					p.cmp(clientv3.Compare(clientv3.CreateRevision(s.k.tickets(n)).WithPrefix(), "<", st.rev+1))
+				}
+			}
+			// Plan the whole step first, as if the superseded were gone:
+			// max-waiting refuses on it before anything is written.
+			gone := map[*entry]bool{}
+			for _, w := range sup {
+				gone[w] = true
+			}
+			sp, es := p.planSettle(false, func(x *entry) bool { return !gone[x] })
+			if req.MaxWaiting != nil {
+				if err := queueFull(sp, es, e, names, *req.MaxWaiting); err != nil {
+					return err
+				}
+			}
+			by := successorOf(req)
+			reaped := map[*entry]bool{}
+			for _, rm := range sp.Remove {
+				reaped[es[rm.Index]] = true
+			}
+			// The supersede removals (compare-and-delete on what was read,
+			// one removal path: tombstone naming the successor, an event in
+			// each limit) and the stop requests; a held ticket the settle
+			// removes anyway (proven dead) is not asked.
+			for _, w := range sup {
+				if !p.removeBy(w, store.Superseded, "superseded by ticket "+req.ID, &by) {
+					pre = true
+					break
+				}
+			}
+			for _, h := range held {
+				if pre || reaped[h] || h.r.Stop != nil && *h.r.Stop == by {
+					continue // asked already, by an earlier round of this enqueue
+				}
+				if !p.stop(h, by) {
+					pre = true
+				}
+			}
+			if pre || !p.room(ticketKeys(len(names), req.Weight)+1+len(create), 1+2*len(names)) {
+				// More than one transaction holds: commit these first, then
+				// plan again (see the comment of Enqueue).
+				if p.empty() {
+					return fmt.Errorf("%w: ticket %s: its supersede and stop requests do not fit in etcd transactions", store.ErrInvalid, req.ID)
+				}
+				pre = true
+				p.full = false
+				return nil
+			}
+			for _, n := range create {
+				p.put(s.k.limit(n), writeOp{val: encode(*st.lims[n].lim)})
+			}
 			p.putNew(e)
-			p.settle(false)
-			if e.r.State == store.Held {
+			p.apply(sp, es, true)
+			if e.r.State == store.Held && !joined {
 				// Admitted on the strength of its place in the queues: no
 				// ticket may have been created (ahead of it) since the read.
 				for _, n := range names {
@@ -145,6 +237,18 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 			}
 			return nil
 		})
+		if cerr == nil && pre {
+			s.afterCommit(p)
+			st, err = s.read(ctx, names, req.ID, false)
+			continue
+		}
+		if cerr != nil && errors.Is(cerr, store.ErrQueueFull) && !linear {
+			// Refused on the first, serializable read: a refusal stands
+			// only on a current one.
+			linear = true
+			st, err = s.read(ctx, names, req.ID, false)
+			continue
+		}
 		if cerr != nil {
 			if p == nil {
 				return store.Ticket{}, cerr // refused, or gave up on conflicts
@@ -165,7 +269,7 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 		}
 		s.afterCommit(p)
 		s.remember(e, resp.Header.Revision)
-		s.ring(req.ID, names, e.r.State == store.Held)
+		s.ring(req.ID, names, e.r.State == store.Held, resp.Header.Revision)
 		if p.full {
 			if nst, err := s.settleLimit(ctx, names, req.ID); err == nil {
 				if t, ok := s.viewOf(ctx, nst, req.ID); ok {
@@ -176,6 +280,62 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 		after := p.after()
 		return s.view(e, positions(after.queue(first))[e], s.remaining(ctx, lease)), nil
 	}
+}
+
+// keyed finds the live tickets of req's key sharing one of its limits that
+// its Supersede or Replace acts on (docs/leases.md §2.1 item 10): the
+// waiting ones it supersedes, the held ones it asks to stop (Replace). All
+// are older than the ticket this step creates. Expired ones are the
+// settle's: it removes them in the same step, as reaped.
+func keyed(st *lstate, req store.EnqueueRequest) (sup, held []*entry, err error) {
+	if !req.Supersede && !req.Replace {
+		return nil, nil, nil
+	}
+	names := req.Names()
+	for _, x := range st.entries {
+		if x.isNew || !x.live() || x.r.Key != req.Key || !slices.ContainsFunc(x.r.names(), func(n string) bool { return slices.Contains(names, n) }) {
+			continue
+		}
+		switch {
+		case x.r.State != store.Held:
+			sup = append(sup, x)
+		case req.Replace:
+			held = append(held, x)
+		}
+	}
+	if len(held) > maxReplaces {
+		return nil, nil, fmt.Errorf("%w: ticket %s would replace %d held tickets of key %q: the etcd store replaces at most %d at once", store.ErrInvalid, req.ID, len(held), req.Key, maxReplaces)
+	}
+	return sup, held, nil
+}
+
+// queueFull refuses the new ticket e (EnqueueRequest.MaxWaiting) when the
+// settle sp does not admit it and one of its limits already has max
+// waiting tickets, counted as the step leaves them: without the superseded
+// ones (not in es), the ones it removes and the ones it admits.
+func queueFull(sp store.SettlePlan, es []*entry, e *entry, names []string, max int) error {
+	out := map[*entry]bool{}
+	for _, a := range sp.Admit {
+		if es[a.Index] == e {
+			return nil
+		}
+		out[es[a.Index]] = true
+	}
+	for _, rm := range sp.Remove {
+		out[es[rm.Index]] = true
+	}
+	for _, n := range names {
+		waiting := 0
+		for _, x := range es {
+			if x != e && !out[x] && x.r.State != store.Held && slices.Contains(x.r.names(), n) {
+				waiting++
+			}
+		}
+		if waiting >= max {
+			return &store.QueueFullError{Limit: n, Waiting: waiting, Max: max}
+		}
+	}
+	return nil
 }
 
 // existing answers an Enqueue of an id that has a key already: the live
@@ -199,7 +359,7 @@ func (s *Store) existing(ctx context.Context, st *lstate, req store.EnqueueReque
 		return store.Ticket{}, false, fmt.Errorf("%w: ticket id %s names limit %q, which has no such ticket", store.ErrCorrupt, req.ID, ir.Limit)
 	}
 	s.remember(e, 0)
-	s.ring(req.ID, e.r.names(), false)
+	s.ring(req.ID, e.r.names(), false, 0)
 	t, _ := s.viewOf(ctx, st, req.ID)
 	return t, e.r.Lease == lease, nil
 }
@@ -375,7 +535,7 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 	switch {
 	case err != nil && isLeaseNotFound(err):
 		s.leases.forget(k.lease)
-		return store.Ticket{}, fmt.Errorf("%w: ticket %s: %s", store.ErrLost, t.ID, expiredEvidence)
+		return store.Ticket{}, s.lostWhy(ctx, t.ID, fmt.Errorf("%w: ticket %s: %s", store.ErrLost, t.ID, expiredEvidence))
 	case err != nil:
 		return store.Ticket{}, s.unavailable(err, false)
 	}
@@ -402,7 +562,7 @@ func (s *Store) renewed(ctx context.Context, k known, id string) (store.Ticket, 
 	own := rs[0].Kvs
 	if len(own) == 0 || own[0].CreateRevision != k.fence {
 		// Released or reaped while its lease lived on: the removal is final.
-		return store.Ticket{}, fmt.Errorf("%w: ticket %s was removed", store.ErrLost, id)
+		return store.Ticket{}, s.lostWhy(ctx, id, fmt.Errorf("%w: ticket %s was removed", store.ErrLost, id))
 	}
 	e := &entry{fence: k.fence, tkv: own[0], rkv: own[0]}
 	if e.r, err = decodeRec(own[0].Key, k.limit, id, own[0].Value); err != nil {
@@ -434,9 +594,25 @@ func (s *Store) renewed(ctx context.Context, k known, id string) (store.Ticket, 
 	}
 	out, ok := s.viewOf(ctx, st, id)
 	if !ok {
-		return store.Ticket{}, fmt.Errorf("%w: ticket %s was removed", store.ErrLost, id)
+		return store.Ticket{}, s.lostWhy(ctx, id, fmt.Errorf("%w: ticket %s was removed", store.ErrLost, id))
 	}
 	return out, nil
+}
+
+// lostWhy is the error of a renewal that found its ticket gone: lost, and
+// superseded when a newer run of its key took its place (its tombstone
+// says so: one more read, on this path only; docs/leases.md §2.1 item 10).
+func (s *Store) lostWhy(ctx context.Context, id string, lost error) error {
+	cctx, cancel := s.ctx(ctx)
+	defer cancel()
+	resp, err := s.c.Get(cctx, s.k.id(id))
+	if err != nil || len(resp.Kvs) == 0 {
+		return lost
+	}
+	if ir, err := decodeID(id, resp.Kvs[0].Value); err == nil && ir.By != nil {
+		return fmt.Errorf("%w: %w", store.ErrLost, &store.SupersededError{ID: id, By: *ir.By})
+	}
+	return lost
 }
 
 // refresh keeps a lease alive once, noting when.
@@ -599,7 +775,7 @@ func (s *Store) releaseAbsent(ctx context.Context, t store.Ticket, why store.Rea
 			names = []string{""}
 		}
 		p.cmp(clientv3.Compare(clientv3.CreateRevision(s.k.id(t.ID)), "=", 0))
-		p.tombstone(t.ID, names, why)
+		p.tombstone(t.ID, names, why, nil)
 	}
 	if p.empty() {
 		return false, nil

@@ -92,10 +92,22 @@ func (p *plan) empty() bool { return len(p.keys) == 0 }
 // event logs the ticket's event in each of its limits (docs/leases.md
 // §2.1 item 9): under that limit, with its lowest index there.
 func (p *plan) event(kind string, r rec, fence int64, evidence string) {
+	p.eventBy(kind, r, fence, evidence, "")
+}
+
+// eventBy logs an event naming the newer run (by) that superseded or
+// replaced the ticket (docs/leases.md §2.1 item 10). A held ticket may be
+// replaced more than once (each newer run overwrites its stop request):
+// each "replaced" event has a key of its own.
+func (p *plan) eventBy(kind string, r rec, fence int64, evidence, by string) {
 	names := r.names()
+	key := kind
+	if kind == "replaced" {
+		key += "." + by
+	}
 	for _, n := range names {
 		e := eventRec{V: formatVersion, I: p.events, NewFence: fence == 0 && kind == "admitted", Event: store.Event{Time: p.now, Kind: kind, Limit: n,
-			Ticket: r.ID, Fence: uint64(fence), Slot: -1, Host: r.Holder.Host, Pid: r.Holder.Pid,
+			Ticket: r.ID, Fence: uint64(fence), Slot: -1, By: by, Host: r.Holder.Host, Pid: r.Holder.Pid,
 			User: r.Holder.User, Command: r.Holder.Command(), Evidence: evidence}}
 		ix := r.in(n)
 		if len(ix) > 0 {
@@ -108,13 +120,14 @@ func (p *plan) event(kind string, r rec, fence int64, evidence string) {
 			e.Weight, e.Indexes = r.weighs(), slices.Clone(ix)
 		}
 		p.events++
-		p.put(p.s.k.event(n, r.ID, kind), writeOp{val: encode(e), day: true})
+		p.put(p.s.k.event(n, r.ID, key), writeOp{val: encode(e), day: true})
 	}
 }
 
-// tombstone turns the id's key into the record of its removal, for a day.
-func (p *plan) tombstone(id string, names []string, why store.Reason) {
-	ir := idRec{V: formatVersion, Limit: names[0], Removed: why, At: p.now}
+// tombstone turns the id's key into the record of its removal, for a day:
+// why, and the newer run that superseded it (by, when not nil).
+func (p *plan) tombstone(id string, names []string, why store.Reason, by *store.Successor) {
+	ir := idRec{V: formatVersion, Limit: names[0], Removed: why, At: p.now, By: by}
 	if len(names) > 1 {
 		ir.Limits = names
 	}
@@ -150,6 +163,13 @@ func (p *plan) compareSlots(name string) {
 // on the revisions read), frees its slots in each, tombstones its id and
 // logs why (docs/leases.md §2.1 item 9). It reports false when out of room.
 func (p *plan) remove(e *entry, why store.Reason, evidence string) bool {
+	return p.removeBy(e, why, evidence, nil)
+}
+
+// removeBy is remove naming the newer run that superseded e (by, when not
+// nil): in its tombstone, so that Get and Renew can say so, and in its
+// events (docs/leases.md §2.1 item 10).
+func (p *plan) removeBy(e *entry, why store.Reason, evidence string, by *store.Successor) bool {
 	names := e.r.names()
 	if !p.room(ticketKeys(len(names), e.r.Weight)+1, 2) {
 		return false
@@ -174,8 +194,34 @@ func (p *plan) remove(e *entry, why store.Reason, evidence string) bool {
 		p.del(p.s.k.record(n, id))
 	}
 	p.gone[e] = true
-	p.tombstone(id, names, why)
-	p.event(string(why), e.r, e.fence, evidence)
+	byID := ""
+	if by != nil {
+		byID = by.Ticket
+	}
+	p.tombstone(id, names, why, by)
+	p.eventBy(string(why), e.r, e.fence, evidence, byID)
+	return true
+}
+
+// stop asks the held ticket e to stop for the newer run by (--replace,
+// docs/leases.md §2.1 item 10): its keys in every limit are rewritten with
+// the request, keeping its lease, on the revision read (compare), with a
+// "replaced" event in each. The request is part of the ticket: Get and
+// Renew return it, a restart keeps it, and its holder's bell, watching its
+// key, rings. It reports false when out of room.
+func (p *plan) stop(e *entry, by store.Successor) bool {
+	names := e.r.names()
+	if !p.room(3*len(names), 1) {
+		return false
+	}
+	p.cmp(clientv3.Compare(clientv3.ModRevision(p.s.k.ticket(e.at, e.r.ID)), "=", e.tkv.ModRevision))
+	e.r.Stop = &by
+	v := encode(e.r)
+	for _, n := range names {
+		p.put(p.s.k.ticket(n, e.r.ID), writeOp{val: v, keep: true})
+		p.put(p.s.k.record(n, e.r.ID), writeOp{val: v})
+	}
+	p.eventBy("replaced", e.r, e.fence, "", by.Ticket)
 	return true
 }
 
@@ -188,13 +234,22 @@ func (p *plan) remove(e *entry, why store.Reason, evidence string) bool {
 // judge may stop an orphaned job (act). Tickets the plan removes already (a
 // release) count as gone; the ticket being enqueued is admitted but not judged.
 func (p *plan) settle(all bool) {
+	if plan, es := p.planSettle(all, nil); len(es) > 0 || !plan.Empty() {
+		p.apply(plan, es, true)
+	}
+}
+
+// planSettle plans the settle of the limits read, as settle does, over the
+// entries the plan keeps and keep accepts (all when nil), and returns the
+// plan and those entries, without applying it.
+func (p *plan) planSettle(all bool, keep func(*entry) bool) (store.SettlePlan, []*entry) {
 	in := p.input()
 	if len(in.Slots) == 0 {
-		return
+		return store.SettlePlan{}, nil
 	}
 	in.Judge, in.All = p.s.dead, all
-	es := p.queued(&in, time.Millisecond, nil)
-	p.apply(store.PlanSettle(in), es, true)
+	es := p.queued(&in, time.Millisecond, keep)
+	return store.PlanSettle(in), es
 }
 
 // input is a settle's sizes: every limit read that exists.

@@ -213,7 +213,7 @@ func (s *Store) addLimits(st *lstate, names []string, rs []*clientv3.GetResponse
 // sameRec reports whether two copies of a ticket's record agree on what
 // a settle decides on.
 func sameRec(a, b rec) bool {
-	return a.ID == b.ID && a.Limit == b.Limit && slices.Equal(a.names(), b.names()) && a.Weight == b.Weight &&
+	return a.ID == b.ID && a.Limit == b.Limit && a.Key == b.Key && slices.Equal(a.names(), b.names()) && a.Weight == b.Weight &&
 		a.State == b.State && a.Lease == b.Lease && slices.EqualFunc(a.names(), b.names(), func(n, _ string) bool { return slices.Equal(a.in(n), b.in(n)) })
 }
 
@@ -351,6 +351,14 @@ func decodeID(id string, b []byte) (idRec, error) {
 	if len(r.Limits) > 0 && r.Limits[0] != r.Limit {
 		return r, fmt.Errorf("%w: ticket id %s: limit %q is not the first of %q", store.ErrCorrupt, id, r.Limit, r.Limits)
 	}
+	if r.By != nil {
+		if r.Removed != store.Superseded {
+			return r, fmt.Errorf("%w: ticket id %s: a successor, but it was %q, not superseded", store.ErrCorrupt, id, r.Removed)
+		}
+		if err := checkSuccessor(r.By); err != nil {
+			return r, fmt.Errorf("%w: ticket id %s: its successor: %v", store.ErrCorrupt, id, err)
+		}
+	}
 	return r, nil
 }
 
@@ -390,6 +398,15 @@ func (s *Store) promoted(id string, kv *mvccpb.KeyValue) bool {
 	return true
 }
 
+// wrote reports whether this handle knows the ticket as of revision rev
+// or later (it made that write itself).
+func (s *Store) wrote(id string, rev int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k, ok := s.known[id]
+	return ok && k.rev >= rev
+}
+
 func (s *Store) forget(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -398,6 +415,9 @@ func (s *Store) forget(id string) {
 
 // notFound is the error for an id that is not live.
 func notFound(id string, idr *idRec) error {
+	if idr != nil && idr.By != nil {
+		return fmt.Errorf("%w: %w", store.ErrNotFound, &store.SupersededError{ID: id, By: *idr.By})
+	}
 	if idr != nil && idr.Removed != "" {
 		return fmt.Errorf("%w: ticket %s was %s", store.ErrNotFound, id, idr.Removed)
 	}
@@ -461,7 +481,14 @@ func (s *Store) remainingAll(ctx context.Context, es []*entry) map[int64]time.Du
 func (s *Store) view(e *entry, position int, remaining time.Duration) store.Ticket {
 	r := &e.r
 	t := store.Ticket{ID: r.ID, Limit: r.Limit, State: r.State, Fence: uint64(e.fence), Slot: r.Slot,
-		TTL: r.TTL, Holder: r.Holder, Created: r.Created, Admitted: r.Admitted}
+		TTL: r.TTL, Holder: r.Holder, Created: r.Created, Admitted: r.Admitted, Key: r.Key}
+	if r.Stop != nil {
+		stop := *r.Stop
+		t.Stop = &stop
+	}
+	if len(r.Replaces) > 0 {
+		t.Replaces = slices.Clone(r.Replaces)
+	}
 	if len(r.Limits) > 1 {
 		t.Limits = slices.Clone(r.Limits)
 	}

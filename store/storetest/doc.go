@@ -81,7 +81,9 @@
 // nothing (MaxWaiting); keys are compared as bytes (KeysComparedExactly) and
 // checked like any input, and so are URLs (KeyAndURLInvalid); a stop
 // request, a ticket's Replaces and a superseded tombstone survive a reopen
-// (StopSurvivesReopen).
+// (StopSurvivesReopen); runs of one key enqueued at once with --supersede
+// --max-waiting 1 leave exactly the newest waiting, none refused
+// (ConcurrentSupersede).
 //
 // The suite's own tests (mem_test.go) run it against an in-memory reference
 // store, which must pass, and against that store with one planted bug at a

@@ -701,7 +701,9 @@ func (s *memStore) newerFirst(t *memTicket, replace bool) {
 			if o.t.Stop == nil || !s.is("stop-not-overwritten") {
 				o.t.Stop = &succ
 			}
-			t.t.Replaces = append(t.t.Replaces, o.t.ID)
+			if len(t.t.Replaces) == 0 || !s.is("replaces-first-only") {
+				t.t.Replaces = append(t.t.Replaces, o.t.ID)
+			}
 			s.d.by = t.t.ID
 			s.event("replaced", o, "")
 			s.d.by = ""
@@ -1524,6 +1526,7 @@ var mutants = map[string][]string{
 	"successor-lost-on-reopen":     {"StopSurvivesReopen"},
 	"supersede-racy":               {"ConcurrentSupersede"},
 	"release-forgets-successor":    {"SupersedeOlderWaiting"},
+	"replaces-first-only":          {"ReplaceFIFOPlace"},
 }
 
 // TestMutants shows that the suite is not vacuous: each bug, planted in the

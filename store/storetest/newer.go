@@ -44,8 +44,14 @@ func successorOf(r store.EnqueueRequest) store.Successor {
 // wantKey checks the key a ticket carries.
 func (s *suite) wantKey(tk store.Ticket, key string) {
 	s.Helper()
-	if got := s.get(tk); got.Key != key {
+	got := s.get(tk)
+	if got.Key != key {
 		s.Fatalf("%s has key %q, want %q", s.who(tk.ID), got.Key, key)
+	}
+	for n, v := range s.views(tk.ID) {
+		if v.Key != key {
+			s.Fatalf("Snapshot: %s listed under %q with key %q, want %q", s.who(tk.ID), n, v.Key, key)
+		}
 	}
 }
 
@@ -402,6 +408,21 @@ func testReplaceFIFO(s *suite) {
 	s.reap(false, "q") // a store may have swept it already (a renewal's sweep)
 	s.wantGone(c)
 	s.wantHeld(d, 0)
+
+	// Several held of the key: each is asked, and the replacer waits for
+	// the last of them, whichever leaves first.
+	p := []string{"p"}
+	e := s.enqReq(s.reqK("E", p, 3, "k"))
+	f := s.enqReq(s.reqK("F", p, 3, "k"))
+	rg := rep(s.reqK("G", p, 3, "k"))
+	g := s.enqReq(rg)
+	s.wantStop(e, &rg)
+	s.wantStop(f, &rg)
+	s.wantReplaces(g, e, f)
+	s.release(f, true)
+	s.wantWaiting(g, 1)
+	s.release(e, true)
+	s.wantHeld(g, 0)
 }
 
 // MaxWaiting refuses with a *store.QueueFullError a ticket that would

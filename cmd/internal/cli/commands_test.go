@@ -82,9 +82,15 @@ func TestCommandOptions(t *testing.T) {
 		{"completion zsh", &CompletionOptions{Shell: "zsh"}},
 		{"completion fish --no-descriptions -o out.fish", &CompletionOptions{Shell: "fish", Output: "out.fish", NoDescriptions: true}},
 		{"run --limit build --slots 2 --no-wait -- make -j8", &RunOptions{Limits: []string{"build"}, Weight: 1, Slots: 2, SlotsSet: true, Wait: 0,
-			BusyExitCode: exitBusy, TTL: defaultTTL, OnLost: "kill", KillAfter: defaultKillAfter, Argv: []string{"make", "-j8"}}},
+			BusyExitCode: exitBusy, TTL: defaultTTL, OnLost: "kill", KillAfter: defaultKillAfter, MaxWaiting: -1, Argv: []string{"make", "-j8"}}},
 		{"run -l build --limit db --weight 2 -- make", &RunOptions{Limits: []string{"build", "db"}, Weight: 2, Slots: 1, Wait: -1,
-			BusyExitCode: exitBusy, TTL: defaultTTL, OnLost: "kill", KillAfter: defaultKillAfter, Argv: []string{"make"}}},
+			BusyExitCode: exitBusy, TTL: defaultTTL, OnLost: "kill", KillAfter: defaultKillAfter, MaxWaiting: -1, Argv: []string{"make"}}},
+		{"run -l ci --key main --supersede --max-waiting 1 --url https://ci.example/1 -- make", &RunOptions{Limits: []string{"ci"}, Weight: 1, Slots: 1, Wait: -1,
+			BusyExitCode: exitBusy, TTL: defaultTTL, OnLost: "kill", KillAfter: defaultKillAfter, Key: "main", Supersede: true, MaxWaiting: 1,
+			URL: "https://ci.example/1", Argv: []string{"make"}}},
+		{"run -l deploy --key prod --replace --max-waiting 0 -- make", &RunOptions{Limits: []string{"deploy"}, Weight: 1, Slots: 1, Wait: -1,
+			BusyExitCode: exitBusy, TTL: defaultTTL, OnLost: "kill", KillAfter: defaultKillAfter, Key: "prod", Replace: true, MaxWaiting: 0,
+			Argv: []string{"make"}}},
 	}
 	for _, c := range cases {
 		t.Run(c.args, func(t *testing.T) {
