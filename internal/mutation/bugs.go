@@ -51,12 +51,13 @@ const (
 	// is not admitted for want of room, so a lighter or younger ticket is
 	// admitted past the older head it shares a limit with (H3).
 	BargePastHead Bug = "barge-past-head"
-	// ReplaceBeside: the planner admits a replacing ticket while the
-	// holder it replaces still holds its slot, so the new job runs beside
-	// the one it replaces (R1).
+	// ReplaceBeside: the planner (store.PlanSettle) admits a replacing
+	// ticket while the holder it replaces still holds its slot, so the new
+	// job runs beside the one it replaces (R1).
 	ReplaceBeside Bug = "replace-beside"
-	// SupersedeHeld: a superseding enqueue removes older tickets of its key
-	// whether they wait or hold, so a running job loses its slot (R2).
+	// SupersedeHeld: a superseding enqueue (store/boltstore's) removes
+	// older tickets of its key whether they wait or hold, so a running job
+	// loses its slot (R2).
 	SupersedeHeld Bug = "supersede-held"
 
 	// WaiterNotRenewed: the supervisor renews only once admitted, and counts

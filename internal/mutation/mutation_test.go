@@ -38,6 +38,13 @@ func TestParse(t *testing.T) {
 	if got := mutation.String(mutation.InStore(both)); got != "wall-clock,weight-ignored,barge-past-head" {
 		t.Errorf("InStore: %q, want wall-clock,weight-ignored,barge-past-head (the planner's bugs are the store's)", got)
 	}
+	newer, err := mutation.Parse("replace-beside,supersede-held")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := mutation.String(mutation.InStore(newer)); got != "replace-beside,supersede-held" {
+		t.Errorf("InStore: %q, want replace-beside,supersede-held (the planner's and the store's enqueue's)", got)
+	}
 	if _, err := mutation.Parse("no-such-bug"); err == nil {
 		t.Error("Parse of an unknown name: no error")
 	}

@@ -22,6 +22,7 @@ type op struct {
 	name  string
 	slots int
 	lims  []string // a reap's limits; none means all
+	first bool     // the step's first call
 
 	res      store.Ticket
 	removed  bool
@@ -83,15 +84,23 @@ func (c *conn) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Tic
 	if c.dead() {
 		return store.Ticket{}, errDead
 	}
-	if c != c.s.netConn {
-		c.s.remember(request{kind: "enqueue", req: req, owner: c.owner, who: c.who})
+	remember := func() {
+		if c != c.s.netConn {
+			c.s.remember(request{kind: "enqueue", req: req, owner: c.owner, who: c.who})
+		}
 	}
 	f := c.enqFault
 	c.enqFault = 0
 	if f == 1 {
+		remember()
 		return store.Ticket{}, errReplyLost
 	}
 	t, err := c.st.Enqueue(ctx, req)
+	if !errors.Is(err, store.ErrQueueFull) || f == 2 {
+		// A request refused by --max-waiting got its answer, and its id is
+		// never sent again (the refusal wrote nothing, not even a tombstone).
+		remember()
+	}
 	c.record(&op{kind: "enqueue", req: req, res: t, err: err})
 	if f == 2 {
 		return store.Ticket{}, errReplyLost

@@ -45,6 +45,14 @@
 //     jobs, so a crashed reaper only loses what it had read.
 //   - Operators release tickets (a stale read, then Release; --force only
 //     rarely for a live holder), resize limits and pause them (0 slots).
+//   - Newer runs first (docs/leases.md §2.1 item 10): a job draws a key
+//     ("", "main" or "dev", so that runs of one key meet) and, sometimes,
+//     --supersede or --replace, and --max-waiting 0-2 (EnqueueRequest Key,
+//     Supersede, Replace, MaxWaiting). The store rings the bell of a
+//     superseded waiter and of a holder asked to stop: the scheduler
+//     delivers the ring to Run, which keeps its bell open while the job
+//     runs; the Keeper's OnRenew reaches Run too, as it does in slotctl,
+//     so a renewal's answer that carries the stop request nudges it.
 //
 // # Faults
 //
@@ -56,7 +64,9 @@
 // opens its file for every operation anyway), wall-clock steps of up to ±2 h,
 // reboot (every process dies, new boot id), late duplicates of earlier
 // enqueue, renew and release requests (a retried request), lost enqueue
-// answers, and SIGTERM to a supervisor. A late renewal may arrive from a
+// answers, SIGTERM to a supervisor, and lost rings of a supersede or a
+// stop request (a holder that is not told by its bell learns it at its
+// next poll or renewal). A late renewal may arrive from a
 // holder that reapers have since proven dead: it is lost (see
 // TestRenewOfDeadWaiter, the bug the simulation found there).
 //
@@ -95,12 +105,32 @@
 //	    refused, and weights only above a limit's size
 //	S15 admission is atomic: every answer and listing shows a ticket held
 //	    in all of its limits, with weight indexes in each, or in none
+//	S16 a supersede removes, in its enqueue's step, exactly the older
+//	    waiting tickets of its key sharing a limit with it, with a
+//	    superseded event in each of their limits naming it; Get and Renew
+//	    of one name its successor; its job never runs; its holder ends
+//	    superseded, at once when its bell rings (unless a signal, its
+//	    --wait or its own local deadline ended the wait first)
+//	S17 a held ticket is never removed by a supersede
+//	S18 a replace asks exactly the held tickets of its key sharing a limit
+//	    to stop, with a replaced event in each of their limits; every
+//	    answer and listing shows the request; a holder that
+//	    heard it (its bell, a renewal's answer) has sent its child SIGTERM
+//	    before the clock moves on, and ends replaced
+//	S19 a replacing ticket is admitted only once every ticket it replaces
+//	    is gone; its child never runs beside a replaced job's (outside a
+//	    stopped supervisor or an operator's forced release)
+//	S20 --max-waiting N refuses exactly when the ticket would wait behind
+//	    N waiting tickets of one of its limits after the supersede (the
+//	    count allows for what the enqueue's settle may sweep and admit),
+//	    and a refusal writes nothing
 //	L1  a reap leaves no expired ticket of its limits; none outlives three
 //	    reaper periods
 //	L3  no ticket waits that is the oldest waiter of each of its limits
 //	    while each has room for its weight: the step that made the room
 //	    admitted it (every write that frees room settles the limits its
-//	    tickets connect)
+//	    tickets connect); a ticket that waits for the live tickets it
+//	    replaces is not such a head, and blocks its limits
 //	L4  FIFO across limits: nobody is admitted while an older ticket
 //	    waits in one of its limits
 //	L9  no job holds a ticket while it waits for another
@@ -117,7 +147,10 @@
 // on (internal/mutation; store-side ones in store/boltstore or in
 // store.PlanSettle, the planner, at their real location; holder-side ones in
 // gate/holder). TestMutationsCaught asserts that the simulation finds each
-// within a bounded budget of seeds and steps. The switches exist only in a
+// within a bounded budget of seeds and steps: replace-beside (R1, the
+// planner) as S19, supersede-held (R2, the bbolt store's enqueue) as S17,
+// and with S17 ignored as the child it leaves running unleased (S2). The
+// switches exist only in a
 // build with the tag slotctl_mutations, so those tests (and TestReduce,
 // which needs a failing run) run only with it:
 //

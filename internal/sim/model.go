@@ -25,6 +25,29 @@ type model struct {
 	limits   map[string]*mLimit
 
 	overSince map[string]time.Duration // limit -> since when more children run than it has slots
+
+	// Newer runs first (docs/leases.md §2.1 item 10), this step's: the
+	// superseding enqueues and the refusals of --max-waiting. owners
+	// outlives the live set: a replacing job's child must not overlap the
+	// replaced one's (S19), whatever became of its ticket.
+	sups    []*supStep
+	qfull   []*supStep
+	owners  map[string]*holder
+	replace map[string][]string // ticket -> the tickets it replaces
+}
+
+// A supStep is one enqueue of this step with --supersede or --replace (or
+// a refusal of --max-waiting): the older waiting tickets of its key that
+// share a limit with it (the supersede removes exactly those, S16), and the
+// held ones (never removed, S17; asked to stop with --replace, S18).
+type supStep struct {
+	id      string
+	key     string
+	limits  []string
+	first   bool // the step's first store call: the model's states are the store's
+	victims map[string]bool
+	held    map[string]bool
+	unasked []string // held, of its key, not in its Replaces: gone by the diff, or S18
 }
 
 type mTicket struct {
@@ -37,7 +60,13 @@ type mTicket struct {
 	boot   string
 	dl     time.Duration // deadline on the store's boot clock
 	owner  *holder
+	key    string
+	stop   string   // the newer ticket that asked it to stop (--replace)
+	repl   []string // the held tickets it replaces, as its enqueue answered
 }
+
+// shares: t names one of the limits.
+func (t *mTicket) shares(limits []string) bool { return slices.ContainsFunc(limits, t.names) }
 
 // names reports whether t names limit.
 func (t *mTicket) names(limit string) bool { return slices.Contains(t.limits, limit) }
@@ -55,6 +84,9 @@ type goneRec struct {
 	force  bool          // an operator's release
 	swept  bool          // expired or proven dead, removed by a sweep or a reap
 	expiry time.Duration // when its lease ran out (for swept)
+	by     string        // superseded: the newer ticket
+	sure   bool          // superseded while no sweep could have removed it first
+	limits []string      // superseded: its limits
 }
 
 type mLimit struct {
@@ -64,7 +96,8 @@ type mLimit struct {
 
 func newModel(s *sim) *model {
 	return &model{s: s, live: map[string]*mTicket{}, refused: map[string]bool{}, removals: map[string]int{},
-		gone: map[string]goneRec{}, limits: map[string]*mLimit{}, overSince: map[string]time.Duration{}}
+		gone: map[string]goneRec{}, limits: map[string]*mLimit{}, overSince: map[string]time.Duration{},
+		owners: map[string]*holder{}, replace: map[string][]string{}}
 }
 
 func (m *model) fail(rule, format string, args ...any) { m.s.fail(rule, format, args...) }
@@ -172,7 +205,9 @@ func (m *model) check() {
 	s := m.s
 	now := s.now()
 	if len(s.log) > 0 {
-		for _, o := range s.log {
+		m.sups, m.qfull = m.sups[:0], m.qfull[:0]
+		for i, o := range s.log {
+			o.first = i == 0
 			m.apply(o, now)
 			if s.viol != nil {
 				return
@@ -212,6 +247,11 @@ func (m *model) apply(o *op, now Instant) {
 		}
 		return
 	}
+	var full *store.QueueFullError
+	if o.kind == "enqueue" && errors.As(o.err, &full) {
+		m.refusedFull(o, full, now)
+		return
+	}
 	if unexpected(o.err) {
 		m.fail("S12", "%s by %s failed: %v", o.kind, o.who, o.err)
 		return
@@ -245,7 +285,11 @@ func (m *model) apply(o *op, now Instant) {
 				m.limit(name, o.req.Slots)
 			}
 			t := &mTicket{id: id, limits: slices.Clone(o.req.Names()), weight: o.req.Weighs(), fence: o.res.Fence, state: store.Waiting,
-				boot: now.Boot, dl: now.Mono + o.req.TTL, owner: o.owner}
+				boot: now.Boot, dl: now.Mono + o.req.TTL, owner: o.owner, key: o.req.Key}
+			m.owners[id] = o.owner
+			if !m.newer(o, t, now) {
+				return
+			}
 			m.live[id] = t
 			m.view("enqueue", o.res, t)
 		case errors.Is(o.err, store.ErrRemoved):
@@ -275,6 +319,8 @@ func (m *model) apply(o *op, now Instant) {
 		case t != nil && t.fence == o.t.Fence && !m.expired(t, now) && !m.sweptBefore(t, now):
 			// (A renewal's own sweep may remove a ticket whose holder is proven dead.)
 			m.fail("S6", "renewal by %s of live ticket %s refused: %v", o.who, short(t.id), o.err)
+		case o.err != nil && m.live[o.t.ID] == nil:
+			m.supersededErr(o, o.t.ID)
 		}
 	case "release":
 		if h := o.owner; h != nil && o.who == h.name && h.id == o.t.ID && h.child.running {
@@ -303,6 +349,8 @@ func (m *model) apply(o *op, now Instant) {
 			m.view("Get", o.res, t)
 		case o.err != nil && t != nil && !m.sweptBefore(t, now):
 			m.fail("S4", "Get lost live ticket %s: %v", short(t.id), o.err)
+		case o.err != nil && m.live[o.t.ID] == nil:
+			m.supersededErr(o, o.t.ID)
 		}
 	case "setchild":
 		t := m.live[o.t.ID]
@@ -365,6 +413,14 @@ func (m *model) view(what string, v store.Ticket, t *mTicket) bool {
 			v.Names(), v.Limit, v.Weighs(), t.limits, t.weight)
 		return false
 	}
+	if v.Key != t.key {
+		m.fail("S8", "%s of %s: key %q; it was enqueued with %q", what, short(t.id), v.Key, t.key)
+		return false
+	}
+	if got := v.Stop; (got == nil) != (t.stop == "") || got != nil && (got.Ticket != t.stop || m.owners[t.stop] != nil && got.Pid != m.owners[t.stop].pid) {
+		m.fail("S18", "%s of %s (%s): stop request %+v; the model's: %q", what, short(t.id), v.State, got, short(t.stop))
+		return false
+	}
 	switch v.State {
 	case store.Held:
 		for _, name := range t.limits {
@@ -401,6 +457,9 @@ func (m *model) diff(snap store.Snapshot, now Instant) {
 	for _, id := range order {
 		vs := views[id]
 		st := vs[0]
+		if !m.listed(id, st) {
+			return
+		}
 		t := m.live[id]
 		switch {
 		case t == nil && m.refused[id]:
@@ -456,12 +515,16 @@ func (m *model) diff(snap store.Snapshot, now Instant) {
 		if views[t.id] != nil {
 			continue
 		}
-		if !m.mayReap(t, now) {
-			m.fail("S6", "ticket %s of %s (%s, slot %d) vanished while its lease has %v left%s", short(t.id), ownerName(t.owner),
-				t.state, t.slot(), m.left(t, now), m.stepCalls())
+		if m.vanished(t, now) {
+			continue
+		}
+		if m.s.viol != nil {
 			return
 		}
 		m.sweep(t, now)
+	}
+	if !m.asked() || !m.admittedBeside(promoted) {
+		return
 	}
 	if len(snap.Limits) != len(m.limits) {
 		m.fail("S1", "the store has %d limits, the model %d", len(snap.Limits), len(m.limits))
@@ -531,6 +594,10 @@ func (m *model) diff(snap store.Snapshot, now Instant) {
 			h.rung = true // the promoter rings its bell
 		}
 	}
+	m.stops()
+	if m.logged(); m.s.viol != nil {
+		return
+	}
 	m.heads(all)
 }
 
@@ -548,6 +615,11 @@ func (m *model) heads(all []*mTicket) {
 		for _, name := range t.limits {
 			if blocked[name] != nil {
 				head = false
+			}
+		}
+		for _, id := range t.repl {
+			if m.live[id] != nil {
+				head = false // it waits for those it replaces, and blocks its limits meanwhile (S19)
 			}
 		}
 		if head {
@@ -736,7 +808,11 @@ func (m *model) holder(h *holder, now Instant, running map[string]int, exempt ma
 		m.fail("S9", "%s counts on its lease until %v from now, but the store's ends in %v", h.name,
 			h.lease.Deadline()+h.margin-now.Mono, t.dl-now.Mono)
 	}
-	if !h.child.running {
+	m.heardStop(h, now)
+	if !h.child.running || m.s.viol != nil {
+		return
+	}
+	if m.replacedRuns(h, now); m.s.viol != nil {
 		return
 	}
 	for _, name := range h.limits {

@@ -91,6 +91,7 @@ func TestMutationConsequences(t *testing.T) {
 		{mutation.ReleaseBeforeExit, []string{"S10"}, "S2"},
 		{mutation.HoldAndWait, []string{"L9"}, "L10"},
 		{mutation.HoldAndWait, []string{"L9", "L10"}, "L2"},
+		{mutation.SupersedeHeld, []string{"S17"}, "S2"},
 	} {
 		t.Run(string(c.bug)+"-"+c.want, func(t *testing.T) {
 			t.Parallel()

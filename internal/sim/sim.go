@@ -33,11 +33,12 @@ const (
 	OpRelease  Fault = "op-release"  // an operator releases a ticket by hand
 	OpResize   Fault = "op-resize"   // an operator resizes or pauses a limit
 	Judge      Fault = "judge"       // reapers may prove a holder dead (else only the TTL frees)
+	LostRing   Fault = "lost-ring"   // a bell's ring is lost: its holder learns at its next poll or renewal
 )
 
 // AllFaults lists every Fault.
 func AllFaults() []Fault {
-	return []Fault{Crash, Pause, RenewDelay, RenewFail, Restart, WallJump, Retry, LostReply, Reboot, Signal, OpRelease, OpResize, Judge}
+	return []Fault{Crash, Pause, RenewDelay, RenewFail, Restart, WallJump, Retry, LostReply, Reboot, Signal, OpRelease, OpResize, Judge, LostRing}
 }
 
 // A FaultSet is the kinds switched on; nil means all.
@@ -114,6 +115,11 @@ type Stats struct {
 	Crashes, Pauses, Reaped      int
 	Faults                       int
 	Ignored                      int // violations of Config.Ignore rules
+	// Newer runs first: tickets superseded, held tickets asked to stop,
+	// runs that ended replaced, holders that heard their stop request by
+	// their bell or a renewal, refusals of --max-waiting.
+	Superseded, StopRequests, Replaced     int
+	HeardByBell, HeardByRenewal, QueueFull int
 	// PauseOverlap is the longest time a paused (or just resumed) holder's
 	// child ran without a lease beside a full limit: what fencing is for.
 	PauseOverlap time.Duration
@@ -418,7 +424,17 @@ func (s *sim) arrive() bool {
 	if h.waitFor >= 0 {
 		wait = h.waitFor.Round(time.Millisecond).String()
 	}
-	s.tracef("%s arrives (limits %v, weight %d, ttl %v, wait %s, job %v)", h.name, h.limits, h.weight, h.ttl, wait, h.runFor.Round(time.Millisecond))
+	var newer string
+	switch {
+	case h.replace:
+		newer = " --replace"
+	case h.supersede:
+		newer = " --supersede"
+	}
+	if h.maxWaiting != nil {
+		newer += fmt.Sprintf(" --max-waiting %d", *h.maxWaiting)
+	}
+	s.tracef("%s arrives (limits %v, weight %d, ttl %v, wait %s, job %v, key %q%s)", h.name, h.limits, h.weight, h.ttl, wait, h.runFor.Round(time.Millisecond), h.key, newer)
 	return true
 }
 
@@ -496,6 +512,17 @@ func (s *sim) inject() bool {
 		return true
 	}
 	return false
+}
+
+// ring rings h's bell, as the store does when it admits, supersedes or
+// asks to stop h's ticket, unless the ring is lost (lost-ring: its holder
+// is told at its next poll or renewal instead).
+func (s *sim) ring(h *holder) {
+	if !s.quiet && s.cfg.Faults.Has(LostRing) && s.chance(0.3) {
+		s.tracef("the ring of %s's bell is lost", h.name)
+		return
+	}
+	h.rung = true
 }
 
 // size is a limit's configured size.

@@ -152,6 +152,12 @@ func TestSim(t *testing.T) {
 		total.Pauses += s.Pauses
 		total.Reaped += s.Reaped
 		total.Faults += s.Faults
+		total.Superseded += s.Superseded
+		total.StopRequests += s.StopRequests
+		total.Replaced += s.Replaced
+		total.HeardByBell += s.HeardByBell
+		total.HeardByRenewal += s.HeardByRenewal
+		total.QueueFull += s.QueueFull
 		total.PauseOverlap = max(total.PauseOverlap, s.PauseOverlap)
 		if r.Violation != nil {
 			failed = append(failed, r)
@@ -164,6 +170,8 @@ func TestSim(t *testing.T) {
 		"longest overlap behind a paused supervisor %v; %d violations",
 		total.Holders, total.Admitted, total.AdmittedMulti, total.AdmittedHeavy, total.Lost, total.Crashes, total.Pauses, total.Faults, total.Reaped,
 		total.PauseOverlap.Round(time.Millisecond), len(failed))
+	t.Logf("newer runs first: %d superseded, %d stop requests, %d runs replaced (heard by bell %d, by renewal %d), %d refused by --max-waiting",
+		total.Superseded, total.StopRequests, total.Replaced, total.HeardByBell, total.HeardByRenewal, total.QueueFull)
 	if len(failed) > 0 {
 		r := failed[0]
 		red := sim.Reduce(r, d.next)
@@ -171,6 +179,11 @@ func TestSim(t *testing.T) {
 	}
 	if seeds*base.Steps >= defaultSeeds*defaultSteps && total.Steps < 100000 {
 		t.Errorf("only %d steps ran; the budget is at least 100,000", total.Steps)
+	}
+	if seeds*base.Steps >= defaultSeeds*defaultSteps && base.Faults == nil &&
+		min(total.Superseded, total.StopRequests, total.Replaced, total.HeardByBell, total.HeardByRenewal, total.QueueFull) < 20 {
+		t.Errorf("newer runs first barely ran: %d superseded, %d stop requests, %d replaced, heard by bell %d, by renewal %d, %d refused; want 20 of each",
+			total.Superseded, total.StopRequests, total.Replaced, total.HeardByBell, total.HeardByRenewal, total.QueueFull)
 	}
 }
 

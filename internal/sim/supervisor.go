@@ -33,6 +33,11 @@ type holder struct {
 	grace      time.Duration // --kill-after
 	waitFor    time.Duration // --wait; < 0 waits without bound
 	runFor     time.Duration // how long the job runs if nobody stops it
+	// Newer runs first (docs/leases.md §2.1 item 10).
+	key        string
+	supersede  bool
+	replace    bool
+	maxWaiting *int
 
 	phase          hphase
 	crashed        bool
@@ -69,6 +74,14 @@ type holder struct {
 	inflight  *renewCall
 
 	rung bool // the promoter rang the bell
+	// onRenew is Run's: the Keeper calls it with each acknowledged renewal.
+	onRenew func(store.Ticket)
+	// The stop request (--replace) as the holder heard it: its bell rang
+	// while its job ran, or a renewal's answer carried it (S18).
+	stopHeard   bool
+	stopHeardAt time.Duration
+	stopBy      string
+	stopHow     string
 
 	child      child
 	sigterm    bool
@@ -163,11 +176,45 @@ func newHolder(s *sim, n int) *holder {
 		h.waitFor = s.between(ttl/2, 4*ttl)
 	}
 	h.runFor = s.between(ttl/20, 3*ttl/2)
+	h.key = keys[s.rng.IntN(len(keys))]
+	switch r := s.rng.Float64(); {
+	case r < 0.2:
+		h.supersede = true
+	case r < 0.35:
+		h.replace = true
+	}
+	if s.chance(0.2) {
+		n := s.rng.IntN(3)
+		h.maxWaiting = &n
+	}
 	h.c = s.newConn(h.name, h)
 	return h
 }
 
+// keys are what jobs name with --key: few, so that runs of one key meet.
+var keys = []string{"", "main", "dev"}
+
 func (h *holder) live() bool { return !h.crashed && h.phase != hDone }
+
+// stoppedAt: the supervisor is stopped (SIGSTOP) or was until just now, so
+// it cannot have stopped its child on time.
+func (h *holder) stoppedAt(now time.Duration) bool {
+	return h.paused || h.wasPaused && now <= h.resumedAt+h.grace
+}
+
+// heard records that h heard its stop request, how.
+func (h *holder) heard(now time.Duration, by, how string) {
+	if h.stopHeard || h.phase != hRun {
+		return
+	}
+	h.stopHeard, h.stopHeardAt, h.stopBy, h.stopHow = true, now, by, how
+	if how == "its bell" {
+		h.s.stats.HeardByBell++
+	} else {
+		h.s.stats.HeardByRenewal++
+	}
+	h.s.tracef("%s hears that %s replaces it (%s)", h.name, short(by), how)
+}
 
 // renewing: the renewer sends renewals now.
 func (h *holder) renewing() bool {
@@ -189,6 +236,8 @@ func (h *holder) ready(now time.Duration) (gh.Event, bool) {
 		return gh.Event{Kind: gh.Exited}, true
 	case w.Bell != nil && h.rung:
 		return gh.Event{Kind: gh.Bell}, true
+	case w.Nudge != nil && len(w.Nudge) > 0:
+		return gh.Event{Kind: gh.Nudge}, true
 	case w.At != 0 && w.At <= now:
 		return gh.Event{Kind: gh.Timer}, true
 	}
@@ -274,8 +323,17 @@ func (h *holder) act() {
 			s.tracef("%s: SIGTERM", h.name)
 		case gh.Bell:
 			h.rung = false
+			if t := s.m.live[h.id]; t != nil && t.stop != "" {
+				h.heard(now, t.stop, "its bell")
+			}
+		case gh.Nudge:
+			<-h.wk.Nudge // as the real Waiter's select takes it
 		}
+		waiting := h.phase == hWait
 		h.deliver(ev)
+		if g := s.m.gone[h.id]; ev.Kind == gh.Bell && waiting && g.by != "" && h.live() {
+			s.fail("S16", "%s heard its bell after %s superseded its ticket %s, and still %ss", h.name, short(g.by), short(h.id), h.phase)
+		}
 		return
 	}
 	if h.renewing() && now >= h.nextRenew {
@@ -288,7 +346,8 @@ func (h *holder) start() {
 	s := h.s
 	h.started = true
 	h.id = s.newID()
-	req := store.EnqueueRequest{ID: h.id, Slots: s.size(h.limits[0]), TTL: h.ttl, Holder: store.Holder{Host: "sim", Pid: h.pid, Label: h.name}}
+	req := store.EnqueueRequest{ID: h.id, Slots: s.size(h.limits[0]), TTL: h.ttl, Holder: store.Holder{Host: "sim", Pid: h.pid, Label: h.name},
+		Key: h.key, Supersede: h.supersede, Replace: h.replace, MaxWaiting: h.maxWaiting}
 	if len(h.limits) == 1 {
 		req.Limit = h.limits[0]
 	} else {
@@ -370,6 +429,12 @@ func (h *holder) finished() {
 		if o.Lost {
 			h.exit = "lost"
 		}
+		if o.Replaced != nil {
+			h.exit = "replaced by " + short(o.Replaced.Ticket)
+			h.s.stats.Replaced++
+		}
+	case gh.Superseded:
+		h.exit = "superseded by " + short(o.By.Ticket)
 	case gh.Busy:
 		h.exit = "busy"
 	case gh.LostWaiting:
@@ -384,6 +449,7 @@ func (h *holder) finished() {
 	if h.exit == "ok" {
 		h.s.stats.Finished++
 	}
+	h.s.m.outcome(h, o)
 	h.s.tracef("%s: run over: %s", h.name, h.exit)
 	h.phase, h.leased = hDone, false
 }
@@ -418,8 +484,9 @@ func (h *holder) note(n gh.Note) {
 }
 
 // newLease is Run's NewLease: the simulated renewer.
-func (h *holder) newLease(t store.Ticket, sent time.Duration, _ func(store.Ticket)) gh.Lease {
+func (h *holder) newLease(t store.Ticket, sent time.Duration, onRenew func(store.Ticket)) gh.Lease {
 	h.ticket = t
+	h.onRenew = onRenew
 	h.lease = renew.NewLease(sent, h.ttl, h.margin)
 	h.leased = true
 	h.lostC = make(chan struct{})
@@ -462,6 +529,9 @@ func (l simLease) Stop() {
 // startChild is Run's Starter.
 func (h *holder) startChild(_ context.Context, t store.Ticket) (gh.Child, error) {
 	now := h.s.now().Mono
+	if g := h.s.m.gone[t.ID]; g.by != "" {
+		h.s.fail("S16", "%s starts the job of ticket %s, which %s superseded", h.name, short(t.ID), short(g.by))
+	}
 	h.child = child{start: now, end: now + h.runFor, running: true, exited: make(chan struct{})}
 	h.phase = hRun
 	return simChild{h}, nil
@@ -551,6 +621,12 @@ func (h *holder) answer(now, sent time.Duration, res store.Ticket, err error) {
 		h.ticket = res
 		h.failures = 0
 		h.nextRenew = sent + h.s.jitter(h.every)
+		if res.Stop != nil {
+			h.heard(now, res.Stop.Ticket, "a renewal's answer")
+		}
+		if h.onRenew != nil {
+			h.onRenew(res) // as the Keeper does
+		}
 	case errors.Is(err, store.ErrLost):
 		h.loseLease(now, fmt.Errorf("store refused the renewal: %w", err))
 	default:
