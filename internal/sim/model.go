@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -107,18 +108,8 @@ func (m *model) sorted() []*mTicket {
 	for _, t := range m.live {
 		out = append(out, t)
 	}
-	slices.SortFunc(out, func(a, b *mTicket) int { return cmpU64(a.fence, b.fence) })
+	slices.SortFunc(out, func(a, b *mTicket) int { return cmp.Compare(a.fence, b.fence) })
 	return out
-}
-
-func cmpU64(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func (m *model) expired(t *mTicket, now Instant) bool { return t.boot != now.Boot || now.Mono >= t.dl }

@@ -367,3 +367,25 @@ func TestOrphanKilledOnExpiry(t *testing.T) {
 		t.Errorf("reaped event: %q, want expiry and the kill", ev)
 	}
 }
+
+// An enqueue does not judge the ticket it writes: a late duplicate of a
+// request whose sender has died since is not proof that the ticket's holder
+// is gone, and the step must answer with the ticket it wrote, not remove it
+// in the same breath and answer with nothing.
+func TestEnqueueDoesNotJudgeItsOwnTicket(t *testing.T) {
+	s := deathStore(t, nil)
+	liveSup := deathSpawn(t, false, "sleep", "30")
+	pgid, pgidStart := deathEmptyGroup(t)
+	if h := deathEnqueue(t, s, "live", "x", 1, deathHolder(liveSup.Pid, liveSup.Start, pgid, pgidStart)); h.State != store.Held {
+		t.Fatalf("live: %s, want held", h.State)
+	}
+	sup := deathSpawn(t, false, "sleep", "30")
+	sup.Kill() // the sender of the late request is gone
+	w := deathEnqueue(t, s, "late", "x", 1, deathHolder(sup.Pid, sup.Start, 0, 0))
+	if w.ID != "late" || w.Fence == 0 || w.State != store.Waiting {
+		t.Fatalf("late enqueue answered %+v, want its own ticket, waiting", w)
+	}
+	if got := deathState(t, s, "late"); got != store.Waiting {
+		t.Errorf("late: %s, want waiting (left to its TTL or a reap)", got)
+	}
+}

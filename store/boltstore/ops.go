@@ -93,7 +93,7 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 				return err
 			}
 		}
-		if recs, _, err = x.settleOn(recs, lnames, false); err != nil {
+		if recs, _, err = x.settleOn(recs, lnames, false, req.ID); err != nil {
 			return err
 		}
 		out, _ = x.viewIn(recs, req.ID)

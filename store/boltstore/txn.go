@@ -2,6 +2,7 @@ package boltstore
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"slices"
@@ -234,19 +235,9 @@ func (x *txn) gather(limits []string) ([]ticketRec, []string, error) {
 		}
 	}
 	if len(todo) > 1 {
-		slices.SortFunc(recs, func(a, b ticketRec) int { return cmpU64(a.Fence, b.Fence) })
+		slices.SortFunc(recs, func(a, b ticketRec) int { return cmp.Compare(a.Fence, b.Fence) })
 	}
 	return recs, todo, nil
-}
-
-func cmpU64(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // putTicket writes the ticket into the queue of each of its limits: the
@@ -528,18 +519,24 @@ func (x *txn) settle(limits []string, all bool) ([]ticketRec, []store.Removal, e
 	if err != nil {
 		return nil, nil, err
 	}
-	return x.settleOn(recs, names, all)
+	return x.settleOn(recs, names, all, "")
 }
 
 // settleOn is settle on the closure recs of limits names that gather read
 // in this transaction (and the caller changed since, as an enqueue's
 // supersede does).
-func (x *txn) settleOn(recs []ticketRec, names []string, all bool) ([]ticketRec, []store.Removal, error) {
+func (x *txn) settleOn(recs []ticketRec, names []string, all bool, fresh string) ([]ticketRec, []store.Removal, error) {
 	in, err := x.planInput(recs, names)
 	if err != nil {
 		return nil, nil, err
 	}
 	in.All = all
+	for i := range in.Tickets {
+		// The ticket this very step writes is neither judged nor removed:
+		// its enqueuer is alive by definition, as a renewer is (a late
+		// duplicate of a request whose sender has died is not proof).
+		in.Tickets[i].Fresh = fresh != "" && in.Tickets[i].Ticket.ID == fresh
+	}
 	if x.s.mut.Has(mutation.StaleVerdict) { // mutation (test-only): judge on the deadlines an earlier scan read (A1)
 		x.mutStaleVerdict(&in)
 	}
@@ -749,7 +746,7 @@ func (x *txn) quiet(limits []string) (bool, error) {
 		}
 	}
 	if len(todo) > 1 {
-		slices.SortFunc(in.Tickets, func(a, b store.Queued) int { return cmpU64(a.Ticket.Fence, b.Ticket.Fence) })
+		slices.SortFunc(in.Tickets, func(a, b store.Queued) int { return cmp.Compare(a.Ticket.Fence, b.Ticket.Fence) })
 	}
 	if x.s.dead != nil {
 		in.Judge = func(t store.Ticket, act bool) (string, bool) {
