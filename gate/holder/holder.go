@@ -276,6 +276,15 @@ func (r *runner) wait(ctx context.Context) (store.Ticket, Outcome, bool) {
 	e := r.entry
 	t := e.Ticket()
 	if t.State == store.Held {
+		// Admitted by the enqueue itself, which rang the bell: take that
+		// ring now, or supervise reads the ticket again for nothing (a
+		// whole store open). A stop request that lands in between and
+		// shares the ring is heard at the next renewal at the latest, the
+		// bound of §2.1 item 10 (startLease's onRenew).
+		select {
+		case <-e.Bell():
+		default:
+		}
 		return t, Outcome{}, true
 	}
 	if r.cfg.Wait == 0 {
