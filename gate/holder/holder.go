@@ -143,6 +143,9 @@ type runner struct {
 	entry    *gate.Entry
 	lease    Lease
 	released bool // mutation.ReleaseBeforeExit: released before the job stopped
+	// admittedByJoin: the enqueue itself admitted the ticket (and rang
+	// its bell); wait had nothing to wait for.
+	admittedByJoin bool
 	// holding: the job runs, so a renewal that shows the ticket held is
 	// news only when it carries a stop request (set from Run's goroutine,
 	// read from the renewer's).
@@ -226,6 +229,18 @@ func Run(ctx context.Context, cfg Config) Outcome {
 	} else {
 		r.note(Note{Kind: Started, Ticket: t})
 		r.holding.Store(true)
+		if r.admittedByJoin && r.entry != nil {
+			// The enqueue that admitted the ticket rang its bell: take that
+			// ring, or supervise reads the ticket again for nothing (a whole
+			// store open). Taken after the start, so that the bell's reader
+			// has had time to pass it on. A stop request that shares the
+			// ring is heard at the next renewal at the latest, the bound of
+			// §2.1 item 10 (startLease's onRenew).
+			select {
+			case <-r.entry.Bell():
+			default:
+			}
+		}
 		out = r.supervise(ctx, c, t, cancelJob)
 	}
 	// Drain before release: the job and its group are gone; no renewal is
@@ -276,15 +291,7 @@ func (r *runner) wait(ctx context.Context) (store.Ticket, Outcome, bool) {
 	e := r.entry
 	t := e.Ticket()
 	if t.State == store.Held {
-		// Admitted by the enqueue itself, which rang the bell: take that
-		// ring now, or supervise reads the ticket again for nothing (a
-		// whole store open). A stop request that lands in between and
-		// shares the ring is heard at the next renewal at the latest, the
-		// bound of §2.1 item 10 (startLease's onRenew).
-		select {
-		case <-e.Bell():
-		default:
-		}
+		r.admittedByJoin = true
 		return t, Outcome{}, true
 	}
 	if r.cfg.Wait == 0 {
