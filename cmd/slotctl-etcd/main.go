@@ -21,5 +21,7 @@ var (
 
 func main() {
 	cli.RegisterEtcd(etcdcli.Client)
-	os.Exit(cli.Main(context.Background(), os.Args[1:], cli.NewFactory(version, commit, date)))
+	f := cli.NewFactory(version, commit, date)
+	f.ExitAfterMain = true
+	os.Exit(cli.Main(context.Background(), os.Args[1:], f))
 }

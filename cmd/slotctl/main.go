@@ -30,5 +30,7 @@ var (
 
 func main() {
 	cli.ExecEtcdEarly(os.Args[1:]) // an etcd store: become slotctl-etcd now
-	os.Exit(cli.Main(context.Background(), os.Args[1:], cli.NewFactory(version, commit, date)))
+	f := cli.NewFactory(version, commit, date)
+	f.ExitAfterMain = true
+	os.Exit(cli.Main(context.Background(), os.Args[1:], f))
 }

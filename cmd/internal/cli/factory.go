@@ -52,6 +52,13 @@ type Factory struct {
 	// (host, boot id, pid namespace, pid, user): tests make one machine
 	// look like several hosts sharing a store. Nil is the real one.
 	Identity func() store.Holder
+	// ExitAfterMain: the process exits as soon as Main returns (the two
+	// mains), so run leaves its signal handlers in place rather than
+	// undoing them: signal.Stop hands each of its seven signals to the
+	// runtime's signal-mask thread and back, about 0.5 ms of a run -- true
+	// (issue 19). Tests that call Main many times in one process leave it
+	// false.
+	ExitAfterMain bool
 
 	viper *viper.Viper // made fresh for each Main
 	cfg   *config      // resolved by the root command before any RunE

@@ -361,7 +361,9 @@ func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) er
 	defer st.Close()
 	log := newLogger(f, g)
 	sigs := notifySignals()
-	defer stopSignals(sigs)
+	if !f.ExitAfterMain {
+		defer stopSignals(sigs)
+	}
 
 	cfg := holder.Config{
 		Store:     st,
