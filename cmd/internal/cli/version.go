@@ -5,6 +5,7 @@ import (
 	"regexp"
 	"runtime"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -27,7 +28,9 @@ func (f *Factory) versionInfo() (version, commit, date string) {
 			}
 		}
 	}
-	if rev, when, ok := pseudoVersion(version); ok {
+	if commit != "" && date != "" {
+		// A release build: nothing to read from the version.
+	} else if rev, when, ok := pseudoVersion(version); ok {
 		// go install ...@main (or a commit): no VCS stamp, but the
 		// pseudo-version names the commit (a 12-digit prefix) and its time.
 		if commit == "" {
@@ -86,12 +89,16 @@ EXIT STATUS
 }
 
 // pseudoVersionTail is the end of a Go pseudo-version: -/.yyyymmddhhmmss-rev.
-var pseudoVersionTail = regexp.MustCompile(`[-.](\d{14})-([0-9a-f]{12})(\+incompatible)?$`)
+// Compiled on first use, not at start-up: every command computes the
+// version string, and a release build never needs it (issue 19).
+var pseudoVersionTail = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`[-.](\d{14})-([0-9a-f]{12})(\+incompatible)?$`)
+})
 
 // pseudoVersion reads the commit prefix and commit time (UTC, RFC 3339) from
 // a pseudo-version such as v0.0.0-20261129182144-bb471878d94c.
 func pseudoVersion(v string) (rev, date string, ok bool) {
-	m := pseudoVersionTail.FindStringSubmatch(v)
+	m := pseudoVersionTail().FindStringSubmatch(v)
 	if m == nil {
 		return "", "", false
 	}
