@@ -3,6 +3,8 @@ package etcdstore_test
 import (
 	"context"
 	"fmt"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -144,4 +146,75 @@ func BenchmarkHandoff(b *testing.B) {
 			}
 		})
 	}
+}
+
+// build10k enqueues 10,000 tickets across 100 limits of 2 slots (2 held
+// and 98 waiting each, a one-hour TTL) under prefix, from a handle that
+// stays open (its leases are its own; a reader must be another handle).
+func build10k(b *testing.B, srv *etcdtest.Server, prefix string) {
+	b.Helper()
+	st, err := etcdstore.New(etcdstore.Options{Endpoints: []string{srv.Endpoint}, Prefix: prefix})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { st.Close() })
+	ctx := context.Background()
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make(chan error, 100)
+	for l := range 100 {
+		wg.Go(func() {
+			limit := fmt.Sprintf("limit-%03d", l)
+			for i := range 100 {
+				_, err := st.Enqueue(ctx, store.EnqueueRequest{
+					ID: fmt.Sprintf("%08x%024x", l*100+i, l*7919+i), Limit: limit, Slots: 2, TTL: time.Hour,
+					Holder: store.Holder{Host: "build-host-07", Pid: 10000 + l*100 + i, User: "ci",
+						Argv: []string{"make", "-C", "/srv/ci/" + limit, "-j4", fmt.Sprintf("job=%d", i)}},
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		b.Fatal(err)
+	}
+	b.Logf("built 10,000 tickets in %s", time.Since(start).Round(time.Millisecond))
+}
+
+// BenchmarkSnapshot10k is what `ls -o json` asks of the store: a snapshot
+// of 10,000 live tickets across 100 limits, read by a handle that granted
+// none of their leases (as the ls process did not):
+//
+//	go test -run '^$' -bench Snapshot10k -count 10 ./store/etcdstore/
+func BenchmarkSnapshot10k(b *testing.B) {
+	srv := etcdtest.Start(b, etcdtest.Options{})
+	prefix := fmt.Sprintf("/snap10k/%d", time.Now().UnixNano())
+	build10k(b, srv, prefix)
+	st, err := etcdstore.New(etcdstore.Options{Endpoints: []string{srv.Endpoint}, Prefix: prefix})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	ctx := context.Background()
+	var times []time.Duration
+	for b.Loop() {
+		t0 := time.Now()
+		sn, err := st.Snapshot(ctx)
+		times = append(times, time.Since(t0))
+		if err != nil || len(sn.Tickets) != 10000 || len(sn.Limits) != 100 {
+			b.Fatalf("Snapshot: %d tickets in %d limits, %v; want 10000 in 100", len(sn.Tickets), len(sn.Limits), err)
+		}
+		for _, tk := range sn.Tickets {
+			if tk.Remaining <= 0 || tk.Remaining > time.Hour+time.Second {
+				b.Fatalf("ticket %s: remaining %s, want in (0, 1h]", tk.ID, tk.Remaining)
+			}
+		}
+	}
+	slices.Sort(times)
+	b.ReportMetric(float64(times[len(times)/2].Microseconds())/1000, "median-ms")
 }

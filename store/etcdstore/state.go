@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -436,6 +437,11 @@ func (s *Store) remaining(ctx context.Context, lease int64) time.Duration {
 	}
 	cctx, cancel := s.ctx(ctx)
 	defer cancel()
+	return s.timeToLive(cctx, lease)
+}
+
+// timeToLive is the server's answer for a live lease, within cctx's deadline.
+func (s *Store) timeToLive(cctx context.Context, lease int64) time.Duration {
 	resp, err := s.c.TimeToLive(cctx, clientv3.LeaseID(lease))
 	if err != nil || resp.TTL < 0 {
 		return time.Millisecond // unknown; live by its key
@@ -443,7 +449,10 @@ func (s *Store) remaining(ctx context.Context, lease int64) time.Duration {
 	return time.Duration(resp.TTL)*time.Second + 500*time.Millisecond
 }
 
-// remainingAll estimates the leases of many live entries at once.
+// remainingAll estimates the leases of many live entries at once. The
+// leases this process does not know cost one TimeToLive each (etcd has no
+// call that reads many), asked by ttlInFlight workers on the one connection:
+// a goroutine per lease would grow 10,000 stacks for 10,000 tickets.
 func (s *Store) remainingAll(ctx context.Context, es []*entry) map[int64]time.Duration {
 	out := map[int64]time.Duration{}
 	var ask []int64
@@ -451,31 +460,39 @@ func (s *Store) remainingAll(ctx context.Context, es []*entry) map[int64]time.Du
 		if !e.live() {
 			continue
 		}
+		if _, ok := out[e.r.Lease]; ok {
+			continue
+		}
 		if d, ok := s.leases.remaining(e.r.Lease); ok {
 			out[e.r.Lease] = max(d, time.Millisecond)
 		} else {
+			out[e.r.Lease] = 0 // asked below
 			ask = append(ask, e.r.Lease)
 		}
 	}
-	if len(ask) == 0 {
-		return out
-	}
-	var mu sync.Mutex
+	ds := make([]time.Duration, len(ask))
+	cctx, cancel := s.ctx(ctx)
+	defer cancel()
+	var next atomic.Int64
 	var wg sync.WaitGroup
-	sem := make(chan struct{}, 32)
-	for _, l := range ask {
+	for range min(ttlInFlight, len(ask)) {
 		wg.Go(func() {
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			d := s.remaining(ctx, l)
-			mu.Lock()
-			out[l] = d
-			mu.Unlock()
+			for i := int(next.Add(1) - 1); i < len(ask); i = int(next.Add(1) - 1) {
+				ds[i] = s.timeToLive(cctx, ask[i])
+			}
 		})
 	}
 	wg.Wait()
+	for i, l := range ask {
+		out[l] = ds[i]
+	}
 	return out
 }
+
+// ttlInFlight is how many TimeToLive calls remainingAll has in flight. Over
+// 10,000 leases on an in-process server 32 and 128 took the same time
+// (medians of 15 interleaved snapshots, 400 and 386 ms), 8 took 1.15× that.
+const ttlInFlight = 64
 
 // view turns an entry into the caller's Ticket, under its first limit.
 func (s *Store) view(e *entry, position int, remaining time.Duration) store.Ticket {

@@ -3,6 +3,8 @@
 package cli
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -10,9 +12,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/slotctl/slotctl/store"
+	"github.com/slotctl/slotctl/store/etcdstore"
 	"github.com/slotctl/slotctl/store/etcdstore/etcdtest"
 )
 
@@ -230,4 +235,82 @@ func handoff(t *testing.T, dir string, env []string, run func(string, ...string)
 		t.Fatalf("waiter: %v", err)
 	}
 	return time.Duration(ptReadInt(t, p("start")) - ptReadInt(t, p("end")))
+}
+
+// TestCompareEtcdLs is SPEC §8's inspection goal on etcd: the whole
+// `slotctl-etcd ls -o json` over 10,000 live tickets across 100 limits (2
+// held, 98 waiting each), whose leases another handle granted and keeps,
+// median of SLOTCTL_BENCH_RUNS (default 15) after one that warms up:
+//
+//	go test -tags bench -run CompareEtcdLs -v ./cmd/internal/cli
+func TestCompareEtcdLs(t *testing.T) {
+	runs := 15
+	if n, err := strconv.Atoi(os.Getenv("SLOTCTL_BENCH_RUNS")); err == nil && n > 0 {
+		runs = n
+	}
+	dir := t.TempDir()
+	binEtcd := filepath.Join(dir, "slotctl-etcd")
+	buildSlotctl(t, binEtcd, releaseSlotctlEtcd)
+	srv := etcdtest.Start(t, etcdtest.Options{Fsync: true})
+	st, err := etcdstore.New(etcdstore.Options{Endpoints: []string{srv.Endpoint}, Prefix: "/bench"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	t0 := time.Now()
+	var wg sync.WaitGroup
+	errs := make(chan error, 100)
+	for l := range 100 {
+		wg.Go(func() {
+			limit := fmt.Sprintf("limit-%03d", l)
+			for i := range 100 {
+				if _, err := st.Enqueue(context.Background(), store.EnqueueRequest{
+					ID: fmt.Sprintf("%08x%024x", l*100+i, l*7919+i), Limit: limit, Slots: 2, TTL: time.Hour,
+					Holder: store.Holder{Host: "build-host-07", Pid: 10000 + l*100 + i, User: "ci",
+						Argv: []string{"make", "-C", "/srv/ci/" + limit, "-j4", fmt.Sprintf("job=%d", i)}},
+				}); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	t.Logf("built 10,000 tickets across 100 limits in %s", time.Since(t0).Round(time.Millisecond))
+	env := append(os.Environ(), "HOME="+dir, "SLOTCTL_STORE=etcd://"+srv.Endpoint+"/bench")
+	var times []time.Duration
+	for i := -1; i < runs; i++ {
+		cmd := exec.Command(binEtcd, "ls", "-o", "json")
+		cmd.Env = env
+		start := time.Now()
+		out, err := cmd.Output()
+		d := time.Since(start)
+		if err != nil {
+			t.Fatalf("ls -o json: %v", err)
+		}
+		if i < 0 {
+			var snap struct {
+				Tickets []struct {
+					Remaining float64 `json:"lease_remaining_seconds"`
+				} `json:"tickets"`
+			}
+			if err := json.Unmarshal(out, &snap); err != nil || len(snap.Tickets) != 10000 {
+				t.Fatalf("ls -o json: %d tickets, %v; want 10000", len(snap.Tickets), err)
+			}
+			for _, tk := range snap.Tickets {
+				if tk.Remaining <= 0 {
+					t.Fatalf("ls -o json: a live ticket shown expired (remaining %v)", tk.Remaining)
+				}
+			}
+			continue
+		}
+		times = append(times, d)
+	}
+	slices.Sort(times)
+	fmt.Printf("ls -o json, 10,000 tickets / 100 limits on etcd, whole command: median %s, p90 %s, min %s (%d runs, %s)\n",
+		times[len(times)/2].Round(time.Millisecond), times[len(times)*9/10].Round(time.Millisecond), times[0].Round(time.Millisecond), runs, time.Now().UTC().Format(time.RFC3339))
 }
