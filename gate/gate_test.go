@@ -586,3 +586,23 @@ func TestWaitSweepsEveryLimit(t *testing.T) {
 		t.Errorf("admitted with slots %q, want a=0 b=0", got.SlotsVar())
 	}
 }
+
+// A --max-waiting refusal wrote nothing, so Join leaves its id alone: no
+// cancel, no tombstone (docs/leases.md §2.1 item 10). The store would take
+// the same id later; a tombstone would refuse it.
+func TestJoinQueueFullWritesNothing(t *testing.T) {
+	g, s, _ := newGate(t, 0)
+	h := join(t, g, request("full", 1))
+	defer h.Leave(context.Background(), store.Released)
+	req := request("full", 1)
+	none := 0
+	req.MaxWaiting = &none
+	if _, err := g.Join(context.Background(), req); !errors.Is(err, store.ErrQueueFull) {
+		t.Fatalf("Join behind a holder with --max-waiting 0: %v, want ErrQueueFull", err)
+	}
+	req.MaxWaiting = nil
+	tk, err := s.Enqueue(context.Background(), req)
+	if err != nil || tk.State != store.Waiting {
+		t.Fatalf("Enqueue of the refused id afterwards: %s, %v; want waiting (nothing was written for it)", tk.State, err)
+	}
+}
