@@ -247,7 +247,16 @@ const (
 	// --on-lost continue, did not stop) its child. Releasing with it removes
 	// the ticket if the store still has it, and logs a "lost" event either way.
 	Lost Reason = "lost"
+	// Busy: the holder gave up waiting (--wait ran out) before its job
+	// ran. Releasing with it is Cancel under another name: it removes the
+	// ticket even if it was promoted meanwhile, tombstones an id never seen,
+	// and logs a "busy" event instead of "cancelled".
+	Busy Reason = "busy"
 )
+
+// Resized is the kind of event a held ticket logs when Resize changes its
+// weight; the event's Weight is the new weight (docs/leases.md §2.1 item 12).
+const Resized = "resized"
 
 // An Event is one entry of a store's event log: admitted, released,
 // cancelled, reaped (with the evidence), force-released, lost.
@@ -271,6 +280,44 @@ type Event struct {
 	User     string `json:"user,omitempty"`
 	Command  string `json:"command,omitempty"`
 	Evidence string `json:"evidence,omitempty"`
+	// Waited is how long the ticket waited, on its "admitted" event; Held
+	// is how long it was held, on the event that removes a held ticket.
+	// Both by the wall clock (Created, Admitted), never negative.
+	Waited time.Duration `json:"waited,omitempty"`
+	Held   time.Duration `json:"held,omitempty"`
+}
+
+// Counts are a limit's counters since it was created (SPEC §2.8): kept in the
+// store beside its tickets and updated by Add in the same step as the event
+// they count, so they never go backwards and never depend on the event
+// log's pruning. Removing a limit removes its counts.
+type Counts struct {
+	Limit         string    `json:"limit"`
+	Admitted      uint64    `json:"admitted"`
+	Released      uint64    `json:"released"`
+	Cancelled     uint64    `json:"cancelled"`
+	Busy          uint64    `json:"busy"`
+	Superseded    uint64    `json:"superseded"`
+	Replaced      uint64    `json:"replaced"`
+	Reaped        uint64    `json:"reaped"`
+	Lost          uint64    `json:"lost"`
+	ForceReleased uint64    `json:"force_released"`
+	Wait          Histogram `json:"wait"` // Event.Waited of each admission
+	Hold          Histogram `json:"hold"` // Event.Held of each held ticket removed
+}
+
+// HistogramBounds are the upper bounds, in seconds, of the buckets of every
+// Histogram in Counts (one more bucket, +Inf, is implied).
+var HistogramBounds = []float64{0.1, 1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 43200, 86400}
+
+// A Histogram counts observations in the buckets of HistogramBounds.
+type Histogram struct {
+	// Buckets[i] counts the observations <= HistogramBounds[i] and above
+	// the bound before (not cumulative); len(HistogramBounds)+1 entries,
+	// the last for those above every bound. Nil until the first Observe.
+	Buckets []uint64 `json:"buckets,omitempty"`
+	Count   uint64   `json:"count"`
+	Sum     float64  `json:"sum"` // seconds
 }
 
 // MaxEvents is how many of the newest events a store keeps.
@@ -374,6 +421,21 @@ type Store interface {
 	// RemoveLimit deletes an empty limit; with force, its tickets too.
 	// A missing limit wraps ErrLimitNotFound; one with tickets, ErrLimitInUse.
 	RemoveLimit(ctx context.Context, name string, force bool) error
+
+	// Counts returns the counters of the named limits (all when none), in
+	// name order; a named limit that does not exist wraps ErrLimitNotFound.
+	Counts(ctx context.Context, limits ...string) ([]Counts, error)
+
+	// Resize sets the weight of held ticket t (same id and fence) toward
+	// weight, in one step, and returns the ticket as it now is (SPEC §2.10,
+	// docs/leases.md §2.1 item 12). Shrinking always happens: it frees the
+	// ticket's highest indexes in each of its limits and promotes waiters.
+	// Growing takes only what is free in every one of its limits while no
+	// ticket waits in any of them (waiters go first), so the weight may end
+	// anywhere between the old one and weight. A weight change logs a
+	// "resized" event. A ticket that is gone, of another fence, or expired
+	// wraps ErrLost; one still waiting, or a weight below 1, ErrInvalid.
+	Resize(ctx context.Context, t Ticket, weight int) (Ticket, error)
 
 	// Watch returns a Bell that rings when the ticket with this id may have
 	// changed (promoted, asked to stop, or removed). Call it before Enqueue so that no ring is
@@ -675,6 +737,71 @@ func (e *WeightError) Unwrap() error { return ErrInvalid }
 func CheckSlots(n int) error {
 	if n < 0 || n > MaxSlots {
 		return fmt.Errorf("%w: slot count %d: want 0..%d (0 pauses the limit)", ErrInvalid, n, MaxSlots)
+	}
+	return nil
+}
+
+// Add counts one event of the limit's log: its kind, and its Waited or Held
+// time in the histograms. Every backend calls it for each event it logs, in
+// the step that logs it. Kinds it does not count ("resized") change nothing.
+func (c *Counts) Add(ev Event) {
+	switch ev.Kind {
+	case "admitted":
+		c.Admitted++
+		c.Wait.Observe(ev.Waited)
+	case string(Released):
+		c.Released++
+	case string(Cancelled):
+		c.Cancelled++
+	case string(Busy):
+		c.Busy++
+	case string(Superseded):
+		c.Superseded++
+	case "replaced":
+		c.Replaced++
+	case string(Reaped):
+		c.Reaped++
+	case string(Lost):
+		c.Lost++
+	case string(ForceReleased):
+		c.ForceReleased++
+	}
+	if ev.Kind != "admitted" && ev.Held > 0 {
+		c.Hold.Observe(ev.Held)
+	}
+}
+
+// Observe counts one duration (negative ones as 0).
+func (h *Histogram) Observe(d time.Duration) {
+	if len(h.Buckets) != len(HistogramBounds)+1 {
+		h.Buckets = make([]uint64, len(HistogramBounds)+1)
+	}
+	v := max(d, 0).Seconds()
+	i, _ := slices.BinarySearch(HistogramBounds, v)
+	h.Buckets[i]++
+	h.Count++
+	h.Sum += v
+}
+
+// Check refuses counts that a store could not have written (hostile or
+// corrupt records are exit 69): a bad limit name, or a histogram whose
+// buckets do not add up to its count.
+func (c *Counts) Check() error {
+	if err := CheckLimitName(c.Limit); err != nil {
+		return err
+	}
+	for _, h := range []*Histogram{&c.Wait, &c.Hold} {
+		if h.Buckets == nil && h.Count == 0 && h.Sum == 0 {
+			continue
+		}
+		var n uint64
+		for _, b := range h.Buckets {
+			n += b
+		}
+		if len(h.Buckets) != len(HistogramBounds)+1 || n != h.Count || !(h.Sum >= 0) {
+			return fmt.Errorf("%w: counts of %q: histogram of %d buckets holding %d, count %d, sum %v",
+				ErrCorrupt, c.Limit, len(h.Buckets), n, h.Count, h.Sum)
+		}
 	}
 	return nil
 }

@@ -225,3 +225,19 @@ type simBell struct{ c chan struct{} }
 
 func (b *simBell) C() <-chan struct{} { return b.c }
 func (b *simBell) Close() error       { return nil }
+
+// Counts implements store.Store.
+func (c *conn) Counts(ctx context.Context, limits ...string) ([]store.Counts, error) {
+	if c.dead() {
+		return nil, errDead
+	}
+	return c.st.Counts(ctx, limits...)
+}
+
+// Resize implements store.Store. TODO(issue 18): the model must see it.
+func (c *conn) Resize(ctx context.Context, t store.Ticket, weight int) (store.Ticket, error) {
+	if c.dead() {
+		return store.Ticket{}, errDead
+	}
+	return c.st.Resize(ctx, t, weight)
+}
