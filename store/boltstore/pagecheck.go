@@ -80,22 +80,26 @@ func checkPages(f *os.File, name string) error {
 	if err != nil || !st.Mode().IsRegular() || st.Size() == 0 {
 		return nil
 	}
-	// A small store is read whole, in one call: a page at a time costs a
-	// system call per page on every operation (80 for a store of a few
-	// tickets). A larger one is read page by page, to bound the memory.
-	var r io.ReaderAt = f
-	if st.Size() <= readWhole {
-		buf := make([]byte, st.Size())
-		if _, err := f.ReadAt(buf, 0); err == nil {
-			r = bytes.NewReader(buf)
-		}
-	}
-	m, ok := readMeta(r, st.Size())
+	m, ok := readMeta(f, st.Size())
 	if !ok {
 		return nil
 	}
 	if err := checkSize(m, st.Size(), name); err != nil {
 		return err
+	}
+	// A small store's pages are read whole, in one call: a page at a time
+	// costs a system call per page on every operation (80 for a store of a
+	// few tickets). A larger one is read page by page, to bound the memory.
+	// Only the pages below the high-water mark can be reached (the walk
+	// refuses any other id), and bbolt grows the file ahead of them: a
+	// store of a few tickets uses half of its file or less, and reading
+	// the rest cost a fresh process a page fault per 4 KiB.
+	var r io.ReaderAt = f
+	if used := int64(m.pgid * m.pageSize); used <= readWhole {
+		buf := make([]byte, used)
+		if _, err := f.ReadAt(buf, 0); err == nil {
+			r = bytes.NewReader(buf)
+		}
 	}
 	_, err = walkPages(r, st.Size(), m)
 	if err != nil {
