@@ -177,6 +177,14 @@ func (e *Entry) Refresh(ctx context.Context) (store.Ticket, error) {
 	return t, nil
 }
 
+// Saw takes t, an answer of the store about the entry's ticket that the
+// caller read by other means (a renewal), as the entry's ticket, and
+// returns it.
+func (e *Entry) Saw(t store.Ticket) store.Ticket {
+	e.t = t
+	return t
+}
+
 // LastLook is the read at the end of a bounded wait: the promotion may have
 // landed with the deadline. Not held, it returns ErrBusy.
 func (e *Entry) LastLook(ctx context.Context) (store.Ticket, error) {

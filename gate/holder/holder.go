@@ -150,6 +150,11 @@ type runner struct {
 	// news only when it carries a stop request (set from Run's goroutine,
 	// read from the renewer's).
 	holding atomic.Bool
+	// renewed is the newest answer of a renewal while the ticket waits:
+	// the wait takes it as its read of the ticket, so that a waiter's
+	// renewals are its polls too (one store operation per renewal period,
+	// not two; issue 19's idle waiters).
+	renewed atomic.Pointer[store.Ticket]
 }
 
 func newRunner(cfg Config) *runner {
@@ -265,10 +270,14 @@ func Supervise(ctx context.Context, cfg Config, c Child) Outcome {
 
 func (r *runner) startLease(ctx context.Context, t store.Ticket, sent time.Duration) Lease {
 	onRenew := func(nt store.Ticket) {
-		if nt.State == store.Held && (!r.holding.Load() || nt.Stop != nil) {
-			// A renewal shows the ticket held (a lost ring costs one
-			// period) or asked to stop (§2.1 item 10: heard at the next
-			// renewal at the latest).
+		switch {
+		case !r.holding.Load():
+			// The wait reads the answer: it shows the ticket held (a lost
+			// ring costs one period) or its place in the queue.
+			r.renewed.Store(&nt)
+			r.entry.Nudge()
+		case nt.State == store.Held && nt.Stop != nil:
+			// Asked to stop (§2.1 item 10): heard at the next renewal at the latest.
 			r.entry.Nudge()
 		}
 	}
@@ -309,6 +318,8 @@ func (r *runner) wait(ctx context.Context) (store.Ticket, Outcome, bool) {
 	var lostC <-chan struct{}
 	if r.lease != nil {
 		lostC = r.lease.Lost()
+		// The renewals read the ticket (renewed): no poll beside them.
+		nextPoll = never
 	}
 	done := ctx.Done()
 	armExpiry := func() {
@@ -354,6 +365,14 @@ func (r *runner) wait(ctx context.Context) (store.Ticket, Outcome, bool) {
 				nextPoll = now + e.PollPeriod()
 			default:
 				continue // early: nothing is due yet
+			}
+		case Nudge:
+			if p := r.renewed.Swap(nil); p != nil && p.State == store.Waiting && p.ID == t.ID && p.Fence == t.Fence {
+				// A renewal's answer: still waiting, at this place.
+				t = e.Saw(*p)
+				r.note(Note{Kind: WaitUpdate, Ticket: t})
+				armExpiry()
+				continue
 			}
 		}
 		nt, err := e.Refresh(ctx)
