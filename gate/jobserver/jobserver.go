@@ -390,6 +390,7 @@ func (s *Server) run(ctx context.Context) {
 	)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
+	started := time.Now()
 	for ctx.Err() == nil {
 		now := time.Now()
 		if !now.Before(nextLook) {
@@ -415,7 +416,13 @@ func (s *Server) run(ctx context.Context) {
 					freeSince = time.Time{}
 				}
 			}
-			nextLook = now.Add(s.cfg.LookEvery)
+			every := s.cfg.LookEvery
+			if now.Sub(started) < time.Second {
+				// A build that just started is where a split is made: the
+				// running builds give back for it, it takes what they free.
+				every /= 5
+			}
+			nextLook = now.Add(every)
 		}
 		if s.lostErr() != nil {
 			return
