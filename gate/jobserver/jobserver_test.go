@@ -146,7 +146,10 @@ func TestTakesBackOnlyUnreadTokens(t *testing.T) {
 	if b.State != store.Waiting {
 		t.Fatalf("b: %s, want waiting", b.State)
 	}
-	eventually(t, 2*time.Second, "the unread token given back", func() bool { return weight(t, s, a.ID) == 3 })
+	eventually(t, 2*time.Second, "the unread token given back", func() bool { return weight(t, s, a.ID) <= 3 })
+	if w := weight(t, s, a.ID); w < 3 {
+		t.Fatalf("weight %d with 2 tokens in use: a token in use was taken back", w)
+	}
 	for range 20 { // the server tries all along: it must not take the client's two
 		time.Sleep(10 * time.Millisecond)
 		if w := weight(t, s, a.ID); w < 3 {
