@@ -53,6 +53,11 @@ const (
 	maxRebalanceBackoff = 30 * time.Second
 )
 
+// maxIdleTick is the longest a server that could grow waits between two
+// reads of FIONREAD: a build that needs another token after leaving one
+// unread for a while gets it within this.
+const maxIdleTick = 100 * time.Millisecond
+
 // token is the byte the server writes; clients give back the byte they read.
 const token = '+'
 
@@ -391,6 +396,7 @@ func (s *Server) run(ctx context.Context) {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	started := time.Now()
+	tick := s.cfg.Tick
 	for ctx.Err() == nil {
 		now := time.Now()
 		if !now.Before(nextLook) {
@@ -458,6 +464,7 @@ func (s *Server) run(ctx context.Context) {
 		if canGrow && s.Unread() == 0 && (below || !freeSince.IsZero() && now.Sub(freeSince) >= s.cfg.Grace) {
 			if granted := s.grow(ctx, w+1); granted > 0 {
 				v.free -= granted
+				tick = s.cfg.Tick
 				if !below {
 					// Nobody took this free slot within the grace: if it was
 					// given back for a fairer split, that holder is no build,
@@ -471,7 +478,10 @@ func (s *Server) run(ctx context.Context) {
 		}
 		sleep := time.Until(nextLook)
 		if canGrow {
-			sleep = min(sleep, s.cfg.Tick)
+			// While the build leaves a token unread, look less often: it
+			// has what it uses. A grant starts again from Tick.
+			sleep = min(sleep, tick)
+			tick = min(2*tick, maxIdleTick)
 		}
 		timer.Reset(max(sleep, time.Millisecond))
 		select {

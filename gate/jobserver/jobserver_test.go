@@ -12,6 +12,7 @@ import (
 	"github.com/slotctl/slotctl/gate"
 	"github.com/slotctl/slotctl/store"
 	"github.com/slotctl/slotctl/store/boltstore"
+	"golang.org/x/sys/unix"
 )
 
 // The tests run real servers on a real bbolt store with its real clock,
@@ -410,5 +411,64 @@ func TestMakeFlags(t *testing.T) {
 		if got := MakeFlags(tc.old, 4, "fifo:/p"); got != tc.want {
 			t.Errorf("MakeFlags(%q) = %q, want %q", tc.old, got, tc.want)
 		}
+	}
+}
+
+// cpuTime is the CPU time this process has used (user and system).
+func cpuTime(t *testing.T) time.Duration {
+	t.Helper()
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		t.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// A server with nothing to do (a build that runs one job at a time: one
+// unread token, a limit with free slots, nobody waiting) costs little: it
+// reads FIONREAD every tick and the store every look. Measured by this
+// process's CPU time over 2 s with the default cadences; the bound is loose
+// (a loaded machine), the figure is logged.
+func TestIdleCost(t *testing.T) {
+	if testing.Short() {
+		t.Skip("measures for 2 s")
+	}
+	for _, tc := range []struct {
+		name   string
+		others int // weight of another holder: 5 fills the limit
+	}{{"free slots", 0}, {"full limit", 5}} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := boltstore.New(filepath.Join(t.TempDir(), "slots.db"), boltstore.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			a := enqueue(t, s, 6, 1)
+			if tc.others > 0 {
+				enqueue(t, s, 6, tc.others)
+			}
+			srv, err := Open(context.Background(), Config{Store: s, Ticket: a, Style: FIFO})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer srv.Close()
+			srv.Start(context.Background())
+			if tc.others == 0 {
+				eventually(t, 2*time.Second, "one unread token", func() bool { return srv.Unread() == 1 })
+			}
+			time.Sleep(1200 * time.Millisecond) // past the first second's quicker looks
+			const d = 2 * time.Second
+			c0, l0 := cpuTime(t), srv.Stats().Looks
+			time.Sleep(d)
+			used, looks := cpuTime(t)-c0, srv.Stats().Looks-l0
+			share := float64(used) / float64(d) * 100
+			t.Logf("idle jobserver (%s): %s of CPU in %s (%.2f%% of one core), %d store reads", tc.name, used.Round(time.Microsecond), d, share, looks)
+			if share > 2 {
+				t.Errorf("idle jobserver used %.2f%% of one core, want well under 1%%", share)
+			}
+			if st := srv.Stats(); st.Resizes > 1 {
+				t.Errorf("idle jobserver resized %d times", st.Resizes)
+			}
+		})
 	}
 }

@@ -454,3 +454,67 @@ func TestJobserverBadFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestJobserverPerformance (SLOTCTLTEST_JOBSERVER_PERF=1; run it on a quiet
+// machine): two concurrent builds of 40 recipes x 0.2 s under slotctl run
+// --jobserver on a limit of 6 against one make -j6 of all 80 recipes, the
+// median of 5 of each. Goal: within 1.15x.
+//
+//	SLOTCTLTEST_JOBSERVER_PERF=1 go test -count=1 -run TestJobserverPerformance -v ./cmd/internal/cli
+func TestJobserverPerformance(t *testing.T) {
+	if os.Getenv("SLOTCTLTEST_JOBSERVER_PERF") == "" {
+		t.Skip("set SLOTCTLTEST_JOBSERVER_PERF=1 to measure (on a quiet machine)")
+	}
+	needMake(t)
+	e := newPTEnv(t)
+	if out, err := e.output("limit", "set", "cpu", "6"); err != nil {
+		t.Fatalf("limit set: %v\n%s", err, out)
+	}
+	if err := os.WriteFile(e.path("Makefile"), []byte(jsMakefile), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e.env = append(e.env, "SLEEP=0.2")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	run := func(name string, argv ...string) *exec.Cmd {
+		cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+		cmd.Dir, cmd.Env = e.dir, e.env
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return cmd
+	}
+	wait := func(cmds ...*exec.Cmd) {
+		for _, c := range cmds {
+			if err := c.Wait(); err != nil {
+				t.Fatalf("%s: %v", c.Args, err)
+			}
+		}
+	}
+	const rounds = 5
+	var plain, shared []time.Duration
+	for i := range rounds {
+		start := time.Now()
+		wait(run("make", "make", "-s", "-j6", "N=80", fmt.Sprintf("LOG=p%d.log", i)))
+		plain = append(plain, time.Since(start))
+
+		start = time.Now()
+		a := run("a", e.bin, "run", "--limit", "cpu", "--jobserver", "--", "make", "-s", fmt.Sprintf("LOG=a%d.log", i))
+		b := run("b", e.bin, "run", "--limit", "cpu", "--jobserver", "--", "make", "-s", fmt.Sprintf("LOG=b%d.log", i))
+		wait(a, b)
+		shared = append(shared, time.Since(start))
+	}
+	median := func(d []time.Duration) time.Duration {
+		s := append([]time.Duration(nil), d...)
+		sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+		return s[len(s)/2]
+	}
+	mp, ms := median(plain), median(shared)
+	ratio := float64(ms) / float64(mp)
+	t.Logf("make -j6 of 80 recipes: median %s %v; two slotctl run --jobserver of 40 on a limit of 6: median %s %v; ratio %.3f (goal <= 1.15)",
+		mp.Round(time.Millisecond), plain, ms.Round(time.Millisecond), shared, ratio)
+	if ratio > 1.15 {
+		t.Errorf("two jobserver builds took %.3fx one make -j6 of both, want <= 1.15x", ratio)
+	}
+	jsNothingHeld(t, e)
+}
