@@ -397,6 +397,7 @@ func (s *Server) run(ctx context.Context) {
 	defer timer.Stop()
 	started := time.Now()
 	tick := s.cfg.Tick
+	step := 1 // the next growth below the share
 	for ctx.Err() == nil {
 		now := time.Now()
 		if !now.Before(nextLook) {
@@ -461,8 +462,22 @@ func (s *Server) run(ctx context.Context) {
 		}
 		canGrow := seen && !v.waiting && v.free > 0 && w < s.max
 		below := w < v.share
-		if canGrow && s.Unread() == 0 && (below || !freeSince.IsZero() && now.Sub(freeSince) >= s.cfg.Grace) {
-			if granted := s.grow(ctx, w+1); granted > 0 {
+		unread := -1
+		if canGrow {
+			unread = s.Unread()
+		}
+		if unread > 0 {
+			step = 1
+		}
+		if unread == 0 && (below || !freeSince.IsZero() && now.Sub(freeSince) >= s.cfg.Grace) {
+			want := w + 1
+			if below {
+				// Hungry below its share: each grant the build took at once
+				// doubles the next, up to the share.
+				want = min(w+step, v.share, s.max)
+				step = min(2*step, store.MaxSlots)
+			}
+			if granted := s.grow(ctx, want); granted > 0 {
 				v.free -= granted
 				tick = s.cfg.Tick
 				if !below {

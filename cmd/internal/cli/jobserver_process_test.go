@@ -296,15 +296,16 @@ func needMake(t *testing.T) {
 	}
 }
 
-// Two makes (pipe style, make 4.3 on this machine), the second 300 ms after
-// the first: the first has taken the whole limit by then.
+// Two makes (pipe style, make 4.3 on this machine), the second 800 ms after
+// the first: the first has taken the whole limit by then, and gives back
+// for the second.
 func TestJobserverTwoMakes(t *testing.T) {
 	needMake(t)
 	e := newPTEnv(t)
 	jsBuilds(t, e, []jsBuild{
 		{"a", []string{"--", "make", "-s", "LOG=a.log"}},
 		{"b", []string{"--", "make", "-s", "LOG=b.log"}},
-	}, 300*time.Millisecond)
+	}, 800*time.Millisecond)
 }
 
 // A make and a client of the fifo style share the limit.
@@ -363,7 +364,8 @@ func TestJobserverDeadClient(t *testing.T) {
 	if out, err := e.output("limit", "set", "cpu", "3"); err != nil {
 		t.Fatalf("limit set: %v\n%s", err, out)
 	}
-	job := e.start(ctx, "job", "run", "--limit", "cpu", "--jobserver", "--jobserver-style", "fifo", "--", "sh", "-c",
+	// --ttl 2s: the job outlives several leases, renewed with its weight.
+	job := e.start(ctx, "job", "run", "--limit", "cpu", "--ttl", "2s", "--jobserver", "--jobserver-style", "fifo", "--", "sh", "-c",
 		`fifo=${MAKEFLAGS##*fifo:}; echo "$fifo" > fifo.path; dd if="$fifo" bs=1 count=1 status=none > /dev/null; touch took; `+
 			`while [ ! -e go ]; do sleep 0.02; done; date +%s%N > ended`)
 	ptWaitFor(t, "the client took a token", 10*time.Second, func() bool { return ptExists(e.path("took")) })
@@ -398,7 +400,7 @@ func TestJobserverDeadClient(t *testing.T) {
 	// client's never does, so it cannot run before the job ends.
 	w := e.start(ctx, "waiter", "run", "--limit", "cpu", "--weight", "2", "--", "sh", "-c", `date +%s%N > waiter`)
 	ptWaitFor(t, "the job to give back its unread token", 5*time.Second, func() bool { return weight() == 2 })
-	time.Sleep(1500 * time.Millisecond)
+	time.Sleep(2500 * time.Millisecond) // past the first lease
 	if ptExists(e.path("waiter")) {
 		t.Fatalf("the waiter ran while the job still held the dead client's slot")
 	}
@@ -420,6 +422,38 @@ func TestJobserverDeadClient(t *testing.T) {
 	}
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Errorf("the FIFO's directory %s is still there after the job: %v", dir, err)
+	}
+	jsNothingHeld(t, e)
+}
+
+// A crash frees every slot at once: the supervisor of a run that grew to
+// the whole limit is SIGKILLed (its child dies with it); a run of the
+// limit's full weight is admitted at once, by the proof of death, not
+// after the 30 s TTL.
+func TestJobserverCrashFreesAll(t *testing.T) {
+	e := newPTEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if out, err := e.output("limit", "set", "cpu", "3"); err != nil {
+		t.Fatalf("limit set: %v\n%s", err, out)
+	}
+	job := e.start(ctx, "job", "run", "--limit", "cpu", "--jobserver", "--jobserver-style", "fifo", "--", "sh", "-c",
+		`echo $$ > pid; fifo=${MAKEFLAGS##*fifo:}; exec 3<>"$fifo"; dd bs=1 count=2 status=none <&3 > /dev/null; touch took; exec sleep 60`)
+	ptWaitFor(t, "the client took two tokens", 10*time.Second, func() bool { return ptExists(e.path("took")) })
+	e.notePid(int(ptWaitInt(t, e.path("pid"), 5*time.Second)))
+	ptWaitFor(t, "the job to hold the whole limit", 5*time.Second, func() bool {
+		out, _ := e.output("ls", "-o", "json", "cpu")
+		return strings.Contains(out, `"weight": 3`) || strings.Contains(out, `"weight":3`)
+	})
+	_ = job.cmd.Process.Kill()
+	<-job.done
+	start := time.Now()
+	next := e.start(ctx, "next", "run", "--limit", "cpu", "--weight", "3", "--wait", "10s", "--", "true")
+	if code := next.wait(t, 15*time.Second); code != 0 {
+		t.Fatalf("a run of weight 3 after the crash exited %d; stderr:\n%s", code, next.stderr())
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("the crashed run's 3 slots came back after %s, want at once (proof of death)", d.Round(time.Millisecond))
 	}
 	jsNothingHeld(t, e)
 }
