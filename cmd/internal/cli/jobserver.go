@@ -43,6 +43,7 @@ func (o *RunOptions) resolveJobserver(cmd *cobra.Command) error {
 				return usageError("--%s needs --jobserver", name)
 			}
 		}
+		o.JobserverStyle = "" // no jobserver, no style
 		return nil
 	}
 	if fl.Changed("weight") && o.Weight != 1 {
