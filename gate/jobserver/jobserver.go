@@ -441,7 +441,10 @@ func (s *Server) run(ctx context.Context) {
 		if seen && w > 1 {
 			switch {
 			case v.waiting && v.need > 0:
-				give = min(v.need, w-1)
+				// What the head waiter lacks, and down to the share it will
+				// be admitted into (the live tickets counted with it): the
+				// split a rebalance would make after its admission, at once.
+				give = min(max(v.need, w-v.share), w-1)
 			case !v.waiting && v.excess > 0 && !now.Before(noRebal):
 				give = min(v.excess, w-1)
 			}
