@@ -458,6 +458,30 @@ func TestJobserverCrashFreesAll(t *testing.T) {
 	jsNothingHeld(t, e)
 }
 
+// MAKEFLAGS keeps what it held (an outer make's -j and jobserver replaced),
+// and a nested run under an ancestor that holds its limit leaves it alone:
+// its build joins the ancestor's jobserver.
+func TestJobserverMakeflags(t *testing.T) {
+	e := newPTEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	e.env = append(e.env, "MAKEFLAGS=ks -j9 --jobserver-auth=7,8 -- FOO=a\\ b")
+	p := e.start(ctx, "outer", "run", "--limit", "cpu", "--slots", "4", "--jobserver", "--jobserver-max", "3", "--", "sh", "-c",
+		`echo "$MAKEFLAGS" > outer; slotctl run --limit cpu --jobserver -- sh -c 'echo "$MAKEFLAGS" > inner'`)
+	if code := p.wait(t, 20*time.Second); code != 0 {
+		t.Fatalf("exit %d; stderr:\n%s", code, p.stderr())
+	}
+	outer, _ := os.ReadFile(e.path("outer"))
+	inner, _ := os.ReadFile(e.path("inner"))
+	if want := "ks -j3 --jobserver-auth=3,4 -- FOO=a\\ b\n"; string(outer) != want {
+		t.Errorf("MAKEFLAGS %q, want %q", outer, want)
+	}
+	if string(inner) != string(outer) {
+		t.Errorf("nested run's MAKEFLAGS %q, want the ancestor's %q", inner, outer)
+	}
+	jsNothingHeld(t, e)
+}
+
 // Bad jobserver flags: one line, exit 64.
 func TestJobserverBadFlags(t *testing.T) {
 	e := newPTEnv(t)
