@@ -1,6 +1,6 @@
 package cli
 
-// Process tests of slotctl run --jobserver (docs/leases.md §2.10): real
+// Process tests of slotctl run --jobserver (docs/leases.md §2.1 item 12): real
 // slotctl processes, real GNU make (pipe style: make 4.3 refuses the fifo
 // style) and a jobserver client of the fifo style in sh, sharing one limit.
 

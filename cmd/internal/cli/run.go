@@ -43,7 +43,7 @@ type RunOptions struct {
 	// URL is the job's CI run (§2.1 item 11): --url, else the CI's variables.
 	URL string
 	// Jobserver makes slotctl the child's GNU make jobserver, its tokens
-	// the ticket's extra slots (docs/leases.md §2.10): in JobserverStyle,
+	// the ticket's extra slots (docs/leases.md §2.1 item 12): in JobserverStyle,
 	// up to JobserverMax slots (0: the limit's size).
 	Jobserver      bool
 	JobserverStyle string
