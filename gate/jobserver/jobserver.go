@@ -380,132 +380,164 @@ func (s *Server) take(n int, wait time.Duration) int {
 	return got
 }
 
+// loop is the state of the server's loop between rounds.
+type loop struct {
+	v         view      // the last look
+	seen      bool      // v is set
+	started   time.Time // when the server started
+	nextLook  time.Time // when to read the store next (zero: now)
+	freeSince time.Time // since when a free slot has been seen (zero: none)
+	holders   map[string]bool
+	// Rebalancing (giving back above the fair share): not before noRebal;
+	// backoff is the next wait, doubled each time it did not help.
+	noRebal time.Time
+	backoff time.Duration
+	tick    time.Duration // the next wait between two FIONREAD reads while it could grow
+	step    int           // the next growth below the share
+}
+
 // run is the server's loop: read the store every LookEvery, give slots
 // back when others need them, grow while every token is in use.
 func (s *Server) run(ctx context.Context) {
 	defer close(s.done)
-	var (
-		v         view
-		seen      bool
-		nextLook  time.Time
-		freeSince time.Time // since when a free slot has been seen (zero: none)
-		backoff   = minRebalanceBackoff
-		noRebal   time.Time // no rebalancing before this
-		holders   map[string]bool
-	)
+	l := &loop{started: time.Now(), backoff: minRebalanceBackoff, tick: s.cfg.Tick, step: 1}
 	timer := time.NewTimer(0)
 	defer timer.Stop()
-	started := time.Now()
-	tick := s.cfg.Tick
-	step := 1 // the next growth below the share
 	for ctx.Err() == nil {
 		now := time.Now()
-		if !now.Before(nextLook) {
-			if nv, err := s.look(ctx); err == nil {
-				if nv.gone {
-					s.mu.Lock()
-					s.lost = fmt.Errorf("%w: ticket %s is gone", store.ErrLost, s.t.ID)
-					s.mu.Unlock()
-					return
-				}
-				v, seen = nv, true
-				for id := range v.holders {
-					if !holders[id] {
-						backoff, noRebal = minRebalanceBackoff, time.Time{} // a new holder may be a build
-					}
-				}
-				holders = v.holders
-				if v.free > 0 && !v.waiting {
-					if freeSince.IsZero() {
-						freeSince = now
-					}
-				} else {
-					freeSince = time.Time{}
-				}
-			}
-			every := s.cfg.LookEvery
-			if now.Sub(started) < time.Second {
-				// A build that just started is where a split is made: the
-				// running builds give back for it, it takes what they free.
-				every /= 5
-			}
-			nextLook = now.Add(every)
+		if !now.Before(l.nextLook) && !s.observe(ctx, l, now) {
+			return // the ticket is gone
 		}
 		if s.lostErr() != nil {
 			return
 		}
 		w := s.Ticket().Weighs()
-		// Slots to give back: for a waiter that lacks room, or above the
-		// fair share to a build below it (at most once per backoff).
-		give := 0
-		if seen && w > 1 {
-			switch {
-			case v.waiting && v.need > 0:
-				// What the head waiter lacks, and down to the share it will
-				// be admitted into (the live tickets counted with it): the
-				// split a rebalance would make after its admission, at once.
-				give = min(max(v.need, w-v.share), w-1)
-			case !v.waiting && v.excess > 0 && !now.Before(noRebal):
-				give = min(v.excess, w-1)
-			}
-		}
-		if give > 0 || s.inHandNow() > 0 {
-			want := give - s.inHandNow()
-			got := s.take(want, s.cfg.Tick)
-			freed, err := s.giveBack(ctx, got)
-			switch {
-			case err != nil:
-				s.sleep(ctx, s.cfg.LookEvery) // the store fails: the tokens stay in hand until it answers
-			case freed > 0:
-				nextLook = time.Time{} // see at once whether more is needed
-			case want <= 0:
-				s.sleep(ctx, s.cfg.Tick)
-			}
+		if give := l.toGive(w, now); give > 0 || s.inHandNow() > 0 {
+			s.giveRound(ctx, l, give)
 			continue
 		}
-		canGrow := seen && !v.waiting && v.free > 0 && w < s.max
-		below := w < v.share
-		unread := -1
+		canGrow := l.seen && !l.v.waiting && l.v.free > 0 && w < s.max
 		if canGrow {
-			unread = s.Unread()
+			s.growRound(ctx, l, w, now)
 		}
-		if unread > 0 {
-			step = 1
-		}
-		if unread == 0 && (below || !freeSince.IsZero() && now.Sub(freeSince) >= s.cfg.Grace) {
-			want := w + 1
-			if below {
-				// Hungry below its share: each grant the build took at once
-				// doubles the next, up to the share.
-				want = min(w+step, v.share, s.max)
-				step = min(2*step, store.MaxSlots)
-			}
-			if granted := s.grow(ctx, want); granted > 0 {
-				v.free -= granted
-				tick = s.cfg.Tick
-				if !below {
-					// Nobody took this free slot within the grace: if it was
-					// given back for a fairer split, that holder is no build,
-					// so the next rebalance waits (doubling backoff).
-					noRebal = time.Now().Add(backoff)
-					backoff = min(2*backoff, maxRebalanceBackoff)
-				}
-			} else {
-				v.free = 0 // refused: wait for the next look
-			}
-		}
-		sleep := time.Until(nextLook)
+		sleep := time.Until(l.nextLook)
 		if canGrow {
 			// While the build leaves a token unread, look less often: it
 			// has what it uses. A grant starts again from Tick.
-			sleep = min(sleep, tick)
-			tick = min(2*tick, maxIdleTick)
+			sleep = min(sleep, l.tick)
+			l.tick = min(2*l.tick, maxIdleTick)
 		}
 		timer.Reset(max(sleep, time.Millisecond))
 		select {
 		case <-ctx.Done():
 		case <-timer.C:
 		}
+	}
+}
+
+// observe reads the store into l, and schedules the next look. It reports
+// false when the ticket is gone (the server stops).
+func (s *Server) observe(ctx context.Context, l *loop, now time.Time) bool {
+	every := s.cfg.LookEvery
+	if now.Sub(l.started) < time.Second {
+		// A build that just started is where a split is made: the running
+		// builds give back for it, it takes what they free.
+		every /= 5
+	}
+	l.nextLook = now.Add(every)
+	v, err := s.look(ctx)
+	if err != nil {
+		return true // the store fails: decide on the last look
+	}
+	if v.gone {
+		s.mu.Lock()
+		s.lost = fmt.Errorf("%w: ticket %s is gone", store.ErrLost, s.t.ID)
+		s.mu.Unlock()
+		return false
+	}
+	l.v, l.seen = v, true
+	for id := range v.holders {
+		if !l.holders[id] {
+			l.backoff, l.noRebal = minRebalanceBackoff, time.Time{} // a new holder may be a build
+		}
+	}
+	l.holders = v.holders
+	switch {
+	case v.free <= 0 || v.waiting:
+		l.freeSince = time.Time{}
+	case l.freeSince.IsZero():
+		l.freeSince = now
+	}
+	return true
+}
+
+// toGive is how many slots a ticket of weight w gives back now: for a
+// waiter that lacks room, or above the fair share to a build below it (at
+// most once per backoff); never its first.
+func (l *loop) toGive(w int, now time.Time) int {
+	if !l.seen || w <= 1 {
+		return 0
+	}
+	switch v := l.v; {
+	case v.waiting && v.need > 0:
+		// What the head waiter lacks, and down to the share it will be
+		// admitted into (the live tickets counted with it): the split a
+		// rebalance would make after its admission, at once.
+		return min(max(v.need, w-v.share), w-1)
+	case !v.waiting && v.excess > 0 && !now.Before(l.noRebal):
+		return min(v.excess, w-1)
+	}
+	return 0
+}
+
+// giveRound reads back up to give unread tokens, less those in hand (it
+// waits up to Tick for one to come back), and gives all in hand back to the
+// store.
+func (s *Server) giveRound(ctx context.Context, l *loop, give int) {
+	want := give - s.inHandNow()
+	got := s.take(want, s.cfg.Tick)
+	freed, err := s.giveBack(ctx, got)
+	switch {
+	case err != nil:
+		s.sleep(ctx, s.cfg.LookEvery) // the store fails: the tokens stay in hand until it answers
+	case freed > 0:
+		l.nextLook = time.Time{} // see at once whether more is needed
+	case want <= 0:
+		s.sleep(ctx, s.cfg.Tick)
+	}
+}
+
+// growRound grows a ticket of weight w that could grow when the build has
+// read every token: below its share at once, doubling while the build
+// takes each grant; at or above it, into a slot nobody took within Grace.
+func (s *Server) growRound(ctx context.Context, l *loop, w int, now time.Time) {
+	unread := s.Unread()
+	if unread > 0 {
+		l.step = 1
+		return
+	}
+	below := w < l.v.share
+	if !below && (l.freeSince.IsZero() || now.Sub(l.freeSince) < s.cfg.Grace) {
+		return
+	}
+	want := w + 1
+	if below {
+		want = min(w+l.step, l.v.share, s.max)
+		l.step = min(2*l.step, store.MaxSlots)
+	}
+	granted := s.grow(ctx, want)
+	if granted == 0 {
+		l.v.free = 0 // refused: wait for the next look
+		return
+	}
+	l.v.free -= granted
+	l.tick = s.cfg.Tick
+	if !below {
+		// Nobody took this free slot within the grace: if it was given
+		// back for a fairer split, that holder is no build, so the next
+		// rebalance waits (doubling backoff).
+		l.noRebal = time.Now().Add(l.backoff)
+		l.backoff = min(2*l.backoff, maxRebalanceBackoff)
 	}
 }
 
