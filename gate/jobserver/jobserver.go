@@ -392,6 +392,9 @@ type loop struct {
 	// backoff is the next wait, doubled each time it did not help.
 	noRebal time.Time
 	backoff time.Duration
+	// rebalanced: slots were given back for a fairer split since the
+	// last grace growth.
+	rebalanced bool
 	tick    time.Duration // the next wait between two FIONREAD reads while it could grow
 	step    int           // the next growth below the share
 }
@@ -412,8 +415,10 @@ func (s *Server) run(ctx context.Context) {
 			return
 		}
 		w := s.Ticket().Weighs()
-		if give := l.toGive(w, now); give > 0 || s.inHandNow() > 0 {
-			s.giveRound(ctx, l, give)
+		if give, rebalance := l.toGive(w, now); give > 0 || s.inHandNow() > 0 {
+			if s.giveRound(ctx, l, give) && rebalance {
+				l.rebalanced = true
+			}
 			continue
 		}
 		canGrow := l.seen && !l.v.waiting && l.v.free > 0 && w < s.max
@@ -473,27 +478,27 @@ func (s *Server) observe(ctx context.Context, l *loop, now time.Time) bool {
 
 // toGive is how many slots a ticket of weight w gives back now: for a
 // waiter that lacks room, or above the fair share to a build below it (at
-// most once per backoff); never its first.
-func (l *loop) toGive(w int, now time.Time) int {
+// most once per backoff: rebalance); never its first.
+func (l *loop) toGive(w int, now time.Time) (give int, rebalance bool) {
 	if !l.seen || w <= 1 {
-		return 0
+		return 0, false
 	}
 	switch v := l.v; {
 	case v.waiting && v.need > 0:
 		// What the head waiter lacks, and down to the share it will be
 		// admitted into (the live tickets counted with it): the split a
 		// rebalance would make after its admission, at once.
-		return min(max(v.need, w-v.share), w-1)
+		return min(max(v.need, w-v.share), w-1), false
 	case !v.waiting && v.excess > 0 && !now.Before(l.noRebal):
-		return min(v.excess, w-1)
+		return min(v.excess, w-1), true
 	}
-	return 0
+	return 0, false
 }
 
 // giveRound reads back up to give unread tokens, less those in hand (it
 // waits up to Tick for one to come back), and gives all in hand back to the
-// store.
-func (s *Server) giveRound(ctx context.Context, l *loop, give int) {
+// store. It reports whether the store took any.
+func (s *Server) giveRound(ctx context.Context, l *loop, give int) bool {
 	want := give - s.inHandNow()
 	got := s.take(want, s.cfg.Tick)
 	freed, err := s.giveBack(ctx, got)
@@ -505,6 +510,7 @@ func (s *Server) giveRound(ctx context.Context, l *loop, give int) {
 	case want <= 0:
 		s.sleep(ctx, s.cfg.Tick)
 	}
+	return freed > 0
 }
 
 // growRound grows a ticket of weight w that could grow when the build has
@@ -532,10 +538,11 @@ func (s *Server) growRound(ctx context.Context, l *loop, w int, now time.Time) {
 	}
 	l.v.free -= granted
 	l.tick = s.cfg.Tick
-	if !below {
-		// Nobody took this free slot within the grace: if it was given
-		// back for a fairer split, that holder is no build, so the next
-		// rebalance waits (doubling backoff).
+	if !below && l.rebalanced {
+		// Nobody took this free slot within the grace, given back for a
+		// fairer split: that holder is no build, so the next rebalance
+		// waits (doubling backoff).
+		l.rebalanced = false
 		l.noRebal = time.Now().Add(l.backoff)
 		l.backoff = min(2*l.backoff, maxRebalanceBackoff)
 	}

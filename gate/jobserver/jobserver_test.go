@@ -472,3 +472,24 @@ func TestIdleCost(t *testing.T) {
 		})
 	}
 }
+
+// A plain job (weight 1, no jobserver) beside a build: the build gives back
+// above its share once, takes the slots again when nobody wants them within
+// the grace, and tries again only after a doubling backoff, not every look.
+func TestRebalanceBacksOffForAPlainHolder(t *testing.T) {
+	s := newStore(t)
+	enqueue(t, s, 6, 1) // the plain job
+	a := enqueue(t, s, 6, 1)
+	srv := open(t, Config{Store: s, Ticket: a, Style: FIFO})
+	startGreedy(t, srv.Path(), 20*time.Millisecond)
+	srv.Start(context.Background())
+	eventually(t, 3*time.Second, "the build takes the rest", func() bool { return weight(t, s, a.ID) == 5 })
+	time.Sleep(2 * time.Second)
+	st := srv.Stats()
+	t.Logf("in about 2 s: %+v", st)
+	// At the 1 s backoff, then 2 s: at most three rounds of 2 slots.
+	if st.Shrunk > 6 {
+		t.Errorf("gave back %d slots in about 2 s to a holder that takes none: no backoff", st.Shrunk)
+	}
+	eventually(t, time.Second, "the build holds the rest again", func() bool { return weight(t, s, a.ID) == 5 })
+}
