@@ -95,6 +95,7 @@ type Stats struct {
 	MaxWeight     int // the most the ticket weighed
 	Looks         int // Snapshots read
 	Resizes       int // Resize calls
+	Dropped       int // bytes a client wrote beyond the tokens it took, discarded
 }
 
 // A Server is one job's jobserver. Its methods are safe to call from
@@ -461,6 +462,7 @@ func (s *Server) observe(ctx context.Context, l *loop, now time.Time) bool {
 		return false
 	}
 	l.v, l.seen = v, true
+	s.dropSurplus()
 	for id := range v.holders {
 		if !l.holders[id] {
 			l.backoff, l.noRebal = minRebalanceBackoff, time.Time{} // a new holder may be a build
@@ -570,6 +572,21 @@ func (s *Server) look(ctx context.Context) (view, error) {
 		return view{}, err
 	}
 	return look(snap, me), nil
+}
+
+// dropSurplus reads and discards the bytes in the FIFO beyond the tokens
+// the server handed out (a client that wrote back more than it took):
+// they would let the build run more jobs than its slots.
+func (s *Server) dropSurplus() {
+	s.mu.Lock()
+	out := s.t.Weighs() - 1 - s.inHand
+	s.mu.Unlock()
+	if surplus := s.Unread() - out; surplus > 0 {
+		n := s.take(surplus, 0)
+		s.mu.Lock()
+		s.stats.Dropped += n
+		s.mu.Unlock()
+	}
 }
 
 // giveBack counts got more tokens as read back and shrinks the ticket by

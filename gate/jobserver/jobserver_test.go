@@ -493,3 +493,24 @@ func TestRebalanceBacksOffForAPlainHolder(t *testing.T) {
 	}
 	eventually(t, time.Second, "the build holds the rest again", func() bool { return weight(t, s, a.ID) == 5 })
 }
+
+// A client that writes back more than it took cannot make tokens: the
+// surplus is discarded, and the tokens out never exceed the extra slots.
+func TestSurplusTokensDiscarded(t *testing.T) {
+	s := newStore(t)
+	a := enqueue(t, s, 6, 1)
+	srv := open(t, Config{Store: s, Ticket: a, Style: FIFO, Max: 2})
+	c := newClient(t, srv.Path())
+	srv.Start(context.Background())
+	eventually(t, 2*time.Second, "weight 2, its token unread", func() bool { return weight(t, s, a.ID) == 2 && srv.Unread() == 1 })
+	if _, err := c.w.Write([]byte("+++")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 2*time.Second, "the surplus discarded", func() bool { return srv.Unread() == 1 })
+	if st := srv.Stats(); st.Dropped != 3 {
+		t.Fatalf("dropped %d bytes, want 3", st.Dropped)
+	}
+	if w := weight(t, s, a.ID); w != 2 {
+		t.Fatalf("weight %d, want 2", w)
+	}
+}
