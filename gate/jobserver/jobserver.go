@@ -396,8 +396,8 @@ type loop struct {
 	// rebalanced: slots were given back for a fairer split since the
 	// last grace growth.
 	rebalanced bool
-	tick    time.Duration // the next wait between two FIONREAD reads while it could grow
-	step    int           // the next growth below the share
+	tick       time.Duration // the next wait between two FIONREAD reads while it could grow
+	step       int           // the next growth below the share
 }
 
 // run is the server's loop: read the store every LookEvery, give slots
