@@ -12,7 +12,12 @@
 // when other jobs wait, or when another build sharing a full limit is below
 // its fair share, by reading back tokens: only unread ones, so a token in
 // use is never taken back. A client that dies holding a token keeps that
-// slot taken until the job ends, when the release frees the whole ticket.
+// slot taken until the job ends, when the release frees the whole ticket;
+// bytes a client writes back beyond the tokens out are discarded.
+//
+// Cost: FIONREAD every 20 to 100 ms while the ticket could grow, one
+// Snapshot every DefaultLookEvery (five times as often in a server's first
+// second, when splits are made), no store write while nothing changes.
 //
 // Two styles: [FIFO] (make 4.4's --jobserver-auth=fifo:PATH, the FIFO in a
 // private directory the server removes at Close) and [Pipe]
