@@ -17,7 +17,8 @@
 //
 // Cost: FIONREAD every 20 to 100 ms while the ticket could grow, one
 // Snapshot every DefaultLookEvery (five times as often in a server's first
-// second, when splits are made), no store write while nothing changes.
+// second, when splits are made; twice as often while its limit is full and
+// it has slots to give), no store write while nothing changes.
 //
 // Two styles: [FIFO] (make 4.4's --jobserver-auth=fifo:PATH, the FIFO in a
 // private directory the server removes at Close) and [Pipe]

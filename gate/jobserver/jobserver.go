@@ -445,10 +445,15 @@ func (s *Server) run(ctx context.Context) {
 // false when the ticket is gone (the server stops).
 func (s *Server) observe(ctx context.Context, l *loop, now time.Time) bool {
 	every := s.cfg.LookEvery
-	if now.Sub(l.started) < time.Second {
+	switch {
+	case now.Sub(l.started) < time.Second:
 		// A build that just started is where a split is made: the running
 		// builds give back for it, it takes what they free.
 		every /= 5
+	case l.seen && l.v.free <= 0 && s.Ticket().Weighs() > 1:
+		// A full limit and slots to give: a run that arrives now waits
+		// for this server to see it.
+		every /= 2
 	}
 	l.nextLook = now.Add(every)
 	v, err := s.look(ctx)

@@ -435,17 +435,18 @@ func TestIdleCost(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name   string
-		others int // weight of another holder: 5 fills the limit
-	}{{"free slots", 0}, {"full limit", 5}} {
+		slots  int
+		others int // weight of another holder
+	}{{"free slots", 6, 0}, {"full limit", 6, 5}, {"the whole limit, a token unread", 2, 0}} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, err := boltstore.New(filepath.Join(t.TempDir(), "slots.db"), boltstore.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer s.Close()
-			a := enqueue(t, s, 6, 1)
+			a := enqueue(t, s, tc.slots, 1)
 			if tc.others > 0 {
-				enqueue(t, s, 6, tc.others)
+				enqueue(t, s, tc.slots, tc.others)
 			}
 			srv, err := Open(context.Background(), Config{Store: s, Ticket: a, Style: FIFO})
 			if err != nil {
