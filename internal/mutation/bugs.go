@@ -55,6 +55,14 @@ const (
 	// ticket while the holder it replaces still holds its slot, so the new
 	// job runs beside the one it replaces (R1).
 	ReplaceBeside Bug = "replace-beside"
+	// ResizePastWaiter: the resize planner (store.PlanResize) grows a held
+	// ticket while tickets wait in its limits, so the growth overtakes the
+	// queue and the waiters' head starves (H4).
+	ResizePastWaiter Bug = "resize-past-waiter"
+	// ResizeOverSize: the resize planner grows a held ticket by what it
+	// asks for, whether or not its limits have the room, so more slots are
+	// held than the limit has (H5).
+	ResizeOverSize Bug = "resize-over-size"
 	// SupersedeHeld: a superseding enqueue (store/boltstore's) removes
 	// older tickets of its key whether they wait or hold, so a running job
 	// loses its slot (R2).
@@ -76,6 +84,6 @@ const (
 // All lists every Bug, store-side first.
 func All() []Bug {
 	return []Bug{BlindReap, ReleaseCounter, ReleaseNoCompare, RenewExpired, StaleVerdict, NoTombstone, WallClock,
-		WeightIgnored, BargePastHead, ReplaceBeside, SupersedeHeld,
+		WeightIgnored, BargePastHead, ReplaceBeside, SupersedeHeld, ResizePastWaiter, ResizeOverSize,
 		WaiterNotRenewed, ReleaseBeforeExit, HoldAndWait}
 }

@@ -14,8 +14,3 @@ var errTODO = errors.New("not built yet")
 func (s *Store) Counts(ctx context.Context, limits ...string) ([]store.Counts, error) {
 	return nil, errTODO
 }
-
-// Resize implements [store.Store].
-func (s *Store) Resize(ctx context.Context, t store.Ticket, weight int) (store.Ticket, error) {
-	return store.Ticket{}, errTODO
-}

@@ -45,6 +45,8 @@ type plan struct {
 	removed  []store.Removal // tickets removed by a sweep (reaped)
 	revoke   []int64         // leases to revoke after the commit
 	promoted []*entry
+
+	eventSuffix string // set while logging an event of a kind a ticket logs more than once
 }
 
 type writeOp struct {
@@ -104,6 +106,9 @@ func (p *plan) eventBy(kind string, r rec, fence int64, evidence, by string) {
 	key := kind
 	if kind == "replaced" {
 		key += "." + by
+	}
+	if p.eventSuffix != "" {
+		key += "." + p.eventSuffix // a kind a ticket logs more than once ("resized")
 	}
 	for _, n := range names {
 		e := eventRec{V: formatVersion, I: p.events, NewFence: fence == 0 && kind == "admitted", Event: store.Event{Time: p.now, Kind: kind, Limit: n,

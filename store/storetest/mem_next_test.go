@@ -14,8 +14,3 @@ var errTODO = errors.New("not built yet")
 func (s *memStore) Counts(_ context.Context, limits ...string) ([]store.Counts, error) {
 	return nil, errTODO
 }
-
-// Resize implements store.Store.
-func (s *memStore) Resize(_ context.Context, tk store.Ticket, weight int) (store.Ticket, error) {
-	return store.Ticket{}, errTODO
-}

@@ -162,6 +162,16 @@ var cases = []struct {
 	{"StopSurvivesReopen", testStopSurvivesReopen, false},
 	{"ReplaceMultiLimit", testReplaceMulti, false},
 	{"ConcurrentSupersede", testConcurrentSupersede, false},
+	// A held ticket's weight changes (docs/leases.md §2.1 item 12): resize.go.
+	{"ResizeShrinkPromotes", testResizeShrinkPromotes, false},
+	{"ResizeGrowBlockedByWaiter", testResizeGrowBlockedByWaiter, false},
+	{"ResizeGrowPartial", testResizeGrowPartial, false},
+	{"ResizeCappedBySize", testResizeCappedBySize, false},
+	{"ResizeRefused", testResizeRefused, false},
+	{"ResizeRemovalFreesAll", testResizeRemovalFreesAll, false},
+	{"ResizeKept", testResizeKept, false},
+	{"ResizeEvents", testResizeEvents, false},
+	{"ConcurrentResize", testConcurrentResize, false},
 }
 
 // suite is one case's store and helpers. Its helpers stop the case on the

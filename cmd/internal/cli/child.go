@@ -82,7 +82,14 @@ var _ holder.Child = (*child)(nil)
 // own group so that a stop reaches the whole job. On Linux it dies with
 // slotctl (parent-death signal).
 func startChild(f *Factory, path string, argv, env []string, log *logger) (*child, error) {
+	return startChildFiles(f, path, argv, env, log, nil)
+}
+
+// startChildFiles is startChild with extra descriptors for the child, at
+// 3 and up (the jobserver's pipe).
+func startChildFiles(f *Factory, path string, argv, env []string, log *logger, extra []*os.File) (*child, error) {
 	cmd := exec.Command(path, argv[1:]...)
+	cmd.ExtraFiles = extra
 	cmd.Args = argv
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = f.IO.In, f.IO.Out, f.IO.ErrOut
 	environ := os.Environ

@@ -41,8 +41,14 @@ type RunOptions struct {
 	Replace    bool
 	MaxWaiting int
 	// URL is the job's CI run (§2.1 item 11): --url, else the CI's variables.
-	URL  string
-	Argv []string
+	URL string
+	// Jobserver makes slotctl the child's GNU make jobserver, its tokens
+	// the ticket's extra slots (docs/leases.md §2.1 item 12): in JobserverStyle,
+	// up to JobserverMax slots (0: the limit's size).
+	Jobserver      bool
+	JobserverStyle string
+	JobserverMax   int
+	Argv           []string
 }
 
 const (
@@ -91,6 +97,18 @@ waiting runs of one of its limits. --url records where the job comes from
 (default: the CI's variables: GITHUB_SERVER_URL/GITHUB_REPOSITORY/actions/
 runs/GITHUB_RUN_ID, CI_JOB_URL, BUILDKITE_BUILD_URL, BUILD_URL), shown by
 ls -o wide and the waiting and busy messages.
+
+--jobserver makes slotctl COMMAND's GNU make jobserver: COMMAND's MAKEFLAGS
+gets -jN and --jobserver-auth, and each token the build takes beyond its
+first job is one more slot of the limit(s), taken while slots are free and
+nobody waits, given back when the build returns the token and other runs
+wait (or another build sharing the limit has less than its fair share).
+Run make without -j. --jobserver-style pipe (the default: GNU make 4.2 and
+later, cargo) passes two descriptors; fifo (make 4.4 and later, cargo,
+ninja 1.13 and later) a FIFO in a private directory; make 4.3 refuses the
+fifo style. --jobserver-max N bounds the slots (default: the limit's size).
+The extra slots are the ticket's weight: ls shows it, they are renewed and
+released with the ticket, and a crash frees them all.
 
 A nested slotctl run (one started by COMMAND) on limits its ancestor's ticket
 holds runs at once under that ticket; it waits only for the limits the
@@ -144,6 +162,9 @@ EXIT STATUS
   # one running, one pending per branch; a newer pending run wins
   slotctl run --limit ci --key "$GITHUB_REF_NAME" --supersede --max-waiting 1 -- make test
 
+  # builds share 8 slots of the host's cpu budget: make without -j
+  slotctl run --limit cpu --slots 8 --jobserver -- make
+
   # deploy: stop the running deploy of this environment and take its place
   slotctl run --limit deploy --key prod --replace -- ./deploy.sh prod`,
 		Args: func(cmd *cobra.Command, args []string) error {
@@ -163,6 +184,9 @@ EXIT STATUS
 				return err
 			}
 			if err := opts.resolve(f, cmd, wait, noWait); err != nil {
+				return err
+			}
+			if err := opts.resolveJobserver(cmd); err != nil {
 				return err
 			}
 			if runF != nil {
@@ -190,6 +214,7 @@ EXIT STATUS
 	fl.BoolVar(&opts.Replace, "replace", false, "like --supersede, and also stop the runs of the same --key that hold a slot (they exit 143)")
 	fl.IntVar(&opts.MaxWaiting, "max-waiting", -1, "exit 75 at once rather than wait behind N or more waiting runs of a limit (default: no bound)")
 	fl.StringVar(&opts.URL, "url", "", "where the job comes from, shown by ls (default: the CI run's URL from its variables)")
+	addJobserverFlags(cmd, opts)
 	_ = cmd.RegisterFlagCompletionFunc("key", f.completeRunKeys)
 	_ = cmd.RegisterFlagCompletionFunc("url", cobra.NoFileCompletions)
 	_ = cmd.RegisterFlagCompletionFunc("max-waiting", cobra.FixedCompletions([]string{"0", "1"}, cobra.ShellCompDirectiveNoFileComp))
@@ -378,6 +403,9 @@ func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) er
 	if nested {
 		if len(held) == len(o.Limits) {
 			log.verbose("nested run: %q already holds %s in this store; running under its ticket %s", anc.Holder.Command(), heldSlots(anc, o.Limits), short(anc.ID))
+			if o.Jobserver {
+				log.verbose("nested run: --jobserver: MAKEFLAGS left as the ancestor's run set it (its jobserver serves this build too)")
+			}
 			c, err := startChild(f, path, o.Argv, nil, log)
 			if err != nil {
 				return err
@@ -417,8 +445,12 @@ func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) er
 	cfg.Wait = o.Wait
 	cfg.Renew = renew.Options{TTL: o.TTL, Every: o.RenewEvery, WatchdogOnHold: true, Logf: log.info}
 	cfg.Notify = runNotes(ctx, f, log, st, o, limits)
-	cfg.Start = func(_ context.Context, t store.Ticket) (holder.Child, error) {
-		return startChild(f, path, o.Argv, jobVars(o.Limits, t, anc, held, st.String(), f), log)
+	cfg.Start = func(jobCtx context.Context, t store.Ticket) (holder.Child, error) {
+		env := jobVars(o.Limits, t, anc, held, st.String(), f)
+		if o.Jobserver {
+			return startJobserved(jobCtx, f, st, log, o, path, env, t)
+		}
+		return startChild(f, path, o.Argv, env, log)
 	}
 	return outcomeErr(ctx, st, o, limits, holder.Run(ctx, cfg))
 }

@@ -1,0 +1,94 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/slotctl/slotctl/gate/holder"
+	"github.com/slotctl/slotctl/gate/jobserver"
+	"github.com/slotctl/slotctl/store"
+)
+
+// defaultJobserverStyle is the pipe style, although SPEC §2.10 names the
+// fifo: GNU make 4.3 (Debian 12, Ubuntu 22.04 and 24.04) stops at once on a
+// fifo ("invalid --jobserver-auth string"), while every make since 4.2 and
+// cargo's jobserver crate read the pipe style (README, "Jobserver").
+const defaultJobserverStyle = string(jobserver.Pipe)
+
+func addJobserverFlags(cmd *cobra.Command, o *RunOptions) {
+	fl := cmd.Flags()
+	fl.BoolVar(&o.Jobserver, "jobserver", false, "be COMMAND's GNU make jobserver: its parallel jobs are extra slots of the limit (run make without -j)")
+	fl.StringVar(&o.JobserverStyle, "jobserver-style", defaultJobserverStyle, "how COMMAND finds the jobserver: pipe (make 4.2+, cargo) or fifo (make 4.4+, cargo, ninja 1.13+)")
+	fl.IntVar(&o.JobserverMax, "jobserver-max", 0, "most slots the job takes, its first included, and make's -j (default: the limit's size)")
+	_ = cmd.RegisterFlagCompletionFunc("jobserver-style", cobra.FixedCompletions([]string{"pipe", "fifo"}, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("jobserver-max", cobra.NoFileCompletions)
+}
+
+// resolveJobserver checks the jobserver flags (docs/leases.md §7: one line
+// naming the input and what would be accepted).
+func (o *RunOptions) resolveJobserver(cmd *cobra.Command) error {
+	fl := cmd.Flags()
+	if o.JobserverStyle != string(jobserver.Pipe) && o.JobserverStyle != string(jobserver.FIFO) {
+		return usageError("--jobserver-style %s: want pipe or fifo", quoteInput(o.JobserverStyle))
+	}
+	if fl.Changed("jobserver-max") && (o.JobserverMax < 1 || o.JobserverMax > store.MaxSlots) {
+		return usageError("--jobserver-max %d: want 1..%d (the most slots the job takes; default: the limit's size)", o.JobserverMax, store.MaxSlots)
+	}
+	if !o.Jobserver {
+		for _, name := range []string{"jobserver-style", "jobserver-max"} {
+			if fl.Changed(name) {
+				return usageError("--%s needs --jobserver", name)
+			}
+		}
+		o.JobserverStyle = "" // no jobserver, no style
+		return nil
+	}
+	if fl.Changed("weight") && o.Weight != 1 {
+		return usageError("--weight %d with --jobserver: the jobserver sizes the weight; bound it with --jobserver-max", o.Weight)
+	}
+	return nil
+}
+
+// startJobserved starts COMMAND with slotctl as its jobserver: the server
+// runs while the child does, and its Drain stops the server once the job's
+// group is gone, before the holder releases the ticket (drain before
+// release; the release frees every slot the ticket took). jobCtx ends when
+// the lease is lost, and the server with it.
+func startJobserved(jobCtx context.Context, f *Factory, st store.Store, log *logger, o *RunOptions, path string, env []string, t store.Ticket) (holder.Child, error) {
+	js, err := jobserver.Open(jobCtx, jobserver.Config{
+		Store: st, Ticket: t, Max: o.JobserverMax, Style: jobserver.Style(o.JobserverStyle),
+		Logf: log.verbose,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("start the jobserver: %w", err)
+	}
+	env = append(env, "MAKEFLAGS="+js.MakeFlags(f.Getenv("MAKEFLAGS")))
+	c, err := startChildFiles(f, path, o.Argv, env, log, js.ChildFiles())
+	js.CloseChildFiles()
+	if err != nil {
+		js.Close()
+		return nil, err
+	}
+	log.verbose("jobserver: %s style, up to %s (-j%d)", o.JobserverStyle, plural(js.Max(), "slot"), js.Max())
+	js.Start(jobCtx)
+	return &jobservedChild{child: c, js: js, log: log}, nil
+}
+
+// jobservedChild is the child of a --jobserver run: the jobserver stops
+// when the child is drained.
+type jobservedChild struct {
+	*child
+	js  *jobserver.Server
+	log *logger
+}
+
+// Drain implements holder.Child: the job's group is gone, then the jobserver.
+func (c *jobservedChild) Drain(killAfter time.Duration) {
+	c.child.Drain(killAfter)
+	c.js.Close()
+	st := c.js.Stats()
+	c.log.verbose("jobserver: took up to %s, %d taken and %d given back", plural(st.MaxWeight, "slot"), st.Grown, st.Shrunk)
+}

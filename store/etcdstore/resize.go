@@ -1,0 +1,195 @@
+package etcdstore
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/slotctl/slotctl/store"
+)
+
+// Resize implements [store.Store] in one transaction, compared at the
+// revision read (docs/leases.md §2.1 item 12). The ticket's keys in every
+// limit are rewritten on the revision of its ticket key (keeping its
+// lease), and its slot keys follow its indexes: a shrink deletes the freed
+// ones and settles the closure of its limits as a release does, so the
+// waiters it makes room for are admitted in the same transaction; a growth
+// settles first (an expired ticket neither holds nor waits), then puts the
+// slot keys of what store.PlanResize finds free, under the ticket's lease,
+// with compares that no slot key was written, no ticket joined and no size
+// changed in its limits since the read. A growth stops at MaxTicketKeys: a
+// ticket must stay removable in one transaction.
+func (s *Store) Resize(ctx context.Context, t store.Ticket, weight int) (store.Ticket, error) {
+	if s.closed.Load() {
+		return store.Ticket{}, s.errClosed()
+	}
+	if err := store.CheckID(t.ID); err != nil {
+		return store.Ticket{}, err
+	}
+	if weight < 1 || weight > store.MaxSlots {
+		return store.Ticket{}, fmt.Errorf("%w: weight %d: want 1..%d slots", store.ErrInvalid, weight, store.MaxSlots)
+	}
+	names, idr, err := s.lookup(ctx, t.ID)
+	if err != nil {
+		return store.Ticket{}, err
+	}
+	if len(names) == 0 {
+		return store.Ticket{}, fmt.Errorf("%w: %w", store.ErrLost, notFound(t.ID, idr))
+	}
+	// A linearizable read: a refusal (lost, waiting) is decided on it
+	// without a transaction to compare.
+	st, err := s.read(ctx, names, t.ID, false)
+	if err != nil {
+		return store.Ticket{}, err
+	}
+	var e *entry
+	var answer store.Ticket
+	p, resp, err := s.commit(ctx, st, t.ID, func(p *plan) error {
+		e = nil
+		if p.st.idKV == nil {
+			return fmt.Errorf("%w: %w", store.ErrLost, notFound(t.ID, nil))
+		}
+		ir, err := decodeID(t.ID, p.st.idKV.Value)
+		if err != nil {
+			return err
+		}
+		if ir.Removed != "" {
+			return fmt.Errorf("%w: %w", store.ErrLost, notFound(t.ID, &ir))
+		}
+		if e, _ = p.st.find(t.ID); e == nil {
+			return fmt.Errorf("%w: ticket %s is gone", store.ErrLost, t.ID)
+		}
+		switch {
+		case uint64(e.fence) != t.Fence:
+			return fmt.Errorf("%w: ticket %s has fence %d, not %d", store.ErrLost, t.ID, e.fence, t.Fence)
+		case !e.live():
+			return fmt.Errorf("%w: ticket %s: %s", store.ErrLost, t.ID, expiredEvidence)
+		case e.r.State != store.Held:
+			return fmt.Errorf("%w: ticket %s is waiting: only a held ticket can be resized", store.ErrInvalid, t.ID)
+		}
+		cur := e.r.weighs()
+		switch {
+		case weight < cur:
+			w, ix := store.PlanResize(store.ResizeInput{Ticket: s.view(e, 0, 0), Weight: weight})
+			p.resized(e, w, ix)
+			p.settle(false)
+		case weight > cur:
+			p.settle(false)
+			if !p.full && !p.gone[e] {
+				p.grow(e, weight) // when full: the settle first, the growth at the next call
+			}
+		}
+		if p.gone[e] {
+			// The settle's judge proved its holder dead (a late request of
+			// a process gone since): nothing is written, as for a lost lease.
+			return fmt.Errorf("%w: ticket %s: its holder is dead", store.ErrLost, t.ID)
+		}
+		if p.empty() {
+			answer = s.view(e, 0, 0)
+			return errNoCommit
+		}
+		return nil
+	})
+	if err != nil {
+		return store.Ticket{}, err
+	}
+	if resp == nil {
+		answer.Remaining = s.remaining(ctx, e.r.Lease)
+		return answer, nil
+	}
+	s.remember(e, resp.Header.Revision)
+	s.afterCommit(p)
+	if p.full {
+		_, _ = s.settleLimit(ctx, names, "")
+	}
+	return s.view(e, 0, s.remaining(ctx, e.r.Lease)), nil
+}
+
+// grow plans the growth of held ticket e toward weight on the state read,
+// as the plan's settle leaves it (the tickets it removes are gone, those it
+// admits hold), and reports whether it takes anything.
+func (p *plan) grow(e *entry, weight int) bool {
+	in := store.ResizeInput{Ticket: p.s.view(e, 0, 0), Weight: weight, Slots: map[string]int{},
+		MaxWeight: MaxTicketKeys/len(e.r.names()) - 3}
+	for _, n := range e.r.names() {
+		if l := p.st.lim(n); l != nil {
+			in.Slots[n] = l.Slots
+		}
+	}
+	for _, o := range p.st.entries {
+		if !p.gone[o] && o != e {
+			in.Tickets = append(in.Tickets, p.s.view(o, 0, 0))
+		}
+	}
+	w, ix := store.PlanResize(in)
+	if w <= e.r.weighs() {
+		return false
+	}
+	names := e.r.names()
+	if !p.room(len(names)*(3+w-e.r.weighs()), 1+3*len(names)) {
+		return false
+	}
+	for _, n := range names {
+		// Nobody was admitted, no ticket joined (a waiter goes first) and
+		// no size changed since the read.
+		p.compareLimit(n)
+		p.compareSlots(n)
+		p.cmp(clientv3.Compare(clientv3.CreateRevision(p.s.k.tickets(n)).WithPrefix(), "<", p.st.rev+1))
+	}
+	p.resized(e, w, ix)
+	return true
+}
+
+// resized rewrites held ticket e with weight w and slot indexes ix in each
+// of its limits, on the revision read: its ticket key (keeping its lease)
+// and record under every limit, the slot keys it gives up deleted, those it
+// takes put under its lease, and a "resized" event in each limit with the
+// new weight.
+func (p *plan) resized(e *entry, w int, ix map[string][]int) {
+	names := e.r.names()
+	p.cmp(clientv3.Compare(clientv3.ModRevision(p.s.k.ticket(e.at, e.r.ID)), "=", e.tkv.ModRevision))
+	for _, n := range names {
+		old := e.r.in(n)
+		for _, i := range old {
+			if slices.Contains(ix[n], i) {
+				continue
+			}
+			if ls := p.st.lims[n]; ls != nil {
+				if kv := ls.slots[i]; kv != nil && string(kv.Value) == e.r.ID {
+					p.del(string(kv.Key))
+				}
+			}
+		}
+		for _, i := range ix[n] {
+			if !slices.Contains(old, i) {
+				p.put(p.s.k.slot(n, i), writeOp{val: e.r.ID, lease: e.r.Lease})
+			}
+		}
+	}
+	e.r.Weight, e.r.Slot, e.r.Indexes = w, ix[e.r.Limit][0], nil
+	if len(names) > 1 || w > 1 {
+		e.r.Indexes = map[string][]int{}
+		for _, n := range names {
+			e.r.Indexes[n] = slices.Clone(ix[n])
+		}
+	}
+	if w == 1 {
+		e.r.Weight = 0 // as a ticket of weight 1 is written
+	}
+	if e.r.V < 2 && e.r.Indexes != nil {
+		e.r.V = formatVersion // a version 1 record has no weight nor indexes
+	}
+	v := encode(e.r)
+	for _, n := range names {
+		p.put(p.s.k.ticket(n, e.r.ID), writeOp{val: v, keep: true})
+		p.put(p.s.k.record(n, e.r.ID), writeOp{val: v})
+	}
+	// A ticket resizes many times: each event has a key of its own, named
+	// by the revision of the ticket key it rewrites (one resize per revision).
+	p.eventSuffix = strconv.FormatInt(e.tkv.ModRevision, 10)
+	p.event(store.Resized, e.r, e.fence, "")
+	p.eventSuffix = ""
+}
