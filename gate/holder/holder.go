@@ -396,14 +396,19 @@ func (r *runner) superseded(t store.Ticket, by store.Successor, err error) Outco
 }
 
 // leave removes a ticket that was never admitted, and returns out: as
-// cancelled, or as lost when the wait ended in a loss.
+// cancelled, as busy when the wait ran out (store.Busy: Cancel that the
+// limit's counts tell apart, SPEC §2.8), or as lost when the wait ended in
+// a loss.
 func (r *runner) leave(ctx context.Context, out Outcome) Outcome {
 	if r.lease != nil {
 		r.lease.Stop()
 	}
 	why := store.Cancelled
-	if out.Result == LostWaiting {
+	switch out.Result {
+	case LostWaiting:
 		why = store.Lost
+	case Busy:
+		why = store.Busy
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.releaseTimeout(why))
 	defer cancel()

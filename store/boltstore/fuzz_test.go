@@ -60,10 +60,28 @@ func seedRecords() []record {
 		&eventRec{V: formatVersion, Event: store.Event{Seq: 10, Time: fuzzWall, Kind: "admitted", Limit: "y", Ticket: "b", Fence: 2,
 			Slot: 0, Limits: []string{"x", "y"}, Weight: 2, Indexes: []int{0, 3}, Host: "h", Pid: 42, Command: "make"}},
 		&eventRec{V: legacyVersion, Event: store.Event{Seq: 9, Time: fuzzWall, Kind: "released", Limit: "x", Ticket: "b", Fence: 2}},
+		&eventRec{V: formatVersion, Event: store.Event{Seq: 13, Time: fuzzWall, Kind: "busy", Limit: "x", Ticket: "b", Fence: 2,
+			Slot: 0, Host: "h", Pid: 42, Command: "make", Held: 3 * time.Second}},
+		seedCounts(),
+		&countsRec{V: formatVersion, Counts: store.Counts{Limit: "y"}},
 	}
 }
 
+// seedCounts is a limit's counts after a few events of every kind.
+func seedCounts() *countsRec {
+	c := store.Counts{Limit: "x"}
+	for i, kind := range []string{"admitted", "admitted", "released", "busy", "superseded", "replaced", "reaped", "lost", "cancelled", "force-released"} {
+		c.Add(store.Event{Kind: kind, Waited: time.Duration(i) * time.Minute, Held: time.Duration(i) * time.Hour})
+	}
+	return &countsRec{V: formatVersion, Counts: c}
+}
+
 var extraSeeds = []string{
+	`{"v":2,"limit":"x","admitted":1,"wait":{"buckets":[1],"count":1,"sum":0}}`,
+	`{"v":2,"limit":"x","admitted":2,"wait":{"buckets":[1,0,0,0,0,0,0,0,0,0,0,0,0,0,0,1],"count":1,"sum":1}}`,
+	`{"v":2,"limit":"x","hold":{"buckets":[0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,1],"count":1,"sum":-1}}`,
+	`{"v":1,"limit":"x"}`, `{"v":2,"limit":"../x"}`, `{"v":2,"limit":"x","admitted":-1}`,
+	`{"v":2,"ticket":"b","limit":"x","waited":-1}`, `{"v":1,"ticket":"b","limit":"x","held":5}`,
 	``, `null`, `{}`, `[]`, `{"v":1}`, `{"v":2}`, `{"v":1.5}`, `{"v":"1"}`, `{"v":1,"v":2}`,
 	`{"v":1,"fence":-1}`, `{"v":1,"ttl_ns":1e30}`, `{"v":1,"created":"10000-01-01T00:00:00Z"}`,
 	`{"v":1,"created":"0000-01-01T00:00:00+23:59"}`, `{"v":1,"holder":{"argv":["\xff"]}}`,
@@ -123,6 +141,16 @@ func checkDecode(t *testing.T, b []byte, r record) {
 			}
 		}
 	}
+	if cr, ok := r.(*countsRec); ok {
+		// Decoded counts are what Add could have made: buckets adding up to
+		// each histogram's count, one wait per admission.
+		if err := cr.Counts.Check(); err != nil || cr.Wait.Count != cr.Admitted {
+			t.Fatalf("decode(%q) accepted counts %+v (Check: %v)", b, cr.Counts, err)
+		}
+	}
+	if er, ok := r.(*eventRec); ok && (er.Waited < 0 || er.Held < 0) {
+		t.Fatalf("decode(%q) accepted an event that waited %v, held %v", b, er.Waited, er.Held)
+	}
 	func() {
 		defer func() {
 			if p := recover(); p != nil {
@@ -147,7 +175,7 @@ func FuzzDecodeTicket(f *testing.F) {
 
 func FuzzDecodeRecords(f *testing.F) {
 	for _, r := range seedRecords() {
-		for kind := range uint8(4) {
+		for kind := range uint8(5) {
 			f.Add(kind, encode(r))
 		}
 	}
@@ -157,15 +185,17 @@ func FuzzDecodeRecords(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, kind uint8, b []byte) {
 		var r record
-		switch kind % 4 {
+		switch kind % 5 {
 		case 0:
 			r = &limitRec{}
 		case 1:
 			r = &idRec{}
 		case 2:
 			r = &tombRec{}
-		default:
+		case 3:
 			r = &eventRec{}
+		default:
+			r = &countsRec{}
 		}
 		checkDecode(t, b, r)
 	})

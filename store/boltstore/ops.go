@@ -480,6 +480,9 @@ func (s *Store) RemoveLimit(ctx context.Context, name string, force bool) error 
 		if err := x.bucket(bucketLimits).Delete([]byte(name)); err != nil {
 			return err
 		}
+		if err := x.dropCounts(name); err != nil {
+			return err
+		}
 		if len(others) == 0 {
 			return nil
 		}

@@ -355,8 +355,11 @@ func (r *eventRec) check() error {
 			return err
 		}
 	}
+	if r.Waited < 0 || r.Held < 0 {
+		return fmt.Errorf("event waited %v, held %v: want neither negative", r.Waited, r.Held)
+	}
 	if r.V == legacyVersion {
-		if r.Limits != nil || r.Weight != 0 || r.Indexes != nil || r.By != "" {
+		if r.Limits != nil || r.Weight != 0 || r.Indexes != nil || r.By != "" || r.Waited != 0 || r.Held != 0 {
 			return fmt.Errorf("limits, weight or indexes in a version %d event", legacyVersion)
 		}
 		return nil

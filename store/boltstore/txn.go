@@ -30,6 +30,8 @@ type txn struct {
 	now    Instant
 	rings  []bellRef // tickets promoted: wake their waiters after the commit
 	unbell []bellRef // tickets removed: delete their bells after the commit
+	// counted is the counts this transaction wrote, by limit (countsrec.go).
+	counted map[string]*store.Counts
 }
 
 // formatMeta is the meta bucket's format this slotctl writes; it reads the
@@ -379,7 +381,7 @@ func (x *txn) removeBy(r ticketRec, why store.Reason, evidence string, by *store
 		return err
 	}
 	x.unbell = append(x.unbell, refOf(r)) // rung, then deleted: its waiter learns at once
-	e := eventOf{kind: string(why), evidence: evidence}
+	e := eventOf{kind: string(why), evidence: evidence, held: r.State == store.Held}
 	if by != nil {
 		e.by = by.Ticket
 	}
@@ -451,6 +453,7 @@ func (x *txn) event(kind string, r ticketRec, evidence string) error {
 type eventOf struct {
 	kind, evidence string
 	by             string // the newer run of a "superseded" or "replaced" event
+	held           bool   // the event removes r, which was held: it says for how long
 }
 
 func (x *txn) eventBy(o eventOf, r ticketRec) error {
@@ -468,7 +471,16 @@ func (x *txn) eventBy(o eventOf, r ticketRec) error {
 		if w := r.weight(); w > 1 {
 			e.Weight, e.Indexes = w, ix
 		}
+		if o.kind == "admitted" {
+			e.Waited = store.WaitedFor(r.Created, x.now.Wall)
+		}
+		if o.held {
+			e.Held = store.HeldFor(r.Admitted, x.now.Wall)
+		}
 		if err := x.event1(e); err != nil {
+			return err
+		}
+		if err := x.count(e); err != nil { // in the event's own step (docs/leases.md §2.8)
 			return err
 		}
 	}

@@ -82,7 +82,8 @@ type memData struct {
 	// succ names the successor of each superseded id (docs/leases.md §2.1
 	// item 10): a tombstone that says who took its place.
 	succ   map[string]store.Successor
-	by     string // the newer run of the "superseded" and "replaced" events being logged
+	by     string        // the newer run of the "superseded" and "replaced" events being logged
+	held   time.Duration // Event.Held of the events being logged: a held ticket's removal
 	fence  uint64
 	bells  map[string]map[*memBell]bool
 	judge  store.Judge
@@ -98,9 +99,10 @@ type memLimit struct {
 	name    string
 	slots   int
 	created time.Time
-	used    int    // bug "counter": a counter beside the tickets
-	fence   uint64 // bug "fence-per-limit"
-	leak    int    // slots a buggy removal forgot to free
+	used    int          // bug "counter": a counter beside the tickets
+	fence   uint64       // bug "fence-per-limit"
+	leak    int          // slots a buggy removal forgot to free
+	counts  store.Counts // its counters, gone with it (mem_counts_test.go)
 }
 
 // A memTicket is one ticket, whatever the number of its limits. t holds
@@ -234,10 +236,17 @@ func (s *memStore) eventIn(kind string, v store.Ticket, limit string, slots []in
 	if v.Weighs() > 1 && !s.is("events-no-fields") {
 		e.Weight, e.Indexes = v.Weighs(), slices.Clone(slots)
 	}
+	if kind == "admitted" {
+		e.Waited = store.WaitedFor(v.Created, e.Time)
+	}
+	if !s.is("no-held-time") {
+		e.Held = s.d.held
+	}
 	if len(s.d.events) >= store.MaxEvents {
 		s.d.events = s.d.events[len(s.d.events)-store.MaxEvents+1:]
 	}
 	s.d.events = append(s.d.events, e)
+	s.count(e)
 }
 
 // event logs kind for the ticket t in each of its limits.
@@ -268,6 +277,13 @@ func (s *memStore) remove(t *memTicket, why store.Reason, evidence string, keep 
 		if keep != nil && !slices.Contains(keep, n) {
 			l.leak += len(ix) // the bug: these slots stay taken by nobody
 		}
+	}
+	if t.t.State == store.Held {
+		s.d.held = store.HeldFor(t.t.Admitted, s.wallNow())
+		defer func() { s.d.held = 0 }()
+	}
+	if why == store.Busy && s.is("busy-as-cancelled") {
+		why = store.Cancelled
 	}
 	s.event(string(why), t, evidence)
 	s.d.ring(t.t.ID)
@@ -768,6 +784,8 @@ func (d *memData) save() *memData {
 		tombs: maps.Clone(d.tombs), succ: maps.Clone(d.succ)}
 	for n, l := range d.limits {
 		cl := *l
+		cl.counts.Wait.Buckets = slices.Clone(l.counts.Wait.Buckets)
+		cl.counts.Hold.Buckets = slices.Clone(l.counts.Hold.Buckets)
 		c.limits[n] = &cl
 	}
 	for id, t := range d.tickets {
@@ -1280,6 +1298,10 @@ func (s *memStore) reopen() store.Store {
 		s.d.tombs = map[string]store.Reason{}
 	case "reopen-resets-fence":
 		s.d.fence = 0
+	case "counts-lost-on-reopen": // counts kept in memory beside the file
+		for n, l := range s.d.limits {
+			l.counts = store.Counts{Limit: n}
+		}
 	case "stop-lost-on-reopen": // a record format without the stop request
 		for _, t := range s.d.tickets {
 			t.t.Stop = nil
@@ -1333,7 +1355,7 @@ func newMem(bug string, j store.Judge, explicit bool) (*memStore, storetest.Back
 func memHarness(bug string, explicit bool) storetest.Harness {
 	const ttl = 10 * time.Second
 	h := storetest.Harness{
-		TTL: ttl,
+		TTL: ttl, ManyEvents: true,
 		New: func(t *testing.T) storetest.Backend {
 			_, b := newMem(bug, nil, explicit)
 			return b
@@ -1362,6 +1384,7 @@ func memHarness(bug string, explicit bool) storetest.Harness {
 					s.d.tickets[id].w = 0
 				}
 			}
+			s.d.limits[storetest.LegacyLimit].counts = store.Counts{} // the old format kept none
 			return b
 		},
 	}
@@ -1483,7 +1506,14 @@ var mutants = map[string][]string{
 	"cancel-as-released":       {"CancelWaiting", "CancelPromoted"},
 	"cancel-waiting-only":      {"CancelPromoted"},
 	"cancel-missing-frees":     {"CancelWaiting", "CancelPromoted"},
-	"close-noop":               {"Close"},
+	// Counters (SPEC §2.8): counts.go.
+	"counts-admitted-twice":   {"CountsEachKindOnce"},
+	"counts-first-limit-only": {"CountsEveryLimit"},
+	"counts-lost-on-reopen":   {"CountsSurviveRestart"},
+	"counts-from-log":         {"CountsSurvivePruning"},
+	"busy-as-cancelled":       {"BusyIsCancelUnderItsName", "CountsEachKindOnce"},
+	"no-held-time":            {"CountsEachKindOnce", "CountsEveryLimit"},
+	"close-noop":              {"Close"},
 	// Several limits and weights.
 	"admit-one-limit-at-a-time":      {"AtomicAdmissionAcrossLimits"},
 	"weight-ignored":                 {"WeightsCountedInSlots"},

@@ -52,6 +52,9 @@ type Harness struct {
 	// and 1), the third waiting, each with TTL and its lease running from the
 	// backend's now, holder [LegacyHolder].
 	NewLegacy func(t *testing.T) Backend
+	// ManyEvents: the backend logs more than store.MaxEvents events within
+	// a few seconds, so that CountsSurvivePruning runs (counts.go).
+	ManyEvents bool
 }
 
 // The legacy fixture (Harness.NewLegacy).
@@ -162,6 +165,13 @@ var cases = []struct {
 	{"StopSurvivesReopen", testStopSurvivesReopen, false},
 	{"ReplaceMultiLimit", testReplaceMulti, false},
 	{"ConcurrentSupersede", testConcurrentSupersede, false},
+	// Counters (SPEC §2.8) and store.Busy: counts.go.
+	{"CountsEachKindOnce", testCountsEachKind, false},
+	{"CountsEveryLimit", testCountsEveryLimit, false},
+	{"CountsSurviveRestart", testCountsSurviveRestart, false},
+	{"CountsSurvivePruning", testCountsSurvivePruning, false},
+	{"CountsLegacyFromZero", testCountsLegacy, false},
+	{"BusyIsCancelUnderItsName", testBusy, false},
 }
 
 // suite is one case's store and helpers. Its helpers stop the case on the

@@ -25,9 +25,11 @@ func newLogCmd(f *Factory, g *globalOptions, runF func(*LogOptions) error) *cobr
 		Use:   "log [LIMIT]",
 		Short: "Show the store's event log: admitted, released, reaped, lost",
 		Long: `Show the newest events of the store's log, oldest first: admitted, released,
-cancelled (gave up waiting), reaped (with the evidence), force-released (by an
-operator) and lost (a holder that presumed its lease lost). The store keeps the
-newest 10,000 events.
+cancelled (gave up waiting), busy (not admitted before --wait ran out), reaped
+(with the evidence), force-released (by an operator) and lost (a holder that
+presumed its lease lost). The store keeps the newest 10,000 events; -o json
+also gives how long each admitted ticket waited and each removed holder held
+("waited", "held": nanoseconds).
 
 EXIT STATUS
   0    shown
@@ -133,7 +135,7 @@ func drawEvents(out tableOut, events []store.Event) error {
 		switch k := events[row].Kind; store.Reason(k) {
 		case store.Released:
 			return colorGreen
-		case store.Cancelled, store.Superseded:
+		case store.Cancelled, store.Busy, store.Superseded:
 			return colorYellow
 		case store.Reaped, store.ForceReleased, store.Lost:
 			return colorRed
