@@ -241,3 +241,40 @@ func durationsEqual(a, b []time.Duration) bool {
 	}
 	return true
 }
+
+// TestStatsTerminal: on a terminal the timeline follows the table and fits
+// the width; piped, the table alone, without escape sequences.
+func TestStatsTerminal(t *testing.T) {
+	e := newLsEnv(t)
+	lsGoldenStore(t, e) // a few limits and tickets, with their events
+	for _, c := range []struct {
+		tty   bool
+		width int
+	}{{true, 60}, {true, 200}, {false, 0}} {
+		f, out, errOut := lsFactory(e.env, nil, c.tty, c.width)
+		f.Getenv = func(k string) string {
+			if k == "NO_COLOR" {
+				return "1"
+			}
+			return e.env[k]
+		}
+		if code := lsRun(t, f, "stats"); code != 0 {
+			t.Fatalf("stats: exit %d: %s", code, errOut)
+		}
+		s := out.String()
+		if got := strings.Contains(s, "UTILIZATION"); got != c.tty {
+			t.Errorf("tty %v: timeline shown %v:\n%s", c.tty, got, s)
+		}
+		if !strings.HasPrefix(s, "LIMIT ") || strings.Contains(s, "\x1b") {
+			t.Errorf("tty %v: not a plain table:\n%q", c.tty, s)
+		}
+		if c.tty {
+			i := strings.Index(s, "UTILIZATION")
+			for _, line := range strings.Split(strings.TrimSuffix(s[i:], "\n"), "\n")[1:] {
+				if w := len([]rune(line)); w > c.width || w < c.width-8 {
+					t.Errorf("width %d: a timeline line of %d columns: %q", c.width, w, line)
+				}
+			}
+		}
+	}
+}
