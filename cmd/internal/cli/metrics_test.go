@@ -13,6 +13,7 @@ import (
 	"math"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -179,5 +180,48 @@ func TestMetricsEmptyStore(t *testing.T) {
 	}
 	if b.Len() != 0 {
 		t.Errorf("metrics of a store without limits: %q, want nothing", b.String())
+	}
+}
+
+// TestAlertRules: the README's example alerts (packaging/prometheus) are
+// valid rules, fire when they should (promtool test rules over series
+// that cross and do not cross their thresholds) and name only metrics
+// that slotctl metrics writes.
+func TestAlertRules(t *testing.T) {
+	rules, err := os.ReadFile("../../../packaging/prometheus/slotctl.rules.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fams := parseMetrics(t, func() []byte {
+		var b bytes.Buffer
+		snap := store.Snapshot{Now: time.Now(), Limits: []store.Limit{{Name: "x", Slots: 1}}}
+		if err := writeMetrics(&b, snap, []store.Counts{{Limit: "x"}}); err != nil {
+			t.Fatal(err)
+		}
+		return b.Bytes()
+	}())
+	names := regexp.MustCompile(`slotctl_[a-z_]+`).FindAllString(string(rules), -1)
+	if len(names) == 0 {
+		t.Fatal("the rules name no slotctl metric")
+	}
+	for _, n := range names {
+		base := strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(n, "_bucket"), "_sum"), "_count")
+		if fams[base] == nil {
+			t.Errorf("the alert rules use %s, which slotctl metrics does not write", n)
+		}
+	}
+	path, err := exec.LookPath("promtool")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("promtool is not installed; .ci/run installs Debian's prometheus package for it")
+		}
+		t.Skip("promtool not installed (apt-get install prometheus); CI requires it")
+	}
+	for _, args := range [][]string{{"check", "rules", "slotctl.rules.yml"}, {"test", "rules", "slotctl.rules.test.yml"}} {
+		cmd := exec.Command(path, args...)
+		cmd.Dir = "../../../packaging/prometheus"
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
 	}
 }

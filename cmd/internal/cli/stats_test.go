@@ -10,6 +10,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"math"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -275,6 +278,72 @@ func TestStatsTerminal(t *testing.T) {
 					t.Errorf("width %d: a timeline line of %d columns: %q", c.width, w, line)
 				}
 			}
+		}
+	}
+}
+
+// TestStatsJSONSchemaMatchesREADME: every field of stats -o json (to the
+// second level) is in the README's table, and every field there is emitted.
+func TestStatsJSONSchemaMatchesREADME(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(b)
+	start := strings.Index(text, "`slotctl stats -o json` (schema version 1")
+	if start < 0 {
+		t.Fatal("README: no schema of slotctl stats -o json")
+	}
+	text = text[start:]
+	text = text[:strings.Index(text, "\n\n**")]
+	tick := regexp.MustCompile("`([^`]+)`")
+	documented := map[string]bool{}
+	for line := range strings.SplitSeq(text, "\n") {
+		if !strings.HasPrefix(line, "| `") {
+			continue
+		}
+		names := tick.FindAllStringSubmatch(strings.Split(line, "|")[1], -1)
+		prefix := ""
+		if i := strings.LastIndex(names[0][1], "."); i >= 0 {
+			prefix = names[0][1][:i+1]
+		}
+		for i, n := range names {
+			if i > 0 {
+				documented[prefix+n[1]] = true
+			} else {
+				documented[n[1]] = true
+			}
+		}
+	}
+	events, snap := statsFixture()
+	var js bytes.Buffer
+	if err := writeJSON(&js, statsJSONOf("/s.db", statsNow, 24*time.Hour, computeStats(events, snap, statsNow.Add(-24*time.Hour), false))); err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(js.Bytes(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	emitted := map[string]bool{}
+	for k, v := range doc {
+		if arr, ok := v.([]any); ok {
+			for _, el := range arr {
+				for sub := range el.(map[string]any) {
+					emitted[k+"[]."+sub] = true
+				}
+			}
+			continue
+		}
+		emitted[k] = true
+	}
+	for k := range emitted {
+		if !documented[k] {
+			t.Errorf("stats -o json emits %q, which the README's table does not describe", k)
+		}
+	}
+	for k := range documented {
+		if !emitted[k] {
+			t.Errorf("the README documents %q, which stats -o json does not emit", k)
 		}
 	}
 }
