@@ -124,6 +124,8 @@
 //	    N waiting tickets of one of its limits after the supersede (the
 //	    count allows for what the enqueue's settle may sweep and admit),
 //	    and a refusal writes nothing
+//	S21 a limit's counters never go back, and at quiescence they are the
+//	    tally of its log (each event counted once, in its own step)
 //	L1  a reap leaves no expired ticket of its limits; none outlives three
 //	    reaper periods
 //	L3  no ticket waits that is the oldest waiter of each of its limits

@@ -35,6 +35,8 @@ type model struct {
 	qfull   []*supStep
 	owners  map[string]*holder
 	replace map[string][]string // ticket -> the tickets it replaces
+
+	counts map[string]store.Counts // each limit's counts at the last check (S21, counts.go)
 }
 
 // A supStep is one enqueue of this step with --supersede or --replace (or
@@ -211,6 +213,9 @@ func (m *model) check() {
 		}
 		m.diff(snap, now)
 		if s.viol != nil {
+			return
+		}
+		if m.counted(); s.viol != nil {
 			return
 		}
 		m.jobs()

@@ -226,6 +226,9 @@ func Run(cfg Config) (res Result) {
 	if s.viol == nil {
 		s.quiesce()
 	}
+	if s.viol == nil {
+		s.m.countsAgree()
+	}
 	s.stats.Steps = s.step - 1
 	if s.viol != nil {
 		s.stats.Steps = s.viol.Step

@@ -13,8 +13,6 @@ import (
 // bucket (the previous format, or no event yet) reads as zero counts.
 var bucketCounts = []byte("counts")
 
-func init() { allBucketKey = append(allBucketKey, bucketCounts) }
-
 // countsRec is a store.Counts as stored; version 2 only (the previous
 // release kept no counts).
 type countsRec struct {

@@ -36,7 +36,7 @@ var (
 	keySeq       = []byte("seq") // last fence issued
 	keyEventSeq  = []byte("event-seq")
 	keyTombSeq   = []byte("tombstone-seq")
-	allBucketKey = [][]byte{bucketMeta, bucketLimits, bucketQueue, bucketIDs, bucketTombs, bucketTombQ, bucketEvents}
+	allBucketKey = [][]byte{bucketMeta, bucketLimits, bucketQueue, bucketIDs, bucketTombs, bucketTombQ, bucketEvents, bucketCounts}
 )
 
 // ticketRec is a ticket as stored. Its deadline is on the boot-time clock of

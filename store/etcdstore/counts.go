@@ -12,7 +12,7 @@ var errTODO = errors.New("not built yet")
 
 // Counts implements [store.Store].
 func (s *Store) Counts(ctx context.Context, limits ...string) ([]store.Counts, error) {
-	return nil, errTODO
+	return s.counts(ctx, limits)
 }
 
 // Resize implements [store.Store].

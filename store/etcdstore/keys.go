@@ -28,7 +28,8 @@ const formatVersion = 2
 // one transaction: per limit its ticket key, record and event and one slot
 // key per unit of weight, k*(w+3). etcd refuses a transaction of more than
 // 128 operations (--max-txn-ops), and a ticket that could never be written
-// in one would wait forever; with the limits it creates and its id key it
+// in one would wait forever; with the limits it creates, their counts keys
+// (P/counts/<limit>, countsrec.go) and its id key, at most 64+16+16+1, it
 // stays within maxPlanOps.
 const MaxTicketKeys = 64
 

@@ -213,7 +213,7 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 					pre = true
 				}
 			}
-			if pre || !p.room(ticketKeys(len(names), req.Weight)+1+len(create), 1+2*len(names)) {
+			if c := p.countRoom(names); pre || !p.room(ticketKeys(len(names), req.Weight)+1+len(create)+c, 1+2*len(names)+c) {
 				// More than one transaction holds: commit these first, then
 				// plan again (see the comment of Enqueue).
 				if p.empty() {
@@ -755,8 +755,35 @@ func (s *Store) Cancel(ctx context.Context, t store.Ticket) (bool, error) {
 // refused when it lands). With Lost it logs that the holder noticed. It
 // reports true only if the create landed meanwhile and this removed it.
 func (s *Store) releaseAbsent(ctx context.Context, t store.Ticket, why store.Reason, idr *idRec) (bool, error) {
-	p := s.newPlan(newState(nil, 0))
-	if why == store.Lost && t.Limit != "" && store.CheckLimits(t.Names()) == nil {
+	lost := why == store.Lost && t.Limit != "" && store.CheckLimits(t.Names()) == nil
+	var rt retrier
+	for {
+		removed, again, err := s.releaseAbsentOnce(ctx, t, why, idr, lost)
+		if !again {
+			return removed, err
+		}
+		if err := rt.next(ctx); err != nil {
+			return false, err
+		}
+	}
+}
+
+// releaseAbsentOnce is one try of releaseAbsent; again: the limits' counts
+// changed since they were read (the "lost" is counted on them).
+func (s *Store) releaseAbsentOnce(ctx context.Context, t store.Ticket, why store.Reason, idr *idRec, lost bool) (removed, again bool, err error) {
+	st := newState(nil, 0)
+	if lost {
+		if st, err = s.readCounted(ctx, t.Names()); err != nil {
+			return false, false, err
+		}
+	}
+	p := s.newPlan(st)
+	if lost {
+		for _, n := range t.Names() {
+			if st.lim(n) != nil {
+				p.compareLimit(n) // not removed meanwhile: its counts went with it
+			}
+		}
 		r := rec{ID: t.ID, Limit: t.Names()[0], State: t.State, Slot: t.Slot, Weight: t.Weight, Holder: t.Holder}
 		if len(t.Names()) > 1 {
 			r.Limits = t.Names()
@@ -778,34 +805,38 @@ func (s *Store) releaseAbsent(ctx context.Context, t store.Ticket, why store.Rea
 		p.tombstone(t.ID, names, why, nil)
 	}
 	if p.empty() {
-		return false, nil
+		return false, false, nil
 	}
 	day, err := s.dayLease(ctx, s.dayKV(ctx))
 	if err != nil {
-		return false, err
+		return false, false, err
 	}
 	for range 2 {
 		cctx, cancel := s.ctx(ctx)
-		resp, err := s.c.Txn(cctx).If(p.cmps...).Then(p.ops(day)...).Commit()
+		resp, err := s.c.Txn(cctx).If(p.cmps...).Then(p.ops(day)...).Else(clientv3.OpGet(s.k.id(t.ID), clientv3.WithKeysOnly())).Commit()
 		cancel()
 		if err != nil && isLeaseNotFound(err) {
 			s.dropDay(day)
 			if day, err = s.dayLease(ctx, nil); err != nil {
-				return false, err
+				return false, false, err
 			}
 			continue
 		}
 		if err != nil {
-			return false, s.unavailable(err, false)
+			return false, false, s.unavailable(err, false)
 		}
 		s.answered()
 		if !resp.Succeeded {
-			// The create landed meanwhile: release the live ticket.
-			return s.Release(ctx, store.Ticket{ID: t.ID, Limit: t.Limit, Fence: t.Fence, Holder: t.Holder}, why)
+			if idr == nil && len(resp.Responses[0].GetResponseRange().Kvs) > 0 {
+				// The create landed meanwhile: release the live ticket.
+				removed, err := s.Release(ctx, store.Ticket{ID: t.ID, Limit: t.Limit, Fence: t.Fence, Holder: t.Holder}, why)
+				return removed, false, err
+			}
+			return false, true, nil
 		}
-		return false, nil
+		return false, false, nil
 	}
-	return false, nil
+	return false, false, nil
 }
 
 // dayKV reads P/meta/day-lease (nil when the handle knows its day lease).
@@ -1077,6 +1108,7 @@ func (s *Store) RemoveLimit(ctx context.Context, name string, force bool) error 
 				// Nobody joined since the read: the limit goes with its last ticket.
 				p.cmp(clientv3.Compare(clientv3.CreateRevision(s.k.records(name)).WithPrefix(), "<", st.rev+1))
 				p.del(s.k.limit(name))
+				p.dropCounts(name)
 				ls.lim = nil // settled no more: nobody is left in it
 				p.settle(false)
 			}

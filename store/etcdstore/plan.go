@@ -45,6 +45,7 @@ type plan struct {
 	removed  []store.Removal // tickets removed by a sweep (reaped)
 	revoke   []int64         // leases to revoke after the commit
 	promoted []*entry
+	counted  map[string]*store.Counts // the counts this plan writes, by limit (countsrec.go)
 }
 
 type writeOp struct {
@@ -100,6 +101,13 @@ func (p *plan) event(kind string, r rec, fence int64, evidence string) {
 // replaced more than once (each newer run overwrites its stop request):
 // each "replaced" event has a key of its own.
 func (p *plan) eventBy(kind string, r rec, fence int64, evidence, by string) {
+	p.log(kind, r, fence, evidence, by, false)
+}
+
+// log is eventBy of an event that removes a held ticket when held: it
+// says how long it was held. An admission says how long it waited. Each
+// event is counted in its limit's counts in this plan (plan.count).
+func (p *plan) log(kind string, r rec, fence int64, evidence, by string, held bool) {
 	names := r.names()
 	key := kind
 	if kind == "replaced" {
@@ -119,8 +127,15 @@ func (p *plan) eventBy(kind string, r rec, fence int64, evidence, by string) {
 		if r.weighs() > 1 {
 			e.Weight, e.Indexes = r.weighs(), slices.Clone(ix)
 		}
+		if kind == "admitted" {
+			e.Waited = store.WaitedFor(r.Created, p.now)
+		}
+		if held {
+			e.Held = store.HeldFor(r.Admitted, p.now)
+		}
 		p.events++
 		p.put(p.s.k.event(n, r.ID, key), writeOp{val: encode(e), day: true})
+		p.count(e.Event)
 	}
 }
 
@@ -171,7 +186,7 @@ func (p *plan) remove(e *entry, why store.Reason, evidence string) bool {
 // events (docs/leases.md §2.1 item 10).
 func (p *plan) removeBy(e *entry, why store.Reason, evidence string, by *store.Successor) bool {
 	names := e.r.names()
-	if !p.room(ticketKeys(len(names), e.r.Weight)+1, 2) {
+	if c := p.countRoom(names); !p.room(ticketKeys(len(names), e.r.Weight)+1+c, 2+c) {
 		return false
 	}
 	at, id := e.at, e.r.ID
@@ -199,7 +214,7 @@ func (p *plan) removeBy(e *entry, why store.Reason, evidence string, by *store.S
 		byID = by.Ticket
 	}
 	p.tombstone(id, names, why, by)
-	p.eventBy(string(why), e.r, e.fence, evidence, byID)
+	p.log(string(why), e.r, e.fence, evidence, byID, e.r.State == store.Held)
 	return true
 }
 
@@ -211,7 +226,7 @@ func (p *plan) removeBy(e *entry, why store.Reason, evidence string, by *store.S
 // key, rings. It reports false when out of room.
 func (p *plan) stop(e *entry, by store.Successor) bool {
 	names := e.r.names()
-	if !p.room(3*len(names), 1) {
+	if c := p.countRoom(names); !p.room(3*len(names)+c, 1+c) {
 		return false
 	}
 	p.cmp(clientv3.Compare(clientv3.ModRevision(p.s.k.ticket(e.at, e.r.ID)), "=", e.tkv.ModRevision))
@@ -323,7 +338,7 @@ func (p *plan) queued(in *store.SettleInput, remaining time.Duration, keep func(
 // under its lease. It reports false when out of room.
 func (p *plan) admit(e *entry, a store.Admit) bool {
 	names := e.r.names()
-	if !p.room(ticketKeys(len(names), e.r.Weight), 1+2*len(names)) {
+	if c := p.countRoom(names); !p.room(ticketKeys(len(names), e.r.Weight)+c, 1+2*len(names)+c) {
 		return false
 	}
 	for _, n := range names {

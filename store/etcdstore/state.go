@@ -44,6 +44,8 @@ type limState struct {
 	limKV   *mvccpb.KeyValue // nil: no such limit
 	entries []*entry         // its tickets, by fence
 	slots   map[int]*mvccpb.KeyValue
+	cntKV   *mvccpb.KeyValue // P/counts/<name>; nil: none yet (countsrec.go)
+	counts  store.Counts     // as read: zero when cntKV is nil
 }
 
 // entry is one ticket: its record, and its ticket key while its lease
@@ -113,7 +115,8 @@ func (s *Store) limitOps(names []string, rev int64, serializable bool) []clientv
 			clientv3.OpGet(s.k.limit(n), opt()...),
 			clientv3.OpGet(s.k.records(n), opt(clientv3.WithPrefix(), byFence)...),
 			clientv3.OpGet(s.k.tickets(n), opt(clientv3.WithPrefix(), clientv3.WithKeysOnly())...),
-			clientv3.OpGet(s.k.slots(n), opt(clientv3.WithPrefix())...))
+			clientv3.OpGet(s.k.slots(n), opt(clientv3.WithPrefix())...),
+			clientv3.OpGet(s.k.counts(n), opt()...))
 	}
 	return ops
 }
@@ -133,7 +136,7 @@ func (s *Store) readOps(names []string, id string, serializable bool) []clientv3
 }
 
 // opsPerLimit is how many reads limitOps makes of one limit.
-const opsPerLimit = 4
+const opsPerLimit = 5
 
 // parseState decodes the answers to readOps.
 func (s *Store) parseState(names []string, rev int64, rs []*clientv3.GetResponse, withID bool) (*lstate, error) {
@@ -168,6 +171,9 @@ func (s *Store) addLimits(st *lstate, names []string, rs []*clientv3.GetResponse
 				return fmt.Errorf("%w: limit %s: %v", store.ErrCorrupt, name, err)
 			}
 			ls.lim, ls.limKV = &l, kvs[0]
+			if err := addCounts(ls, r4[4].Kvs); err != nil {
+				return err
+			}
 		}
 		live := map[string]*mvccpb.KeyValue{}
 		for _, kv := range r4[2].Kvs {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/slotctl/slotctl/store"
@@ -405,4 +406,45 @@ func testBusy(s *suite) {
 		s.Fatalf("Enqueue %s after Release(busy) of an id never seen: ticket %+v, err %v; want ErrRemoved", s.who(ghost.ID), got, err)
 	}
 	s.wantCounts(q, map[string]uint64{"admitted": 3, "released": 1, "busy": 2, "wait": 3, "hold": 2})
+}
+
+// Concurrent removals of different tickets of one limit, which compete for
+// nothing else (no waiter to admit), each count: two steps never add to
+// the same reading of the counts and keep only one of the two.
+func testCountsConcurrent(s *suite) {
+	const (
+		n     = 12
+		limit = "cc"
+	)
+	tks := make([]store.Ticket, n)
+	for i := range tks {
+		tks[i] = s.enq(fmt.Sprintf("T%d", i), limit, n)
+		s.wantHeld(tks[i], -1)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	start := make(chan struct{})
+	for i, tk := range tks {
+		why := store.Released
+		if i%3 == 1 {
+			why = store.Lost
+		}
+		wg.Go(func() {
+			<-start
+			ok, err := s.st.Release(s.ctx, tk, why)
+			if err == nil && !ok {
+				err = fmt.Errorf("Release %s (%s) removed nothing", s.who(tk.ID), why)
+			}
+			errs <- err
+		})
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			s.Fatalf("concurrent release: %v", err)
+		}
+	}
+	s.wantCounts(limit, map[string]uint64{"admitted": n, "released": n - n/3, "lost": n / 3, "wait": n, "hold": n})
 }

@@ -3,6 +3,7 @@ package storetest_test
 import (
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/slotctl/slotctl/store"
 )
@@ -15,6 +16,16 @@ func (s *memStore) count(e store.Event) {
 		return
 	}
 	if s.is("counts-first-limit-only") && len(e.Limits) > 1 && e.Limit != e.Limits[0] {
+		return
+	}
+	if s.is("counts-racy") && e.Kind == string(store.Lost) { // added to a reading made before the lock was dropped
+		c := l.counts
+		c.Hold.Buckets = slices.Clone(c.Hold.Buckets)
+		s.d.mu.Unlock()
+		time.Sleep(staleWindow)
+		s.d.mu.Lock()
+		c.Add(e)
+		l.counts = c
 		return
 	}
 	l.counts.Limit = e.Limit

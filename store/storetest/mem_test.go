@@ -1508,6 +1508,7 @@ var mutants = map[string][]string{
 	"cancel-missing-frees":     {"CancelWaiting", "CancelPromoted"},
 	// Counters (SPEC §2.8): counts.go.
 	"counts-admitted-twice":   {"CountsEachKindOnce"},
+	"counts-racy":             {"CountsConcurrent"},
 	"counts-first-limit-only": {"CountsEveryLimit"},
 	"counts-lost-on-reopen":   {"CountsSurviveRestart"},
 	"counts-from-log":         {"CountsSurvivePruning"},

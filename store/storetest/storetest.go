@@ -170,6 +170,7 @@ var cases = []struct {
 	{"CountsEveryLimit", testCountsEveryLimit, false},
 	{"CountsSurviveRestart", testCountsSurviveRestart, false},
 	{"CountsSurvivePruning", testCountsSurvivePruning, false},
+	{"CountsConcurrent", testCountsConcurrent, false},
 	{"CountsLegacyFromZero", testCountsLegacy, false},
 	{"BusyIsCancelUnderItsName", testBusy, false},
 }

@@ -65,6 +65,9 @@ type Options struct {
 	// TLS, if not nil, serves clients over TLS with these files (see
 	// WriteCerts) and, with ClientCertAuth, requires a client certificate.
 	TLS *Certs
+	// MaxTxnOps, if not 0, is the server's --max-txn-ops (128 by default):
+	// a test of the plan-size bound sets it to the store's own bound.
+	MaxTxnOps uint
 }
 
 // Start starts a server with its data in a new temporary directory and
@@ -94,6 +97,9 @@ func Start(tb TB, o Options) *Server {
 	cfg.InitialCluster = cfg.Name + "=" + pu.String()
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 	cfg.UnsafeNoFsync = !o.Fsync
+	if o.MaxTxnOps != 0 {
+		cfg.MaxTxnOps = o.MaxTxnOps
+	}
 	s := &Server{Endpoint: cu.Host, tb: tb, cfg: cfg}
 	if err := s.start(); err != nil {
 		tb.Fatalf("etcdtest: %v", err)

@@ -1,0 +1,213 @@
+package etcdstore
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/slotctl/slotctl/store"
+)
+
+// Counters (SPEC §2.8, docs/leases.md §2.8): P/counts/<limit> holds the
+// limit's store.Counts, without a lease (like its limit key). Every plan
+// that logs an event of the limit reads the key with the limit's state (at
+// the plan's revision), adds the event (plan.count) and writes it back in
+// the plan's own transaction, compared by mod revision: two writers never
+// both add to one reading, and a plan committed in parts (a supersede or a
+// limit rm too big for one transaction) carries in each part the counts of
+// that part's events. Removing the limit deletes the key.
+
+func (k keys) countsPrefix() string       { return string(k) + "counts/" }
+func (k keys) counts(limit string) string { return k.countsPrefix() + limit }
+
+// countsRec is the value of P/counts/<limit>; version 2 only (the previous
+// release kept no counts).
+type countsRec struct {
+	V int `json:"v"`
+	store.Counts
+}
+
+// decodeCounts decodes and checks a limit's counts: what Add could have
+// made (store.Counts.Check, one wait per admission), of this limit.
+func decodeCounts(limit string, b []byte) (store.Counts, error) {
+	var r countsRec
+	if err := decode("counts of limit "+limit, b, &r); err != nil {
+		return store.Counts{}, err
+	}
+	bad := func(format string, a ...any) (store.Counts, error) {
+		return store.Counts{}, fmt.Errorf("%w: counts of limit %s: %s", store.ErrCorrupt, limit, fmt.Sprintf(format, a...))
+	}
+	switch {
+	case r.V != formatVersion:
+		return bad("record version %d: counts are version %d", r.V, formatVersion)
+	case r.Limit != limit:
+		return bad("they name limit %q", r.Limit)
+	case r.Wait.Count != r.Admitted:
+		return bad("%d waits observed for %d admissions", r.Wait.Count, r.Admitted)
+	}
+	if err := r.Counts.Check(); err != nil {
+		return bad("%v", strings.TrimPrefix(err.Error(), store.ErrCorrupt.Error()+": "))
+	}
+	return r.Counts, nil
+}
+
+// addCounts decodes a limit's counts key as read into ls (absent: zero).
+func addCounts(ls *limState, kvs []*mvccpb.KeyValue) error {
+	ls.counts = store.Counts{Limit: ls.name}
+	if len(kvs) == 0 {
+		return nil
+	}
+	c, err := decodeCounts(ls.name, kvs[0].Value)
+	if err != nil {
+		return err
+	}
+	ls.cntKV, ls.counts = kvs[0], c
+	return nil
+}
+
+// countRoom is the room the counts of names take in the plan beyond what
+// it holds already: a write and a compare per limit not counted in yet.
+func (p *plan) countRoom(names []string) int {
+	n := 0
+	for _, name := range names {
+		if p.counted[name] == nil {
+			n++
+		}
+	}
+	return n
+}
+
+// count adds one event to its limit's counts in this plan: the first time,
+// compared on the counts key as read; the key written with the plan. An
+// event of a limit that does not exist (any more) counts nowhere. Every
+// plan reads the limits of the events it logs (its tickets' closure;
+// releaseAbsent reads them for its "lost"), so a limit not read is one
+// that does not exist.
+func (p *plan) count(e store.Event) {
+	ls := p.st.lims[e.Limit]
+	if ls == nil || ls.lim == nil {
+		return
+	}
+	c := p.counted[e.Limit]
+	if c == nil {
+		key := p.s.k.counts(e.Limit)
+		if ls.cntKV == nil {
+			p.cmp(clientv3.Compare(clientv3.CreateRevision(key), "=", 0))
+		} else {
+			p.cmp(clientv3.Compare(clientv3.ModRevision(key), "=", ls.cntKV.ModRevision))
+		}
+		v := ls.counts
+		v.Limit = e.Limit
+		v.Wait.Buckets, v.Hold.Buckets = slices.Clone(v.Wait.Buckets), slices.Clone(v.Hold.Buckets)
+		c = &v
+		if p.counted == nil {
+			p.counted = map[string]*store.Counts{}
+		}
+		p.counted[e.Limit] = c
+	}
+	c.Add(e)
+	p.put(p.s.k.counts(e.Limit), writeOp{val: encode(countsRec{V: formatVersion, Counts: *c})})
+}
+
+// dropCounts deletes a limit's counts key with the limit: over any write
+// of it this plan made (its last tickets' force-released events).
+func (p *plan) dropCounts(limit string) {
+	key := p.s.k.counts(limit)
+	if _, ok := p.w[key]; !ok {
+		p.keys = append(p.keys, key)
+	}
+	p.w[key] = writeOp{del: true}
+	delete(p.counted, limit)
+}
+
+// readCounted is a state of names' limit and counts keys only, no tickets:
+// what a plan that logs an event of a ticket no longer in them (a holder's
+// late "lost") counts on.
+func (s *Store) readCounted(ctx context.Context, names []string) (*lstate, error) {
+	var ops []clientv3.Op
+	for _, n := range names {
+		ops = append(ops, clientv3.OpGet(s.k.limit(n)), clientv3.OpGet(s.k.counts(n)))
+	}
+	cctx, cancel := s.ctx(ctx)
+	defer cancel()
+	resp, err := s.c.Txn(cctx).Then(ops...).Commit()
+	if err != nil {
+		return nil, s.unavailable(err, false)
+	}
+	s.answered()
+	st := newState(names, resp.Header.Revision)
+	rs := getResponses(resp.Responses)
+	for i, n := range names {
+		ls := &limState{name: n, slots: map[int]*mvccpb.KeyValue{}}
+		if kvs := rs[2*i].Kvs; len(kvs) > 0 {
+			var l limitRec
+			if err := decode("limit "+n, kvs[0].Value, &l); err != nil {
+				return nil, err
+			}
+			ls.lim, ls.limKV = &l, kvs[0]
+			if err := addCounts(ls, rs[2*i+1].Kvs); err != nil {
+				return nil, err
+			}
+		}
+		st.lims[n] = ls
+	}
+	return st, nil
+}
+
+// counts is Counts: the limits and their counts read at one revision.
+func (s *Store) counts(ctx context.Context, limits []string) ([]store.Counts, error) {
+	if s.closed.Load() {
+		return nil, s.errClosed()
+	}
+	for _, n := range limits {
+		if err := store.CheckLimitName(n); err != nil {
+			return nil, err
+		}
+	}
+	cctx, cancel := s.ctx(ctx)
+	defer cancel()
+	resp, err := s.c.Txn(cctx).Then(
+		clientv3.OpGet(s.k.limits(), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		clientv3.OpGet(s.k.countsPrefix(), clientv3.WithPrefix())).Commit()
+	if err != nil {
+		return nil, s.unavailable(err, false)
+	}
+	s.answered()
+	rs := getResponses(resp.Responses)
+	var have []string
+	for _, kv := range rs[0].Kvs {
+		n := strings.TrimPrefix(string(kv.Key), s.k.limits())
+		if !store.ValidLimitName(n) {
+			return nil, fmt.Errorf("%w: limit key %s", store.ErrCorrupt, kv.Key)
+		}
+		have = append(have, n)
+	}
+	kvOf := map[string]*mvccpb.KeyValue{}
+	for _, kv := range rs[1].Kvs {
+		kvOf[strings.TrimPrefix(string(kv.Key), s.k.countsPrefix())] = kv
+	}
+	names := slices.Clone(limits)
+	if len(names) == 0 {
+		names = have
+	}
+	slices.Sort(names)
+	names = slices.Compact(names)
+	out := make([]store.Counts, 0, len(names))
+	for _, n := range names {
+		if !slices.Contains(have, n) {
+			return nil, fmt.Errorf("%w: %q", store.ErrLimitNotFound, n)
+		}
+		c := store.Counts{Limit: n}
+		if kv := kvOf[n]; kv != nil {
+			if c, err = decodeCounts(n, kv.Value); err != nil {
+				return nil, err
+			}
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
