@@ -8,6 +8,11 @@ package cli
 //
 //	SLOTCTL_BENCH=1 go test -tags bench ./cmd/internal/cli -run CountersCost -v
 //	SLOTCTL_BENCH_BEFORE=<git ref> SLOTCTL_BENCH_RUNS=30 ...  # default 1dcad69
+//	SLOTCTL_BENCH_AFTER=<git ref> ...   # build "after" from a ref, not the tree
+//
+// The tree's "after" has the counters and the metrics command's encoder
+// (its package inits): SLOTCTL_BENCH_AFTER=wt-counts measures the counters
+// alone, SLOTCTL_BENCH_BEFORE=wt-counts the encoder alone.
 
 import (
 	"fmt"
@@ -33,22 +38,15 @@ func TestCountersCost(t *testing.T) {
 	}
 	runs := cmpEnvInt("SLOTCTL_BENCH_RUNS", 30)
 	dir := t.TempDir()
-	src := filepath.Join(dir, "before-src")
-	if err := os.MkdirAll(src, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	// The "before" tree: git archive of ref, built like the release.
-	archive := exec.Command("sh", "-c", fmt.Sprintf("git -C ../../.. archive %s | tar -x -C %s", ref, src))
-	if out, err := archive.CombinedOutput(); err != nil {
-		t.Fatalf("git archive %s: %v\n%s", ref, err, out)
-	}
 	before, after := filepath.Join(dir, "before"), filepath.Join(dir, "after")
-	build := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", before, "./cmd/slotctl")
-	build.Dir, build.Env = src, append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build %s: %v\n%s", ref, err, out)
+	buildRef(t, ref, filepath.Join(dir, "before-src"), before)
+	afterRef := os.Getenv("SLOTCTL_BENCH_AFTER")
+	if afterRef == "" {
+		afterRef = "the tree"
+		buildSlotctl(t, after, releaseSlotctl)
+	} else {
+		buildRef(t, afterRef, filepath.Join(dir, "after-src"), after)
 	}
-	buildSlotctl(t, after, releaseSlotctl)
 	bins := []string{before, after}
 	times := make([][]time.Duration, 2)
 	for i := -1; i < runs; i++ {
@@ -68,8 +66,25 @@ func TestCountersCost(t *testing.T) {
 	}
 	b, a := cmpPct(times[0], 50), cmpPct(times[1], 50)
 	r := float64(a) / float64(b)
-	msg := fmt.Sprintf("run --limit x -- true: before (%s) median %s p90 %s; after median %s p90 %s: %.3f× (goal ≤ 1.05×, %d interleaved runs)",
-		ref, cmpMS(b), cmpMS(cmpPct(times[0], 90)), cmpMS(a), cmpMS(cmpPct(times[1], 90)), r, runs)
+	msg := fmt.Sprintf("run --limit x -- true: before (%s) median %s p90 %s; after (%s) median %s p90 %s: %.3f× (goal ≤ 1.05×, %d interleaved runs)",
+		ref, cmpMS(b), cmpMS(cmpPct(times[0], 90)), afterRef, cmpMS(a), cmpMS(cmpPct(times[1], 90)), r, runs)
 	t.Log(msg)
 	fmt.Println(msg)
+}
+
+// buildRef builds slotctl from git ref (git archive into src) to bin, like the release.
+func buildRef(t *testing.T, ref, src, bin string) {
+	t.Helper()
+	if err := os.MkdirAll(src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	archive := exec.Command("sh", "-c", fmt.Sprintf("git -C ../../.. archive %s | tar -x -C %s", ref, src))
+	if out, err := archive.CombinedOutput(); err != nil {
+		t.Fatalf("git archive %s: %v\n%s", ref, err, out)
+	}
+	build := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", bin, "./cmd/slotctl")
+	build.Dir, build.Env = src, append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build %s: %v\n%s", ref, err, out)
+	}
 }
