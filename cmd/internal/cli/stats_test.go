@@ -9,10 +9,13 @@ package cli
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -344,6 +347,51 @@ func TestStatsJSONSchemaMatchesREADME(t *testing.T) {
 	for k := range documented {
 		if !emitted[k] {
 			t.Errorf("the README documents %q, which stats -o json does not emit", k)
+		}
+	}
+}
+
+// TestStatsArbitraryLog: whatever the log holds (a hostile or corrupt
+// store's events: kinds out of order, negative or huge times, weights,
+// removals without admissions), stats neither panics nor prints a figure
+// that is not a number, and its timeline has the cells asked for.
+func TestStatsArbitraryLog(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	kinds := []string{"admitted", "released", "cancelled", "busy", "superseded", "replaced", "reaped", "lost", "force-released", store.Resized, "other"}
+	for i := range 500 {
+		now := statsNow
+		var events []store.Event
+		for range rng.IntN(60) {
+			e := store.Event{Time: now.Add(time.Duration(rng.Int64N(int64(72*time.Hour))) - 48*time.Hour), Kind: kinds[rng.IntN(len(kinds))],
+				Limit: []string{"a", "b", "c"}[rng.IntN(3)], Ticket: fmt.Sprint(rng.IntN(8)), Weight: rng.IntN(4) - 1,
+				Waited: time.Duration(rng.Int64N(int64(4*time.Hour))) - time.Hour, Held: time.Duration(rng.Int64N(int64(80*time.Hour))) - time.Hour}
+			events = append(events, e)
+		}
+		slices.SortFunc(events, func(a, b store.Event) int { return a.Time.Compare(b.Time) })
+		snap := store.Snapshot{Now: now, Limits: []store.Limit{{Name: "a", Slots: rng.IntN(3)}, {Name: "b", Slots: 2, Created: now.Add(-time.Hour)}}}
+		for range rng.IntN(4) {
+			snap.Tickets = append(snap.Tickets, store.Ticket{ID: fmt.Sprint(rng.IntN(8)), Limit: "a", State: store.Held, Weight: rng.IntN(3),
+				Admitted: now.Add(time.Duration(rng.Int64N(int64(50*time.Hour))) - 48*time.Hour)})
+		}
+		since := time.Duration(1+rng.IntN(48)) * time.Hour
+		stats := computeStats(events, snap, now.Add(-since), rng.IntN(2) == 0)
+		var out bytes.Buffer
+		if err := drawStats(tableOut{w: &out}, stats); err != nil {
+			t.Fatal(err)
+		}
+		if err := drawTimeline(&out, stats, now.Add(-since), now, 40+rng.IntN(100), time.UTC); err != nil {
+			t.Fatal(err)
+		}
+		if err := writeJSON(&out, statsJSONOf("/s", now, since, stats)); err != nil {
+			t.Fatalf("log %d: %v", i, err) // a NaN or an infinity cannot be written as JSON
+		}
+		for j := range stats {
+			if u, ok := stats[j].Utilization(); ok && (math.IsNaN(u) || math.IsInf(u, 0) || u < 0) {
+				t.Fatalf("log %d: utilization %v", i, u)
+			}
+			if tl := stats[j].Timeline(now.Add(-since), now, 17); len(tl) != 17 {
+				t.Fatalf("log %d: %d cells", i, len(tl))
+			}
 		}
 	}
 }
