@@ -39,24 +39,32 @@ func recentHolds(ctx context.Context, st store.Store, limit string) []time.Durat
 
 // estimateWait says when the waiter at position (1-based) of a limit of
 // slots slots will be admitted, given the limit's recent hold times and how
-// long each current holder has held (elapsed): each slot frees when its
-// holder has held for the median hold time (at once if it is past it),
-// and each waiter ahead takes the next slot to free and holds it for the
-// median too; the waiter's turn is the position-th slot to free. No
-// estimate (ok false) with fewer than estimateMin hold times, a paused
-// limit or no position.
+// long each current holder has held (elapsed). A holder that has held for e
+// is expected to go on for the median of h - e over the recent holds h
+// longer than e (at e = 0, the median hold); each waiter ahead takes the
+// next slot to free and holds it for the median hold; the waiter's turn is
+// the position-th slot to free. No estimate (ok false) with fewer than
+// estimateMin hold times, a paused limit, no position, or a holder that has
+// held longer than every recent hold (nothing says when it will end).
 func estimateWait(holds []time.Duration, elapsed []time.Duration, position, slots int) (eta time.Duration, ok bool) {
 	if len(holds) < estimateMin || position < 1 || slots < 1 {
 		return 0, false
 	}
-	sorted := slices.Clone(holds)
-	slices.Sort(sorted)
-	median := sorted[(len(sorted)-1)/2]
+	median := lowerMedian(holds)
 	free := make(durationHeap, 0, slots)
 	for i := range slots {
 		var r time.Duration // a slot no one holds (a heavier ticket ahead waits for more) frees now
 		if i < len(elapsed) {
-			r = max(median-elapsed[i], 0)
+			var rest []time.Duration
+			for _, h := range holds {
+				if h > elapsed[i] {
+					rest = append(rest, h-elapsed[i])
+				}
+			}
+			if len(rest) == 0 {
+				return 0, false
+			}
+			r = lowerMedian(rest)
 		}
 		free = append(free, r)
 	}
@@ -66,6 +74,14 @@ func estimateWait(holds []time.Duration, elapsed []time.Duration, position, slot
 		heap.Push(&free, t+median)
 	}
 	return free[0], true
+}
+
+// lowerMedian is the middle value of ds (the lower of the two middle ones
+// of an even count); ds is not changed.
+func lowerMedian(ds []time.Duration) time.Duration {
+	sorted := slices.Clone(ds)
+	slices.Sort(sorted)
+	return sorted[(len(sorted)-1)/2]
 }
 
 // approxDuration is an estimate as the waiting line shows it: ~45s, ~4m, ~2h10m, ~3d.

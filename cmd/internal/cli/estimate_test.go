@@ -22,9 +22,13 @@ func TestEstimateWait(t *testing.T) {
 		{"no position", five, nil, 0, 1, 0, false},
 		{"first, holder 1m in", five, []time.Duration{m}, 1, 1, 2 * m, true},
 		{"third, one slot", five, []time.Duration{m}, 3, 1, 2*m + 3*m + 3*m, true},
-		{"holder past the median frees now", five, []time.Duration{20 * m}, 1, 1, 0, true},
-		// two slots, holders 1m and 2m in: they free at 2m and 1m; the
-		// waiters ahead take those, and free again at 4m and 5m.
+		// past the median: the holds longer than 3m30s are 4m and 10m, so
+		// 30s or 6m30s more: the lower median, 30s
+		{"holder past the median", five, []time.Duration{3*m + 30*time.Second}, 1, 1, 30 * time.Second, true},
+		{"holder past every recent hold: nothing to go by", five, []time.Duration{20 * m}, 1, 1, 0, false},
+		// two slots, holders 1m and 2m in: they free at 2m and at 1m (the
+		// holds above 2m less 2m: 1m, 1m, 2m, 8m); the waiters ahead take
+		// those, and free them again at 4m and 5m.
 		{"third, two slots", five, []time.Duration{m, 2 * m}, 3, 2, 4 * m, true},
 		{"fourth, two slots", five, []time.Duration{m, 2 * m}, 4, 2, 5 * m, true},
 		// a slot no one holds frees now (a heavier ticket ahead waits for two)
