@@ -37,23 +37,26 @@ func recentHolds(ctx context.Context, st store.Store, limit string) []time.Durat
 	return out
 }
 
-// estimateWait says when the waiter at position (1-based) of a limit of
-// slots slots will be admitted, given the limit's recent hold times and how
-// long each current holder has held (elapsed). A holder that has held for e
-// is expected to go on for the median of h - e over the recent holds h
-// longer than e (at e = 0, the median hold); each waiter ahead takes the
-// next slot to free and holds it for the median hold; the waiter's turn is
-// the position-th slot to free. No estimate (ok false) with fewer than
-// estimateMin hold times, a paused limit, no position, or a holder that has
-// held longer than every recent hold (nothing says when it will end).
-func estimateWait(holds []time.Duration, elapsed []time.Duration, position, slots int) (eta time.Duration, ok bool) {
-	if len(holds) < estimateMin || position < 1 || slots < 1 {
+// estimateWait says when a waiter of weight slots in a limit of slots slots
+// will be admitted, behind the waiters ahead of it (their weights, in queue
+// order), given the limit's recent hold times and how long each held slot
+// has been held (elapsed). A slot held for e is expected to be held for the
+// median of h - e over the recent holds h longer than e (at e = 0, the
+// median hold); a slot no one holds is free now. In queue order each
+// waiter takes the first slots to free, as many as it weighs, when the
+// last of them frees, and holds them for the median hold; the estimate is
+// when the waiter's own turn comes. No estimate (ok false) with fewer than
+// estimateMin hold times, a paused limit, a waiter heavier than the limit,
+// or a holder that has held longer than every recent hold (nothing says
+// when it will end).
+func estimateWait(holds, elapsed []time.Duration, ahead []int, weight, slots int) (eta time.Duration, ok bool) {
+	if len(holds) < estimateMin || slots < 1 || weight < 1 || weight > slots {
 		return 0, false
 	}
 	median := lowerMedian(holds)
 	free := make(durationHeap, 0, slots)
 	for i := range slots {
-		var r time.Duration // a slot no one holds (a heavier ticket ahead waits for more) frees now
+		var r time.Duration
 		if i < len(elapsed) {
 			var rest []time.Duration
 			for _, h := range holds {
@@ -69,11 +72,97 @@ func estimateWait(holds []time.Duration, elapsed []time.Duration, position, slot
 		free = append(free, r)
 	}
 	heap.Init(&free)
-	for range position - 1 { // the waiters ahead take the slots that free first
-		t := heap.Pop(&free).(time.Duration)
-		heap.Push(&free, t+median)
+	take := func(w int) time.Duration { // the time the first w slots to free are all free
+		var at time.Duration
+		for range w {
+			at = max(at, heap.Pop(&free).(time.Duration))
+		}
+		return at
 	}
-	return free[0], true
+	for _, w := range ahead {
+		if w < 1 || w > slots {
+			return 0, false
+		}
+		at := take(w)
+		for range w {
+			heap.Push(&free, at+median)
+		}
+	}
+	return take(weight), true
+}
+
+// estimateIn is the estimate for ticket t in limit l of snap: the held
+// slots' elapsed times and the weights of the waiters ahead of t there.
+func estimateIn(holds []time.Duration, snap store.Snapshot, l store.Limit, t store.Ticket) (time.Duration, bool) {
+	var elapsed []time.Duration
+	type waiter struct{ pos, weight int }
+	var ahead []waiter
+	pos := 0
+	for _, x := range snap.Tickets {
+		if x.Limit == l.Name && x.ID == t.ID && x.State == store.Waiting {
+			pos = x.Position
+		}
+	}
+	if pos < 1 {
+		return 0, false
+	}
+	for _, x := range snap.Tickets {
+		if x.Limit != l.Name {
+			continue
+		}
+		switch {
+		case x.State == store.Held:
+			e := time.Duration(0) // not known: as if just admitted
+			if !x.Admitted.IsZero() {
+				e = max(snap.Now.Sub(x.Admitted), 0)
+			}
+			for range x.Weighs() {
+				elapsed = append(elapsed, e)
+			}
+		case x.Position >= 1 && x.Position < pos:
+			ahead = append(ahead, waiter{x.Position, x.Weighs()})
+		}
+	}
+	slices.SortFunc(ahead, func(a, b waiter) int { return a.pos - b.pos })
+	weights := make([]int, len(ahead))
+	for i, w := range ahead {
+		weights[i] = w.weight
+	}
+	return estimateWait(holds, elapsed, weights, t.Weighs(), l.Slots)
+}
+
+// estimate is the ", ~4m" of the waiting line of ticket t in the limits of
+// snap that keep it waiting (names; all of snap's when nil): the latest of
+// its estimates there, or "" when one of them has none.
+func (s *statusLine) estimate(ctx context.Context, snap store.Snapshot, t store.Ticket, names map[string]bool) string {
+	now := time.Now()
+	if s.f.Now != nil {
+		now = s.f.Now()
+	}
+	if s.holdsAt.IsZero() || now.Sub(s.holdsAt) >= estimateRefresh {
+		s.holds, s.holdsAt = map[string][]time.Duration{}, now
+	}
+	var eta time.Duration
+	n := 0
+	for _, l := range snap.Limits {
+		if names != nil && !names[l.Name] {
+			continue
+		}
+		holds, ok := s.holds[l.Name]
+		if !ok {
+			holds = recentHolds(ctx, s.st, l.Name)
+			s.holds[l.Name] = holds
+		}
+		e, ok := estimateIn(holds, snap, l, t)
+		if !ok {
+			return ""
+		}
+		eta, n = max(eta, e), n+1
+	}
+	if n == 0 {
+		return ""
+	}
+	return ", " + approxDuration(eta)
 }
 
 // lowerMedian is the middle value of ds (the lower of the two middle ones
@@ -100,34 +189,6 @@ func approxDuration(d time.Duration) string {
 		return fmt.Sprintf("~%dh", int(d/time.Hour))
 	}
 	return fmt.Sprintf("~%dd", int(d.Round(24*time.Hour)/(24*time.Hour)))
-}
-
-// estimate is the ", ~4m" of the waiting line of a ticket at position in
-// the one limit of snap, or "" when there is no estimate.
-func (s *statusLine) estimate(ctx context.Context, snap store.Snapshot, position int) string {
-	if len(snap.Limits) != 1 {
-		return ""
-	}
-	now := time.Now()
-	if s.f.Now != nil {
-		now = s.f.Now()
-	}
-	if s.holdsAt.IsZero() || now.Sub(s.holdsAt) >= estimateRefresh {
-		s.holds, s.holdsAt = recentHolds(ctx, s.st, snap.Limits[0].Name), now
-	}
-	var elapsed []time.Duration
-	for _, x := range snap.Tickets {
-		if x.State == store.Held && !x.Admitted.IsZero() {
-			for range x.Weighs() {
-				elapsed = append(elapsed, max(snap.Now.Sub(x.Admitted), 0))
-			}
-		}
-	}
-	eta, ok := estimateWait(s.holds, elapsed, position, snap.Limits[0].Slots)
-	if !ok {
-		return ""
-	}
-	return ", " + approxDuration(eta)
 }
 
 // durationHeap is a min-heap of durations.

@@ -22,7 +22,7 @@ type statusLine struct {
 
 	// holds are the limit's recent hold times for the admission estimate
 	// (estimate.go), read at holdsAt; only the drawing goroutine uses them.
-	holds   []time.Duration
+	holds   map[string][]time.Duration
 	holdsAt time.Time
 
 	mu     sync.Mutex
@@ -111,7 +111,7 @@ func (s *statusLine) text(ctx context.Context, t store.Ticket, width int) string
 	if t.Position > 0 {
 		fmt.Fprintf(&b, ", %s in queue", ordinal(t.Position))
 		if err == nil {
-			b.WriteString(s.estimate(ctx, snap, t.Position))
+			b.WriteString(s.estimate(ctx, snap, t, nil))
 		}
 	}
 	if h := holders(snap, func(string) bool { return true }); h != "" {
@@ -164,6 +164,7 @@ func (s *statusLine) multiText(ctx context.Context, t store.Ticket) string {
 	}
 	if len(parts) > 0 {
 		b.WriteString(": " + strings.Join(parts, "; "))
+		b.WriteString(s.estimate(ctx, snap, t, blocking))
 	}
 	if h := holders(snap, func(l string) bool { return blocking[l] }); h != "" {
 		fmt.Fprintf(&b, "; held by %s", h)
