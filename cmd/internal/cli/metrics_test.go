@@ -71,9 +71,23 @@ func metricValue(t testing.TB, fams map[string]*dto.MetricFamily, name, limit st
 	return 0
 }
 
-// promtoolCheck runs promtool check metrics on text; without promtool it
-// skips, except under CI (CI=true), where .ci/run installs it.
+// promtoolCheck runs promtool check metrics on text, in a subtest: without
+// promtool it skips, except under CI (CI=true), where .ci/run installs it.
 func promtoolCheck(t *testing.T, text []byte) {
+	t.Helper()
+	t.Run("promtool check metrics", func(t *testing.T) {
+		path := needPromtool(t)
+		cmd := exec.Command(path, "check", "metrics")
+		cmd.Stdin = bytes.NewReader(text)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("promtool check metrics: %v\n%s\non:\n%s", err, out, text)
+		}
+	})
+}
+
+// needPromtool is promtool's path; without it the test skips, or fails under CI.
+func needPromtool(t *testing.T) string {
 	t.Helper()
 	path, err := exec.LookPath("promtool")
 	if err != nil {
@@ -82,12 +96,7 @@ func promtoolCheck(t *testing.T, text []byte) {
 		}
 		t.Skip("promtool not installed (apt-get install prometheus); CI requires it")
 	}
-	cmd := exec.Command(path, "check", "metrics")
-	cmd.Stdin = bytes.NewReader(text)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("promtool check metrics: %v\n%s\non:\n%s", err, out, text)
-	}
+	return path
 }
 
 func TestMetricsEncoding(t *testing.T) {
@@ -210,18 +219,14 @@ func TestAlertRules(t *testing.T) {
 			t.Errorf("the alert rules use %s, which slotctl metrics does not write", n)
 		}
 	}
-	path, err := exec.LookPath("promtool")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("promtool is not installed; .ci/run installs Debian's prometheus package for it")
+	t.Run("promtool test rules", func(t *testing.T) {
+		path := needPromtool(t)
+		for _, args := range [][]string{{"check", "rules", "slotctl.rules.yml"}, {"test", "rules", "slotctl.rules.test.yml"}} {
+			cmd := exec.Command(path, args...)
+			cmd.Dir = "../../../packaging/prometheus"
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Errorf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
+			}
 		}
-		t.Skip("promtool not installed (apt-get install prometheus); CI requires it")
-	}
-	for _, args := range [][]string{{"check", "rules", "slotctl.rules.yml"}, {"test", "rules", "slotctl.rules.test.yml"}} {
-		cmd := exec.Command(path, args...)
-		cmd.Dir = "../../../packaging/prometheus"
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Errorf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-	}
+	})
 }
