@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -110,7 +111,12 @@ func runStats(ctx context.Context, f *Factory, g *globalOptions, o *StatsOptions
 
 var statsHeaders = []string{"LIMIT", "SLOTS", "RUNS", "WAIT P50", "P95", "MAX", "HOLD P50", "P95", "MAX", "UTIL", "BUSY", "SUPERSEDED", "REPLACED", "REAPED", "LOST"}
 
-// drawStats is the table of stats: one row per limit.
+// statsDropOrder are the columns of statsHeaders a narrow terminal loses
+// first: REPLACED, SUPERSEDED, the p95s, the maxima, SLOTS.
+var statsDropOrder = []int{12, 11, 4, 7, 5, 8, 1}
+
+// drawStats is the table of stats: one row per limit, fitted to a
+// terminal's width by dropping columns (statsDropOrder).
 func drawStats(out tableOut, stats []limitStats) error {
 	rows := make([][]string, 0, len(stats))
 	for i := range stats {
@@ -133,8 +139,16 @@ func drawStats(out tableOut, stats []limitStats) error {
 		}
 		rows = append(rows, row)
 	}
-	return out.draw(statsHeaders, rows, -1, func(row, col int) string {
-		if col != 9 {
+	headers := statsHeaders
+	if out.width > 0 {
+		// On a narrow terminal the rarer figures go first, then the p95s.
+		keep := narrowColumns(headers, rows, out.width, statsDropOrder)
+		headers, rows = project(headers, rows, keep)
+	}
+	utilCol := slices.Index(headers, "UTIL")
+	// Narrower still: long limit names shrink, and the lines are cut.
+	return out.draw(headers, rows, 0, func(row, col int) string {
+		if col != utilCol {
 			return ""
 		}
 		switch u, ok := stats[row].Utilization(); {
@@ -188,8 +202,12 @@ func drawTimeline(w io.Writer, stats []limitStats, from, to time.Time, width int
 	}
 	cells := max(width-name-2-2-5, 10)
 	step := to.Sub(from) / time.Duration(cells)
-	if _, err := fmt.Fprintf(w, "UTILIZATION  %s to %s (now), one cell = %s\n", from.In(loc).Format("2006-01-02 15:04"),
-		to.In(loc).Format("2006-01-02 15:04"), statDuration(step.Round(time.Second))); err != nil {
+	head := fmt.Sprintf("UTILIZATION  %s to %s (now), one cell = %s", from.In(loc).Format("2006-01-02 15:04"),
+		to.In(loc).Format("2006-01-02 15:04"), statDuration(step.Round(time.Second)))
+	if runewidth.StringWidth(head) > width {
+		head = fmt.Sprintf("UTILIZATION  since %s, cell = %s", from.In(loc).Format("01-02 15:04"), statDuration(step.Round(time.Second)))
+	}
+	if _, err := fmt.Fprintln(w, head); err != nil {
 		return err
 	}
 	for i := range stats {

@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mattn/go-runewidth"
+
 	"github.com/slotctl/slotctl/store"
 )
 
@@ -256,7 +258,7 @@ func TestStatsTerminal(t *testing.T) {
 	for _, c := range []struct {
 		tty   bool
 		width int
-	}{{true, 60}, {true, 200}, {false, 0}} {
+	}{{true, 50}, {true, 60}, {true, 200}, {false, 0}} {
 		f, out, errOut := lsFactory(e.env, nil, c.tty, c.width)
 		f.Getenv = func(k string) string {
 			if k == "NO_COLOR" {
@@ -275,6 +277,11 @@ func TestStatsTerminal(t *testing.T) {
 			t.Errorf("tty %v: not a plain table:\n%q", c.tty, s)
 		}
 		if c.tty {
+			for _, line := range strings.Split(strings.TrimSuffix(s, "\n"), "\n") {
+				if w := runewidth.StringWidth(line); w > c.width {
+					t.Errorf("width %d: a line of %d columns: %q", c.width, w, line)
+				}
+			}
 			i := strings.Index(s, "UTILIZATION")
 			for _, line := range strings.Split(strings.TrimSuffix(s[i:], "\n"), "\n")[1:] {
 				if w := len([]rune(line)); w > c.width || w < c.width-8 {
