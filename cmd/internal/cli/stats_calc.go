@@ -24,8 +24,8 @@ type limitStats struct {
 	// Kinds counts the other events: released, cancelled, busy, superseded,
 	// replaced, reaped, lost, force-released.
 	Kinds map[string]int
-	// spans are the periods tickets held slots of the limit (clipped to
-	// nothing: the timeline cuts them per cell).
+	// spans are the periods tickets held slots of the limit, whole:
+	// HeldSlotSeconds and Timeline clip them to what they count.
 	spans []heldSpan
 }
 
