@@ -402,3 +402,19 @@ func TestStatsArbitraryLog(t *testing.T) {
 		}
 	}
 }
+
+// TestStatsRemovedOnce: a ticket reaped and then reported lost by its
+// holder logs two events that carry Held; it held its slot once.
+func TestStatsRemovedOnce(t *testing.T) {
+	at := statsNow.Add(-time.Hour)
+	events := []store.Event{
+		{Time: at, Kind: "admitted", Limit: "a", Ticket: "T"},
+		{Time: at.Add(10 * time.Minute), Kind: "reaped", Limit: "a", Ticket: "T", Held: 10 * time.Minute},
+		{Time: at.Add(11 * time.Minute), Kind: "lost", Limit: "a", Ticket: "T", Held: 11 * time.Minute},
+	}
+	snap := store.Snapshot{Now: statsNow, Limits: []store.Limit{{Name: "a", Slots: 1}}}
+	s := computeStats(events, snap, statsNow.Add(-24*time.Hour), false)[0]
+	if len(s.Holds) != 1 || s.HeldSlotSeconds() != 600 || s.Kinds["reaped"] != 1 || s.Kinds["lost"] != 1 {
+		t.Errorf("holds %v, %v slot-seconds, kinds %v: want one hold of 10m, 600, one reaped and one lost", s.Holds, s.HeldSlotSeconds(), s.Kinds)
+	}
+}
