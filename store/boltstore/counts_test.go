@@ -195,3 +195,33 @@ func TestCountsRolledBackWithEvent(t *testing.T) {
 		t.Fatalf("counts after the release: %+v, want 1 released, 1 hold", c)
 	}
 }
+
+// Counts left without their limit (written by hand: removing a limit
+// deletes its counts) do not pass to a limit made under that name: it
+// counts from zero, made by SetLimit or by an enqueue.
+func TestCountsOfNewLimitStartAtZero(t *testing.T) {
+	s, _, path := newTestStore(t, Options{NoSync: true})
+	ctx := context.Background()
+	if _, err := s.SetLimit(ctx, "x", 1); err != nil { // creates the file and its buckets
+		t.Fatal(err)
+	}
+	left := `{"v":2,"limit":"%s","admitted":7,"released":7,"wait":{"buckets":[7,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0],"count":7,"sum":0}}`
+	rawUpdate(t, path, func(tx *bolt.Tx) error {
+		for _, n := range []string{"set", "enq"} {
+			if err := tx.Bucket(bucketCounts).Put([]byte(n), fmt.Appendf(nil, left, n)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if _, err := s.SetLimit(ctx, "set", 1); err != nil {
+		t.Fatal(err)
+	}
+	mustEnqueue(t, s, req("a", "enq", 1))
+	if c := mustCounts(t, s, "set"); c.Admitted != 0 || c.Released != 0 {
+		t.Errorf("counts of a limit made by SetLimit over counts left behind: %+v, want zero", c)
+	}
+	if c := mustCounts(t, s, "enq"); c.Admitted != 1 || c.Released != 0 {
+		t.Errorf("counts of a limit made by an enqueue over counts left behind: %+v, want its one admission", c)
+	}
+}

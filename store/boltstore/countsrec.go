@@ -85,8 +85,9 @@ func (x *txn) count(ev store.Event) error {
 	return x.bucket(bucketCounts).Put([]byte(ev.Limit), encode(&countsRec{V: formatVersion, Counts: c}))
 }
 
-// dropCounts deletes a removed limit's counts: a limit made again under the
-// same name counts from zero.
+// dropCounts deletes the counts of a limit removed or made: a limit made
+// again under the same name counts from zero, whatever a record left behind
+// says.
 func (x *txn) dropCounts(name string) error {
 	delete(x.counted, name)
 	if b := x.bucket(bucketCounts); b != nil {

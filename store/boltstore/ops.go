@@ -65,6 +65,9 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 				if err := x.putLimit(name, limitRec{Slots: sizes[i], Created: x.now.Wall}); err != nil {
 					return err
 				}
+				if err := x.dropCounts(name); err != nil { // a new limit counts from zero
+					return err
+				}
 			}
 		}
 		fence, err := x.next(keySeq)
@@ -417,6 +420,9 @@ func (s *Store) SetLimit(ctx context.Context, name string, slots int) (store.Lim
 		}
 		if !ok {
 			lim.Created = x.now.Wall
+			if err := x.dropCounts(name); err != nil { // a new limit counts from zero
+				return err
+			}
 		}
 		lim.Slots = slots
 		if err := x.putLimit(name, lim); err != nil {

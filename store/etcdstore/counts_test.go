@@ -207,3 +207,29 @@ func TestHostileCountsAreCorrupt(t *testing.T) {
 		})
 	}
 }
+
+// Counts left without their limit (written by hand: removing a limit
+// deletes its counts) do not pass to a limit made under that name: it
+// counts from zero, made by SetLimit or by an enqueue.
+func TestCountsOfNewLimitStartAtZero(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	st := open(t, srv, etcdstore.Options{})
+	c := raw(t, srv)
+	ctx := context.Background()
+	left := `{"v":2,"limit":"%s","admitted":7,"released":7,"wait":{"buckets":[7,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0],"count":7,"sum":0}}`
+	for _, n := range []string{"set", "enq"} {
+		if _, err := c.Put(ctx, "/"+t.Name()+"/counts/"+n, fmt.Sprintf(left, n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := st.SetLimit(ctx, "set", 1); err != nil {
+		t.Fatal(err)
+	}
+	mustEnqueue(t, st, req("a", "enq", 1, 10*time.Second), store.Held)
+	if got := mustCounts(t, st, "set"); got.Admitted != 0 || got.Released != 0 {
+		t.Errorf("counts of a limit made by SetLimit over counts left behind: %+v, want zero", got)
+	}
+	if got := mustCounts(t, st, "enq"); got.Admitted != 1 || got.Released != 0 {
+		t.Errorf("counts of a limit made by an enqueue over counts left behind: %+v, want its one admission", got)
+	}
+}

@@ -56,6 +56,8 @@ func decodeCounts(limit string, b []byte) (store.Counts, error) {
 }
 
 // addCounts decodes a limit's counts key as read into ls (absent: zero).
+// Counts found without their limit are not decoded (limState.cntKV only): a
+// plan that makes the limit counts from zero over them.
 func addCounts(ls *limState, kvs []*mvccpb.KeyValue) error {
 	ls.counts = store.Counts{Limit: ls.name}
 	if len(kvs) == 0 {
@@ -122,6 +124,16 @@ func (p *plan) dropCounts(limit string) {
 	}
 	p.w[key] = writeOp{del: true}
 	delete(p.counted, limit)
+}
+
+// newCounts starts the counts of a limit the plan makes from zero: counts
+// a limit left behind (written by hand: a limit's removal deletes them)
+// are deleted, on the revision read.
+func (p *plan) newCounts(limit string) {
+	if ls := p.st.lims[limit]; ls != nil && ls.cntKV != nil {
+		p.cmp(clientv3.Compare(clientv3.ModRevision(p.s.k.counts(limit)), "=", ls.cntKV.ModRevision))
+		p.dropCounts(limit)
+	}
 }
 
 // readCounted is a state of names' limit and counts keys only, no tickets:

@@ -225,6 +225,7 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 			}
 			for _, n := range create {
 				p.put(s.k.limit(n), writeOp{val: encode(*st.lims[n].lim)})
+				p.newCounts(n)
 			}
 			p.putNew(e)
 			p.apply(sp, es, true)
@@ -1046,6 +1047,8 @@ func (s *Store) SetLimit(ctx context.Context, name string, slots int) (store.Lim
 		lim = limitRec{V: formatVersion, Slots: slots, Created: p.now}
 		if l := p.st.lim(name); l != nil {
 			lim.Created = l.Created
+		} else {
+			p.newCounts(name)
 		}
 		p.put(s.k.limit(name), writeOp{val: encode(lim)})
 		l := lim

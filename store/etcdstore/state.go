@@ -174,6 +174,8 @@ func (s *Store) addLimits(st *lstate, names []string, rs []*clientv3.GetResponse
 			if err := addCounts(ls, r4[4].Kvs); err != nil {
 				return err
 			}
+		} else if kvs := r4[4].Kvs; len(kvs) > 0 {
+			ls.cntKV = kvs[0] // left without its limit: the plan that makes the limit writes over it
 		}
 		live := map[string]*mvccpb.KeyValue{}
 		for _, kv := range r4[2].Kvs {

@@ -176,6 +176,8 @@ func newLimitRmCmd(f *Factory, g *globalOptions, runF func(*LimitRmOptions) erro
 		Short: "Remove a limit",
 		Long: `Remove a limit. A limit that still has tickets is refused unless --force,
 which removes its tickets too (their holders find out at their next renewal).
+Its counters (slotctl metrics) go with it: a limit made again under the same
+name counts from zero.
 
 EXIT STATUS
   0    removed
