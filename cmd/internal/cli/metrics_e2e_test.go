@@ -110,8 +110,9 @@ func TestMetricsAfterRuns(t *testing.T) {
 	for range 3 {
 		run(0, nil, "run", "--limit", "m", "--", "true")
 	}
-	// A holder with a short lease.
-	_, holder := start("run", "--limit", "m", "--ttl", "2s", "--", "sh", "-c", "touch held; exec sleep 60")
+	// A holder with a lease short enough to see lost soon, long enough that
+	// a loaded machine does not lose it by itself.
+	_, holder := start("run", "--limit", "m", "--ttl", "6s", "--", "sh", "-c", "touch held; exec sleep 60")
 	waitFor("the holder", func() bool { _, err := os.Stat(filepath.Join(dir, "held")); return err == nil })
 	// Busy: --wait runs out.
 	run(exitBusy, nil, "run", "--limit", "m", "--wait", "200ms", "--", "true")
