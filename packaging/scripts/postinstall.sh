@@ -172,5 +172,6 @@ if [ -d /run/systemd/system ]; then
 	systemctl daemon-reload >/dev/null 2>&1 || true
 	# An enabled timer picks up a new unit file; a disabled one stays off.
 	systemctl try-restart slotctl-reap.timer >/dev/null 2>&1 || true
+	systemctl try-restart slotctl-metrics.timer >/dev/null 2>&1 || true
 fi
 exit 0

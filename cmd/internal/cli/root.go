@@ -59,6 +59,8 @@ type runFs struct {
 	log        func(*LogOptions) error
 	version    func(*VersionOptions) error
 	completion func(*CompletionOptions) error
+	metrics    func(*MetricsOptions) error
+	stats      func(*StatsOptions) error
 }
 
 // newRootCmdWith is the command tree with the given run functions.
@@ -121,7 +123,8 @@ EXIT STATUS
 	addEtcdFlags(pf)
 
 	root.AddCommand(newRunCmd(f, g, rf.run), newLsCmd(f, g, rf.ls), newLimitCmd(f, g, rf.limit), newReapCmd(f, g, rf.reap),
-		newReleaseCmd(f, g, rf.release), newLogCmd(f, g, rf.log), newVersionCmd(f, rf.version), newCompletionCmd(f, rf.completion))
+		newReleaseCmd(f, g, rf.release), newLogCmd(f, g, rf.log), newVersionCmd(f, rf.version), newCompletionCmd(f, rf.completion),
+		newMetricsCmd(f, g, rf.metrics), newStatsCmd(f, g, rf.stats))
 	root.AddCommand(extraCommands()...)
 	return root
 }

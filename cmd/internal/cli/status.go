@@ -20,6 +20,11 @@ type statusLine struct {
 	limits []string // the ticket's, in its order
 	live   bool
 
+	// holds are the limit's recent hold times for the admission estimate
+	// (estimate.go), read at holdsAt; only the drawing goroutine uses them.
+	holds   map[string][]time.Duration
+	holdsAt time.Time
+
 	mu     sync.Mutex
 	t      store.Ticket
 	cancel context.CancelFunc
@@ -81,7 +86,8 @@ func (s *statusLine) draw(ctx context.Context) {
 }
 
 // text is the status: "slotctl: waiting for limit "build" (2/2 held), 3rd in
-// queue; held by make -j8 (pid 4242, 3m12s), ...", cut to width if > 0.
+// queue, ~4m; held by make -j8 (pid 4242, 3m12s), ...", cut to width if > 0
+// (the estimate once the limit has a few recent runs: estimate.go).
 func (s *statusLine) text(ctx context.Context, t store.Ticket, width int) string {
 	if len(s.limits) > 1 || t.Weighs() > 1 {
 		return cut(s.multiText(ctx, t), width)
@@ -104,6 +110,9 @@ func (s *statusLine) text(ctx context.Context, t store.Ticket, width int) string
 	}
 	if t.Position > 0 {
 		fmt.Fprintf(&b, ", %s in queue", ordinal(t.Position))
+		if err == nil {
+			b.WriteString(s.estimate(ctx, snap, t, nil))
+		}
 	}
 	if h := holders(snap, func(string) bool { return true }); h != "" {
 		fmt.Fprintf(&b, "; held by %s", h)
@@ -155,6 +164,7 @@ func (s *statusLine) multiText(ctx context.Context, t store.Ticket) string {
 	}
 	if len(parts) > 0 {
 		b.WriteString(": " + strings.Join(parts, "; "))
+		b.WriteString(s.estimate(ctx, snap, t, blocking))
 	}
 	if h := holders(snap, func(l string) bool { return blocking[l] }); h != "" {
 		fmt.Fprintf(&b, "; held by %s", h)

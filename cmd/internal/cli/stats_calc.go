@@ -1,0 +1,263 @@
+package cli
+
+import (
+	"math"
+	"slices"
+	"time"
+
+	"github.com/slotctl/slotctl/store"
+)
+
+// limitStats is what the event log says about one limit over a window
+// (SPEC §2.9): its runs, their wait and hold times, how much of its
+// capacity was held, and the runs that did not end normally.
+type limitStats struct {
+	Limit string
+	Slots int // now: the log does not record resizes of the limit
+	// From and To bound the window of this limit: the requested window,
+	// starting no earlier than the limit's creation or the oldest event the
+	// store still keeps (a pruned log knows nothing before it).
+	From, To time.Time
+	Runs     int             // "admitted" events
+	Waits    []time.Duration // Event.Waited of each, ascending
+	Holds    []time.Duration // Event.Held of each held ticket removed, ascending
+	// Kinds counts the other events: released, cancelled, busy, superseded,
+	// replaced, reaped, lost, force-released.
+	Kinds map[string]int
+	// spans are the periods tickets held slots of the limit, whole:
+	// HeldSlotSeconds and Timeline clip them to what they count.
+	spans []heldSpan
+}
+
+// heldSpan is a ticket holding weight slots of a limit from start to end.
+type heldSpan struct {
+	start, end time.Time
+	weight     int
+}
+
+// statsKinds are the event kinds stats counts, in the order shown.
+var statsKinds = []string{string(store.Busy), string(store.Superseded), "replaced", string(store.Reaped), string(store.Lost),
+	string(store.Released), string(store.Cancelled), string(store.ForceReleased)}
+
+// HeldSlotSeconds is the slot-seconds held within [From, To].
+func (s *limitStats) HeldSlotSeconds() float64 { return heldIn(s.spans, s.From, s.To) }
+
+// AvailableSlotSeconds is Slots × the window's length; 0 for a paused limit.
+func (s *limitStats) AvailableSlotSeconds() float64 {
+	return float64(s.Slots) * max(s.To.Sub(s.From), 0).Seconds()
+}
+
+// Utilization is held over available slot-seconds; ok is false when
+// nothing was available (a paused limit, an empty window).
+func (s *limitStats) Utilization() (u float64, ok bool) {
+	avail := s.AvailableSlotSeconds()
+	if avail <= 0 {
+		return 0, false
+	}
+	return s.HeldSlotSeconds() / avail, true
+}
+
+// Timeline is the utilization of each of cells equal intervals of [from,
+// to] (the common axis of every limit); NaN for a cell wholly before the
+// limit's own From or for a paused limit (no data).
+func (s *limitStats) Timeline(from, to time.Time, cells int) []float64 {
+	out := make([]float64, cells)
+	step := to.Sub(from) / time.Duration(cells)
+	for i := range out {
+		a, b := from.Add(time.Duration(i)*step), from.Add(time.Duration(i+1)*step)
+		if i == cells-1 {
+			b = to
+		}
+		a = maxTime(a, s.From)
+		if !b.After(a) || s.Slots == 0 {
+			out[i] = math.NaN()
+			continue
+		}
+		out[i] = heldIn(s.spans, a, b) / (float64(s.Slots) * b.Sub(a).Seconds())
+	}
+	return out
+}
+
+// heldIn is the slot-seconds of spans that fall within [from, to].
+func heldIn(spans []heldSpan, from, to time.Time) float64 {
+	var sum float64
+	for _, sp := range spans {
+		a, b := maxTime(sp.start, from), minTime(sp.end, to)
+		if b.After(a) {
+			sum += b.Sub(a).Seconds() * float64(sp.weight)
+		}
+	}
+	return sum
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
+// computeStats reads the statistics of each limit of snap over [from,
+// snap.Now] from events (oldest first, as Store.Events returns them). full
+// says the log may have been pruned (it holds store.MaxEvents): no limit's
+// window then starts before its oldest event.
+//
+// A held period comes from the event that removed the ticket (its time
+// less Event.Held) or, for a ticket still held, from the snapshot (its
+// Admitted time to now); its weight from the ticket's "admitted" event,
+// then each "resized" event from its time on (docs/leases.md §2.1 item
+// 12), ending at the removal's weight. Where the admitted event was pruned
+// or lies before the log, the earliest weight known stands for the start.
+func computeStats(events []store.Event, snap store.Snapshot, from time.Time, full bool) []limitStats {
+	to := snap.Now
+	type tk struct{ limit, ticket string }
+	type points struct {
+		admitted *store.Event
+		resized  []store.Event
+		removed  *store.Event
+	}
+	byTicket := map[tk]*points{}
+	at := func(e store.Event) *points {
+		k := tk{e.Limit, e.Ticket}
+		p := byTicket[k]
+		if p == nil {
+			p = &points{}
+			byTicket[k] = p
+		}
+		return p
+	}
+	out := make([]limitStats, len(snap.Limits))
+	index := map[string]*limitStats{}
+	for i, l := range snap.Limits {
+		f := maxTime(from, l.Created)
+		if full && len(events) > 0 {
+			f = maxTime(f, events[0].Time)
+		}
+		out[i] = limitStats{Limit: l.Name, Slots: l.Slots, From: f, To: to, Kinds: map[string]int{}}
+		index[l.Name] = &out[i]
+	}
+	for i := range events {
+		e := events[i]
+		s := index[e.Limit]
+		if s == nil {
+			continue
+		}
+		in := !e.Time.Before(s.From) && !e.Time.After(to)
+		switch {
+		case e.Kind == "admitted":
+			at(e).admitted = &events[i]
+			if in {
+				s.Runs++
+				s.Waits = append(s.Waits, max(e.Waited, 0))
+			}
+		case e.Kind == store.Resized:
+			p := at(e)
+			p.resized = append(p.resized, e)
+		default:
+			if in {
+				s.Kinds[e.Kind]++
+			}
+			// The first event that removed the held ticket ends its span
+			// (a "lost" after a reap of the same ticket counts once).
+			if p := at(e); e.Held > 0 && p.removed == nil {
+				p.removed = &events[i]
+				if in {
+					s.Holds = append(s.Holds, e.Held)
+				}
+			}
+		}
+	}
+	still := map[tk]store.Ticket{}
+	for _, t := range snap.Tickets {
+		if t.State == store.Held {
+			still[tk{t.Limit, t.ID}] = t
+		}
+	}
+	for k := range still {
+		if byTicket[k] == nil {
+			byTicket[k] = &points{}
+		}
+	}
+	for k, p := range byTicket {
+		s := index[k.limit]
+		var start, end time.Time
+		var endWeight int
+		switch t, held := still[k]; {
+		case p.removed != nil:
+			end, endWeight = p.removed.Time, eventWeight(*p.removed)
+			start = end.Add(-p.removed.Held)
+		case held:
+			start, end, endWeight = t.Admitted, to, t.Weighs()
+			if start.IsZero() {
+				start = t.Created
+			}
+		default:
+			continue // waiting, or removed before it was ever held
+		}
+		if p.admitted != nil && p.admitted.Time.After(start) {
+			start = p.admitted.Time // the same instant by another reading of the clock
+		}
+		s.spans = append(s.spans, spansOf(start, end, endWeight, p.admitted, p.resized)...)
+	}
+	for i := range out {
+		slices.Sort(out[i].Waits)
+		slices.Sort(out[i].Holds)
+		// The order of the sum, not the map's: the same figures each time.
+		slices.SortFunc(out[i].spans, func(a, b heldSpan) int {
+			if c := a.start.Compare(b.start); c != 0 {
+				return c
+			}
+			if c := a.end.Compare(b.end); c != 0 {
+				return c
+			}
+			return a.weight - b.weight
+		})
+	}
+	return out
+}
+
+// spansOf cuts one held period at its resizes.
+func spansOf(start, end time.Time, endWeight int, admitted *store.Event, resized []store.Event) []heldSpan {
+	w := endWeight
+	switch {
+	case admitted != nil:
+		w = eventWeight(*admitted)
+	case len(resized) > 0:
+		w = eventWeight(resized[0])
+	}
+	var out []heldSpan
+	cur := start
+	for _, r := range resized {
+		if r.Time.Before(cur) || r.Time.After(end) {
+			continue
+		}
+		if r.Time.After(cur) {
+			out = append(out, heldSpan{cur, r.Time, w})
+		}
+		cur, w = r.Time, eventWeight(r)
+	}
+	if end.After(cur) {
+		out = append(out, heldSpan{cur, end, w})
+	}
+	return out
+}
+
+// eventWeight is an event's weight (0 means 1).
+func eventWeight(e store.Event) int { return max(e.Weight, 1) }
+
+// percentile is the nearest-rank p-th percentile of sorted (0 < p <= 100):
+// the smallest value that at least p% of the values do not exceed.
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(p/100*float64(len(sorted)))) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
