@@ -9,6 +9,7 @@ import (
 
 	"github.com/slotctl/slotctl/cmd/internal/cli"
 	"github.com/slotctl/slotctl/cmd/internal/etcdcli"
+	"github.com/slotctl/slotctl/cmd/internal/promtext"
 )
 
 // Stamped by the release build (goreleaser ldflags); otherwise read from the
@@ -21,6 +22,7 @@ var (
 
 func main() {
 	cli.RegisterEtcd(etcdcli.Client)
+	cli.RegisterMetrics(promtext.Write)
 	f := cli.NewFactory(version, commit, date)
 	f.ExitAfterMain = true
 	os.Exit(cli.Main(context.Background(), os.Args[1:], f))

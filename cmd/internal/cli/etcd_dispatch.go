@@ -31,6 +31,18 @@ func execEtcdHelper(url string) error {
 	return &ExitError{Code: exitUnavailable, Err: fmt.Errorf("store %q: exec %s: %v", url, helper, err)}
 }
 
+// execHelper replaces this process with slotctl-etcd for a command that
+// needs what only it links (what: "the Prometheus encoder"), same
+// arguments, same environment; it returns only the error that it could not.
+func execHelper(command, what string) error {
+	helper, err := findEtcdHelper()
+	if err != nil {
+		return &ExitError{Code: exitUnavailable, Err: fmt.Errorf("%s: this slotctl leaves %s to %s: %v", command, what, etcdHelper, err)}
+	}
+	err = syscall.Exec(helper, append([]string{helper}, os.Args[1:]...), os.Environ())
+	return &ExitError{Code: exitUnavailable, Err: fmt.Errorf("%s: exec %s: %v", command, helper, err)}
+}
+
 // findEtcdHelper finds slotctl-etcd beside this executable, else on PATH,
 // and refuses this very file (a slotctl installed as slotctl-etcd would
 // exec itself for ever).

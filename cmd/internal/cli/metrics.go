@@ -3,30 +3,12 @@ package cli
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"io"
-	"time"
 
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
 	"github.com/spf13/cobra"
 
 	"github.com/slotctl/slotctl/store"
 )
-
-// Why expfmt (prometheus/common) and client_model: they are the reference
-// encoder of the text exposition format (HELP and TYPE lines, label values
-// escaped, histograms written from bucket counts as the store keeps them),
-// and what promtool and every scraper parse. Their cost is protobuf's init
-// in every slotctl process: about 0.27 ms (median of 41 runs, GODEBUG=inittrace=1)
-// of a run -- true that takes ~8 ms, and 1.7 MB of binary. The lighter
-// github.com/VictoriaMetrics/metrics costs 0.16 ms of init (it reads
-// /proc/self/cgroup and the PSI files at init) but instruments a process
-// rather than encoding values held elsewhere: it writes "# HELP name" with
-// no text (promtool check metrics refuses that), leaves label escaping to
-// the caller and cannot write a histogram from stored buckets; using it
-// would mean writing the format by hand around it. README "Metrics and
-// stats" has the figures and how to measure them again.
 
 // MetricsOptions are slotctl metrics's flags and arguments (SPEC §2.8).
 type MetricsOptions struct {
@@ -86,6 +68,9 @@ EXIT STATUS
 
 // runMetrics is slotctl metrics: one snapshot and the counters, encoded.
 func runMetrics(ctx context.Context, f *Factory, g *globalOptions, o *MetricsOptions) error {
+	if writeMetrics == nil {
+		return execHelper("metrics", "the Prometheus encoder")
+	}
 	st, err := f.openStore(g)
 	if err != nil {
 		return err
@@ -109,171 +94,13 @@ func runMetrics(ctx context.Context, f *Factory, g *globalOptions, o *MetricsOpt
 	return writeTextfile(o.Textfile, b.Bytes())
 }
 
-// The metric names, by Prometheus's conventions: a slotctl_limit_ prefix,
-// the unit (_seconds, _slots, _tickets) and _total on counters.
-const (
-	metricSlots      = "slotctl_limit_slots"
-	metricHeld       = "slotctl_limit_held_slots"
-	metricWaiting    = "slotctl_limit_waiting_tickets"
-	metricPaused     = "slotctl_limit_paused"
-	metricWaiterAge  = "slotctl_limit_oldest_waiter_age_seconds"
-	metricHolderAge  = "slotctl_limit_oldest_holder_age_seconds"
-	metricWaitTime   = "slotctl_limit_wait_seconds"
-	metricHoldTime   = "slotctl_limit_hold_seconds"
-	metricCounterFmt = "slotctl_limit_%s_total"
-)
+// MetricsWriter encodes a snapshot and the counters of its limits in the
+// Prometheus text format (package promtext).
+type MetricsWriter func(w io.Writer, snap store.Snapshot, counts []store.Counts) error
 
-// limitCounters are the counter families: name (without slotctl_limit_ and
-// _total), help, and the counter of store.Counts.
-var limitCounters = []struct {
-	name, help string
-	value      func(c *store.Counts) uint64
-}{
-	{"admitted", "Runs admitted to the limit since it was created.", func(c *store.Counts) uint64 { return c.Admitted }},
-	{"released", "Held runs that released their slots after their job exited.", func(c *store.Counts) uint64 { return c.Released }},
-	{"cancelled", "Runs that gave up waiting (interrupted) before their job ran.", func(c *store.Counts) uint64 { return c.Cancelled }},
-	{"busy", "Runs not admitted within --wait.", func(c *store.Counts) uint64 { return c.Busy }},
-	{"superseded", "Waiting runs removed by a newer run of the same key (--supersede, --replace).", func(c *store.Counts) uint64 { return c.Superseded }},
-	{"replaced", "Held runs asked to stop by a newer run of the same key (--replace).", func(c *store.Counts) uint64 { return c.Replaced }},
-	{"reaped", "Tickets removed by a reap: lease expired or holder proven dead.", func(c *store.Counts) uint64 { return c.Reaped }},
-	{"lost", "Runs whose holder presumed its lease lost.", func(c *store.Counts) uint64 { return c.Lost }},
-	{"force_released", "Tickets an operator removed (slotctl release).", func(c *store.Counts) uint64 { return c.ForceReleased }},
-}
+// writeMetrics is nil in slotctl, which hands `metrics` to slotctl-etcd.
+var writeMetrics MetricsWriter
 
-// limitGauge is one limit's gauges, from a snapshot.
-type limitGauge struct {
-	slots, held, waiting   int
-	waiterAge, holderAge   float64 // seconds; 0 when none
-	oldestWait, oldestHeld time.Time
-}
-
-// gaugesOf reads each limit's gauges from snap: a ticket of several limits
-// counts in each, where the snapshot lists it.
-func gaugesOf(snap store.Snapshot) map[string]*limitGauge {
-	out := make(map[string]*limitGauge, len(snap.Limits))
-	for _, l := range snap.Limits {
-		out[l.Name] = &limitGauge{slots: l.Slots, held: l.Held, waiting: l.Waiting}
-	}
-	for _, t := range snap.Tickets {
-		g := out[t.Limit]
-		if g == nil {
-			continue
-		}
-		if t.State == store.Waiting {
-			if g.oldestWait.IsZero() || t.Created.Before(g.oldestWait) {
-				g.oldestWait = t.Created
-			}
-			continue
-		}
-		at := t.Admitted
-		if at.IsZero() {
-			at = t.Created
-		}
-		if g.oldestHeld.IsZero() || at.Before(g.oldestHeld) {
-			g.oldestHeld = at
-		}
-	}
-	for _, g := range out {
-		if !g.oldestWait.IsZero() {
-			g.waiterAge = max(snap.Now.Sub(g.oldestWait), 0).Seconds()
-		}
-		if !g.oldestHeld.IsZero() {
-			g.holderAge = max(snap.Now.Sub(g.oldestHeld), 0).Seconds()
-		}
-	}
-	return out
-}
-
-// metricFamilies are the families of slotctl metrics, each with one series
-// per limit of snap (in its order, by name); counters and histograms for
-// the limits counts has (a limit made between the two reads has none yet).
-func metricFamilies(snap store.Snapshot, counts []store.Counts) []*dto.MetricFamily {
-	gauges := gaugesOf(snap)
-	byName := make(map[string]*store.Counts, len(counts))
-	for i := range counts {
-		byName[counts[i].Limit] = &counts[i]
-	}
-	gauge := func(name, help string, v func(g *limitGauge) float64) *dto.MetricFamily {
-		fam := family(name, help, dto.MetricType_GAUGE)
-		for _, l := range snap.Limits {
-			fam.Metric = append(fam.Metric, &dto.Metric{Label: limitLabel(l.Name), Gauge: &dto.Gauge{Value: ptr(v(gauges[l.Name]))}})
-		}
-		return fam
-	}
-	fams := []*dto.MetricFamily{
-		gauge(metricSlots, "Slots of the limit; 0 pauses admission.", func(g *limitGauge) float64 { return float64(g.slots) }),
-		gauge(metricHeld, "Slots of the limit held now (a ticket of weight N holds N).", func(g *limitGauge) float64 { return float64(g.held) }),
-		gauge(metricWaiting, "Tickets waiting in the limit's queue.", func(g *limitGauge) float64 { return float64(g.waiting) }),
-		gauge(metricPaused, "1 when the limit is paused (0 slots), else 0.", func(g *limitGauge) float64 {
-			if g.slots == 0 {
-				return 1
-			}
-			return 0
-		}),
-		gauge(metricWaiterAge, "Seconds the oldest waiting ticket has waited; 0 when none waits.", func(g *limitGauge) float64 { return g.waiterAge }),
-		gauge(metricHolderAge, "Seconds since the longest-holding ticket was admitted; 0 when none holds.", func(g *limitGauge) float64 { return g.holderAge }),
-	}
-	for _, c := range limitCounters {
-		fam := family(fmt.Sprintf(metricCounterFmt, c.name), c.help, dto.MetricType_COUNTER)
-		for _, l := range snap.Limits {
-			if n := byName[l.Name]; n != nil {
-				fam.Metric = append(fam.Metric, &dto.Metric{Label: limitLabel(l.Name), Counter: &dto.Counter{Value: ptr(float64(c.value(n)))}})
-			}
-		}
-		fams = append(fams, fam)
-	}
-	for _, h := range []struct {
-		name, help string
-		of         func(c *store.Counts) *store.Histogram
-	}{
-		{metricWaitTime, "How long admitted runs waited for their slots.", func(c *store.Counts) *store.Histogram { return &c.Wait }},
-		{metricHoldTime, "How long runs held their slots, counted when their ticket was removed.", func(c *store.Counts) *store.Histogram { return &c.Hold }},
-	} {
-		fam := family(h.name, h.help, dto.MetricType_HISTOGRAM)
-		for _, l := range snap.Limits {
-			if n := byName[l.Name]; n != nil {
-				fam.Metric = append(fam.Metric, &dto.Metric{Label: limitLabel(l.Name), Histogram: histogramOf(h.of(n))})
-			}
-		}
-		fams = append(fams, fam)
-	}
-	return fams
-}
-
-// histogramOf turns the store's per-bucket counts into Prometheus's
-// cumulative ones (le="+Inf" is the count, which expfmt writes).
-func histogramOf(h *store.Histogram) *dto.Histogram {
-	out := &dto.Histogram{SampleCount: ptr(h.Count), SampleSum: ptr(h.Sum)}
-	var cum uint64
-	for i, bound := range store.HistogramBounds {
-		if i < len(h.Buckets) {
-			cum += h.Buckets[i]
-		}
-		out.Bucket = append(out.Bucket, &dto.Bucket{UpperBound: ptr(bound), CumulativeCount: ptr(cum)})
-	}
-	return out
-}
-
-func family(name, help string, typ dto.MetricType) *dto.MetricFamily {
-	return &dto.MetricFamily{Name: ptr(name), Help: ptr(help), Type: typ.Enum(), Metric: []*dto.Metric{}}
-}
-
-func limitLabel(name string) []*dto.LabelPair {
-	return []*dto.LabelPair{{Name: ptr("limit"), Value: ptr(name)}}
-}
-
-func ptr[T any](v T) *T { return &v }
-
-// writeMetrics encodes the families in the text format (version 0.0.4),
-// leaving out those with no series (no limit at all: an empty output).
-func writeMetrics(w io.Writer, snap store.Snapshot, counts []store.Counts) error {
-	for _, fam := range metricFamilies(snap, counts) {
-		if len(fam.Metric) == 0 {
-			continue
-		}
-		if _, err := expfmt.MetricFamilyToText(w, fam); err != nil {
-			return err
-		}
-	}
-	return nil
-}
+// RegisterMetrics links the Prometheus encoder in (slotctl-etcd). Call it
+// before Main.
+func RegisterMetrics(w MetricsWriter) { writeMetrics = w }

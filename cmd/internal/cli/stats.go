@@ -350,3 +350,5 @@ func (v *daysValue) String() string {
 
 // Type is "duration": the flag errors say what a duration looks like.
 func (v *daysValue) Type() string { return "duration" }
+
+func ptr[T any](v T) *T { return &v }
