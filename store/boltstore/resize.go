@@ -12,9 +12,9 @@ import (
 // item 12). A shrink rewrites the ticket (every copy, one per limit queue)
 // with its lowest indexes and settles the closure of its limits as a
 // release does, so the waiters it makes room for are admitted in the same
-// step. A growth settles first (an expired ticket no sweep removed yet must
-// neither hold slots nor wait in the way), then takes what
-// store.PlanResize finds free in all of its limits.
+// step. A growth takes what store.PlanResize finds free in all of its
+// limits, and writes nothing else (an expired waiter is in nobody's way;
+// an expired holder's slots are freed by the sweep that removes it).
 func (s *Store) Resize(ctx context.Context, t store.Ticket, weight int) (store.Ticket, error) {
 	if err := store.CheckID(t.ID); err != nil {
 		return store.Ticket{}, err
@@ -52,37 +52,40 @@ func (s *Store) Resize(ctx context.Context, t store.Ticket, weight int) (store.T
 			out = x.view(r, 0)
 			return nil
 		}
+		recs, names, err := x.gather(r.names())
+		if err != nil {
+			return err
+		}
 		if weight < r.weight() {
 			w, ix := store.PlanResize(store.ResizeInput{Ticket: x.view(r, 0), Weight: weight, Mutations: x.s.mut})
 			if err := x.resized(&r, w, ix); err != nil {
 				return err
 			}
-		}
-		recs, names, err := x.gather(r.names())
-		if err != nil {
-			return err
-		}
-		// The resizer is alive by definition (as a renewer is): its own
-		// ticket is neither judged nor removed by the settle.
-		if recs, _, err = x.settleOn(recs, names, false, r.ID); err != nil {
-			return err
-		}
-		if weight > r.weight() {
-			in := store.ResizeInput{Ticket: x.view(r, 0), Weight: weight, Slots: map[string]int{}, Mutations: x.s.mut}
-			for _, name := range r.names() {
-				if lim, ok, err := x.limit(name); err != nil {
-					return err
-				} else if ok {
-					in.Slots[name] = lim.Slots
+			for i := range recs {
+				if recs[i].Fence == r.Fence {
+					recs[i] = r // the settle plans on what this step wrote
 				}
 			}
-			for _, o := range recs {
-				in.Tickets = append(in.Tickets, x.view(o, 0))
+			// As a release does. The resizer is alive by definition (as a
+			// renewer is): its own ticket is neither judged nor removed.
+			_, _, err := x.settleOn(recs, names, false, r.ID)
+			out = x.view(r, 0)
+			return err
+		}
+		in := store.ResizeInput{Ticket: x.view(r, 0), Weight: weight, Slots: map[string]int{}, Mutations: x.s.mut}
+		for _, name := range r.names() {
+			if lim, ok, err := x.limit(name); err != nil {
+				return err
+			} else if ok {
+				in.Slots[name] = lim.Slots
 			}
-			if w, ix := store.PlanResize(in); w != r.weight() {
-				if err := x.resized(&r, w, ix); err != nil {
-					return err
-				}
+		}
+		for _, o := range recs {
+			in.Tickets = append(in.Tickets, store.Queued{Ticket: x.view(o, 0), Expired: x.expiry(o)})
+		}
+		if w, ix := store.PlanResize(in); w != r.weight() {
+			if err := x.resized(&r, w, ix); err != nil {
+				return err
 			}
 		}
 		out = x.view(r, 0)

@@ -10,10 +10,10 @@ import (
 
 // Resize implements store.Store (docs/leases.md §2.1 item 12), written by
 // hand rather than with store.PlanResize, so that the reference checks the
-// planner: a shrink keeps the lowest indexes and settles; a growth sweeps
-// its limits first (an expired waiter no longer waits), then takes the
-// lowest free indexes, as many as every one of its limits has free, and
-// none while a ticket waits in one of them.
+// planner: a shrink keeps the lowest indexes and settles; a growth takes the
+// lowest free indexes, as many as every one of its limits has free (an
+// expired holder's are not: only its removal frees them), and none while a
+// ticket whose lease runs waits in one of them; it removes nobody.
 func (s *memStore) Resize(_ context.Context, tk store.Ticket, weight int) (store.Ticket, error) {
 	if err := s.closedErr(); err != nil {
 		return store.Ticket{}, err
@@ -60,10 +60,6 @@ func (s *memStore) Resize(_ context.Context, tk store.Ticket, weight int) (store
 			s.settle(nil, t.names)
 		}
 	case weight > t.w:
-		for _, n := range t.names {
-			s.sweep(n)
-		}
-		s.settle(nil, t.names)
 		room := weight - t.w
 		for i, n := range t.names {
 			if i > 0 && s.is("resize-first-limit-only") {
@@ -71,7 +67,8 @@ func (s *memStore) Resize(_ context.Context, tk store.Ticket, weight int) (store
 			}
 			l := s.d.limits[n]
 			held, waiting := s.d.inLimit(n)
-			if l == nil || len(waiting) > 0 && !s.is("resize-past-waiter") {
+			live := slices.ContainsFunc(waiting, func(w *memTicket) bool { return w.deadline > s.now() })
+			if l == nil || live && !s.is("resize-past-waiter") {
 				room = 0
 				break
 			}
