@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/slotctl/slotctl/internal/mutation"
 	"github.com/slotctl/slotctl/store"
 )
 
@@ -66,10 +67,13 @@ func (s *Store) Resize(ctx context.Context, t store.Ticket, weight int) (store.T
 					recs[i] = r // the settle plans on what this step wrote
 				}
 			}
+			out = x.view(r, 0)
+			if x.s.mut.Has(mutation.ResizeNoSettle) { // mutation (test-only): the freed slots wait for another write (L3)
+				return nil
+			}
 			// As a release does. The resizer is alive by definition (as a
 			// renewer is): its own ticket is neither judged nor removed.
 			_, _, err := x.settleOn(recs, names, false, r.ID)
-			out = x.view(r, 0)
 			return err
 		}
 		in := store.ResizeInput{Ticket: x.view(r, 0), Weight: weight, Slots: map[string]int{}, Mutations: x.s.mut}
