@@ -54,7 +54,7 @@
 //     runs; the Keeper's OnRenew reaches Run too, as it does in slotctl,
 //     so a renewal's answer that carries the stop request nudges it.
 //   - A job's weight changes while it runs (docs/leases.md §2.1 item 12, a
-//     jobserver's extra slots, fault "resize"): at random steps a running
+//     jobserver's extra slots, fault "job-resize"): at random steps a running
 //     holder resizes its ticket toward 1 to one above its largest limit's
 //     size, between renewals, reaps, releases, shrinks of its limits and
 //     late duplicates of its own earlier resizes. These draws come from a

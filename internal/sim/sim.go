@@ -34,12 +34,12 @@ const (
 	OpResize   Fault = "op-resize"   // an operator resizes or pauses a limit
 	Judge      Fault = "judge"       // reapers may prove a holder dead (else only the TTL frees)
 	LostRing   Fault = "lost-ring"   // a bell's ring is lost: its holder learns at its next poll or renewal
-	Resize     Fault = "resize"      // a job grows and shrinks its ticket while it runs (a jobserver's slots)
+	JobResize  Fault = "job-resize"  // a job grows and shrinks its ticket while it runs (a jobserver's slots)
 )
 
 // AllFaults lists every Fault.
 func AllFaults() []Fault {
-	return []Fault{Crash, Pause, RenewDelay, RenewFail, Restart, WallJump, Retry, LostReply, Reboot, Signal, OpRelease, OpResize, Judge, LostRing, Resize}
+	return []Fault{Crash, Pause, RenewDelay, RenewFail, Restart, WallJump, Retry, LostReply, Reboot, Signal, OpRelease, OpResize, Judge, LostRing, JobResize}
 }
 
 // A FaultSet is the kinds switched on; nil means all.
@@ -361,7 +361,7 @@ func (s *sim) actors() []actor {
 // holder; else one actor that is due, at random; else time moves on to the
 // next moment someone must act.
 func (s *sim) pick() {
-	if !s.quiet && s.cfg.Faults.Has(Resize) && s.resizeRng.Float64() < 0.04 && s.resizeOne() {
+	if !s.quiet && s.cfg.Faults.Has(JobResize) && s.resizeRng.Float64() < 0.04 && s.resizeOne() {
 		return
 	}
 	if !s.quiet {
