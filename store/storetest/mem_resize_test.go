@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 
 	"github.com/slotctl/slotctl/store"
 )
@@ -109,8 +110,39 @@ func (s *memStore) Resize(_ context.Context, tk store.Ticket, weight int) (store
 			}
 		}
 		s.resized(t, t.w+room)
+		if s.is("resize-growth-outlives-ticket") {
+			grown.Lock()
+			grown.by[t] += room
+			grown.Unlock()
+		}
 	}
 	return s.view(t), nil
+}
+
+// grown is what bug "resize-growth-outlives-ticket" remembers: the slots
+// each ticket took by growing, kept apart from it (extra slots held as
+// something beside the ticket), so that its removal leaves them taken.
+var grown = struct {
+	sync.Mutex
+	by map[*memTicket]int
+}{by: map[*memTicket]int{}}
+
+// removedResized is called by remove: with bug
+// "resize-growth-outlives-ticket" the slots t took by growing stay taken by
+// nobody once it is gone.
+func (s *memStore) removedResized(t *memTicket) {
+	if !s.is("resize-growth-outlives-ticket") {
+		return
+	}
+	grown.Lock()
+	n := grown.by[t]
+	delete(grown.by, t)
+	grown.Unlock()
+	for name := range t.ix {
+		if l := s.d.limits[name]; l != nil {
+			l.leak += n
+		}
+	}
 }
 
 // resized gives held ticket t weight w (its indexes already w in each
@@ -126,17 +158,18 @@ func (s *memStore) resized(t *memTicket, w int) {
 func init() {
 	// Each bug of a resize, and the cases that must catch it.
 	for bug, cases := range map[string][]string{
-		"resize-past-waiter":      {"ResizeGrowBlockedByWaiter"},
-		"resize-shrink-no-settle": {"ResizeShrinkPromotes"},
-		"resize-over-size":        {"ResizeCappedBySize", "ResizeGrowPartial"},
-		"resize-all-or-nothing":   {"ResizeGrowPartial", "ResizeCappedBySize"},
-		"resize-first-limit-only": {"ResizeGrowPartial"},
-		"resize-highest-free":     {"ResizeGrowPartial"},
-		"resize-frees-lowest":     {"ResizeShrinkPromotes"},
-		"resize-no-fence-check":   {"ResizeRefused"},
-		"resize-expired":          {"ResizeRefused"},
-		"resize-waiting":          {"ResizeRefused"},
-		"resize-no-event":         {"ResizeEvents"},
+		"resize-past-waiter":            {"ResizeGrowBlockedByWaiter"},
+		"resize-shrink-no-settle":       {"ResizeShrinkPromotes"},
+		"resize-over-size":              {"ResizeCappedBySize", "ResizeGrowPartial"},
+		"resize-all-or-nothing":         {"ResizeGrowPartial", "ResizeCappedBySize"},
+		"resize-first-limit-only":       {"ResizeGrowPartial"},
+		"resize-highest-free":           {"ResizeGrowPartial"},
+		"resize-frees-lowest":           {"ResizeShrinkPromotes"},
+		"resize-no-fence-check":         {"ResizeRefused"},
+		"resize-expired":                {"ResizeRefused"},
+		"resize-waiting":                {"ResizeRefused"},
+		"resize-no-event":               {"ResizeEvents"},
+		"resize-growth-outlives-ticket": {"ResizeRemovalFreesAll"},
 	} {
 		mutants[bug] = cases
 	}
