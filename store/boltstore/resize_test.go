@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -179,5 +181,40 @@ func TestResizeRefused(t *testing.T) {
 	mustRelease(t, s, h)
 	if _, err := s.Resize(ctx, h, 1); !errors.Is(err, store.ErrLost) {
 		t.Errorf("Resize of a released ticket = %v, want ErrLost", err)
+	}
+}
+
+// BenchmarkResize is a jobserver's cycle on a limit of 16 slots with 8
+// other holders: grow by one, shrink by one (two transactions). A jobserver
+// resizes when its build takes or returns tokens, so one cycle should cost
+// about what an enqueue and release do (BenchmarkEnqueueRelease).
+//
+//	go test ./store/boltstore -run '^$' -bench 'Resize|EnqueueRelease$' -count 5
+func BenchmarkResize(b *testing.B) {
+	for _, noSync := range []bool{false, true} {
+		b.Run(fmt.Sprintf("nosync=%v", noSync), func(b *testing.B) {
+			s, err := New(filepath.Join(b.TempDir(), "slots.db"), Options{NoSync: noSync})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx := context.Background()
+			for i := range 8 {
+				if _, err := s.Enqueue(ctx, store.EnqueueRequest{ID: fmt.Sprintf("o%d", i), Limit: "x", Slots: 16, TTL: time.Hour}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			t, err := s.Enqueue(ctx, store.EnqueueRequest{ID: "j", Limit: "x", Slots: 16, TTL: time.Hour})
+			if err != nil {
+				b.Fatal(err)
+			}
+			for b.Loop() {
+				if t, err = s.Resize(ctx, t, 2); err != nil || t.Weighs() != 2 {
+					b.Fatal(t.Weighs(), err)
+				}
+				if t, err = s.Resize(ctx, t, 1); err != nil || t.Weighs() != 1 {
+					b.Fatal(t.Weighs(), err)
+				}
+			}
+		})
 	}
 }
