@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -216,5 +217,44 @@ func BenchmarkResize(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// A resize that changes nothing (the weight it has; a growth behind a
+// waiter; a growth in a full limit) commits nothing: the file is the same
+// bytes after it. A jobserver asking for more finds that most of the time.
+func TestResizeNoChangeWritesNothing(t *testing.T) {
+	s, _, path := newTestStore(t, Options{})
+	r := req("a", "cpu", 2)
+	a := mustEnqueue(t, s, r)
+	b := mustEnqueue(t, s, req("b", "cpu", 2))
+	r = req("w", "cpu", 2)
+	r.Weight = 2
+	mustEnqueue(t, s, r)
+	before, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		tk   store.Ticket
+		w    int
+		what string
+	}{{a, 1, "the weight it has"}, {a, 2, "a growth behind a waiter and in a full limit"}, {b, 3, "a growth in a full limit, past its size"}} {
+		if got := mustResize(t, s, c.tk, c.w); got.Weighs() != 1 {
+			t.Fatalf("%s: weight %d, want 1", c.what, got.Weighs())
+		}
+		after, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(before, after) {
+			t.Fatalf("%s: the file changed", c.what)
+		}
+	}
+	mustResize(t, s, mustGet(t, s, "a"), 1)
+	mustRelease(t, s, a) // a change commits: the waiter is admitted
+	after, _ := os.ReadFile(path)
+	if bytes.Equal(before, after) {
+		t.Fatal("the file is the same after a release: the comparison proves nothing")
 	}
 }
