@@ -20,9 +20,12 @@ type ResizeInput struct {
 	// Slots is the size of each of the ticket's limits, by name; a limit
 	// missing here gives no room.
 	Slots map[string]int
-	// Tickets are the live tickets of those limits (any others are
-	// ignored, the ticket itself too), as the step that writes read them.
-	Tickets []Ticket
+	// Tickets are the tickets of those limits (any others are ignored,
+	// the ticket itself too), as the step that writes read them, each with
+	// the store's verdict on its lease (Queued.Expired). An expired holder
+	// still holds its slots (only its removal frees them, docs/leases.md
+	// rule 2); an expired waiter waits for nothing, and blocks no growth.
+	Tickets []Queued
 	// MaxWeight, when above 0, bounds the weight a growth may reach (a
 	// backend's own bound on a ticket's size: etcdstore's keys per ticket).
 	MaxWeight int
@@ -37,9 +40,11 @@ type ResizeInput struct {
 // one of its limits at once, the lowest free indexes, as many as are free
 // in all of them (never more than a limit's size holds: a limit shrunk below
 // its holders, or paused, gives none), and none at all while any ticket
-// waits in one of its limits: waiters go first, so a growth never
-// overtakes the queue (docs/leases.md H3). The weight may therefore end
-// anywhere between the old one and in.Weight.
+// whose lease runs waits in one of its limits: waiters go first, so a
+// growth never overtakes the queue (docs/leases.md H4). The weight may
+// therefore end anywhere between the old one and in.Weight. A growth
+// decides on what it reads and removes nothing: it needs no settle, and
+// sweeps nobody a reaper or a waiter would not have swept anyway.
 func PlanResize(in ResizeInput) (int, map[string][]int) {
 	t := in.Ticket
 	cur := t.Weighs()
@@ -65,12 +70,13 @@ func PlanResize(in ResizeInput) (int, map[string][]int) {
 		}
 		used[name] = map[int]bool{}
 		held := 0
-		for _, o := range in.Tickets {
+		for _, q := range in.Tickets {
+			o := q.Ticket
 			if !slices.Contains(o.Names(), name) {
 				continue
 			}
 			if o.State != Held {
-				if o.ID != t.ID && !in.Mutations.Has(mutation.ResizePastWaiter) { // mutation (test-only): a growth overtakes the queue (docs/leases.md H4)
+				if o.ID != t.ID && q.Expired == "" && !in.Mutations.Has(mutation.ResizePastWaiter) { // mutation (test-only): a growth overtakes the queue (docs/leases.md H4)
 					room = 0
 				}
 				continue

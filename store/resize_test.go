@@ -11,7 +11,8 @@ import (
 // TestPlanResizeProperties checks the resize planner's promises on random
 // limits and holders (docs/leases.md §2.1 item 12): a shrink keeps the
 // ticket's lowest indexes; a growth takes nothing while a ticket waits in
-// one of its limits, else as much as every limit has free (never past a
+// one of its limits (whose lease runs), else as much as every limit has free
+// (expired holders' slots are not: only a removal frees; never past a
 // size, never beyond MaxWeight), the lowest free indexes, the same number
 // in each limit, none held by another ticket.
 func TestPlanResizeProperties(t *testing.T) {
@@ -46,21 +47,25 @@ func TestPlanResizeProperties(t *testing.T) {
 		myW := rapid.IntRange(1, 3).Draw(t, "my weight")
 		me := Ticket{ID: "me", Limit: myLimits[0], Limits: myLimits, Weight: myW, State: Held, Indexes: take(myLimits, myW)}
 		me.Slot = me.Indexes[myLimits[0]][0]
-		var others []Ticket
+		var others []Queued
 		waiters := map[string]bool{}
 		for i := range rapid.IntRange(0, 5).Draw(t, "others") {
 			ls := rapid.SliceOfNDistinct(rapid.SampledFrom(names), 1, 3, rapid.ID).Draw(t, "limits")
 			w := rapid.IntRange(1, 2).Draw(t, "weight")
 			o := Ticket{ID: fmt.Sprint(i), Limit: ls[0], Limits: ls, Weight: w, State: Waiting, Slot: -1}
+			q := Queued{Ticket: o}
+			if rapid.IntRange(0, 3).Draw(t, "expired") == 0 {
+				q.Expired = "expired" // holds what it holds; waits for nothing
+			}
 			if rapid.Bool().Draw(t, "held") {
-				o.State, o.Indexes = Held, take(ls, w)
-				o.Slot = o.Indexes[ls[0]][0]
-			} else {
+				q.Ticket.State, q.Ticket.Indexes = Held, take(ls, w)
+				q.Ticket.Slot = q.Ticket.Indexes[ls[0]][0]
+			} else if q.Expired == "" {
 				for _, l := range ls {
 					waiters[l] = true
 				}
 			}
-			others = append(others, o)
+			others = append(others, q)
 		}
 		want := rapid.IntRange(1, 9).Draw(t, "want")
 		maxW := rapid.IntRange(0, 5).Draw(t, "max weight")

@@ -63,6 +63,10 @@ const (
 	// asks for, whether or not its limits have the room, so more slots are
 	// held than the limit has (H5).
 	ResizeOverSize Bug = "resize-over-size"
+	// ResizeNoSettle: a shrink (store/boltstore's Resize) frees the
+	// ticket's slots but settles nothing, so the waiters it made room for
+	// wait for some later write (L3).
+	ResizeNoSettle Bug = "resize-no-settle"
 	// SupersedeHeld: a superseding enqueue (store/boltstore's) removes
 	// older tickets of its key whether they wait or hold, so a running job
 	// loses its slot (R2).
@@ -84,6 +88,6 @@ const (
 // All lists every Bug, store-side first.
 func All() []Bug {
 	return []Bug{BlindReap, ReleaseCounter, ReleaseNoCompare, RenewExpired, StaleVerdict, NoTombstone, WallClock,
-		WeightIgnored, BargePastHead, ReplaceBeside, SupersedeHeld, ResizePastWaiter, ResizeOverSize,
+		WeightIgnored, BargePastHead, ReplaceBeside, SupersedeHeld, ResizePastWaiter, ResizeOverSize, ResizeNoSettle,
 		WaiterNotRenewed, ReleaseBeforeExit, HoldAndWait}
 }

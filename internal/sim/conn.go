@@ -14,7 +14,7 @@ import (
 type op struct {
 	who   string
 	owner *holder // the holder whose request this is, if any
-	kind  string  // enqueue renew release get setchild reap scan setlimit snapshot
+	kind  string  // enqueue renew release get setchild reap scan setlimit snapshot resize
 	req   store.EnqueueRequest
 	t     store.Ticket
 	ttl   time.Duration
@@ -234,10 +234,15 @@ func (c *conn) Counts(ctx context.Context, limits ...string) ([]store.Counts, er
 	return c.st.Counts(ctx, limits...)
 }
 
-// Resize implements store.Store. TODO(issue 18): the model must see it.
+// Resize implements store.Store; slots is the weight asked for.
 func (c *conn) Resize(ctx context.Context, t store.Ticket, weight int) (store.Ticket, error) {
 	if c.dead() {
 		return store.Ticket{}, errDead
 	}
-	return c.st.Resize(ctx, t, weight)
+	if c != c.s.netConn {
+		c.s.remember(request{kind: "resize", t: t, weight: weight, owner: c.owner, who: c.who})
+	}
+	nt, err := c.st.Resize(ctx, t, weight)
+	c.record(&op{kind: "resize", t: t, slots: weight, res: nt, err: err})
+	return nt, err
 }

@@ -6,7 +6,7 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-// counted checks S21 after a step that called the store: no counter of any
+// counted checks S22 after a step that called the store: no counter of any
 // limit went back (SPEC §2.8; the simulation never removes a limit).
 func (m *model) counted() {
 	cs, err := m.s.checker.Counts(m.s.ctx)
@@ -20,7 +20,7 @@ func (m *model) counted() {
 	for _, c := range cs {
 		if prev, ok := m.counts[c.Limit]; ok {
 			if what, back := wentBack(prev, c); back {
-				m.fail("S21", "counts of %s: %s went back (%+v, then %+v)", c.Limit, what, prev, c)
+				m.fail("S22", "counts of %s: %s went back (%+v, then %+v)", c.Limit, what, prev, c)
 				return
 			}
 		}
@@ -51,7 +51,7 @@ func wentBack(prev, cur store.Counts) (string, bool) {
 	return "", false
 }
 
-// countsAgree checks S21 at quiescence: each limit's counts are the tally
+// countsAgree checks S22 at quiescence: each limit's counts are the tally
 // of its log, every event counted once, in the step that logged it, through
 // crashes, lost answers and late duplicates (when the log still holds every
 // event: fewer than store.MaxEvents).
@@ -91,7 +91,7 @@ func (m *model) countsAgree() {
 			return c
 		}
 		if !reflect.DeepEqual(norm(c), norm(*w)) {
-			m.fail("S21", "counts of %s: %+v; the log says %+v", c.Limit, c, *w)
+			m.fail("S22", "counts of %s: %+v; the log says %+v", c.Limit, c, *w)
 			return
 		}
 	}

@@ -53,6 +53,13 @@
 //     delivers the ring to Run, which keeps its bell open while the job
 //     runs; the Keeper's OnRenew reaches Run too, as it does in slotctl,
 //     so a renewal's answer that carries the stop request nudges it.
+//   - A job's weight changes while it runs (docs/leases.md §2.1 item 12, a
+//     jobserver's extra slots, fault "job-resize"): at random steps a running
+//     holder resizes its ticket toward 1 to one above its largest limit's
+//     size, between renewals, reaps, releases, shrinks of its limits and
+//     late duplicates of its own earlier resizes. These draws come from a
+//     stream of their own, so that switching them off leaves a seed's other
+//     draws as they were.
 //
 // # Faults
 //
@@ -124,7 +131,13 @@
 //	    N waiting tickets of one of its limits after the supersede (the
 //	    count allows for what the enqueue's settle may sweep and admit),
 //	    and a refusal writes nothing
-//	S21 a limit's counters never go back, and at quiescence they are the
+//	S21 a resize answers its holder's held ticket, same id and fence: a
+//	    shrink to exactly the weight asked, keeping its lowest indexes; a
+//	    growth to between the old weight and the one asked, keeping its
+//	    indexes and taking free ones below the size, and none at all while
+//	    a ticket waits in one of its limits; a waiting ticket is refused as
+//	    invalid, a gone or expired one as lost
+//	S22 a limit's counters never go back, and at quiescence they are the
 //	    tally of its log (each event counted once, in its own step)
 //	L1  a reap leaves no expired ticket of its limits; none outlives three
 //	    reaper periods
@@ -151,7 +164,9 @@
 // gate/holder). TestMutationsCaught asserts that the simulation finds each
 // within a bounded budget of seeds and steps: replace-beside (R1, the
 // planner) as S19, supersede-held (R2, the bbolt store's enqueue) as S17,
-// and with S17 ignored as the child it leaves running unleased (S2). The
+// and with S17 ignored as the child it leaves running unleased (S2);
+// resize-past-waiter (H4, store.PlanResize) as S21, resize-over-size (H5)
+// as S1, resize-no-settle (a shrink that admits nobody) as L3. The
 // switches exist only in a
 // build with the tag slotctl_mutations, so those tests (and TestReduce,
 // which needs a failing run) run only with it:

@@ -36,7 +36,9 @@ type model struct {
 	owners  map[string]*holder
 	replace map[string][]string // ticket -> the tickets it replaces
 
-	counts map[string]store.Counts // each limit's counts at the last check (S21, counts.go)
+	counts map[string]store.Counts // each limit's counts at the last check (S22, counts.go)
+	grew   []growth // this step's resizes that took slots (S21)
+	shrank bool     // this step shrank a ticket
 }
 
 // A supStep is one enqueue of this step with --supersede or --replace (or
@@ -198,7 +200,7 @@ func (m *model) check() {
 	s := m.s
 	now := s.now()
 	if len(s.log) > 0 {
-		m.sups, m.qfull = m.sups[:0], m.qfull[:0]
+		m.sups, m.qfull, m.grew, m.shrank = m.sups[:0], m.qfull[:0], m.grew[:0], false
 		for i, o := range s.log {
 			o.first = i == 0
 			m.apply(o, now)
@@ -235,6 +237,10 @@ func unexpected(err error) bool {
 
 // apply learns one call's answer.
 func (m *model) apply(o *op, now Instant) {
+	if o.kind == "resize" {
+		m.resize(o, now) // its refusals are its own (S21)
+		return
+	}
 	var heavy *store.WeightError
 	if o.kind == "enqueue" && errors.As(o.err, &heavy) {
 		// A late duplicate may find a limit shrunk below its weight since.
@@ -589,6 +595,9 @@ func (m *model) diff(snap store.Snapshot, now Instant) {
 		if h := p.owner; h != nil && h.phase == hWait {
 			h.rung = true // the promoter rings its bell
 		}
+	}
+	if m.grown(promoted); m.s.viol != nil {
+		return
 	}
 	m.stops()
 	if m.logged(); m.s.viol != nil {

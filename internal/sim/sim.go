@@ -34,11 +34,12 @@ const (
 	OpResize   Fault = "op-resize"   // an operator resizes or pauses a limit
 	Judge      Fault = "judge"       // reapers may prove a holder dead (else only the TTL frees)
 	LostRing   Fault = "lost-ring"   // a bell's ring is lost: its holder learns at its next poll or renewal
+	JobResize  Fault = "job-resize"  // a job grows and shrinks its ticket while it runs (a jobserver's slots)
 )
 
 // AllFaults lists every Fault.
 func AllFaults() []Fault {
-	return []Fault{Crash, Pause, RenewDelay, RenewFail, Restart, WallJump, Retry, LostReply, Reboot, Signal, OpRelease, OpResize, Judge, LostRing}
+	return []Fault{Crash, Pause, RenewDelay, RenewFail, Restart, WallJump, Retry, LostReply, Reboot, Signal, OpRelease, OpResize, Judge, LostRing, JobResize}
 }
 
 // A FaultSet is the kinds switched on; nil means all.
@@ -120,6 +121,10 @@ type Stats struct {
 	// their bell or a renewal, refusals of --max-waiting.
 	Superseded, StopRequests, Replaced     int
 	HeardByBell, HeardByRenewal, QueueFull int
+	// Resizes: calls of Resize by running jobs (docs/leases.md §2.1 item 12);
+	// those that grew the ticket, that shrank it, that asked for more and got
+	// nothing, and the waiters admitted in the step of a shrink.
+	Resizes, Grown, Shrunk, GrowthRefused, ShrinkAdmits int
 	// PauseOverlap is the longest time a paused (or just resumed) holder's
 	// child ran without a lease beside a full limit: what fencing is for.
 	PauseOverlap time.Duration
@@ -152,13 +157,16 @@ type limitCfg struct {
 }
 
 type sim struct {
-	cfg   Config
-	rng   *rand.Rand
-	be    Backend
-	ctx   context.Context
-	step  int
-	quiet bool // the quiescent phase: no faults, no arrivals
-	start time.Duration
+	cfg Config
+	rng *rand.Rand
+	// resizeRng draws the resizes (resize.go): a stream of their own, so
+	// that switching them on leaves the other draws of a seed where they were.
+	resizeRng *rand.Rand
+	be        Backend
+	ctx       context.Context
+	step      int
+	quiet     bool // the quiescent phase: no faults, no arrivals
+	start     time.Duration
 
 	limits  []limitCfg
 	holders []*holder
@@ -190,7 +198,7 @@ const never = time.Duration(math.MaxInt64)
 
 // Run runs one simulation.
 func Run(cfg Config) (res Result) {
-	s := &sim{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x5107c71)), ctx: context.Background(),
+	s := &sim{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x5107c71)), resizeRng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x12e512e)), ctx: context.Background(),
 		byPid: map[int]*holder{}, judged: map[string]bool{}}
 	res.Config = cfg
 	defer func() {
@@ -356,6 +364,9 @@ func (s *sim) actors() []actor {
 // holder; else one actor that is due, at random; else time moves on to the
 // next moment someone must act.
 func (s *sim) pick() {
+	if !s.quiet && s.cfg.Faults.Has(JobResize) && s.resizeRng.Float64() < 0.04 && s.resizeOne() {
+		return
+	}
 	if !s.quiet {
 		r := s.rng.Float64()
 		switch {
@@ -619,15 +630,16 @@ func (s *sim) reboot() bool {
 
 // A request is an earlier call that the network may deliver again.
 type request struct {
-	at    time.Duration
-	boot  string
-	kind  string // enqueue, renew, release
-	req   store.EnqueueRequest
-	t     store.Ticket
-	ttl   time.Duration
-	why   store.Reason
-	owner *holder
-	who   string
+	at     time.Duration
+	boot   string
+	kind   string // enqueue, renew, release, resize
+	req    store.EnqueueRequest
+	t      store.Ticket
+	ttl    time.Duration
+	weight int // a resize's
+	why    store.Reason
+	owner  *holder
+	who    string
 }
 
 func (s *sim) remember(r request) {
@@ -671,6 +683,9 @@ func (s *sim) retry() bool {
 			removed, err = c.Release(s.ctx, r.t, r.why)
 		}
 		s.tracef("late duplicate of %s's release of %s: removed=%v err=%v", r.who, short(r.t.ID), removed, err)
+	case "resize":
+		t, err := c.Resize(s.ctx, r.t, r.weight)
+		s.tracef("late duplicate of %s's resize of %s to %d: %s", r.who, short(r.t.ID), r.weight, resized(t, err))
 	}
 	return true
 }

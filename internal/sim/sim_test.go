@@ -158,6 +158,11 @@ func TestSim(t *testing.T) {
 		total.HeardByBell += s.HeardByBell
 		total.HeardByRenewal += s.HeardByRenewal
 		total.QueueFull += s.QueueFull
+		total.Resizes += s.Resizes
+		total.Grown += s.Grown
+		total.Shrunk += s.Shrunk
+		total.GrowthRefused += s.GrowthRefused
+		total.ShrinkAdmits += s.ShrinkAdmits
 		total.PauseOverlap = max(total.PauseOverlap, s.PauseOverlap)
 		if r.Violation != nil {
 			failed = append(failed, r)
@@ -172,6 +177,8 @@ func TestSim(t *testing.T) {
 		total.PauseOverlap.Round(time.Millisecond), len(failed))
 	t.Logf("newer runs first: %d superseded, %d stop requests, %d runs replaced (heard by bell %d, by renewal %d), %d refused by --max-waiting",
 		total.Superseded, total.StopRequests, total.Replaced, total.HeardByBell, total.HeardByRenewal, total.QueueFull)
+	t.Logf("resizes: %d (%d grew, %d shrank, %d asked for more and got nothing; %d waiters admitted by shrinks)",
+		total.Resizes, total.Grown, total.Shrunk, total.GrowthRefused, total.ShrinkAdmits)
 	if len(failed) > 0 {
 		r := failed[0]
 		red := sim.Reduce(r, d.next)
@@ -184,6 +191,10 @@ func TestSim(t *testing.T) {
 		min(total.Superseded, total.StopRequests, total.Replaced, total.HeardByBell, total.HeardByRenewal, total.QueueFull) < 20 {
 		t.Errorf("newer runs first barely ran: %d superseded, %d stop requests, %d replaced, heard by bell %d, by renewal %d, %d refused; want 20 of each",
 			total.Superseded, total.StopRequests, total.Replaced, total.HeardByBell, total.HeardByRenewal, total.QueueFull)
+	}
+	if seeds*base.Steps >= defaultSeeds*defaultSteps && base.Faults == nil && min(total.Grown, total.Shrunk, total.GrowthRefused, total.ShrinkAdmits) < 20 {
+		t.Errorf("resizes barely ran: %d grew, %d shrank, %d refused, %d admitted by shrinks; want 20 of each",
+			total.Grown, total.Shrunk, total.GrowthRefused, total.ShrinkAdmits)
 	}
 }
 

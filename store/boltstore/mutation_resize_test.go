@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/slotctl/slotctl/internal/mutation"
+	"github.com/slotctl/slotctl/store"
 )
 
 // The resize mutations are in store.PlanResize, which this store calls:
@@ -38,6 +39,25 @@ func TestMutationResize(t *testing.T) {
 		}
 		if got := mustResize(t, s, b, 5); got.Weighs() != want {
 			t.Errorf("%q: a growth to 5 in a limit of 2 ends at weight %d, want %d", c.bug, got.Weighs(), want)
+		}
+	}
+}
+
+// With ResizeNoSettle a shrink leaves the waiter it made room for waiting.
+func TestMutationResizeNoSettle(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		var set mutation.Set
+		if on {
+			set = mutation.Of(mutation.ResizeNoSettle)
+		}
+		s, _, _ := newTestStore(t, Options{Mutations: set})
+		r := req("a", "cpu", 2)
+		r.Weight = 2
+		a := mustEnqueue(t, s, r)
+		mustEnqueue(t, s, req("w", "cpu", 2))
+		mustResize(t, s, a, 1)
+		if got := mustGet(t, s, "w"); (got.State == store.Held) == on {
+			t.Errorf("mutation %v: the waiter is %s after the shrink", on, got.State)
 		}
 	}
 }

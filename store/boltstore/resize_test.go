@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -179,5 +182,79 @@ func TestResizeRefused(t *testing.T) {
 	mustRelease(t, s, h)
 	if _, err := s.Resize(ctx, h, 1); !errors.Is(err, store.ErrLost) {
 		t.Errorf("Resize of a released ticket = %v, want ErrLost", err)
+	}
+}
+
+// BenchmarkResize is a jobserver's cycle on a limit of 16 slots with 8
+// other holders: grow by one, shrink by one (two transactions). A jobserver
+// resizes when its build takes or returns tokens, so one cycle should cost
+// about what an enqueue and release do (BenchmarkEnqueueRelease).
+//
+//	go test ./store/boltstore -run '^$' -bench 'Resize|EnqueueRelease$' -count 5
+func BenchmarkResize(b *testing.B) {
+	for _, noSync := range []bool{false, true} {
+		b.Run(fmt.Sprintf("nosync=%v", noSync), func(b *testing.B) {
+			s, err := New(filepath.Join(b.TempDir(), "slots.db"), Options{NoSync: noSync})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx := context.Background()
+			for i := range 8 {
+				if _, err := s.Enqueue(ctx, store.EnqueueRequest{ID: fmt.Sprintf("o%d", i), Limit: "x", Slots: 16, TTL: time.Hour}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			t, err := s.Enqueue(ctx, store.EnqueueRequest{ID: "j", Limit: "x", Slots: 16, TTL: time.Hour})
+			if err != nil {
+				b.Fatal(err)
+			}
+			for b.Loop() {
+				if t, err = s.Resize(ctx, t, 2); err != nil || t.Weighs() != 2 {
+					b.Fatal(t.Weighs(), err)
+				}
+				if t, err = s.Resize(ctx, t, 1); err != nil || t.Weighs() != 1 {
+					b.Fatal(t.Weighs(), err)
+				}
+			}
+		})
+	}
+}
+
+// A resize that changes nothing (the weight it has; a growth behind a
+// waiter; a growth in a full limit) commits nothing: the file is the same
+// bytes after it. A jobserver asking for more finds that most of the time.
+func TestResizeNoChangeWritesNothing(t *testing.T) {
+	s, _, path := newTestStore(t, Options{})
+	r := req("a", "cpu", 2)
+	a := mustEnqueue(t, s, r)
+	b := mustEnqueue(t, s, req("b", "cpu", 2))
+	r = req("w", "cpu", 2)
+	r.Weight = 2
+	mustEnqueue(t, s, r)
+	before, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		tk   store.Ticket
+		w    int
+		what string
+	}{{a, 1, "the weight it has"}, {a, 2, "a growth behind a waiter and in a full limit"}, {b, 3, "a growth in a full limit, past its size"}} {
+		if got := mustResize(t, s, c.tk, c.w); got.Weighs() != 1 {
+			t.Fatalf("%s: weight %d, want 1", c.what, got.Weighs())
+		}
+		after, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(before, after) {
+			t.Fatalf("%s: the file changed", c.what)
+		}
+	}
+	mustResize(t, s, mustGet(t, s, "a"), 1)
+	mustRelease(t, s, a) // a change commits: the waiter is admitted
+	after, _ := os.ReadFile(path)
+	if bytes.Equal(before, after) {
+		t.Fatal("the file is the same after a release: the comparison proves nothing")
 	}
 }

@@ -10,7 +10,7 @@
 //	P/slots/<limit>/<00000>   the id of the ticket holding slot i     the holder's lease
 //	P/records/<limit>/<id>    the same ticket, outliving its lease    no lease
 //	P/ids/<id>                {limit, limits} while live; the tombstone after  none; then a day lease
-//	P/events/<limit>/<id>.<kind>  one event of the log                a day lease, trimmed to MaxEvents
+//	P/events/<limit>/<id>.<kind>[.<n>]  one event of the log          a day lease, trimmed to MaxEvents
 //	P/meta/day-lease          the current day lease                   no lease
 //
 // One etcd lease per ticket: the ticket key and, once held, its slot key are
@@ -46,6 +46,17 @@
 // transaction, which etcd bounds (--max-txn-ops, 128 by default): a ticket
 // of k limits and weight w writes k*(w+3) keys, at most 64 (so 16 limits of
 // weight 1, or one limit of weight 61); Enqueue refuses more.
+//
+// A held ticket's weight changes with Resize (docs/leases.md §2.1 item 12),
+// in one transaction on the revision of its ticket key: its keys rewritten
+// in every limit (keeping its lease) and its slot keys following its
+// indexes, a shrink's freed ones deleted and the closure settled in the
+// same transaction, a growth's new ones put under its lease, compared so
+// that no slot key was written, no ticket joined and no size changed in its
+// limits since the read. A growth stops at the same bound of 64 keys. The
+// events a ticket logs more than once have keys of their own: a "replaced"
+// event's ends in the newer run's id, a "resized" one's in the revision of
+// the ticket key it rewrote.
 //
 // A waiter watches its own ticket key (promoted: rewritten; removed or
 // expired: deleted) and, in each of its limits, the one key it must

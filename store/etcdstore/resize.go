@@ -17,8 +17,8 @@ import (
 // lease), and its slot keys follow its indexes: a shrink deletes the freed
 // ones and settles the closure of its limits as a release does, so the
 // waiters it makes room for are admitted in the same transaction; a growth
-// settles first (an expired ticket neither holds nor waits), then puts the
-// slot keys of what store.PlanResize finds free, under the ticket's lease,
+// puts the slot keys of what store.PlanResize finds free (a ticket whose
+// lease the server expired waits for nothing), under the ticket's lease,
 // with compares that no slot key was written, no ticket joined and no size
 // changed in its limits since the read. A growth stops at MaxTicketKeys: a
 // ticket must stay removable in one transaction.
@@ -77,10 +77,7 @@ func (s *Store) Resize(ctx context.Context, t store.Ticket, weight int) (store.T
 			p.resized(e, w, ix)
 			p.settle(false)
 		case weight > cur:
-			p.settle(false)
-			if !p.full && !p.gone[e] {
-				p.grow(e, weight) // when full: the settle first, the growth at the next call
-			}
+			p.grow(e, weight)
 		}
 		if p.gone[e] {
 			// The settle's judge proved its holder dead (a late request of
@@ -109,8 +106,7 @@ func (s *Store) Resize(ctx context.Context, t store.Ticket, weight int) (store.T
 }
 
 // grow plans the growth of held ticket e toward weight on the state read,
-// as the plan's settle leaves it (the tickets it removes are gone, those it
-// admits hold), and reports whether it takes anything.
+// and reports whether it takes anything.
 func (p *plan) grow(e *entry, weight int) bool {
 	in := store.ResizeInput{Ticket: p.s.view(e, 0, 0), Weight: weight, Slots: map[string]int{},
 		MaxWeight: MaxTicketKeys/len(e.r.names()) - 3}
@@ -120,8 +116,12 @@ func (p *plan) grow(e *entry, weight int) bool {
 		}
 	}
 	for _, o := range p.st.entries {
-		if !p.gone[o] && o != e {
-			in.Tickets = append(in.Tickets, p.s.view(o, 0, 0))
+		if o != e {
+			q := store.Queued{Ticket: p.s.view(o, 0, 0)}
+			if !o.live() {
+				q.Expired = expiredEvidence
+			}
+			in.Tickets = append(in.Tickets, q)
 		}
 	}
 	w, ix := store.PlanResize(in)

@@ -6,10 +6,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 
 	"github.com/slotctl/slotctl/store"
 	"github.com/slotctl/slotctl/store/etcdstore"
@@ -140,5 +143,36 @@ func TestResizeExpiryFreesAll(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("w still waits after legacy-a's lease ran out: slot keys %v", slotKeys(t, c, st, storetest.LegacyLimit))
 		}
+	}
+}
+
+// A growth decided before a waiter joined does not commit after it: the
+// transaction compares that no ticket joined its limits since the read.
+// Here the waiter joins between the growth's read and its commit (its
+// Enqueue runs, on another handle, while the growth's transaction is on its
+// way): the growth retries, sees it, and takes nothing.
+func TestResizeGrowthRacingAWaiter(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	other := open(t, srv, etcdstore.Options{Prefix: "/race"})
+	var joined atomic.Int32
+	join := grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if tr, ok := req.(*pb.TxnRequest); ok && writes(tr, ".resized.", true) && joined.Add(1) == 1 {
+			if _, err := other.Enqueue(ctx, multi("w", []string{"cpu"}, 4, 4)); err != nil {
+				t.Errorf("Enqueue W: %v", err)
+			}
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	})
+	st := open(t, srv, etcdstore.Options{DialOptions: []grpc.DialOption{join}, Prefix: "/race"})
+	a := mustEnqueue(t, st, multi("a", []string{"cpu"}, 1, 4), store.Held)
+	got := mustResize(t, st, a, 3)
+	if joined.Load() == 0 {
+		t.Fatal("the growth wrote no resized event: the race never ran")
+	}
+	if got.Weighs() != 1 {
+		t.Fatalf("A grew to %d past W, which joined before the growth committed", got.Weighs())
+	}
+	if w := mustGet(t, st, "w"); w.State != store.Waiting {
+		t.Fatalf("W: %s, want waiting (A holds 1 of 4, W asks 4)", w.State)
 	}
 }

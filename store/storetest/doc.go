@@ -85,6 +85,22 @@
 // --max-waiting 1 leave exactly the newest waiting, none refused
 // (ConcurrentSupersede).
 //
+// A held ticket's weight changes (docs/leases.md §2.1 item 12; resize.go): a
+// shrink frees the highest indexes and admits, in the same step, the
+// waiters it makes room for, across the closure of its limits
+// (ResizeShrinkPromotes); a growth takes nothing while a ticket waits in
+// one of its limits, even with slots free, until that waiter is admitted or
+// its lease runs out (ResizeGrowBlockedByWaiter), takes the lowest free
+// indexes, fewer than asked when fewer are free in all of its limits
+// (ResizeGrowPartial), and never takes a limit past its size, shrunk or
+// paused (ResizeCappedBySize); a waiting ticket is ErrInvalid, a gone,
+// expired or other-fence one ErrLost, changing nothing (ResizeRefused);
+// a release, a reap of an expired resized ticket free all of its slots at
+// once (ResizeRemovalFreesAll); Renew, Get, Snapshot and a reopen keep the
+// new weight (ResizeKept); each change logs a "resized" event per limit
+// with the new weight (ResizeEvents); many holders resizing at once never
+// share a slot nor overfill the limit (ConcurrentResize).
+//
 // The suite's own tests (mem_test.go) run it against an in-memory reference
 // store, which must pass, and against that store with one planted bug at a
 // time (a counter beside the tickets, no tombstones, renewal of expired
@@ -94,7 +110,8 @@
 // past a heavy head, a release that frees only a ticket's first limit, a
 // supersede of held tickets or other keys, a replace admitted beside the
 // ticket it replaces, a max-waiting counted before the supersede, a refusal
-// that writes, a stop request lost on reopen, ...),
+// that writes, a stop request lost on reopen, a resize that grows past a
+// waiter or a limit's size or shrinks without promoting, ...),
 // each of which must fail its case. Its admission is written by hand, not
 // with store.PlanSettle, so that the planner is checked against an
 // independent reference.

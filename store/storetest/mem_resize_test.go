@@ -4,16 +4,17 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 
 	"github.com/slotctl/slotctl/store"
 )
 
 // Resize implements store.Store (docs/leases.md §2.1 item 12), written by
 // hand rather than with store.PlanResize, so that the reference checks the
-// planner: a shrink keeps the lowest indexes and settles; a growth sweeps
-// its limits first (an expired waiter no longer waits), then takes the
-// lowest free indexes, as many as every one of its limits has free, and
-// none while a ticket waits in one of them.
+// planner: a shrink keeps the lowest indexes and settles; a growth takes the
+// lowest free indexes, as many as every one of its limits has free (an
+// expired holder's are not: only its removal frees them), and none while a
+// ticket whose lease runs waits in one of them; it removes nobody.
 func (s *memStore) Resize(_ context.Context, tk store.Ticket, weight int) (store.Ticket, error) {
 	if err := s.closedErr(); err != nil {
 		return store.Ticket{}, err
@@ -60,10 +61,6 @@ func (s *memStore) Resize(_ context.Context, tk store.Ticket, weight int) (store
 			s.settle(nil, t.names)
 		}
 	case weight > t.w:
-		for _, n := range t.names {
-			s.sweep(n)
-		}
-		s.settle(nil, t.names)
 		room := weight - t.w
 		for i, n := range t.names {
 			if i > 0 && s.is("resize-first-limit-only") {
@@ -71,7 +68,8 @@ func (s *memStore) Resize(_ context.Context, tk store.Ticket, weight int) (store
 			}
 			l := s.d.limits[n]
 			held, waiting := s.d.inLimit(n)
-			if l == nil || len(waiting) > 0 && !s.is("resize-past-waiter") {
+			live := slices.ContainsFunc(waiting, func(w *memTicket) bool { return w.deadline > s.now() })
+			if l == nil || live && !s.is("resize-past-waiter") {
 				room = 0
 				break
 			}
@@ -112,8 +110,39 @@ func (s *memStore) Resize(_ context.Context, tk store.Ticket, weight int) (store
 			}
 		}
 		s.resized(t, t.w+room)
+		if s.is("resize-growth-outlives-ticket") {
+			grown.Lock()
+			grown.by[t] += room
+			grown.Unlock()
+		}
 	}
 	return s.view(t), nil
+}
+
+// grown is what bug "resize-growth-outlives-ticket" remembers: the slots
+// each ticket took by growing, kept apart from it (extra slots held as
+// something beside the ticket), so that its removal leaves them taken.
+var grown = struct {
+	sync.Mutex
+	by map[*memTicket]int
+}{by: map[*memTicket]int{}}
+
+// removedResized is called by remove: with bug
+// "resize-growth-outlives-ticket" the slots t took by growing stay taken by
+// nobody once it is gone.
+func (s *memStore) removedResized(t *memTicket) {
+	if !s.is("resize-growth-outlives-ticket") {
+		return
+	}
+	grown.Lock()
+	n := grown.by[t]
+	delete(grown.by, t)
+	grown.Unlock()
+	for name := range t.ix {
+		if l := s.d.limits[name]; l != nil {
+			l.leak += n
+		}
+	}
 }
 
 // resized gives held ticket t weight w (its indexes already w in each
@@ -129,17 +158,18 @@ func (s *memStore) resized(t *memTicket, w int) {
 func init() {
 	// Each bug of a resize, and the cases that must catch it.
 	for bug, cases := range map[string][]string{
-		"resize-past-waiter":      {"ResizeGrowBlockedByWaiter"},
-		"resize-shrink-no-settle": {"ResizeShrinkPromotes"},
-		"resize-over-size":        {"ResizeCappedBySize", "ResizeGrowPartial"},
-		"resize-all-or-nothing":   {"ResizeGrowPartial", "ResizeCappedBySize"},
-		"resize-first-limit-only": {"ResizeGrowPartial"},
-		"resize-highest-free":     {"ResizeGrowPartial"},
-		"resize-frees-lowest":     {"ResizeShrinkPromotes"},
-		"resize-no-fence-check":   {"ResizeRefused"},
-		"resize-expired":          {"ResizeRefused"},
-		"resize-waiting":          {"ResizeRefused"},
-		"resize-no-event":         {"ResizeEvents"},
+		"resize-past-waiter":            {"ResizeGrowBlockedByWaiter"},
+		"resize-shrink-no-settle":       {"ResizeShrinkPromotes"},
+		"resize-over-size":              {"ResizeCappedBySize", "ResizeGrowPartial"},
+		"resize-all-or-nothing":         {"ResizeGrowPartial", "ResizeCappedBySize"},
+		"resize-first-limit-only":       {"ResizeGrowPartial"},
+		"resize-highest-free":           {"ResizeGrowPartial"},
+		"resize-frees-lowest":           {"ResizeShrinkPromotes"},
+		"resize-no-fence-check":         {"ResizeRefused"},
+		"resize-expired":                {"ResizeRefused"},
+		"resize-waiting":                {"ResizeRefused"},
+		"resize-no-event":               {"ResizeEvents"},
+		"resize-growth-outlives-ticket": {"ResizeRemovalFreesAll"},
 	} {
 		mutants[bug] = cases
 	}

@@ -264,6 +264,7 @@ func (s *memStore) event(kind string, t *memTicket, evidence string) {
 // its id and logs why. keep names the limits it frees slots in when a bug
 // frees only some (nil: all).
 func (s *memStore) remove(t *memTicket, why store.Reason, evidence string, keep ...string) {
+	s.removedResized(t) // mem_resize_test.go
 	delete(s.d.tickets, t.t.ID)
 	if !s.is("no-tombstone") {
 		s.d.tombs[t.t.ID] = why
