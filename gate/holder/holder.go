@@ -368,10 +368,16 @@ func (r *runner) wait(ctx context.Context) (store.Ticket, Outcome, bool) {
 			}
 		case Nudge:
 			if p := r.renewed.Swap(nil); p != nil && p.State == store.Waiting && p.ID == t.ID && p.Fence == t.Fence {
-				// A renewal's answer: still waiting, at this place.
+				// A renewal's answer: still waiting, at this place. Only a
+				// new place may make it the head, which watches the
+				// holders' expiry (a read): most renewals cost the wait
+				// no store operation at all.
+				moved := p.Position != t.Position
 				t = e.Saw(*p)
 				r.note(Note{Kind: WaitUpdate, Ticket: t})
-				armExpiry()
+				if moved || len(t.Limits) > 1 {
+					armExpiry()
+				}
 				continue
 			}
 		}
