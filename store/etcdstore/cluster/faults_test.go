@@ -338,3 +338,55 @@ func waitTickets(t *testing.T, c *cluster, prefix, limit string, n int64) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestChecksCatchAnOverlap: the checks fail on a real overlap. A holder cut
+// off by the proxies runs with --on-lost continue, so its child goes on
+// after its lease expired and the waiter behind it was admitted: porcupine
+// must call the history illegal, and the interval check must see two
+// children in one slot. (The model's own cases are
+// TestModelRefusesOverlapAndQueueJumping; this is the whole pipeline, from
+// processes and the store's replay to the verdict.)
+func TestChecksCatchAnOverlap(t *testing.T) {
+	skipUnlessEnabled(t)
+	c := startCluster(t)
+	js := newJobs(t, "overlap", "overlap", 1)
+	var proxies []*proxy
+	var via []string
+	for _, m := range c.members {
+		p := newProxy(t, m.cfg.Client)
+		proxies = append(proxies, p)
+		via = append(via, p.addr())
+	}
+	h := js.start("holder", storeURL(js.prefix, via...), 12*time.Second, false, "--ttl", faultTTL, "--on-lost", "continue")
+	waitFile(t, filepath.Join(js.dir, "holder.start"), 15*time.Second)
+	w := js.start("waiter", storeURL(js.prefix, c.endpoints()...), jobLength, false, "--ttl", faultTTL, "--wait", "60s")
+	waitTickets(t, c, js.prefix, js.limit, 2)
+	time.Sleep(1500 * time.Millisecond)
+	for _, p := range proxies {
+		p.setCut(true)
+	}
+	select {
+	case <-w.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the waiter was not admitted within 30 s of the cut")
+	}
+	select {
+	case <-h.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the holder did not exit within 30 s of the cut")
+	}
+	for _, p := range proxies {
+		p.setCut(false)
+	}
+	v := js.verify(c)
+	t.Logf("holder exit %d, waiter exit %d: porcupine %s, at most %d children at once", h.code, w.code, v.porcupine, v.most)
+	if v.err != nil {
+		t.Errorf("history: %v", v.err)
+	}
+	if v.porcupine != "Illegal" {
+		t.Errorf("porcupine says %s on a history where the waiter ran beside the holder's child", v.porcupine)
+	}
+	if v.most != 2 {
+		t.Errorf("the interval check saw at most %d children at once, want 2 (the overlap)", v.most)
+	}
+}

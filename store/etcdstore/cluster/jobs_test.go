@@ -407,31 +407,50 @@ func (js *jobs) admittedBetween(from, to time.Time) int {
 	return n
 }
 
-// check collects the run's history and checks it: porcupine against a FIFO
-// semaphore of the limit's size, and the children's intervals. It returns
-// the most children that ran at once.
-func (js *jobs) check(c *cluster) int {
+// verdict is what the checks found in a run's history.
+type verdict struct {
+	porcupine string // Ok, Illegal or Unknown
+	info      string // for Illegal: the longest legal order and what was left
+	most      int    // the most children at once
+	ops       int
+	tickets   int
+	err       error // the history could not be built whole
+}
+
+// verify collects the run's history and checks it: porcupine against a
+// FIFO semaphore of the limit's size, and the children's intervals.
+func (js *jobs) verify(c *cluster) verdict {
 	js.t.Helper()
 	js.collect()
 	tickets := js.storeHistory(c.cli)
 	ops, err := js.history(tickets)
-	if err != nil {
-		js.t.Errorf("history: %v", err)
-	}
 	res, info := checkFIFO(ops, js.slots, 60*time.Second)
-	switch res {
+	most, _ := maxConcurrent(js.intervals())
+	return verdict{string(res), info, most, len(ops), len(tickets), err}
+}
+
+// check is verify, failing the test unless porcupine finds the history
+// legal and no more than the limit's children ran at once. It returns the
+// most children that ran at once.
+func (js *jobs) check(c *cluster) int {
+	js.t.Helper()
+	v := js.verify(c)
+	if v.err != nil {
+		js.t.Errorf("history: %v", v.err)
+	}
+	switch v.porcupine {
 	case "Ok":
 	case "Unknown":
-		js.t.Errorf("porcupine: no verdict within 60s on %d operations", len(ops))
+		js.t.Errorf("porcupine: no verdict within 60s on %d operations", v.ops)
 	default:
-		js.t.Errorf("porcupine: the history (%d operations) is not one of a FIFO semaphore of %d slots:\n%s", len(ops), js.slots, info)
+		js.t.Errorf("porcupine: the history (%d operations) is not one of a FIFO semaphore of %d slots:\n%s", v.ops, js.slots, v.info)
 	}
-	most, when := maxConcurrent(js.intervals())
-	if most > js.slots {
-		js.t.Errorf("%d children ran at once at %s (limit %d)", most, when.Format(time.StampMicro), js.slots)
+	if v.most > js.slots {
+		_, when := maxConcurrent(js.intervals())
+		js.t.Errorf("%d children ran at once at %s (limit %d)", v.most, when.Format(time.StampMicro), js.slots)
 	}
-	js.t.Logf("history: %d jobs, %d tickets in the store, %d operations: porcupine %s; at most %d children at once", len(js.all()), len(tickets), len(ops), res, most)
-	return most
+	js.t.Logf("history: %d jobs, %d tickets in the store, %d operations: porcupine %s; at most %d children at once", len(js.all()), v.tickets, v.ops, v.porcupine, v.most)
+	return v.most
 }
 
 // showUnexpected logs the stderr of up to n jobs whose exit is not want.
