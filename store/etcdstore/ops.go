@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"sort"
 	"strings"
@@ -102,10 +101,9 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 		if err != nil {
 			// A lost answer (or a lost read) is retried for as long as one
 			// request may take: a create that landed is then found by its id.
-			if !unknownOutcome(err) || ctx.Err() != nil || time.Since(start) > s.o.RequestTimeout {
+			if !unknownOutcome(err) || !s.again(ctx, start) {
 				return store.Ticket{}, err
 			}
-			time.Sleep(time.Duration(20+rand.IntN(30)) * time.Millisecond)
 			st, err = s.read(ctx, names, req.ID, false)
 			continue
 		}
@@ -528,10 +526,7 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 	if uint64(k.fence) != t.Fence {
 		return store.Ticket{}, fmt.Errorf("%w: ticket %s has fence %d, not %d", store.ErrLost, t.ID, k.fence, t.Fence)
 	}
-	sent := s.leases.now()
-	cctx, cancel := s.ctx(ctx)
-	ka, err := s.c.KeepAliveOnce(cctx, clientv3.LeaseID(k.lease))
-	cancel()
+	ka, sent, err := s.keepAliveOnce(ctx, k.lease)
 	switch {
 	case err != nil && isLeaseNotFound(err):
 		s.leases.forget(k.lease)
@@ -617,10 +612,7 @@ func (s *Store) lostWhy(ctx context.Context, id string, lost error) error {
 
 // refresh keeps a lease alive once, noting when.
 func (s *Store) refresh(ctx context.Context, lease int64) {
-	sent := s.leases.now()
-	cctx, cancel := s.ctx(ctx)
-	defer cancel()
-	if ka, err := s.c.KeepAliveOnce(cctx, clientv3.LeaseID(lease)); err == nil {
+	if ka, sent, err := s.keepAliveOnce(ctx, lease); err == nil {
 		s.leases.acked(lease, sent, time.Duration(ka.TTL)*time.Second)
 	}
 }
@@ -680,10 +672,15 @@ func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (
 	if len(names) == 0 {
 		return s.releaseAbsent(ctx, t, why, idr)
 	}
+	start := time.Now()
 	st, err := s.read(ctx, names, t.ID, true)
-	uncertain, tries := false, 0 // a release was sent whose answer was lost
+	uncertain := false // a release was sent whose answer was lost
 	for {
 		if err != nil {
+			if unknownOutcome(err) && s.again(ctx, start) {
+				st, err = s.read(ctx, names, t.ID, false)
+				continue
+			}
 			return false, err
 		}
 		var answer func() (bool, error)
@@ -723,10 +720,12 @@ func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (
 			return nil
 		})
 		if cerr != nil {
-			if p != nil && unknownOutcome(cerr) && ctx.Err() == nil && tries < 3 {
+			if p != nil && unknownOutcome(cerr) && s.again(ctx, start) {
 				// The answer may be lost: look again. If it landed, the
-				// ticket is tombstoned with this reason: nothing is freed twice.
-				tries++
+				// ticket is tombstoned with this reason: nothing is freed
+				// twice. Again and again within the budget (an election
+				// takes a second or two; each attempt a third of the
+				// budget at most: failover.go).
 				uncertain = true
 				st, err = s.read(ctx, names, t.ID, false)
 				continue
@@ -1124,9 +1123,14 @@ func (s *Store) Reap(ctx context.Context, o store.ReapOptions) ([]store.Removal,
 			removed = append(removed, rm...)
 			continue
 		}
+		start := time.Now()
 		st, err := s.read(ctx, []string{name}, "", true)
 		for {
 			if err != nil {
+				if unknownOutcome(err) && s.again(ctx, start) {
+					st, err = s.read(ctx, []string{name}, "", false)
+					continue
+				}
 				return nil, err
 			}
 			p, resp, cerr := s.commit(ctx, st, "", func(p *plan) error {
@@ -1136,6 +1140,12 @@ func (s *Store) Reap(ctx context.Context, o store.ReapOptions) ([]store.Removal,
 				return nil
 			})
 			if cerr != nil {
+				if p != nil && unknownOutcome(cerr) && s.again(ctx, start) {
+					// Lost answer or a stalled member: read and plan again
+					// (a reap that landed finds nothing left to remove).
+					st, err = s.read(ctx, []string{name}, "", false)
+					continue
+				}
 				return nil, cerr
 			}
 			if resp == nil {

@@ -1,0 +1,292 @@
+package etcdstore_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"google.golang.org/grpc"
+
+	"github.com/slotctl/slotctl/internal/proc"
+	"github.com/slotctl/slotctl/renew"
+	"github.com/slotctl/slotctl/store"
+	"github.com/slotctl/slotctl/store/etcdstore"
+	"github.com/slotctl/slotctl/store/etcdstore/etcdtest"
+)
+
+// stallProxy forwards TCP connections to an etcd member and can stall:
+// then it accepts connections and reads a little, but passes no byte on
+// in either direction, as a SIGSTOPped member does (its kernel still
+// completes TCP handshakes and buffers what is sent).
+type stallProxy struct {
+	Addr   string
+	target string
+	l      net.Listener
+
+	mu      sync.Mutex
+	cond    *sync.Cond
+	stalled bool
+	conns   []net.Conn
+}
+
+func newStallProxy(t *testing.T, target string) *stallProxy {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &stallProxy{Addr: l.Addr().String(), target: target, l: l}
+	p.cond = sync.NewCond(&p.mu)
+	go p.serve()
+	t.Cleanup(p.close)
+	return p
+}
+
+func (p *stallProxy) serve() {
+	for {
+		c, err := p.l.Accept()
+		if err != nil {
+			return
+		}
+		u, err := net.Dial("tcp", p.target)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, c, u)
+		p.mu.Unlock()
+		go p.pipe(u, c)
+		go p.pipe(c, u)
+	}
+}
+
+func (p *stallProxy) pipe(dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		p.mu.Lock()
+		for p.stalled {
+			p.cond.Wait()
+		}
+		p.mu.Unlock()
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				if tc, ok := dst.(*net.TCPConn); ok {
+					tc.CloseWrite()
+				}
+			}
+			return
+		}
+	}
+}
+
+func (p *stallProxy) stall(on bool) {
+	p.mu.Lock()
+	p.stalled = on
+	p.cond.Broadcast()
+	p.mu.Unlock()
+}
+
+func (p *stallProxy) close() {
+	p.l.Close()
+	p.stall(false)
+	p.mu.Lock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.mu.Unlock()
+}
+
+// threeEndpoints is one in-process etcd server behind three proxies: to
+// the client, three members, any of which the test can stall.
+func threeEndpoints(t *testing.T, srv *etcdtest.Server) []*stallProxy {
+	var ps []*stallProxy
+	for range 3 {
+		ps = append(ps, newStallProxy(t, srv.Endpoint))
+	}
+	return ps
+}
+
+func openAt(t *testing.T, ps []*stallProxy, o etcdstore.Options) *etcdstore.Store {
+	t.Helper()
+	for _, p := range ps {
+		o.Endpoints = append(o.Endpoints, p.Addr)
+	}
+	if o.Prefix == "" {
+		o.Prefix = "/" + strings.ReplaceAll(t.Name(), "/", "_")
+	}
+	st, err := etcdstore.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
+// TestStalledMemberCostsOneAttempt: with one of three endpoints stalled, a
+// request that lands there fails over after one attempt (a third of its
+// budget), the endpoint is set aside, and the requests after it do not
+// wait for it at all (docs/leases.md rule 15). Without failover.go every
+// third request would wait its whole budget (5s) for the stalled member,
+// until gRPC's keepalive gave up on it after 13s.
+func TestStalledMemberCostsOneAttempt(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	ps := threeEndpoints(t, srv)
+	st := openAt(t, ps, etcdstore.Options{RequestTimeout: 3 * time.Second})
+	ctx := context.Background()
+	tk, err := st.Enqueue(ctx, req("f1", "fo", 1, 6*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 6 { // every endpoint connected and used
+		if _, err := st.Get(ctx, tk.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ps[1].stall(true)
+	defer ps[1].stall(false)
+	attempt := etcdstore.AttemptTimeout(3 * time.Second)
+	var slowest time.Duration
+	for i := range 12 {
+		start := time.Now()
+		if _, err := st.Get(ctx, tk.ID); err != nil {
+			t.Fatalf("get %d with one endpoint stalled: %v", i, err)
+		}
+		d := time.Since(start)
+		if i >= 3 && d > 500*time.Millisecond {
+			t.Errorf("get %d took %v: the stalled endpoint should be set aside after its first timed-out attempt (%v)", i, d, attempt)
+		}
+		slowest = max(slowest, d)
+	}
+	if slowest > attempt+time.Second {
+		t.Errorf("slowest get %v: want at most one attempt (%v) and a retry", slowest, attempt)
+	}
+	if q := st.Quarantined(); len(q) != 1 || q[0] != ps[1].Addr {
+		t.Errorf("quarantined %v, want [%s]", q, ps[1].Addr)
+	}
+	t.Logf("one endpoint stalled: slowest of 12 gets %v (attempt timeout %v)", slowest.Round(time.Millisecond), attempt)
+}
+
+// TestStalledMemberKeepsTheLease: a holder with --ttl 6s keeps its lease
+// through 12s of one member (of three) stalled, then through a second
+// member stalling after the first came back: its renewals fail over. The
+// lease is judged by the renew.Keeper, as slotctl run judges it.
+func TestStalledMemberKeepsTheLease(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	ps := threeEndpoints(t, srv)
+	st := openAt(t, ps, etcdstore.Options{})
+	ctx := context.Background()
+	const ttl = 6 * time.Second
+	sent := proc.Boottime()
+	tk, err := st.Enqueue(ctx, req("k1", "keep", 1, ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var renewals atomic.Int32
+	var slowest atomic.Int64
+	k := renew.Start(ctx, timed{st, &slowest}, tk, sent, renew.Options{TTL: ttl, OnRenew: func(store.Ticket) { renewals.Add(1) }})
+	defer k.Stop()
+	for _, p := range []*stallProxy{ps[0], ps[2]} {
+		p.stall(true)
+		select {
+		case <-k.Lost():
+			t.Fatalf("lease lost with one member stalled: %v", k.Err())
+		case <-time.After(2 * ttl):
+		}
+		p.stall(false)
+	}
+	if renewals.Load() < 8 {
+		t.Errorf("%d renewals in 24s with ttl %v: want about 12", renewals.Load(), ttl)
+	}
+	t.Logf("%d renewals, slowest %v", renewals.Load(), time.Duration(slowest.Load()).Round(time.Millisecond))
+}
+
+// timed is a Renewer that notes its slowest renewal.
+type timed struct {
+	st      *etcdstore.Store
+	slowest *atomic.Int64
+}
+
+func (r timed) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (store.Ticket, error) {
+	start := time.Now()
+	out, err := r.st.Renew(ctx, t, ttl)
+	if d := int64(time.Since(start)); d > r.slowest.Load() {
+		r.slowest.Store(d)
+	}
+	return out, err
+}
+
+// stallFirst makes the first n transactions that del picks hang until
+// their attempt's deadline, as on a stalled member, and counts them.
+func stallFirst(n int32, del string) (grpc.DialOption, *atomic.Int32) {
+	var stalled atomic.Int32
+	return grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if tr, ok := req.(*pb.TxnRequest); ok && writes(tr, del, false) && stalled.Load() < n {
+			stalled.Add(1)
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}), &stalled
+}
+
+// TestReleaseRetriesWithinItsBudget: a release given 5s (slotctl run's
+// budget, also the request timeout) whose first two transactions hang (a
+// stalled member, an election) is tried again within those 5s and frees
+// the slot, instead of spending the whole budget on the first attempt.
+func TestReleaseRetriesWithinItsBudget(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	for _, c := range []struct {
+		name string
+		do   func(st *etcdstore.Store, ctx context.Context, t store.Ticket) (bool, error)
+	}{
+		{"release", func(st *etcdstore.Store, ctx context.Context, t store.Ticket) (bool, error) {
+			return st.Release(ctx, t, store.Released)
+		}},
+		{"cancel", func(st *etcdstore.Store, ctx context.Context, t store.Ticket) (bool, error) { return st.Cancel(ctx, t) }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			hang, stalled := stallFirst(2, "/tickets/")
+			st := open(t, srv, etcdstore.Options{DialOptions: []grpc.DialOption{hang}})
+			ctx := context.Background()
+			held, err := st.Enqueue(ctx, req("r1", "rel", 1, 30*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			tk := held
+			if c.name == "cancel" {
+				if tk, err = st.Enqueue(ctx, req("r2", "rel", 1, 30*time.Second)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			start := time.Now()
+			removed, err := c.do(st, rctx, tk)
+			took := time.Since(start)
+			if err != nil || !removed {
+				t.Fatalf("%s with two stalled attempts = %v, %v after %v; want removed within the 5s budget", c.name, removed, err, took)
+			}
+			if stalled.Load() != 2 {
+				t.Errorf("%d attempts stalled, want 2", stalled.Load())
+			}
+			if _, err := st.Get(ctx, tk.ID); !errors.Is(err, store.ErrNotFound) {
+				t.Errorf("get after %s: %v, want not found", c.name, err)
+			}
+			t.Logf("%s through two stalled attempts: %v", c.name, took.Round(time.Millisecond))
+		})
+	}
+}
