@@ -144,13 +144,13 @@ func TestRollingRestart(t *testing.T) {
 	}
 	took := time.Since(began)
 	t.Logf("rolling restart: %s", strings.Join(steps, "; "))
-	admittedDuring := js.admittedBetween(began, began.Add(took))
 	js.waitAll(120 * time.Second)
 	most := js.check(c)
 	codes := js.exitCodes()
 	// Not a goal of the issue, but what an operator sees: how long
 	// admissions stopped while the members restarted.
 	stall, _ := js.longestStall(began, began.Add(took))
+	admittedDuring := js.admittedBetween(began, began.Add(took))
 	record(t, "rolling restart of all members under 30 jobs", "all 30 exit 0",
 		fmt.Sprintf("%s; most children at once %d; the restart took %s (SIGTERM to exit: %s), %d admitted meanwhile, longest stall %s",
 			fmtCodes(codes), most, ms(took), strings.Join(stops, ", "), admittedDuring, ms(stall)), codes[0] == faultJobs && most <= js.slots)

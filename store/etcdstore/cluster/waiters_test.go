@@ -17,7 +17,9 @@ import (
 // TestManyWaiters: a queue of many waiting tickets behind one holder, on
 // all three members, --ttl 30s. By default 200 waiters (two bursts of 100)
 // and all 200 cancelled; SLOTCTL_CLUSTER_SOAK=1 runs the sizes,
-// 2,000 waiters (20 bursts) and 1,000 of them cancelled at once. Goals:
+// 2,000 waiters (20 bursts) and 1,000 of them cancelled at once;
+// SLOTCTL_CLUSTER_WAITERS=N another size (N waiters, min(N, 1,000)
+// cancelled). Goals:
 //
 //   - enqueue bursts of 100: every waiter queued, none exits;
 //   - ls -o json: at most 200 ms (the goal is at 2,000 tickets);
@@ -32,9 +34,12 @@ func TestManyWaiters(t *testing.T) {
 	if soak {
 		n, cancelN, window = 2000, 1000, 30*time.Second
 	}
+	if v, err := strconv.Atoi(os.Getenv("SLOTCTL_CLUSTER_WAITERS")); err == nil && v >= 100 {
+		n, cancelN = v/100*100, min(v/100*100, 1000) // a size between (bursts of 100)
+	}
 	size := fmt.Sprintf("%d waiters", n)
-	if !soak {
-		size += ", scaled down from 2,000 (SLOTCTL_CLUSTER_SOAK=1)"
+	if n < 2000 {
+		size += ", scaled down from 2,000"
 	}
 	c := startCluster(t)
 	js := newJobs(t, "scale", "scale", 1)
