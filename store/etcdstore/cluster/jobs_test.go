@@ -107,7 +107,12 @@ func (js *jobs) startArgv(name string, argv ...string) *job {
 	j.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	j.start = time.Now()
 	if err := j.cmd.Start(); err != nil {
-		js.t.Fatalf("start %s: %v", name, err)
+		// Errorf, not Fatalf: the soak's feeder starts jobs from its own
+		// goroutine. The job counts as one that exited -1.
+		js.t.Errorf("start %s: %v", name, err)
+		j.exit, j.code = time.Now(), -1
+		close(j.done)
+		return j
 	}
 	js.mu.Lock()
 	js.list = append(js.list, j)
