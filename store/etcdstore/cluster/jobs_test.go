@@ -28,6 +28,8 @@ type jobs struct {
 	limit  string
 	slots  int
 
+	obs *observer // if set, what a failed check shows
+
 	mu   sync.Mutex
 	list []*job
 }
@@ -453,9 +455,29 @@ func (js *jobs) check(c *cluster) int {
 	if v.most > js.slots {
 		_, when := maxConcurrent(js.intervals())
 		js.t.Errorf("%d children ran at once at %s (limit %d)", v.most, when.Format(time.StampMicro), js.slots)
+		js.explain(when)
 	}
 	js.t.Logf("history: %d jobs, %d tickets in the store, %d operations: porcupine %s; at most %d children at once", len(js.all()), v.tickets, v.ops, v.porcupine, v.most)
 	return v.most
+}
+
+// explain logs the jobs whose children ran at when: their times, exits,
+// stderr, and (with an observer) what the store did with their tickets.
+func (js *jobs) explain(when time.Time) {
+	var ids []string
+	for _, j := range js.all() {
+		if j.childStart.IsZero() || j.childStart.After(when) || j.childEnd.Before(when) {
+			continue
+		}
+		ids = append(ids, j.ticket)
+		js.t.Logf("%s (pid %d, ticket %s): started %s, child %s .. %s, exited %s with %d; stderr:\n%s", j.name, j.cmd.Process.Pid, j.ticket,
+			j.start.Format("15:04:05.000000"), j.childStart.Format("15:04:05.000000"), j.childEnd.Format("15:04:05.000000"),
+			j.exit.Format("15:04:05.000000"), j.code, tail(j.stderr(), 2000))
+	}
+	if js.obs != nil {
+		js.t.Logf("the store, as the members reported it (first report's time):\n%s", js.obs.about(ids...))
+		js.t.Logf("slot keys:\n%s", js.obs.slotHistory(js.prefix, js.limit))
+	}
 }
 
 // showUnexpected logs the stderr of up to n jobs whose exit is not want.

@@ -44,12 +44,17 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	slotctlEtcd = filepath.Join(dir, "slotctl-etcd")
-	build := exec.Command("go", "build", "-o", slotctlEtcd, "github.com/slotctl/slotctl/cmd/slotctl-etcd")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "go build slotctl-etcd: %v\n%s", err, out)
-		os.Exit(1)
+	// SLOTCTL_CLUSTER_BIN runs the suite against another slotctl-etcd (an
+	// older build, a release) instead of this tree's.
+	if slotctlEtcd = os.Getenv("SLOTCTL_CLUSTER_BIN"); slotctlEtcd == "" {
+		slotctlEtcd = filepath.Join(dir, "slotctl-etcd")
+		build := exec.Command("go", "build", "-o", slotctlEtcd, "github.com/slotctl/slotctl/cmd/slotctl-etcd")
+		if out, err := build.CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "go build slotctl-etcd: %v\n%s", err, out)
+			os.Exit(1)
+		}
 	}
+	fmt.Printf("cluster: jobs run %s\n", slotctlEtcd)
 	code := m.Run()
 	printFigures()
 	os.RemoveAll(dir)

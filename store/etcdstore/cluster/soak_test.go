@@ -26,6 +26,7 @@ func TestFaultSoak(t *testing.T) {
 	}
 	c := startCluster(t)
 	js := newJobs(t, "soak", "soak", 2)
+	js.obs = c.observe(js.prefix)
 	url := storeURL(js.prefix, c.endpoints()...)
 	end := time.Now().Add(length)
 	stop := make(chan struct{})
