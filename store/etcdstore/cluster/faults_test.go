@@ -50,15 +50,18 @@ func TestPausedMember(t *testing.T) {
 			}
 			startBatch(js, c, "j", faultJobs)
 			time.Sleep(3 * time.Second)
+			var resumeAt time.Time
 			pauseAt := time.Now()
 			c.pause(target)
+			t.Logf("%s paused m%d (the %s)", pauseAt.Format("15:04:05.000"), target, which)
+			defer func() { t.Logf("%s resumed m%d", resumeAt.Format("15:04:05.000"), target) }()
 			// Jobs keep arriving: new processes, whose first requests may
 			// go to the paused member.
 			time.Sleep(3 * time.Second)
 			startBatch(js, c, "late", lateJobs)
 			time.Sleep(time.Until(pauseAt.Add(10 * time.Second)))
 			c.resume(target)
-			resumeAt := time.Now()
+			resumeAt = time.Now()
 			js.waitAll(120 * time.Second)
 			most := js.check(c)
 			codes := js.exitCodes()

@@ -477,6 +477,7 @@ func (js *jobs) explain(when time.Time) {
 	if js.obs != nil {
 		js.t.Logf("the store, as the members reported it (first report's time):\n%s", js.obs.about(ids...))
 		js.t.Logf("slot keys:\n%s", js.obs.slotHistory(js.prefix, js.limit))
+		js.t.Logf("leadership:\n%s", js.obs.leadership())
 	}
 }
 

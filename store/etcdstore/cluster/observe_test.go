@@ -23,6 +23,8 @@ type observer struct {
 	events []obsEvent
 	stop   context.CancelFunc
 	wg     sync.WaitGroup
+
+	leaders []string // "15:04:05.000 m1 says m2 leads (term 3)", on each change
 }
 
 type obsEvent struct {
@@ -55,8 +57,48 @@ func (c *cluster) observe(prefix string) *observer {
 			}
 		}()
 	}
+	// Who leads, as each member says, every 100 ms: changes are noted.
+	o.wg.Add(1)
+	go func() {
+		defer o.wg.Done()
+		last := make([]string, len(c.members))
+		names := map[uint64]string{}
+		for ctx.Err() == nil {
+			for i, m := range c.members {
+				sctx, scancel := context.WithTimeout(ctx, 300*time.Millisecond)
+				r, err := c.cli.Status(sctx, m.cfg.Client)
+				scancel()
+				now := "no answer"
+				if err == nil {
+					names[r.Header.MemberId] = m.cfg.Name
+					lead := names[r.Leader]
+					if lead == "" {
+						lead = fmt.Sprintf("%x", r.Leader)
+					}
+					now = fmt.Sprintf("%s leads (term %d)", lead, r.RaftTerm)
+				}
+				if now != last[i] {
+					last[i] = now
+					o.mu.Lock()
+					o.leaders = append(o.leaders, fmt.Sprintf("%s %s says %s", time.Now().Format("15:04:05.000"), m.cfg.Name, now))
+					o.mu.Unlock()
+				}
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}()
 	c.t.Cleanup(o.close)
 	return o
+}
+
+// leadership is what the members said of who leads, when it changed.
+func (o *observer) leadership() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return "  " + strings.Join(o.leaders, "\n  ")
 }
 
 func (o *observer) note(ev *clientv3.Event, at time.Time) {
