@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"slices"
@@ -112,6 +113,7 @@ func checkFIFO(ops []porcupine.Operation, slots int, timeout time.Duration) (por
 		return res, ""
 	}
 	var b strings.Builder
+	placed := map[semOp]bool{}
 	for _, part := range info.PartialLinearizationsOperations() {
 		longest := []porcupine.Operation{}
 		for _, lin := range part {
@@ -119,25 +121,31 @@ func checkFIFO(ops []porcupine.Operation, slots int, timeout time.Duration) (por
 				longest = lin
 			}
 		}
-		fmt.Fprintf(&b, "longest legal order found (%d of %d operations):\n", len(longest), len(ops))
+		fmt.Fprintf(&b, "longest legal order found (%d of %d operations), its last steps:\n", len(longest), len(ops))
 		st := m.Init()
-		for _, op := range longest {
+		for i, op := range longest {
+			placed[op.Input.(semOp)] = true
 			_, st = m.Step(st, op.Input, op.Output)
-			fmt.Fprintf(&b, "  %-28s -> %s\n", m.DescribeOperation(op.Input, op.Output), m.DescribeState(st))
+			if i >= len(longest)-12 {
+				fmt.Fprintf(&b, "  %-28s -> %s\n", m.DescribeOperation(op.Input, op.Output), m.DescribeState(st))
+			}
 		}
 		break
 	}
-	b.WriteString("operations not placed (one of them cannot be):\n")
+	b.WriteString("the first operations it could not place after those:\n")
+	left := slices.Clone(ops)
+	slices.SortFunc(left, func(x, y porcupine.Operation) int { return cmp.Compare(x.Call, y.Call) })
 	n := 0
-	for _, op := range ops {
-		if n < 12 {
-			ret := "never"
-			if op.Return != never {
-				ret = time.Unix(0, op.Return).Format("15:04:05.000000")
-			}
-			fmt.Fprintf(&b, "  %-28s [%s, %s]\n", m.DescribeOperation(op.Input, op.Output), time.Unix(0, op.Call).Format("15:04:05.000000"), ret)
-			n++
+	for _, op := range left {
+		if placed[op.Input.(semOp)] || n >= 12 {
+			continue
 		}
+		n++
+		ret := "never"
+		if op.Return != never {
+			ret = time.Unix(0, op.Return).Format("15:04:05.000000")
+		}
+		fmt.Fprintf(&b, "  %-28s [%s, %s]\n", m.DescribeOperation(op.Input, op.Output), time.Unix(0, op.Call).Format("15:04:05.000000"), ret)
 	}
 	return res, b.String()
 }
@@ -219,8 +227,11 @@ func TestModelRefusesOverlapAndQueueJumping(t *testing.T) {
 		for _, o := range c.ops {
 			ops = append(ops, o...)
 		}
-		if got, info := checkFIFO(ops, c.slots, 10*time.Second); got != c.want {
+		got, info := checkFIFO(ops, c.slots, 10*time.Second)
+		if got != c.want {
 			t.Errorf("%s: porcupine says %s, want %s\n%s", c.name, got, c.want, info)
+		} else if got == porcupine.Illegal {
+			t.Logf("%s: illegal, as it must be:\n%s", c.name, info)
 		}
 	}
 }
