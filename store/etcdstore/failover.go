@@ -231,7 +231,7 @@ func (s *Store) unary(ctx context.Context, method string, req, reply any, cc *gr
 	actx, cancel := context.WithTimeout(ctx, attemptTimeout(s.budget(ctx), 0))
 	defer cancel()
 	var p peer.Peer
-	err := invoker(actx, method, req, reply, cc, append(opts, grpc.Peer(&p))...)
+	err := invoker(actx, method, req, reply, cc, append(slices.Clip(opts), grpc.Peer(&p))...)
 	switch {
 	case err == nil:
 		s.fo.answered(s.fo.endpointOf(&p))
@@ -269,7 +269,7 @@ func (s *Store) unaryHedged(ctx context.Context, method string, req, reply any, 
 		}
 		p := &peer.Peer{}
 		go func() {
-			err := invoker(actx, method, req, r, cc, append(opts, grpc.Peer(p))...)
+			err := invoker(actx, method, req, r, cc, append(slices.Clip(opts), grpc.Peer(p))...)
 			results <- attempt{i, r, p, err}
 		}()
 	}
