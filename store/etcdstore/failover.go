@@ -28,7 +28,8 @@ package etcdstore
 //     another member, each time an attempt's timeout passes unanswered
 //     (hedged: the earlier attempts go on, so that a member that is only
 //     slow still answers within the budget, as before), and the first
-//     answer wins (a keep-alive too); a write's attempt ends at it (its outcome is unknown: the caller reads and plans
+//     answer wins; a keep-alive is tried again at its attempt's timeout; a
+//     write ends at it (its outcome is unknown: the caller reads and plans
 //     again, which its compares make safe: see unknownOutcome).
 //
 // A stalled member thus costs one attempt (a third of a request's budget)
@@ -336,68 +337,29 @@ func (s *Store) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Clie
 	return cs, err
 }
 
-// keepAliveOnce renews a lease once, hedged as a read is (unaryHedged)
-// within ctx's budget: a keep-alive is safe to repeat (the server
-// restarts the lease from the one it gets last; the holder counts from its
-// own send time, earlier). It returns the send time of the attempt that
-// was answered.
+// keepAliveOnce renews a lease once, in attempts within ctx's budget: a
+// keep-alive is safe to repeat (the server restarts the lease from the one
+// it gets last; the holder counts from its own send time, earlier). It
+// returns the send time of the attempt that was answered.
 func (s *Store) keepAliveOnce(ctx context.Context, lease int64) (*clientv3.LeaseKeepAliveResponse, time.Duration, error) {
 	cctx, cancel := s.ctx(ctx)
 	defer cancel()
 	end := time.Now().Add(s.budget(cctx))
-	type result struct {
-		i    int
-		ka   *clientv3.LeaseKeepAliveResponse
-		sent time.Duration
-		p    *peer.Peer
-		err  error
-	}
-	results := make(chan result, attemptsPerRequest)
-	start := func(i int) {
-		p := &peer.Peer{}
-		go func() {
-			sent := s.leases.now()
-			ka, err := s.c.KeepAliveOnce(context.WithValue(cctx, peerKey{}, p), clientv3.LeaseID(lease))
-			results <- result{i, ka, sent, p, err}
-		}()
-	}
-	started, pending := 1, 1
-	start(0)
-	next := time.NewTimer(attemptTimeout(time.Until(end), 0))
-	defer next.Stop()
-	for {
-		select {
-		case <-next.C:
-			if started < attemptsPerRequest && time.Until(end) > minAttempt {
-				start(started)
-				started++
-				pending++
-				next.Reset(attemptTimeout(time.Until(end), started-1))
-			}
-		case r := <-results:
-			pending--
-			if r.err != nil {
-				if errors.Is(cctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
-					s.fo.stalled(s.fo.endpointOf(r.p))
-				}
-				if pending == 0 || isLeaseNotFound(r.err) {
-					cancel()
-					for range pending {
-						<-results
-					}
-					return nil, r.sent, r.err
-				}
-				continue
-			}
-			s.fo.answered(s.fo.endpointOf(r.p))
-			cancel()
-			for range pending {
-				if o := <-results; o.err != nil && o.i < r.i {
-					s.fo.stalled(s.fo.endpointOf(o.p))
-				}
-			}
-			return r.ka, r.sent, nil
+	for i := 0; ; i++ {
+		var p peer.Peer
+		actx, acancel := context.WithTimeout(context.WithValue(cctx, peerKey{}, &p), attemptTimeout(time.Until(end), i))
+		sent := s.leases.now()
+		ka, err := s.c.KeepAliveOnce(actx, clientv3.LeaseID(lease))
+		timedOut := err != nil && errors.Is(actx.Err(), context.DeadlineExceeded) && cctx.Err() == nil
+		acancel()
+		if err == nil {
+			s.fo.answered(s.fo.endpointOf(&p))
+			return ka, sent, nil
 		}
+		if !timedOut || time.Until(end) <= 0 {
+			return nil, sent, err
+		}
+		s.fo.stalled(s.fo.endpointOf(&p))
 	}
 }
 
