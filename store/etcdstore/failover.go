@@ -235,6 +235,7 @@ func (s *Store) unary(ctx context.Context, method string, req, reply any, cc *gr
 	switch {
 	case err == nil:
 		s.fo.answered(s.fo.endpointOf(&p))
+		s.sawTerm(reply)
 	case errors.Is(actx.Err(), context.DeadlineExceeded) && ctx.Err() == nil:
 		s.fo.stalled(s.fo.endpointOf(&p))
 	}
@@ -301,6 +302,7 @@ func (s *Store) unaryHedged(ctx context.Context, method string, req, reply any, 
 				continue
 			}
 			s.fo.answered(s.fo.endpointOf(a.p))
+			s.sawTerm(a.reply)
 			cancel() // the others: their members were overtaken
 			for range pending {
 				if o := <-results; o.err != nil && o.i < a.i {
@@ -352,8 +354,20 @@ func (s *Store) keepAliveOnce(ctx context.Context, lease int64) (*clientv3.Lease
 		ka, err := s.c.KeepAliveOnce(actx, clientv3.LeaseID(lease))
 		timedOut := err != nil && errors.Is(actx.Err(), context.DeadlineExceeded) && cctx.Err() == nil
 		acancel()
+		if err == nil && s.staleTerm(ka.ResponseHeader) {
+			// A member behind the cluster's term answered: a leader that
+			// was paused (SIGSTOP) and has not yet heard of its successor
+			// renews the lease in its own lessor only, which the real
+			// leader never sees. Not an ack: set it aside, try another.
+			s.fo.stalled(s.fo.endpointOf(&p))
+			if time.Until(end) <= minAttempt {
+				return nil, sent, fmt.Errorf("keep-alive answered only by a member behind the cluster (raft term %d, the cluster's %d)", ka.ResponseHeader.GetRaftTerm(), s.term.Load())
+			}
+			continue
+		}
 		if err == nil {
 			s.fo.answered(s.fo.endpointOf(&p))
+			s.sawHeader(ka.ResponseHeader)
 			return ka, sent, nil
 		}
 		if !timedOut || time.Until(end) <= 0 {
@@ -410,4 +424,37 @@ func (s *Store) again(ctx context.Context, start time.Time) bool {
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// sawTerm notes the raft term of an answer (its header's), so that an
+// answer from a member behind it can be told (staleTerm).
+func (s *Store) sawTerm(reply any) {
+	if h, ok := reply.(interface{ GetHeader() *pb.ResponseHeader }); ok {
+		s.sawHeader(h.GetHeader())
+	}
+}
+
+func (s *Store) sawHeader(h *pb.ResponseHeader) {
+	t := h.GetRaftTerm()
+	for {
+		cur := s.term.Load()
+		if t <= cur || s.term.CompareAndSwap(cur, t) {
+			return
+		}
+	}
+}
+
+// staleTerm reports whether an answer comes from a member behind the
+// highest raft term this handle has seen.
+//
+// etcd's leader confirms its leadership before it renews a lease, except
+// when its raft loop ticked in the last three heartbeats (isActive in
+// etcdserver's ensureLeadership): a leader that was stopped (SIGSTOP, a VM
+// paused) ticks again the moment it resumes, before it hears of the
+// leader elected meanwhile, and for those milliseconds renews leases in
+// its own lessor only, answering with its old term. The cluster suite
+// caught it: holders counted such acks, the real leader expired their
+// leases, and their slots were handed on while their jobs ran.
+func (s *Store) staleTerm(h *pb.ResponseHeader) bool {
+	return h != nil && h.GetRaftTerm() < s.term.Load()
 }
