@@ -109,7 +109,10 @@ type Options struct {
 	// DialTimeout bounds the first request, which connects (default 5s): an
 	// unreachable cluster is ErrUnavailable within it.
 	DialTimeout time.Duration
-	// RequestTimeout bounds every later request (default 5s).
+	// RequestTimeout bounds every later request, all of its attempts
+	// together (default 5s; a caller's earlier deadline bounds it too). One
+	// attempt waits for one member at most AttemptTimeout of that before
+	// the request fails over to another (failover.go).
 	RequestTimeout time.Duration
 	// TLS, if not nil, is used for every endpoint.
 	TLS *tls.Config
@@ -146,6 +149,8 @@ type Store struct {
 	probeOnce  sync.Once   // after a dial timeout: what TLS says (tlsprobe.go)
 	probe      string
 	leases     *leaseClock
+	fo         *failover     // the endpoints in use (failover.go)
+	term       atomic.Uint64 // the highest raft term of an answer (failover.go)
 
 	mu       sync.Mutex
 	known    map[string]known // ticket id -> what this handle learned of it
@@ -245,23 +250,33 @@ func New(o Options) (*Store, error) {
 	if (o.Username == "") != (o.Password == "") {
 		return nil, fmt.Errorf("%w: etcd username and password: give both or neither", store.ErrInvalid)
 	}
+	s := &Store{o: o, k: keys(prefix + "/"), dead: o.Dead,
+		url:   "etcd://" + strings.Join(o.Endpoints, ",") + prefix,
+		known: map[string]known{}, bells: map[string]*bell{}, leases: o.clock,
+		fo: newFailover(o.Endpoints)}
+	if s.leases == nil {
+		s.leases = newLeaseClock()
+	}
 	cfg := clientv3.Config{
-		Endpoints:            o.Endpoints,
-		DialTimeout:          o.DialTimeout,
+		Endpoints:   o.Endpoints,
+		DialTimeout: o.DialTimeout,
+		// gRPC's keepalive, as short as gRPC allows (it raises a shorter
+		// period to 10s): the safety net under failover.go, which notices a
+		// stalled member at the first attempt that times out on it.
 		DialKeepAliveTime:    10 * time.Second,
 		DialKeepAliveTimeout: 3 * time.Second,
 		TLS:                  o.TLS,
 		Username:             o.Username,
 		Password:             o.Password,
-		DialOptions:          o.DialOptions,
-		Logger:               zap.NewNop(),
-		MaxUnaryRetries:      2,
-	}
-	s := &Store{o: o, k: keys(prefix + "/"), dead: o.Dead,
-		url:   "etcd://" + strings.Join(o.Endpoints, ",") + prefix,
-		known: map[string]known{}, bells: map[string]*bell{}, leases: o.clock}
-	if s.leases == nil {
-		s.leases = newLeaseClock()
+		// Ours first: the test's fault injectors (o.DialOptions) run
+		// inside each attempt.
+		DialOptions: append([]grpc.DialOption{
+			grpc.WithChainUnaryInterceptor(s.unary),
+			grpc.WithChainStreamInterceptor(s.stream),
+			grpc.WithContextDialer(s.fo.dial),
+		}, o.DialOptions...),
+		Logger:          zap.NewNop(),
+		MaxUnaryRetries: 2,
 	}
 	// With a username, New authenticates at once (bounded by DialTimeout).
 	c, err := clientv3.New(cfg)
@@ -269,6 +284,9 @@ func New(o Options) (*Store, error) {
 		return nil, s.unavailable(err, true)
 	}
 	s.c = c
+	s.fo.mu.Lock()
+	s.fo.c = c
+	s.fo.mu.Unlock()
 	if o.Username != "" {
 		s.connected.Store(true)
 	}
@@ -282,6 +300,7 @@ func (s *Store) Close() error {
 	var err error
 	s.closeOnce.Do(func() {
 		s.closed.Store(true)
+		s.fo.close()
 		s.mu.Lock()
 		for _, b := range s.bells {
 			b.cancel() // its goroutine ends instead of retrying on a closed client

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"sort"
 	"strings"
@@ -69,11 +68,12 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 	type readResult struct {
 		st  *lstate
 		err error
+		b   *behind // the light path's read (light.go), instead of st
 	}
 	firstRead := make(chan readResult, 1)
 	go func() {
-		st, err := s.read(ctx, names, req.ID, true)
-		firstRead <- readResult{st, err}
+		st, b, err := s.readFirst(ctx, req)
+		firstRead <- readResult{st: st, err: err, b: b}
 	}()
 	sent := s.leases.now()
 	cctx, cancel := s.ctx(ctx)
@@ -96,16 +96,26 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 		}
 	}()
 
+	if rr.b != nil {
+		// Behind a live waiter: the end of the queue, no settle (light.go).
+		if t, ok := s.enqueueBehind(ctx, req, lease, *rr.b); ok {
+			used = true
+			if s.leases.now()-sent > 20*time.Millisecond {
+				s.refresh(ctx, lease) // as below: the whole TTL from the creation
+			}
+			return t, nil
+		}
+		rr.st, rr.err = s.read(ctx, names, req.ID, false)
+	}
 	st, err := rr.st, rr.err
 	linear := false // st was read linearizably
 	for {
 		if err != nil {
 			// A lost answer (or a lost read) is retried for as long as one
 			// request may take: a create that landed is then found by its id.
-			if !unknownOutcome(err) || ctx.Err() != nil || time.Since(start) > s.o.RequestTimeout {
+			if !unknownOutcome(err) || !s.again(ctx, start) {
 				return store.Ticket{}, err
 			}
-			time.Sleep(time.Duration(20+rand.IntN(30)) * time.Millisecond)
 			st, err = s.read(ctx, names, req.ID, false)
 			continue
 		}
@@ -529,10 +539,7 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 	if uint64(k.fence) != t.Fence {
 		return store.Ticket{}, fmt.Errorf("%w: ticket %s has fence %d, not %d", store.ErrLost, t.ID, k.fence, t.Fence)
 	}
-	sent := s.leases.now()
-	cctx, cancel := s.ctx(ctx)
-	ka, err := s.c.KeepAliveOnce(cctx, clientv3.LeaseID(k.lease))
-	cancel()
+	ka, sent, err := s.keepAliveOnce(ctx, k.lease)
 	switch {
 	case err != nil && isLeaseNotFound(err):
 		s.leases.forget(k.lease)
@@ -618,10 +625,7 @@ func (s *Store) lostWhy(ctx context.Context, id string, lost error) error {
 
 // refresh keeps a lease alive once, noting when.
 func (s *Store) refresh(ctx context.Context, lease int64) {
-	sent := s.leases.now()
-	cctx, cancel := s.ctx(ctx)
-	defer cancel()
-	if ka, err := s.c.KeepAliveOnce(cctx, clientv3.LeaseID(lease)); err == nil {
+	if ka, sent, err := s.keepAliveOnce(ctx, lease); err == nil {
 		s.leases.acked(lease, sent, time.Duration(ka.TTL)*time.Second)
 	}
 }
@@ -681,10 +685,26 @@ func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (
 	if len(names) == 0 {
 		return s.releaseAbsent(ctx, t, why, idr)
 	}
+	start := time.Now()
+	uncertain := false // a release was sent whose answer was lost
+	s.mu.Lock()
+	k, ok := s.known[t.ID]
+	s.mu.Unlock()
+	if ok && (t.Fence == 0 || uint64(k.fence) == t.Fence) {
+		// A waiter leaves without reading its queue (light.go).
+		done, unc, _ := s.releaseWaiting(ctx, k, why)
+		if done {
+			return true, nil
+		}
+		uncertain = unc
+	}
 	st, err := s.read(ctx, names, t.ID, true)
-	uncertain, tries := false, 0 // a release was sent whose answer was lost
 	for {
 		if err != nil {
+			if unknownOutcome(err) && s.again(ctx, start) {
+				st, err = s.read(ctx, names, t.ID, false)
+				continue
+			}
 			return false, err
 		}
 		var answer func() (bool, error)
@@ -724,10 +744,12 @@ func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (
 			return nil
 		})
 		if cerr != nil {
-			if p != nil && unknownOutcome(cerr) && ctx.Err() == nil && tries < 3 {
+			if p != nil && unknownOutcome(cerr) && s.again(ctx, start) {
 				// The answer may be lost: look again. If it landed, the
-				// ticket is tombstoned with this reason: nothing is freed twice.
-				tries++
+				// ticket is tombstoned with this reason: nothing is freed
+				// twice. Again and again within the budget (an election
+				// takes a second or two; each attempt a third of the
+				// budget at most: failover.go).
 				uncertain = true
 				st, err = s.read(ctx, names, t.ID, false)
 				continue
@@ -1159,9 +1181,14 @@ func (s *Store) Reap(ctx context.Context, o store.ReapOptions) ([]store.Removal,
 			removed = append(removed, rm...)
 			continue
 		}
+		start := time.Now()
 		st, err := s.read(ctx, []string{name}, "", true)
 		for {
 			if err != nil {
+				if unknownOutcome(err) && s.again(ctx, start) {
+					st, err = s.read(ctx, []string{name}, "", false)
+					continue
+				}
 				return nil, err
 			}
 			p, resp, cerr := s.commit(ctx, st, "", func(p *plan) error {
@@ -1171,6 +1198,12 @@ func (s *Store) Reap(ctx context.Context, o store.ReapOptions) ([]store.Removal,
 				return nil
 			})
 			if cerr != nil {
+				if p != nil && unknownOutcome(cerr) && s.again(ctx, start) {
+					// Lost answer or a stalled member: read and plan again
+					// (a reap that landed finds nothing left to remove).
+					st, err = s.read(ctx, []string{name}, "", false)
+					continue
+				}
 				return nil, cerr
 			}
 			if resp == nil {

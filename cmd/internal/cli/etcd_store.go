@@ -82,3 +82,49 @@ func (f *Factory) openEtcd(g *globalOptions, url string) (store.Store, error) {
 	}
 	return etcdClient.Open(c)
 }
+
+// renewWindow is the least time a renewal has before the holder's local
+// deadline (renew.Options' defaults: a margin of ttl/10, a period of every,
+// ttl/3 when 0, jittered up to +20%): the renewal attempted last is sent
+// that long before the deadline at the latest.
+func renewWindow(ttl, every time.Duration) time.Duration {
+	if every == 0 {
+		every = ttl / 3
+	}
+	return ttl - ttl/10 - every*12/10
+}
+
+// checkEtcdLease refuses (exit 64) a lease on etcd that the request
+// timeout the operator set (etcd.request-timeout, --etcd-request-timeout)
+// cannot keep: a renewal must be able to wait that long for one answer
+// within its window (renewWindow), or a slow cluster the operator allows
+// for would cost the lease. Without the setting, a renewal's requests take
+// at most its window, each attempt a third of it (store/etcdstore's
+// failover.go), so every --ttl is kept. Other stores: nothing to check.
+func (f *Factory) checkEtcdLease(g *globalOptions, ttl, every time.Duration) error {
+	if !strings.HasPrefix(g.Store, "etcd://") || f.viper == nil {
+		return nil
+	}
+	s := f.viper.GetString("etcd.request-timeout")
+	rt, err := time.ParseDuration(s)
+	if s == "" || err != nil {
+		return nil // unset; or bad, which opening the store reports
+	}
+	w := renewWindow(ttl, every)
+	if rt <= w {
+		return nil
+	}
+	// The least ttl whose window holds rt: w = 0.9*ttl - 1.2*every.
+	need := rt * 2 // the default period, ttl/3: the window is ttl/2
+	if every != 0 {
+		need = (rt + every*12/10) * 10 / 9
+	}
+	const tenth = time.Second / 10
+	need = (need + tenth - 1) / tenth * tenth
+	src := "etcd.request-timeout"
+	if f.cfg != nil && f.cfg.EtcdFlags["request-timeout"] {
+		src = "--etcd-request-timeout"
+	}
+	return usageError("--ttl %s: a renewal has %s before the lease's local deadline, less than %s %s: want --ttl %s or more, or %s %s or less",
+		ttl, w.Round(time.Millisecond), src, rt, need, src, w.Round(time.Millisecond))
+}

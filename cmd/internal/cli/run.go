@@ -379,6 +379,9 @@ func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) er
 	if err != nil {
 		return err // before taking a slot: a typo must not wait its turn first
 	}
+	if err := f.checkEtcdLease(g, o.TTL, o.RenewEvery); err != nil {
+		return err
+	}
 	st, err := f.openStore(g)
 	if err != nil {
 		return err
