@@ -60,6 +60,7 @@ func (s *Store) releaseWaiting(ctx context.Context, k known, why store.Reason) (
 	e.tkv = &mvccpb.KeyValue{Key: []byte(s.k.ticket(k.r.Limit, k.r.ID)), CreateRevision: k.fence, ModRevision: k.rev}
 	e.rkv = &mvccpb.KeyValue{Key: []byte(s.k.record(k.r.Limit, k.r.ID)), CreateRevision: k.fence, ModRevision: k.rev}
 	p := s.newPlan(st)
+	p.light = true // its event is counted in a delta key (countsrec.go)
 	p.cmp(clientv3.Compare(clientv3.ModRevision(string(ahead.Key)), "=", ahead.ModRevision))
 	if !p.remove(e, why, "") {
 		return false, false, nil
@@ -182,6 +183,8 @@ func (s *Store) readFirst(ctx context.Context, req store.EnqueueRequest) (st *ls
 		clientv3.OpGet(s.k.records(name), ser, clientv3.WithPrefix(), byFence(clientv3.SortAscend), clientv3.WithLimit(n)),
 		clientv3.OpGet(s.k.tickets(name), ser, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(n)),
 		clientv3.OpGet(s.k.slots(name), ser, clientv3.WithPrefix()),
+		clientv3.OpGet(s.k.counts(name), ser),
+		clientv3.OpGet(s.k.countDeltas(name), ser, clientv3.WithPrefix(), clientv3.WithLimit(maxFold)),
 		clientv3.OpGet(s.k.dayLease(), ser),
 		clientv3.OpGet(s.k.id(req.ID), ser),
 		clientv3.OpGet(s.k.tickets(name), ser, clientv3.WithPrefix(), byFence(clientv3.SortDescend), clientv3.WithLimit(1)),
@@ -210,7 +213,9 @@ func (s *Store) readFirst(ctx context.Context, req store.EnqueueRequest) (st *ls
 // behindOf decides readFirst's light path on its answers (see there).
 func (s *Store) behindOf(req store.EnqueueRequest, rs []*clientv3.GetResponse) (behind, bool) {
 	name := req.Names()[0]
-	if len(rs[0].Kvs) == 0 || len(rs[5].Kvs) != 0 || len(rs[6].Kvs) == 0 || rs[1].Count != rs[2].Count {
+	// readFirst's answers: limitOps' (opsPerLimit), the day lease, the id, the last ticket.
+	idAt, lastAt := opsPerLimit+1, opsPerLimit+2
+	if len(rs[0].Kvs) == 0 || len(rs[idAt].Kvs) != 0 || len(rs[lastAt].Kvs) == 0 || rs[1].Count != rs[2].Count {
 		return behind{}, false
 	}
 	var l limitRec
@@ -218,7 +223,7 @@ func (s *Store) behindOf(req store.EnqueueRequest, rs []*clientv3.GetResponse) (
 		store.CheckWeightFits(name, l.Slots, req.Weighs()) != nil {
 		return behind{}, false
 	}
-	kv := rs[6].Kvs[0]
+	kv := rs[lastAt].Kvs[0]
 	if r, err := decodeRec(kv.Key, name, last(kv.Key), kv.Value); err != nil || r.State == store.Held || len(r.names()) > 1 {
 		return behind{}, false
 	}

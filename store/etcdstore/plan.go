@@ -48,10 +48,14 @@ type plan struct {
 	counted  map[string]*store.Counts // the counts this plan writes, by limit (countsrec.go)
 
 	eventSuffix string // set while logging an event of a kind a ticket logs more than once
+	// light: the plan of a step that read no limit (releaseWaiting): its
+	// events are counted in delta keys, not the limit's counts key.
+	light bool
 }
 
 type writeOp struct {
 	del   bool
+	all   bool // with del: every key under this prefix
 	val   string
 	lease int64 // 0: none
 	keep  bool  // keep the key's lease (a rewrite of a live ticket)
@@ -424,6 +428,8 @@ func (p *plan) ops(day int64) []clientv3.Op {
 	for _, k := range p.keys {
 		w := p.w[k]
 		switch {
+		case w.del && w.all:
+			out = append(out, clientv3.OpDelete(k, clientv3.WithPrefix()))
 		case w.del:
 			out = append(out, clientv3.OpDelete(k))
 		case w.keep:

@@ -45,6 +45,7 @@ type limState struct {
 	entries []*entry         // its tickets, by fence
 	slots   map[int]*mvccpb.KeyValue
 	cntKV   *mvccpb.KeyValue // P/counts/<name>; nil: none yet (countsrec.go)
+	deltas  []delta          // the first maxFold of P/countd/<name>/ (countsrec.go)
 	counts  store.Counts     // as read: zero when cntKV is nil
 }
 
@@ -116,7 +117,8 @@ func (s *Store) limitOps(names []string, rev int64, serializable bool) []clientv
 			clientv3.OpGet(s.k.records(n), opt(clientv3.WithPrefix(), byFence)...),
 			clientv3.OpGet(s.k.tickets(n), opt(clientv3.WithPrefix(), clientv3.WithKeysOnly())...),
 			clientv3.OpGet(s.k.slots(n), opt(clientv3.WithPrefix())...),
-			clientv3.OpGet(s.k.counts(n), opt()...))
+			clientv3.OpGet(s.k.counts(n), opt()...),
+			clientv3.OpGet(s.k.countDeltas(n), opt(clientv3.WithPrefix(), clientv3.WithLimit(maxFold))...))
 	}
 	return ops
 }
@@ -136,7 +138,7 @@ func (s *Store) readOps(names []string, id string, serializable bool) []clientv3
 }
 
 // opsPerLimit is how many reads limitOps makes of one limit.
-const opsPerLimit = 5
+const opsPerLimit = 6
 
 // parseState decodes the answers to readOps.
 func (s *Store) parseState(names []string, rev int64, rs []*clientv3.GetResponse, withID bool) (*lstate, error) {
@@ -172,6 +174,9 @@ func (s *Store) addLimits(st *lstate, names []string, rs []*clientv3.GetResponse
 			}
 			ls.lim, ls.limKV = &l, kvs[0]
 			if err := addCounts(ls, r4[4].Kvs); err != nil {
+				return err
+			}
+			if err := addDeltas(ls, r4[5].Kvs); err != nil {
 				return err
 			}
 		} else if kvs := r4[4].Kvs; len(kvs) > 0 {
