@@ -64,6 +64,18 @@ func TestPausedMember(t *testing.T) {
 			resumeAt = time.Now()
 			js.waitAll(120 * time.Second)
 			most := js.check(c)
+			if deleted := js.obs.deletedTicketsBetween(resumeAt, resumeAt.Add(time.Second)); deleted > 0 && (most > js.slots || codes76(js) > 0) {
+				// Seen on etcd v3.7.3 with a paused leader: as it resumes, its
+				// lessor, which saw no renewal for 10 s, revokes the leases
+				// "expired" in its view, and the revokes commit (its log:
+				// "failed to revoke lease" for some, lease_revoke applied).
+				// etcd-io/etcd#15247 was fixed by checking leadership before
+				// revoking (ensureLeadership), but the check is skipped while
+				// the member's raft ticks are recent (isActive), which they are
+				// at once after SIGCONT. Live leases go, holders included.
+				js.t.Logf("%d ticket keys were deleted within 1 s of resuming m%d (the ex-leader's stale lessor revoking live leases: etcd-io/etcd#15247, whose fix skips its leadership check while ticks are recent, as they are right after SIGCONT); its log on leases and leadership:\n%s",
+					deleted, target, c.members[target].grepLog("lease", "leader", "revok"))
+			}
 			codes := js.exitCodes()
 			during := js.admittedBetween(pauseAt, resumeAt)
 			stall, _ := js.longestStall(pauseAt, resumeAt)
@@ -404,3 +416,5 @@ func TestChecksCatchAnOverlap(t *testing.T) {
 		t.Errorf("the interval check saw at most %d children at once, want 2 (the overlap)", v.most)
 	}
 }
+
+func codes76(js *jobs) int { return js.exitCodes()[76] }
