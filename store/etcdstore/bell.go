@@ -194,6 +194,25 @@ func (b *bell) follow(names []string) {
 	var own clientv3.WatchChan // lives as long as the bell: its context is the bell's
 	settled := int64(0)        // the revision of the last settle this bell ran
 	for {
+		if len(names) == 1 {
+			// Behind another waiter: watch it and its own key, reading
+			// neither the queue nor its records (light.go).
+			if ahead, rev, ok := b.s.aheadOf(b.ctx, b.id); ok {
+				if own == nil {
+					own = b.s.c.Watch(b.ctx, b.s.k.ticket(first, b.id), clientv3.WithRev(rev+1))
+				}
+				tctx, tcancel := context.WithCancel(b.ctx)
+				target := b.s.c.Watch(tctx, string(ahead.Key), clientv3.WithRev(rev+1))
+				again, heldAt := b.wait(own, target, map[string]bool{b.s.k.ticket(first, b.id): true}, map[string]bool{string(ahead.Key): false})
+				tcancel()
+				done, o := b.after(again, first, heldAt, own)
+				if done {
+					return
+				}
+				own = o
+				continue
+			}
+		}
 		st, err := b.s.read(b.ctx, names, "", false)
 		if err != nil {
 			if !b.pause(time.Second) {
@@ -270,24 +289,36 @@ func (b *bell) follow(names []string) {
 		}
 		again, heldAt := b.wait(own, merge(tctx, targets), ownKeys, watched)
 		tcancel()
-		switch again {
-		case waitDone:
+		done, o := b.after(again, first, heldAt, own)
+		if done {
 			return
-		case waitHeld:
-			b.hold(first, heldAt, own)
-			return
-		case waitOwnLost:
-			own = nil
-			b.ring() // something may have happened while the watch was down
-			if !b.pause(time.Second) {
-				return
-			}
-		case waitTargetLost:
-			if !b.pause(time.Second) {
-				return
-			}
+		}
+		own = o
+	}
+}
+
+// after acts on the end of a wait: done when the bell is over (closed, or
+// the ticket held and followed by hold); else the own watch to go on with
+// (nil: open another).
+func (b *bell) after(again waitResult, first string, heldAt int64, own clientv3.WatchChan) (bool, clientv3.WatchChan) {
+	switch again {
+	case waitDone:
+		return true, nil
+	case waitHeld:
+		b.hold(first, heldAt, own)
+		return true, nil
+	case waitOwnLost:
+		b.ring() // something may have happened while the watch was down
+		if !b.pause(time.Second) {
+			return true, nil
+		}
+		return false, nil
+	case waitTargetLost:
+		if !b.pause(time.Second) {
+			return true, nil
 		}
 	}
+	return false, own
 }
 
 // merge is one channel of the answers of several watches (nil for none);

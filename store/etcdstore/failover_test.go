@@ -3,10 +3,8 @@ package etcdstore_test
 import (
 	"context"
 	"errors"
-	"io"
-	"net"
+	"fmt"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,106 +19,39 @@ import (
 	"github.com/slotctl/slotctl/store/etcdstore/etcdtest"
 )
 
-// stallProxy forwards TCP connections to an etcd member and can stall:
-// then it accepts connections and reads a little, but passes no byte on
-// in either direction, as a SIGSTOPped member does (its kernel still
-// completes TCP handshakes and buffers what is sent).
-type stallProxy struct {
-	Addr   string
-	target string
-	l      net.Listener
-
-	mu      sync.Mutex
-	cond    *sync.Cond
-	stalled bool
-	conns   []net.Conn
-}
-
-func newStallProxy(t *testing.T, target string) *stallProxy {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &stallProxy{Addr: l.Addr().String(), target: target, l: l}
-	p.cond = sync.NewCond(&p.mu)
-	go p.serve()
-	t.Cleanup(p.close)
-	return p
-}
-
-func (p *stallProxy) serve() {
-	for {
-		c, err := p.l.Accept()
-		if err != nil {
-			return
-		}
-		u, err := net.Dial("tcp", p.target)
-		if err != nil {
-			c.Close()
-			continue
-		}
-		p.mu.Lock()
-		p.conns = append(p.conns, c, u)
-		p.mu.Unlock()
-		go p.pipe(u, c)
-		go p.pipe(c, u)
-	}
-}
-
-func (p *stallProxy) pipe(dst, src net.Conn) {
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		p.mu.Lock()
-		for p.stalled {
-			p.cond.Wait()
-		}
-		p.mu.Unlock()
-		if n > 0 {
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			if errors.Is(err, io.EOF) {
-				if tc, ok := dst.(*net.TCPConn); ok {
-					tc.CloseWrite()
-				}
-			}
-			return
-		}
-	}
-}
-
-func (p *stallProxy) stall(on bool) {
-	p.mu.Lock()
-	p.stalled = on
-	p.cond.Broadcast()
-	p.mu.Unlock()
-}
-
-func (p *stallProxy) close() {
-	p.l.Close()
-	p.stall(false)
-	p.mu.Lock()
-	for _, c := range p.conns {
-		c.Close()
-	}
-	p.mu.Unlock()
-}
-
 // threeEndpoints is one in-process etcd server behind three proxies: to
 // the client, three members, any of which the test can stall.
-func threeEndpoints(t *testing.T, srv *etcdtest.Server) []*stallProxy {
-	var ps []*stallProxy
+func threeEndpoints(t *testing.T, srv *etcdtest.Server) []*etcdtest.Proxy {
+	var ps []*etcdtest.Proxy
 	for range 3 {
-		ps = append(ps, newStallProxy(t, srv.Endpoint))
+		ps = append(ps, etcdtest.NewProxy(t, srv.Endpoint))
 	}
 	return ps
 }
 
-func openAt(t *testing.T, ps []*stallProxy, o etcdstore.Options) *etcdstore.Store {
+// warm makes requests until each proxy has carried answers: the client's
+// connection to every endpoint is up and in use.
+func warm(t *testing.T, ps []*etcdtest.Proxy, do func()) {
+	t.Helper()
+	before := make([]int64, len(ps))
+	for i, p := range ps {
+		before[i] = p.Down.Load()
+	}
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); {
+		do()
+		all := true
+		for i, p := range ps {
+			all = all && p.Down.Load() > before[i]
+		}
+		if all {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatal("the client did not use every endpoint within 10s")
+}
+
+func openAt(t *testing.T, ps []*etcdtest.Proxy, o etcdstore.Options) *etcdstore.Store {
 	t.Helper()
 	for _, p := range ps {
 		o.Endpoints = append(o.Endpoints, p.Addr)
@@ -151,13 +82,13 @@ func TestStalledMemberCostsOneAttempt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for range 6 { // every endpoint connected and used
+	warm(t, ps, func() {
 		if _, err := st.Get(ctx, tk.ID); err != nil {
 			t.Fatal(err)
 		}
-	}
-	ps[1].stall(true)
-	defer ps[1].stall(false)
+	})
+	ps[1].Stall(true)
+	defer ps[1].Stall(false)
 	attempt := etcdstore.AttemptTimeout(3 * time.Second)
 	var slowest time.Duration
 	for i := range 12 {
@@ -199,14 +130,14 @@ func TestStalledMemberKeepsTheLease(t *testing.T) {
 	var slowest atomic.Int64
 	k := renew.Start(ctx, timed{st, &slowest}, tk, sent, renew.Options{TTL: ttl, OnRenew: func(store.Ticket) { renewals.Add(1) }})
 	defer k.Stop()
-	for _, p := range []*stallProxy{ps[0], ps[2]} {
-		p.stall(true)
+	for _, p := range []*etcdtest.Proxy{ps[0], ps[2]} {
+		p.Stall(true)
 		select {
 		case <-k.Lost():
 			t.Fatalf("lease lost with one member stalled: %v", k.Err())
 		case <-time.After(2 * ttl):
 		}
-		p.stall(false)
+		p.Stall(false)
 	}
 	if renewals.Load() < 8 {
 		t.Errorf("%d renewals in 24s with ttl %v: want about 12", renewals.Load(), ttl)
@@ -288,5 +219,73 @@ func TestReleaseRetriesWithinItsBudget(t *testing.T) {
 			}
 			t.Logf("%s through two stalled attempts: %v", c.name, took.Round(time.Millisecond))
 		})
+	}
+}
+
+// TestLeaderPausedReleaseCostsTheElection: on a three-member cluster,
+// the leader paused (as by SIGSTOP: its connections stay open, nothing
+// moves, so no leadership is handed on) just before a holder releases:
+// the release, given slotctl run's 5s (the request timeout too),
+// is tried again within them and frees the slot about when a new leader is
+// elected, and the waiter behind it is admitted. Before failover.go the
+// release's one attempt took the whole 5s and failed (the slot then waited
+// for the server's expiry, which the new leader extends).
+func TestLeaderPausedReleaseCostsTheElection(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a three-member cluster")
+	}
+	c := etcdtest.StartCluster(t, 3)
+	leader := c.WaitLeader(10 * time.Second)
+	if leader < 0 {
+		t.Fatal("no leader")
+	}
+	st, err := etcdstore.New(etcdstore.Options{Endpoints: c.Endpoints(), Prefix: "/election"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ctx := context.Background()
+	var worst time.Duration
+	for round := range 3 {
+		held, err := st.Enqueue(ctx, req(fmt.Sprintf("h%d", round), "el", 1, 10*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		waiter, err := st.Enqueue(ctx, req(fmt.Sprintf("w%d", round), "el", 1, 10*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 6 { // requests on every member's connection
+			if _, err := st.Get(ctx, held.ID); err != nil {
+				t.Fatal(err)
+			}
+		}
+		killed := c.Leader()
+		start := time.Now()
+		c.Members[killed].Pause()
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		removed, err := st.Release(rctx, held, store.Released)
+		cancel()
+		took := time.Since(start)
+		elected := c.WaitLeader(10*time.Second, killed)
+		if err != nil || !removed {
+			t.Fatalf("round %d: release with the leader paused = %v, %v after %v", round, removed, err, took)
+		}
+		got, err := st.Get(ctx, waiter.ID)
+		if err != nil || got.State != store.Held {
+			t.Fatalf("round %d: the waiter after the release: %+v, %v", round, got, err)
+		}
+		t.Logf("round %d: leader m%d paused; released and handed on in %v (new leader m%d)", round, killed, took.Round(time.Millisecond), elected)
+		worst = max(worst, took)
+		if _, err := st.Release(ctx, got, store.Released); err != nil {
+			t.Fatal(err)
+		}
+		c.Members[killed].Resume()
+		if c.WaitLeader(10*time.Second) < 0 {
+			t.Fatal("no leader after the resume")
+		}
+	}
+	if worst > 4*time.Second {
+		t.Errorf("slowest release through an election %v: want about the election (1-2s), well inside the 5s budget", worst)
 	}
 }

@@ -68,11 +68,12 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 	type readResult struct {
 		st  *lstate
 		err error
+		b   *behind // the light path's read (light.go), instead of st
 	}
 	firstRead := make(chan readResult, 1)
 	go func() {
-		st, err := s.read(ctx, names, req.ID, true)
-		firstRead <- readResult{st, err}
+		st, b, err := s.readFirst(ctx, req)
+		firstRead <- readResult{st: st, err: err, b: b}
 	}()
 	sent := s.leases.now()
 	cctx, cancel := s.ctx(ctx)
@@ -95,6 +96,17 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 		}
 	}()
 
+	if rr.b != nil {
+		// Behind a live waiter: the end of the queue, no settle (light.go).
+		if t, ok := s.enqueueBehind(ctx, req, lease, *rr.b); ok {
+			used = true
+			if s.leases.now()-sent > 20*time.Millisecond {
+				s.refresh(ctx, lease) // as below: the whole TTL from the creation
+			}
+			return t, nil
+		}
+		rr.st, rr.err = s.read(ctx, names, req.ID, false)
+	}
 	st, err := rr.st, rr.err
 	linear := false // st was read linearizably
 	for {
@@ -673,8 +685,19 @@ func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (
 		return s.releaseAbsent(ctx, t, why, idr)
 	}
 	start := time.Now()
-	st, err := s.read(ctx, names, t.ID, true)
 	uncertain := false // a release was sent whose answer was lost
+	s.mu.Lock()
+	k, ok := s.known[t.ID]
+	s.mu.Unlock()
+	if ok && (t.Fence == 0 || uint64(k.fence) == t.Fence) {
+		// A waiter leaves without reading its queue (light.go).
+		done, unc, _ := s.releaseWaiting(ctx, k, why)
+		if done {
+			return true, nil
+		}
+		uncertain = unc
+	}
+	st, err := s.read(ctx, names, t.ID, true)
 	for {
 		if err != nil {
 			if unknownOutcome(err) && s.again(ctx, start) {
