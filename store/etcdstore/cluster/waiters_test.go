@@ -249,3 +249,38 @@ func runTime(js []*job) time.Duration {
 	}
 	return time.Duration(total)
 }
+
+// TestIdleGoFloor measures, for reference beside the idle waiters' figure,
+// what 200 Go processes that do nothing at all cost (this test binary
+// asleep, one timer an hour: only the Go runtime's own wake-ups remain),
+// the same way. It asserts that the measurement works (the processes
+// stayed up and ran), not a goal.
+func TestIdleGoFloor(t *testing.T) {
+	skipUnlessEnabled(t)
+	js := newJobs(t, "idle", "idle", 1)
+	var idle []*job
+	for i := range 200 {
+		j := &job{name: fmt.Sprintf("idle%03d", i), done: make(chan struct{})}
+		j.cmd = exec.Command(os.Args[0], "-test.run=^$")
+		j.cmd.Env = append(os.Environ(), idleEnv+"=1")
+		j.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := j.cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		go func() { _ = j.cmd.Wait(); close(j.done) }()
+		js.mu.Lock()
+		js.list = append(js.list, j)
+		js.mu.Unlock()
+		idle = append(idle, j)
+	}
+	time.Sleep(3 * time.Second)
+	window := 10 * time.Second
+	before := runTime(idle)
+	time.Sleep(window)
+	used := runTime(idle) - before
+	core := float64(used) / float64(window) * 100
+	record(t, "reference: 200 idle Go processes (asleep, one timer an hour)", "none (the floor under the idle waiters' figure)", fmt.Sprintf("%.3f%% of a core", core), true)
+	if before == 0 || countExited(idle) > 0 {
+		t.Errorf("the measurement failed: %d of 200 idle processes exited; run time read %s", countExited(idle), before)
+	}
+}
