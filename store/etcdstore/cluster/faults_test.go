@@ -133,7 +133,7 @@ func TestLeaderKilled(t *testing.T) {
 	}
 	met := stall <= 3*time.Second && most <= js.slots
 	record(t, "leader SIGKILL, restarted 5 s later (20 jobs, +6 started during the election, limit 2)", "longest stall with waiters and free slots ≤ 3 s; 0 overlaps",
-		fmt.Sprintf("longest stall %s (from %s after the kill); new leader after %s; most children at once %d; %s", ms(stall), ms(at.Sub(killAt)), election, most, fmtCodes(codes)), met)
+		fmt.Sprintf("longest stall %s (began %s the kill); new leader after %s; most children at once %d; %s", ms(stall), relative(at.Sub(killAt)), election, most, fmtCodes(codes)), met)
 	if stall > 3*time.Second {
 		t.Errorf("admissions stalled %s with jobs waiting and a slot free (goal: at most 3 s)", ms(stall))
 	}
@@ -418,3 +418,11 @@ func TestChecksCatchAnOverlap(t *testing.T) {
 }
 
 func codes76(js *jobs) int { return js.exitCodes()[76] }
+
+// relative says d as "N ms after" or "N ms before".
+func relative(d time.Duration) string {
+	if d < 0 {
+		return ms(-d) + " before"
+	}
+	return ms(d) + " after"
+}
