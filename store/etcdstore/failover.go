@@ -24,10 +24,12 @@ package etcdstore
 //     member still stalled then does not finish gRPC's handshake, so its new
 //     connection never becomes READY and is not picked. The last endpoint is
 //     never set aside.
-//   - a request that is safe to repeat (a read, a grant, a keep-alive) is
-//     retried at once within its budget; a write is not (its outcome is
-//     unknown: the caller reads and plans again, which its compares make
-//     safe: see unknownOutcome).
+//   - a request that is safe to repeat (a read, a grant) is sent again, to
+//     another member, each time an attempt's timeout passes unanswered
+//     (hedged: the earlier attempts go on, so that a member that is only
+//     slow still answers within the budget, as before), and the first
+//     answer wins (a keep-alive too); a write's attempt ends at it (its outcome is unknown: the caller reads and plans
+//     again, which its compares make safe: see unknownOutcome).
 //
 // A stalled member thus costs one attempt (a third of a request's budget)
 // per quarantine, not every request's whole budget.
@@ -35,8 +37,10 @@ package etcdstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net"
+	"reflect"
 	"slices"
 	"sync"
 	"time"
@@ -45,6 +49,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/protobuf/proto"
 )
 
 // attemptsPerRequest is how many attempts a request's budget is split into.
@@ -216,25 +221,100 @@ func (s *Store) budget(ctx context.Context) time.Duration {
 }
 
 // unary splits every unary request into attempts (see the file comment).
+// A request that is safe to repeat is hedged (unaryHedged); a write's
+// attempt ends at its timeout, and so does the request.
 func (s *Store) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	repeat := repeatable(method, req)
-	end := time.Now().Add(s.budget(ctx))
-	for i := 0; ; i++ {
-		actx, cancel := context.WithTimeout(ctx, attemptTimeout(time.Until(end), i))
-		var p peer.Peer
-		err := invoker(actx, method, req, reply, cc, append(opts, grpc.Peer(&p))...)
-		timedOut := err != nil && errors.Is(actx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
-		cancel()
-		if err == nil {
-			s.fo.answered(s.fo.endpointOf(&p))
-			return nil
-		}
-		if !timedOut {
-			return err
-		}
+	if repeatable(method, req) {
+		return s.unaryHedged(ctx, method, req, reply, cc, invoker, opts...)
+	}
+	actx, cancel := context.WithTimeout(ctx, attemptTimeout(s.budget(ctx), 0))
+	defer cancel()
+	var p peer.Peer
+	err := invoker(actx, method, req, reply, cc, append(slices.Clip(opts), grpc.Peer(&p))...)
+	switch {
+	case err == nil:
+		s.fo.answered(s.fo.endpointOf(&p))
+	case errors.Is(actx.Err(), context.DeadlineExceeded) && ctx.Err() == nil:
 		s.fo.stalled(s.fo.endpointOf(&p))
-		if !repeat || time.Until(end) <= 0 {
-			return err
+	}
+	return err
+}
+
+// attempt is the outcome of one attempt of a hedged request.
+type attempt struct {
+	i     int
+	reply any
+	p     *peer.Peer
+	err   error
+}
+
+// unaryHedged sends a request that is safe to repeat again, to another
+// member, each time an attempt's timeout passes without an answer (at most
+// attemptsPerRequest at once), and takes the first answer. An attempt is
+// not cancelled at its timeout: a member that is only slow (a large read
+// on a busy cluster) still answers within the request's budget, as
+// before. The members of the attempts the answer overtook are set aside
+// (failover): slower than another by an attempt's timeout at least, or
+// stalled.
+func (s *Store) unaryHedged(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	end := time.Now().Add(s.budget(ctx))
+	actx, cancel := context.WithDeadline(ctx, end)
+	defer cancel()
+	results := make(chan attempt, attemptsPerRequest)
+	start := func(i int) {
+		r := reply
+		if i > 0 { // its own answer: reply may still be written by the first
+			r = reflect.New(reflect.TypeOf(reply).Elem()).Interface()
+		}
+		p := &peer.Peer{}
+		go func() {
+			err := invoker(actx, method, req, r, cc, append(slices.Clip(opts), grpc.Peer(p))...)
+			results <- attempt{i, r, p, err}
+		}()
+	}
+	started, pending := 1, 1
+	start(0)
+	next := time.NewTimer(attemptTimeout(time.Until(end), 0))
+	defer next.Stop()
+	var last error
+	for {
+		select {
+		case <-next.C:
+			if started < attemptsPerRequest && time.Until(end) > minAttempt {
+				start(started)
+				started++
+				pending++
+				next.Reset(attemptTimeout(time.Until(end), started-1))
+			}
+			continue
+		case a := <-results:
+			pending--
+			if a.err != nil {
+				last = a.err
+				if errors.Is(actx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
+					s.fo.stalled(s.fo.endpointOf(a.p)) // no answer in the whole budget
+				}
+				if pending == 0 {
+					return last
+				}
+				continue
+			}
+			s.fo.answered(s.fo.endpointOf(a.p))
+			cancel() // the others: their members were overtaken
+			for range pending {
+				if o := <-results; o.err != nil && o.i < a.i {
+					s.fo.stalled(s.fo.endpointOf(o.p))
+				}
+			}
+			if a.i != 0 { // the first attempt is over: reply is ours to write
+				m, ok := reply.(proto.Message)
+				if !ok {
+					return fmt.Errorf("etcd store: %s answer of type %T", method, reply)
+				}
+				proto.Reset(m)
+				proto.Merge(m, a.reply.(proto.Message))
+			}
+			return nil
 		}
 	}
 }
@@ -256,29 +336,68 @@ func (s *Store) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Clie
 	return cs, err
 }
 
-// keepAliveOnce renews a lease once, in attempts within ctx's budget: a
-// keep-alive is safe to repeat (the server restarts the lease from the one
-// it gets last; the holder counts from its own send time, earlier). It
-// returns the send time of the attempt that was answered.
+// keepAliveOnce renews a lease once, hedged as a read is (unaryHedged)
+// within ctx's budget: a keep-alive is safe to repeat (the server
+// restarts the lease from the one it gets last; the holder counts from its
+// own send time, earlier). It returns the send time of the attempt that
+// was answered.
 func (s *Store) keepAliveOnce(ctx context.Context, lease int64) (*clientv3.LeaseKeepAliveResponse, time.Duration, error) {
 	cctx, cancel := s.ctx(ctx)
 	defer cancel()
 	end := time.Now().Add(s.budget(cctx))
-	for i := 0; ; i++ {
-		var p peer.Peer
-		actx, acancel := context.WithTimeout(context.WithValue(cctx, peerKey{}, &p), attemptTimeout(time.Until(end), i))
-		sent := s.leases.now()
-		ka, err := s.c.KeepAliveOnce(actx, clientv3.LeaseID(lease))
-		timedOut := err != nil && errors.Is(actx.Err(), context.DeadlineExceeded) && cctx.Err() == nil
-		acancel()
-		if err == nil {
-			s.fo.answered(s.fo.endpointOf(&p))
-			return ka, sent, nil
+	type result struct {
+		i    int
+		ka   *clientv3.LeaseKeepAliveResponse
+		sent time.Duration
+		p    *peer.Peer
+		err  error
+	}
+	results := make(chan result, attemptsPerRequest)
+	start := func(i int) {
+		p := &peer.Peer{}
+		go func() {
+			sent := s.leases.now()
+			ka, err := s.c.KeepAliveOnce(context.WithValue(cctx, peerKey{}, p), clientv3.LeaseID(lease))
+			results <- result{i, ka, sent, p, err}
+		}()
+	}
+	started, pending := 1, 1
+	start(0)
+	next := time.NewTimer(attemptTimeout(time.Until(end), 0))
+	defer next.Stop()
+	for {
+		select {
+		case <-next.C:
+			if started < attemptsPerRequest && time.Until(end) > minAttempt {
+				start(started)
+				started++
+				pending++
+				next.Reset(attemptTimeout(time.Until(end), started-1))
+			}
+		case r := <-results:
+			pending--
+			if r.err != nil {
+				if errors.Is(cctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
+					s.fo.stalled(s.fo.endpointOf(r.p))
+				}
+				if pending == 0 || isLeaseNotFound(r.err) {
+					cancel()
+					for range pending {
+						<-results
+					}
+					return nil, r.sent, r.err
+				}
+				continue
+			}
+			s.fo.answered(s.fo.endpointOf(r.p))
+			cancel()
+			for range pending {
+				if o := <-results; o.err != nil && o.i < r.i {
+					s.fo.stalled(s.fo.endpointOf(o.p))
+				}
+			}
+			return r.ka, r.sent, nil
 		}
-		if !timedOut || time.Until(end) <= 0 {
-			return nil, sent, err
-		}
-		s.fo.stalled(s.fo.endpointOf(&p))
 	}
 }
 

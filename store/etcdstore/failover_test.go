@@ -289,3 +289,41 @@ func TestLeaderPausedReleaseCostsTheElection(t *testing.T) {
 		t.Errorf("slowest release through an election %v: want about the election (1-2s), well inside the 5s budget", worst)
 	}
 }
+
+// TestSlowReadIsNotCutShort: a read that every member answers slowly (a
+// large read on a busy cluster), though within the request timeout, is
+// answered: its attempts are hedged, not cancelled at their timeouts. (The
+// ls -o json of the cluster suite over 200 waiters failed with exit 69 when
+// each attempt was cancelled at a third of the budget.)
+func TestSlowReadIsNotCutShort(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	var slow atomic.Bool
+	var attempts atomic.Int32
+	delay := grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if slow.Load() && method == "/etcdserverpb.KV/Range" {
+			attempts.Add(1)
+			select {
+			case <-time.After(1500 * time.Millisecond):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	})
+	st := open(t, srv, etcdstore.Options{RequestTimeout: 3 * time.Second, DialOptions: []grpc.DialOption{delay}})
+	ctx := context.Background()
+	if _, err := st.Enqueue(ctx, req("s1", "slow", 1, 30*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	slow.Store(true)
+	start := time.Now()
+	removed, err := st.Reap(ctx, store.ReapOptions{}) // lists the limits with a Range first
+	took := time.Since(start)
+	if err != nil {
+		t.Fatalf("reap with every read taking 1.5s of a 3s budget (attempts of 1s): %v, %v after %v", removed, err, took)
+	}
+	if attempts.Load() < 2 {
+		t.Errorf("%d attempts: want the slow read hedged", attempts.Load())
+	}
+	t.Logf("reads of 1.5s each answered; first reap step %v, %d read attempts", took.Round(time.Millisecond), attempts.Load())
+}
