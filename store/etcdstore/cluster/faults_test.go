@@ -64,6 +64,11 @@ func TestPausedMember(t *testing.T) {
 			resumeAt = time.Now()
 			js.waitAll(120 * time.Second)
 			most := js.check(c)
+			if most > js.slots {
+				for i, m := range c.members {
+					js.t.Logf("m%d's log on leases:\n%s", i, m.grepLog("lease", "revok"))
+				}
+			}
 			if deleted := js.obs.deletedTicketsBetween(resumeAt, resumeAt.Add(time.Second)); deleted > 0 && (most > js.slots || codes76(js) > 0) {
 				// Seen on etcd v3.7.3 with a paused leader: as it resumes, its
 				// lessor, which saw no renewal for 10 s, revokes the leases
