@@ -138,7 +138,8 @@ type Store struct {
 	probeOnce  sync.Once   // after a dial timeout: what TLS says (tlsprobe.go)
 	probe      string
 	leases     *leaseClock
-	fo         *failover // the endpoints in use (failover.go)
+	fo         *failover     // the endpoints in use (failover.go)
+	term       atomic.Uint64 // the highest raft term of an answer (failover.go)
 
 	mu       sync.Mutex
 	known    map[string]known // ticket id -> what this handle learned of it

@@ -28,7 +28,8 @@ package etcdstore
 //     another member, each time an attempt's timeout passes unanswered
 //     (hedged: the earlier attempts go on, so that a member that is only
 //     slow still answers within the budget, as before), and the first
-//     answer wins (a keep-alive too); a write's attempt ends at it (its outcome is unknown: the caller reads and plans
+//     answer wins; a keep-alive is tried again at its attempt's timeout; a
+//     write ends at it (its outcome is unknown: the caller reads and plans
 //     again, which its compares make safe: see unknownOutcome).
 //
 // A stalled member thus costs one attempt (a third of a request's budget)
@@ -234,6 +235,7 @@ func (s *Store) unary(ctx context.Context, method string, req, reply any, cc *gr
 	switch {
 	case err == nil:
 		s.fo.answered(s.fo.endpointOf(&p))
+		s.sawTerm(reply)
 	case errors.Is(actx.Err(), context.DeadlineExceeded) && ctx.Err() == nil:
 		s.fo.stalled(s.fo.endpointOf(&p))
 	}
@@ -300,6 +302,7 @@ func (s *Store) unaryHedged(ctx context.Context, method string, req, reply any, 
 				continue
 			}
 			s.fo.answered(s.fo.endpointOf(a.p))
+			s.sawTerm(a.reply)
 			cancel() // the others: their members were overtaken
 			for range pending {
 				if o := <-results; o.err != nil && o.i < a.i {
@@ -336,68 +339,41 @@ func (s *Store) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Clie
 	return cs, err
 }
 
-// keepAliveOnce renews a lease once, hedged as a read is (unaryHedged)
-// within ctx's budget: a keep-alive is safe to repeat (the server
-// restarts the lease from the one it gets last; the holder counts from its
-// own send time, earlier). It returns the send time of the attempt that
-// was answered.
+// keepAliveOnce renews a lease once, in attempts within ctx's budget: a
+// keep-alive is safe to repeat (the server restarts the lease from the one
+// it gets last; the holder counts from its own send time, earlier). It
+// returns the send time of the attempt that was answered.
 func (s *Store) keepAliveOnce(ctx context.Context, lease int64) (*clientv3.LeaseKeepAliveResponse, time.Duration, error) {
 	cctx, cancel := s.ctx(ctx)
 	defer cancel()
 	end := time.Now().Add(s.budget(cctx))
-	type result struct {
-		i    int
-		ka   *clientv3.LeaseKeepAliveResponse
-		sent time.Duration
-		p    *peer.Peer
-		err  error
-	}
-	results := make(chan result, attemptsPerRequest)
-	start := func(i int) {
-		p := &peer.Peer{}
-		go func() {
-			sent := s.leases.now()
-			ka, err := s.c.KeepAliveOnce(context.WithValue(cctx, peerKey{}, p), clientv3.LeaseID(lease))
-			results <- result{i, ka, sent, p, err}
-		}()
-	}
-	started, pending := 1, 1
-	start(0)
-	next := time.NewTimer(attemptTimeout(time.Until(end), 0))
-	defer next.Stop()
-	for {
-		select {
-		case <-next.C:
-			if started < attemptsPerRequest && time.Until(end) > minAttempt {
-				start(started)
-				started++
-				pending++
-				next.Reset(attemptTimeout(time.Until(end), started-1))
+	for i := 0; ; i++ {
+		var p peer.Peer
+		actx, acancel := context.WithTimeout(context.WithValue(cctx, peerKey{}, &p), attemptTimeout(time.Until(end), i))
+		sent := s.leases.now()
+		ka, err := s.c.KeepAliveOnce(actx, clientv3.LeaseID(lease))
+		timedOut := err != nil && errors.Is(actx.Err(), context.DeadlineExceeded) && cctx.Err() == nil
+		acancel()
+		if err == nil && s.staleTerm(ka.ResponseHeader) {
+			// A member behind the cluster's term answered: a leader that
+			// was paused (SIGSTOP) and has not yet heard of its successor
+			// renews the lease in its own lessor only, which the real
+			// leader never sees. Not an ack: set it aside, try another.
+			s.fo.stalled(s.fo.endpointOf(&p))
+			if time.Until(end) <= minAttempt {
+				return nil, sent, fmt.Errorf("keep-alive answered only by a member behind the cluster (raft term %d, the cluster's %d)", ka.ResponseHeader.GetRaftTerm(), s.term.Load())
 			}
-		case r := <-results:
-			pending--
-			if r.err != nil {
-				if errors.Is(cctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
-					s.fo.stalled(s.fo.endpointOf(r.p))
-				}
-				if pending == 0 || isLeaseNotFound(r.err) {
-					cancel()
-					for range pending {
-						<-results
-					}
-					return nil, r.sent, r.err
-				}
-				continue
-			}
-			s.fo.answered(s.fo.endpointOf(r.p))
-			cancel()
-			for range pending {
-				if o := <-results; o.err != nil && o.i < r.i {
-					s.fo.stalled(s.fo.endpointOf(o.p))
-				}
-			}
-			return r.ka, r.sent, nil
+			continue
 		}
+		if err == nil {
+			s.fo.answered(s.fo.endpointOf(&p))
+			s.sawHeader(ka.ResponseHeader)
+			return ka, sent, nil
+		}
+		if !timedOut || time.Until(end) <= 0 {
+			return nil, sent, err
+		}
+		s.fo.stalled(s.fo.endpointOf(&p))
 	}
 }
 
@@ -448,4 +424,37 @@ func (s *Store) again(ctx context.Context, start time.Time) bool {
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// sawTerm notes the raft term of an answer (its header's), so that an
+// answer from a member behind it can be told (staleTerm).
+func (s *Store) sawTerm(reply any) {
+	if h, ok := reply.(interface{ GetHeader() *pb.ResponseHeader }); ok {
+		s.sawHeader(h.GetHeader())
+	}
+}
+
+func (s *Store) sawHeader(h *pb.ResponseHeader) {
+	t := h.GetRaftTerm()
+	for {
+		cur := s.term.Load()
+		if t <= cur || s.term.CompareAndSwap(cur, t) {
+			return
+		}
+	}
+}
+
+// staleTerm reports whether an answer comes from a member behind the
+// highest raft term this handle has seen.
+//
+// etcd's leader confirms its leadership before it renews a lease, except
+// when its raft loop ticked in the last three heartbeats (isActive in
+// etcdserver's ensureLeadership): a leader that was stopped (SIGSTOP, a VM
+// paused) ticks again the moment it resumes, before it hears of the
+// leader elected meanwhile, and for those milliseconds renews leases in
+// its own lessor only, answering with its old term. The cluster suite
+// caught it: holders counted such acks, the real leader expired their
+// leases, and their slots were handed on while their jobs ran.
+func (s *Store) staleTerm(h *pb.ResponseHeader) bool {
+	return h != nil && h.GetRaftTerm() < s.term.Load()
 }
