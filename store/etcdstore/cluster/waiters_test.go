@@ -76,6 +76,13 @@ func TestManyWaiters(t *testing.T) {
 		}
 	}
 	failed = countExited(waiters) // every waiter should still wait
+	shown := map[int]bool{}
+	for _, j := range waiters {
+		if j.exited() && !shown[j.code] {
+			shown[j.code] = true
+			t.Logf("%s exited %d (one of each status); stderr:\n%s", j.name, j.code, tail(j.stderr(), 800))
+		}
+	}
 	record(t, "enqueue bursts of 100 ("+size+")", "0 failures", fmt.Sprintf("%d of %d exited instead of waiting (%s); slowest burst queued in %s", failed, n, fmtCodes(exitsOf(waiters)), ms(slowest)), failed == 0)
 	if failed > 0 {
 		t.Errorf("%d of %d waiters exited instead of waiting (bursts of 100)", failed, n)
