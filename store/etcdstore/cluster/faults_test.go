@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -63,13 +64,61 @@ func TestPausedMember(t *testing.T) {
 			c.resume(target)
 			resumeAt = time.Now()
 			js.waitAll(120 * time.Second)
-			most := js.check(c)
+			v := js.verify(c)
+			most := v.most
 			codes := js.exitCodes()
+			// Seen on etcd v3.7.3 with a paused leader: as it resumes, its
+			// lessor, which saw no renewal for 10 s, revokes the leases
+			// "expired" in its view, and the revokes commit (the members'
+			// logs: lease_revoke applied, "failed to revoke lease" for the
+			// duplicates). etcd-io/etcd#15247 was fixed by checking
+			// leadership before revoking (ensureLeadership), but the check
+			// is skipped while the member's raft ticks are recent (isActive),
+			// which they are at once after SIGCONT. Live leases go, held
+			// ones included: no client can keep its job out of that slot.
+			deleted := js.obs.deletedTicketsBetween(resumeAt, resumeAt.Add(time.Second))
+			staleRevoke := which == "leader" && deleted > 0 && strings.Contains(c.members[target].grepLog("revok"), "revoke")
+			bad := v.porcupine != "Ok" || most > js.slots || codes[76] > 0 || v.err != nil
+			if bad && staleRevoke {
+				t.Logf("%d ticket keys were deleted within 1 s of resuming m%d, which tried to revoke leases as it resumed: the ex-leader's stale lessor (etcd-io/etcd#15247; its fix skips the leadership check while raft ticks are recent, as they are right after SIGCONT); its log on leases:\n%s",
+					deleted, target, c.members[target].grepLog("lease", "revok"))
+			}
+			if most > js.slots {
+				_, when := maxConcurrent(js.intervals())
+				js.explain(when)
+				for i, m := range c.members {
+					t.Logf("m%d's log on leases:\n%s", i, m.grepLog("lease", "revok"))
+				}
+			}
 			during := js.admittedBetween(pauseAt, resumeAt)
 			stall, _ := js.longestStall(pauseAt, resumeAt)
-			met := codes[76] == 0 && most <= js.slots && during > 0
-			record(t, "member paused 10 s ("+which+"), --ttl 6s, 30 jobs (+6 started during the pause), limit 2", "0 exits 76, 0 overlaps, admissions continue during the pause",
-				fmt.Sprintf("%d exits 76 (%s); most children at once %d; %d admitted during the pause, longest stall in it %s", codes[76], fmtCodes(codes), most, during, ms(stall)), met)
+			met := codes[76] == 0 && most <= js.slots && during > 0 && v.porcupine == "Ok"
+			measured := fmt.Sprintf("%d exits 76 (%s); most children at once %d (porcupine %s); %d admitted during the pause, longest stall in it %s", codes[76], fmtCodes(codes), most, v.porcupine, during, ms(stall))
+			if bad && staleRevoke {
+				measured += fmt.Sprintf("; the resumed leader revoked %d live tickets (etcd-io/etcd#15247)", deleted)
+			}
+			record(t, "member paused 10 s ("+which+"), --ttl 6s, 30 jobs (+6 started during the pause), limit 2", "0 exits 76, 0 overlaps, admissions continue during the pause", measured, met)
+			t.Logf("history: %d jobs, %d tickets in the store, %d operations: porcupine %s; at most %d children at once", len(js.all()), v.tickets, v.ops, v.porcupine, most)
+			// SLOTCTL_CLUSTER_ALLOW_ETCD_STALE_REVOKE=1 reports, rather than
+			// fails, the losses and overlaps of a run where the resumed
+			// leader's stale revokes are seen (the lead's call: it is etcd's
+			// bug, not slotctl's; every other failure still fails).
+			if bad && staleRevoke && os.Getenv("SLOTCTL_CLUSTER_ALLOW_ETCD_STALE_REVOKE") == "1" {
+				t.Logf("NOT FAILED (SLOTCTL_CLUSTER_ALLOW_ETCD_STALE_REVOKE=1): %s", measured)
+				if during == 0 {
+					t.Errorf("nobody was admitted during the 10 s pause of the %s", which)
+				}
+				return
+			}
+			if v.err != nil {
+				t.Errorf("history: %v", v.err)
+			}
+			if v.porcupine != "Ok" {
+				t.Errorf("porcupine: %s on %d operations (not a FIFO semaphore of %d slots):\n%s", v.porcupine, v.ops, js.slots, v.info)
+			}
+			if most > js.slots {
+				t.Errorf("%d children ran at once (limit %d)", most, js.slots)
+			}
 			if codes[76] != 0 {
 				t.Errorf("%d of %d jobs exited 76 with a quorum up", codes[76], faultJobs+lateJobs)
 				js.showUnexpected(0, 2)
@@ -121,7 +170,7 @@ func TestLeaderKilled(t *testing.T) {
 	}
 	met := stall <= 3*time.Second && most <= js.slots
 	record(t, "leader SIGKILL, restarted 5 s later (20 jobs, +6 started during the election, limit 2)", "longest stall with waiters and free slots ≤ 3 s; 0 overlaps",
-		fmt.Sprintf("longest stall %s (from %s after the kill); new leader after %s; most children at once %d; %s", ms(stall), ms(at.Sub(killAt)), election, most, fmtCodes(codes)), met)
+		fmt.Sprintf("longest stall %s (began %s the kill); new leader after %s; most children at once %d; %s", ms(stall), relative(at.Sub(killAt)), election, most, fmtCodes(codes)), met)
 	if stall > 3*time.Second {
 		t.Errorf("admissions stalled %s with jobs waiting and a slot free (goal: at most 3 s)", ms(stall))
 	}
@@ -403,4 +452,12 @@ func TestChecksCatchAnOverlap(t *testing.T) {
 	if v.most != 2 {
 		t.Errorf("the interval check saw at most %d children at once, want 2 (the overlap)", v.most)
 	}
+}
+
+// relative says d as "N ms after" or "N ms before".
+func relative(d time.Duration) string {
+	if d < 0 {
+		return ms(-d) + " before"
+	}
+	return ms(d) + " after"
 }

@@ -245,6 +245,9 @@ func fmtCodes(m map[int]int) string {
 	for _, k := range ks {
 		parts = append(parts, fmt.Sprintf("%d×exit %d", m[k], k))
 	}
+	if len(parts) == 0 {
+		return "none"
+	}
 	return strings.Join(parts, ", ")
 }
 

@@ -21,6 +21,9 @@ import (
 // re-executed as that member.
 const memberEnv = "SLOTCTLTEST_CLUSTER_MEMBER"
 
+// idleEnv makes the re-executed test binary block forever, doing nothing.
+const idleEnv = "SLOTCTLTEST_CLUSTER_IDLE"
+
 // slotctlEtcd is the slotctl-etcd binary TestMain built.
 var slotctlEtcd string
 
@@ -34,6 +37,11 @@ var (
 func TestMain(m *testing.M) {
 	if cfg := os.Getenv(memberEnv); cfg != "" {
 		os.Exit(runMember(cfg))
+	}
+	if os.Getenv(idleEnv) == "1" {
+		for { // an idle Go process (one timer an hour): TestIdleGoFloor measures what it costs
+			time.Sleep(time.Hour)
+		}
 	}
 	if !enabled {
 		fmt.Println("cluster: the robustness suite runs with SLOTCTL_CLUSTER=1 (minutes; .ci/run sets it); skipped")

@@ -238,3 +238,21 @@ func tail(s string, n int) string {
 	}
 	return s
 }
+
+// grepLog is the member's log lines that mention any of words (the last 30).
+func (m *member) grepLog(words ...string) string {
+	b, _ := os.ReadFile(m.log)
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		for _, w := range words {
+			if strings.Contains(strings.ToLower(line), w) {
+				out = append(out, "  "+line)
+				break
+			}
+		}
+	}
+	if len(out) > 30 {
+		out = out[len(out)-30:]
+	}
+	return strings.Join(out, "\n")
+}

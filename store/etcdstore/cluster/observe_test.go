@@ -176,3 +176,16 @@ func (o *observer) slotHistory(prefix, limit string) string {
 	}
 	return b.String()
 }
+
+// deletedTicketsBetween counts the ticket keys deleted in [from, to].
+func (o *observer) deletedTicketsBetween(from, to time.Time) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	n := 0
+	for _, e := range o.events {
+		if !e.put && strings.Contains(e.key, "/tickets/") && !e.at.Before(from) && !e.at.After(to) {
+			n++
+		}
+	}
+	return n
+}

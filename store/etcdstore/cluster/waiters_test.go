@@ -60,28 +60,30 @@ func TestManyWaiters(t *testing.T) {
 				"--ttl", "30s", "--label", name, "--", "true"))
 		}
 		waiters = append(waiters, burst...)
-		want := int64(1 + len(waiters))
+		// Queued: every waiter that has not exited has its ticket.
 		for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-			got, err := ticketCount(c, js.prefix, js.limit)
-			if err == nil && got == want {
-				break
-			}
-			if countExited(burst) > 0 && err == nil && got+int64(countExited(burst)) >= want {
+			want := int64(1 + len(waiters) - countExited(waiters))
+			if got, err := ticketCount(c, js.prefix, js.limit); err == nil && got == want {
 				break
 			}
 		}
 		slowest = max(slowest, time.Since(began))
-		if x := countExited(burst); x > 0 {
-			failed += x
-			for _, j := range burst {
-				if j.exited() {
-					t.Logf("burst %d: %s exited %d while it should wait; stderr:\n%s", b+1, j.name, j.code, tail(j.stderr(), 600))
-					break
-				}
+		for _, j := range burst {
+			if j.exited() {
+				t.Logf("burst %d: %s exited %d while it should wait; stderr:\n%s", b+1, j.name, j.code, tail(j.stderr(), 600))
+				break
 			}
 		}
 	}
-	record(t, "enqueue bursts of 100 ("+size+")", "0 failures", fmt.Sprintf("%d of %d failed; slowest burst queued in %s", failed, n, ms(slowest)), failed == 0)
+	failed = countExited(waiters) // every waiter should still wait
+	shown := map[int]bool{}
+	for _, j := range waiters {
+		if j.exited() && !shown[j.code] {
+			shown[j.code] = true
+			t.Logf("%s exited %d (one of each status); stderr:\n%s", j.name, j.code, tail(j.stderr(), 800))
+		}
+	}
+	record(t, "enqueue bursts of 100 ("+size+")", "0 failures", fmt.Sprintf("%d of %d exited instead of waiting (%s); slowest burst queued in %s", failed, n, fmtCodes(exitsOf(waiters)), ms(slowest)), failed == 0)
 	if failed > 0 {
 		t.Errorf("%d of %d waiters exited instead of waiting (bursts of 100)", failed, n)
 	}
@@ -142,13 +144,15 @@ func TestManyWaiters(t *testing.T) {
 			t.Errorf("a waiter's private memory is %.1f MB (goal 10 MB; RSS %.1f MB)", mb(mPriv), mb(mRSS))
 		}
 	}
-	before := runTime(live)
+	before, wakes0 := schedstat(live)
 	time.Sleep(window)
-	used := runTime(live) - before
+	after, wakes1 := schedstat(live)
+	used := after - before
 	core := float64(used) / float64(window) * 100 // % of one core, all live waiters
 	per200 := core * 200 / float64(max(len(live), 1))
+	wakes := float64(wakes1-wakes0) / window.Seconds() / float64(max(len(live), 1))
 	record(t, fmt.Sprintf("idle waiters, TTL 30 s (%d waiters, %s)", len(live), window), "200: ≤ 1% of a core",
-		fmt.Sprintf("%.2f%% of a core for %d, %.2f%% per 200", core, len(live), per200), per200 <= 1)
+		fmt.Sprintf("%.2f%% of a core for %d, %.2f%% per 200 (%.1f thread wake-ups per second per waiter)", core, len(live), per200, wakes), per200 <= 1)
 	if per200 > 1 {
 		t.Errorf("200 idle waiters cost %.2f%% of a core (goal 1%%)", per200)
 	}
@@ -197,6 +201,17 @@ func TestManyWaiters(t *testing.T) {
 	}
 }
 
+// exitsOf counts the exit statuses of the jobs that exited.
+func exitsOf(js []*job) map[int]int {
+	m := map[int]int{}
+	for _, j := range js {
+		if j.exited() {
+			m[j.code]++
+		}
+	}
+	return m
+}
+
 func countExited(js []*job) int {
 	n := 0
 	for _, j := range js {
@@ -232,7 +247,14 @@ func memoryKB(pid int) (rss, private int) {
 // runTime is the time the jobs' threads ran on a CPU (schedstat's first
 // field, in ns), summed.
 func runTime(js []*job) time.Duration {
-	var total int64
+	d, _ := schedstat(js)
+	return d
+}
+
+// schedstat sums the jobs' threads' run time and their timeslices (the
+// third field: how often they were put on a CPU, about their wake-ups).
+func schedstat(js []*job) (time.Duration, int64) {
+	var total, slices int64
 	for _, j := range js {
 		dir := fmt.Sprintf("/proc/%d/task", j.cmd.Process.Pid)
 		tids, _ := os.ReadDir(dir)
@@ -241,11 +263,48 @@ func runTime(js []*job) time.Duration {
 			if err != nil {
 				continue
 			}
-			if f := strings.Fields(string(b)); len(f) > 0 {
+			if f := strings.Fields(string(b)); len(f) > 2 {
 				v, _ := strconv.ParseInt(f[0], 10, 64)
+				n, _ := strconv.ParseInt(f[2], 10, 64)
 				total += v
+				slices += n
 			}
 		}
 	}
-	return time.Duration(total)
+	return time.Duration(total), slices
+}
+
+// TestIdleGoFloor measures, for reference beside the idle waiters' figure,
+// what 200 Go processes that do nothing at all cost (this test binary
+// asleep, one timer an hour: only the Go runtime's own wake-ups remain),
+// the same way. It asserts that the measurement works (the processes
+// stayed up and ran), not a goal.
+func TestIdleGoFloor(t *testing.T) {
+	skipUnlessEnabled(t)
+	js := newJobs(t, "idle", "idle", 1)
+	var idle []*job
+	for i := range 200 {
+		j := &job{name: fmt.Sprintf("idle%03d", i), done: make(chan struct{})}
+		j.cmd = exec.Command(os.Args[0], "-test.run=^$")
+		j.cmd.Env = append(os.Environ(), idleEnv+"=1")
+		j.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := j.cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		go func() { _ = j.cmd.Wait(); close(j.done) }()
+		js.mu.Lock()
+		js.list = append(js.list, j)
+		js.mu.Unlock()
+		idle = append(idle, j)
+	}
+	time.Sleep(3 * time.Second)
+	window := 10 * time.Second
+	before := runTime(idle)
+	time.Sleep(window)
+	used := runTime(idle) - before
+	core := float64(used) / float64(window) * 100
+	record(t, "reference: 200 idle Go processes (asleep, one timer an hour)", "none (the floor under the idle waiters' figure)", fmt.Sprintf("%.3f%% of a core", core), true)
+	if before == 0 || countExited(idle) > 0 {
+		t.Errorf("the measurement failed: %d of 200 idle processes exited; run time read %s", countExited(idle), before)
+	}
 }
