@@ -37,8 +37,8 @@ type model struct {
 	replace map[string][]string // ticket -> the tickets it replaces
 
 	counts map[string]store.Counts // each limit's counts at the last check (S22, counts.go)
-	grew   []growth // this step's resizes that took slots (S21)
-	shrank bool     // this step shrank a ticket
+	grew   []growth                // this step's resizes that took slots (S21)
+	shrank bool                    // this step shrank a ticket
 }
 
 // A supStep is one enqueue of this step with --supersede or --replace (or
