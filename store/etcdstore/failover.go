@@ -434,8 +434,9 @@ func (s *Store) sawTerm(reply any) {
 	}
 }
 
-func (s *Store) sawHeader(h *pb.ResponseHeader) {
-	t := h.GetRaftTerm()
+func (s *Store) sawHeader(h *pb.ResponseHeader) { s.sawRaftTerm(h.GetRaftTerm()) }
+
+func (s *Store) sawRaftTerm(t uint64) {
 	for {
 		cur := s.term.Load()
 		if t <= cur || s.term.CompareAndSwap(cur, t) {

@@ -548,8 +548,19 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 		return store.Ticket{}, s.unavailable(err, false)
 	}
 	s.answered()
-	s.leases.acked(k.lease, sent, time.Duration(ka.TTL)*time.Second)
-	return s.renewed(ctx, k, t.ID)
+	return s.renewed(ctx, k, t.ID, func(term uint64) error {
+		// The read after the keep-alive is linearizable: a quorum's
+		// current term. A keep-alive answered at an older one came from a
+		// leader that was stalled and has not heard of its successor: it
+		// renewed its own lessor only (staleTerm; a handle that had not
+		// seen the newer term yet could not tell before this read).
+		if kt := ka.ResponseHeader.GetRaftTerm(); kt < term {
+			s.sawRaftTerm(term)
+			return s.unavailable(fmt.Errorf("keep-alive of ticket %s answered at raft term %d, behind the cluster's %d: not a renewal", t.ID, kt, term), false)
+		}
+		s.leases.acked(k.lease, sent, time.Duration(ka.TTL)*time.Second)
+		return nil
+	})
 }
 
 // renewed reads a ticket just renewed. A holder, or a waiter far back in
@@ -559,12 +570,18 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 // several limits (it may be next in line in another) read the limits and
 // settle them (probing the holders for death, admitting itself if a slot
 // went with an expired lease and nobody handed it on).
-func (s *Store) renewed(ctx context.Context, k known, id string) (store.Ticket, error) {
+//
+// confirm sees the raft term of the read's answer before anything else is
+// taken from it; its error is the renewal's.
+func (s *Store) renewed(ctx context.Context, k known, id string, confirm func(term uint64) error) (store.Ticket, error) {
 	cctx, cancel := s.ctx(ctx)
 	resp, err := s.c.Txn(cctx).Then(s.aheadOps(k, id, clientv3.OpGet(s.k.limit(k.limit)))...).Commit()
 	cancel()
 	if err != nil {
 		return store.Ticket{}, s.unavailable(err, false)
+	}
+	if err := confirm(resp.Header.GetRaftTerm()); err != nil {
+		return store.Ticket{}, err
 	}
 	rs := getResponses(resp.Responses)
 	own := rs[0].Kvs
