@@ -262,6 +262,18 @@ func (s *Store) unaryHedged(ctx context.Context, method string, req, reply any, 
 	end := time.Now().Add(s.budget(ctx))
 	actx, cancel := context.WithDeadline(ctx, end)
 	defer cancel()
+	// A caller's grpc.Peer is filled from the answer taken, never by the
+	// attempts themselves: two of them would write it at once (go test -race).
+	var callerPeers []*peer.Peer
+	own := make([]grpc.CallOption, 0, len(opts)+1)
+	for _, o := range opts {
+		if pc, ok := o.(grpc.PeerCallOption); ok {
+			callerPeers = append(callerPeers, pc.PeerAddr)
+			continue
+		}
+		own = append(own, o)
+	}
+	opts = own
 	results := make(chan attempt, attemptsPerRequest)
 	start := func(i int) {
 		r := reply
@@ -316,6 +328,9 @@ func (s *Store) unaryHedged(ctx context.Context, method string, req, reply any, 
 				}
 				proto.Reset(m)
 				proto.Merge(m, a.reply.(proto.Message))
+			}
+			for _, cp := range callerPeers {
+				*cp = *a.p
 			}
 			return nil
 		}
