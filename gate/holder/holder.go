@@ -306,8 +306,6 @@ func (r *runner) wait(ctx context.Context) (store.Ticket, Outcome, bool) {
 	if r.cfg.Wait == 0 {
 		return t, r.leave(ctx, Outcome{Result: Busy, Ticket: t, Err: gate.ErrBusy}), false
 	}
-	r.note(Note{Kind: WaitStart, Ticket: t})
-	defer r.note(Note{Kind: WaitEnd})
 	now := r.now()
 	deadline := never
 	if r.cfg.Wait > 0 {
@@ -328,6 +326,10 @@ func (r *runner) wait(ctx context.Context) (store.Ticket, Outcome, bool) {
 		}
 	}
 	armExpiry()
+	// Noted after the first read, so that what a caller does on it (a
+	// test that then cuts the store off) meets the loop, not a read.
+	r.note(Note{Kind: WaitStart, Ticket: t})
+	defer r.note(Note{Kind: WaitEnd})
 	for t.State != store.Held {
 		ev := r.w.Wait(Wake{At: at(deadline, nextPoll, expiryAt), Done: done, Lost: lostC, Bell: e.Bell(), Nudge: e.Nudged()})
 		switch ev.Kind {
