@@ -108,6 +108,21 @@ type rec struct {
 	Key      string           `json:"key,omitempty"`
 	Stop     *store.Successor `json:"stop,omitempty"`
 	Replaces []string         `json:"replaces,omitempty"`
+	// Term is the raft term known when the ticket's lease was granted (at
+	// most the term it was granted in), and Hold the lease that keeps a
+	// held ticket's slots once its own lease vanished after an election
+	// (quarantine.go).
+	Term uint64 `json:"term,omitempty"`
+	Hold int64  `json:"hold,omitempty"`
+}
+
+// keyLease is the lease the ticket's live keys are under: its own, or its
+// hold's once held in quarantine.
+func (r *rec) keyLease() int64 {
+	if r.Hold != 0 {
+		return r.Hold
+	}
+	return r.Lease
 }
 
 // maxReplaces bounds the held tickets one ticket replaces: its record is
@@ -243,6 +258,9 @@ func (r *rec) check(what, limit, id string) error {
 		if err := store.CheckID(id); err != nil {
 			return bad("it replaces: %v", err)
 		}
+	}
+	if r.Hold != 0 && r.State != store.Held {
+		return bad("a hold on a %s ticket: only a held one keeps its slots", r.State)
 	}
 	if r.Stop != nil {
 		if err := checkSuccessor(r.Stop); err != nil {

@@ -251,13 +251,13 @@ func (s *Store) behindOf(req store.EnqueueRequest, rs []*clientv3.GetResponse) (
 // the limit's size unchanged. ok is false when that did not commit for
 // sure (the caller takes the full path, which finds a ticket that landed
 // by its id).
-func (s *Store) enqueueBehind(ctx context.Context, req store.EnqueueRequest, lease int64, b behind) (store.Ticket, bool) {
+func (s *Store) enqueueBehind(ctx context.Context, req store.EnqueueRequest, lease int64, term uint64, b behind) (store.Ticket, bool) {
 	name := req.Names()[0]
 	p := s.newPlan(newState([]string{name}, 0))
 	p.cmp(clientv3.Compare(clientv3.CreateRevision(s.k.id(req.ID)), "=", 0))
 	p.cmp(clientv3.Compare(clientv3.ModRevision(s.k.limit(name)), "=", b.limKV.ModRevision))
 	r := rec{V: formatVersion, ID: req.ID, Limit: name, Lease: lease, State: store.Waiting,
-		Slot: -1, TTL: req.TTL, Holder: req.Holder, Created: p.now, Key: req.Key}
+		Slot: -1, TTL: req.TTL, Holder: req.Holder, Created: p.now, Key: req.Key, Term: term}
 	if req.Weighs() > 1 {
 		r.Weight = req.Weighs()
 	}

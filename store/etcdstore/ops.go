@@ -76,6 +76,7 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 		firstRead <- readResult{st: st, err: err, b: b}
 	}()
 	sent := s.leases.now()
+	known := s.term.Load() // at most the term the grant commits in
 	cctx, cancel := s.ctx(ctx)
 	g, err := s.c.Grant(cctx, leaseTTL(req.TTL))
 	cancel()
@@ -85,6 +86,7 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 	}
 	s.answered()
 	lease := int64(g.ID)
+	term := grantTerm(known, g.ResponseHeader)
 	s.leases.acked(lease, sent, time.Duration(g.TTL)*time.Second)
 	used := false
 	defer func() {
@@ -98,7 +100,7 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 
 	if rr.b != nil {
 		// Behind a live waiter: the end of the queue, no settle (light.go).
-		if t, ok := s.enqueueBehind(ctx, req, lease, *rr.b); ok {
+		if t, ok := s.enqueueBehind(ctx, req, lease, term, *rr.b); ok {
 			used = true
 			if s.leases.now()-sent > 20*time.Millisecond {
 				s.refresh(ctx, lease) // as below: the whole TTL from the creation
@@ -159,7 +161,7 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 			}
 			p.cmp(clientv3.Compare(clientv3.CreateRevision(s.k.id(req.ID)), "=", 0))
 			r := rec{V: formatVersion, ID: req.ID, Limit: first, Lease: lease, State: store.Waiting,
-				Slot: -1, TTL: req.TTL, Holder: req.Holder, Created: p.now, Key: req.Key}
+				Slot: -1, TTL: req.TTL, Holder: req.Holder, Created: p.now, Key: req.Key, Term: term}
 			if len(names) > 1 {
 				r.Limits = slices.Clone(names)
 			}
@@ -1058,7 +1060,7 @@ func (s *Store) Snapshot(ctx context.Context, limits ...string) (store.Snapshot,
 	for _, n := range names {
 		var ts []store.Ticket
 		for _, e := range entries[n] {
-			ts = append(ts, s.view(e, 0, rem[e.r.Lease]))
+			ts = append(ts, s.view(e, 0, rem[e.r.keyLease()]))
 		}
 		out.AddLimit(store.Limit{Name: n, Slots: lims[n].Slots, Created: lims[n].Created}, ts)
 	}
@@ -1294,7 +1296,7 @@ func (s *Store) reapDry(ctx context.Context, name string, listed []store.Removal
 			continue
 		}
 		if s.o.skew > 0 && e.live() {
-			if rem := s.remaining(ctx, e.r.Lease); rem-s.o.skew <= 0 {
+			if rem := s.remaining(ctx, e.r.keyLease()); rem-s.o.skew <= 0 {
 				out = append(out, store.Removal{Ticket: t, Reason: store.Reaped,
 					Evidence: "expired " + ago(s.o.skew-rem) + " ago by this reaper's reading (the server has not expired it)"})
 			}

@@ -47,6 +47,14 @@ type plan struct {
 	promoted []*entry
 	counted  map[string]*store.Counts // the counts this plan writes, by limit (countsrec.go)
 
+	// kept: held tickets whose lease is gone that the plan keeps held, and
+	// held those of them it writes under a hold of holdTTL seconds, the
+	// lease holdLease that try grants (quarantine.go).
+	kept      map[*entry]bool
+	held      []*entry
+	holdTTL   int64
+	holdLease int64
+
 	eventSuffix string // set while logging an event of a kind a ticket logs more than once
 	// light: the plan of a step that read no limit (releaseWaiting): its
 	// events are counted in delta keys, not the limit's counts key.
@@ -60,6 +68,10 @@ type writeOp struct {
 	lease int64 // 0: none
 	keep  bool  // keep the key's lease (a rewrite of a live ticket)
 	day   bool  // put under the day lease
+	// hold: a key of this ticket, put under the plan's hold lease (its
+	// value, when val is empty; unleased: its record).
+	hold     *rec
+	unleased bool
 }
 
 func (s *Store) newPlan(st *lstate) *plan {
@@ -204,18 +216,19 @@ func (p *plan) removeBy(e *entry, why store.Reason, evidence string, by *store.S
 		p.cmp(clientv3.Compare(clientv3.ModRevision(p.s.k.ticket(at, id)), "=", e.tkv.ModRevision))
 		for _, n := range names {
 			p.del(p.s.k.ticket(n, id))
-			if ls := p.st.lims[n]; ls != nil {
-				for _, i := range e.r.in(n) {
-					if kv := ls.slots[i]; kv != nil && string(kv.Value) == id {
-						p.del(string(kv.Key))
-					}
-				}
-			}
 		}
 		p.revoke = append(p.revoke, e.r.Lease)
 	}
 	for _, n := range names {
 		p.del(p.s.k.record(n, id))
+		// Under its lease, or its hold's (quarantine.go).
+		if ls := p.st.lims[n]; ls != nil {
+			for _, i := range e.r.in(n) {
+				if kv := ls.slots[i]; kv != nil && string(kv.Value) == id {
+					p.del(string(kv.Key))
+				}
+			}
+		}
 	}
 	p.gone[e] = true
 	byID := ""
@@ -331,7 +344,7 @@ func (p *plan) queued(in *store.SettleInput, remaining time.Duration, keep func(
 			continue
 		}
 		q := store.Queued{Fresh: e.isNew, Ticket: p.s.view(e, 0, remaining)}
-		if !e.live() {
+		if !e.live() && !p.holds(e) {
 			q.Expired = expiredEvidence
 		}
 		es = append(es, e)
@@ -428,6 +441,8 @@ func (p *plan) ops(day int64) []clientv3.Op {
 	for _, k := range p.keys {
 		w := p.w[k]
 		switch {
+		case w.hold != nil:
+			out = append(out, holdOp(k, w, p.holdLease))
 		case w.del && w.all:
 			out = append(out, clientv3.OpDelete(k, clientv3.WithPrefix()))
 		case w.del:
@@ -506,6 +521,15 @@ func (s *Store) try(ctx context.Context, p *plan, id string) (*clientv3.TxnRespo
 		}
 		return st, nil
 	}
+	if p.holdTTL > 0 {
+		cctx, cancel := s.ctx(ctx)
+		g, err := s.c.Grant(cctx, p.holdTTL)
+		cancel()
+		if err != nil {
+			return nil, nil, s.unavailable(err, false)
+		}
+		p.holdLease = int64(g.ID)
+	}
 	var els []clientv3.Op
 	if len(names)*opsPerLimit+2 <= maxPlanOps {
 		els = s.readOps(names, id, false)
@@ -528,6 +552,9 @@ func (s *Store) try(ctx context.Context, p *plan, id string) (*clientv3.TxnRespo
 	}
 	s.answered()
 	if !resp.Succeeded {
+		if p.holdLease != 0 {
+			s.revokeRemoved(&plan{revoke: []int64{p.holdLease}}, false) // unused
+		}
 		var st *lstate
 		if els == nil {
 			st, err = reread()

@@ -94,7 +94,7 @@ func (s *Store) Resize(ctx context.Context, t store.Ticket, weight int) (store.T
 		return store.Ticket{}, err
 	}
 	if resp == nil {
-		answer.Remaining = s.remaining(ctx, e.r.Lease)
+		answer.Remaining = s.remaining(ctx, e.r.keyLease())
 		return answer, nil
 	}
 	s.remember(e, resp.Header.Revision)
@@ -102,7 +102,7 @@ func (s *Store) Resize(ctx context.Context, t store.Ticket, weight int) (store.T
 	if p.full {
 		_, _ = s.settleLimit(ctx, names, "")
 	}
-	return s.view(e, 0, s.remaining(ctx, e.r.Lease)), nil
+	return s.view(e, 0, s.remaining(ctx, e.r.keyLease())), nil
 }
 
 // grow plans the growth of held ticket e toward weight on the state read,
@@ -165,7 +165,7 @@ func (p *plan) resized(e *entry, w int, ix map[string][]int) {
 		}
 		for _, i := range ix[n] {
 			if !slices.Contains(old, i) {
-				p.put(p.s.k.slot(n, i), writeOp{val: e.r.ID, lease: e.r.Lease})
+				p.put(p.s.k.slot(n, i), writeOp{val: e.r.ID, lease: e.r.keyLease()})
 			}
 		}
 	}

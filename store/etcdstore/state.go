@@ -61,6 +61,9 @@ type entry struct {
 	tkv   *mvccpb.KeyValue // P/tickets/<at>/<id>; nil once the lease expired
 	seen  int              // limits it was read under
 	isNew bool             // written by the plan being built (Enqueue)
+	// holdGone: its record names a hold, but a limit read lacks one of its
+	// slot keys: the hold expired (quarantine.go).
+	holdGone bool
 }
 
 func (e *entry) live() bool { return e.tkv != nil || e.isNew }
@@ -216,6 +219,9 @@ func (s *Store) addLimits(st *lstate, names []string, rs []*clientv3.GetResponse
 				return fmt.Errorf("%w: slot key %s", store.ErrCorrupt, kv.Key)
 			}
 			ls.slots[i] = kv
+		}
+		for _, e := range ls.entries {
+			e.sawSlots(name, ls.slots)
 		}
 		sort.SliceStable(ls.entries, func(i, j int) bool { return ls.entries[i].fence < ls.entries[j].fence })
 		st.lims[name] = ls
@@ -470,17 +476,18 @@ func (s *Store) remainingAll(ctx context.Context, es []*entry) map[int64]time.Du
 	out := map[int64]time.Duration{}
 	var ask []int64
 	for _, e := range es {
-		if !e.live() {
+		if !e.live() && !e.onHold() {
 			continue
 		}
-		if _, ok := out[e.r.Lease]; ok {
+		l := e.r.keyLease()
+		if _, ok := out[l]; ok {
 			continue
 		}
-		if d, ok := s.leases.remaining(e.r.Lease); ok {
-			out[e.r.Lease] = max(d, time.Millisecond)
+		if d, ok := s.leases.remaining(l); ok {
+			out[l] = max(d, time.Millisecond)
 		} else {
-			out[e.r.Lease] = 0 // asked below
-			ask = append(ask, e.r.Lease)
+			out[l] = 0 // asked below
+			ask = append(ask, l)
 		}
 	}
 	ds := make([]time.Duration, len(ask))
@@ -533,7 +540,7 @@ func (s *Store) view(e *entry, position int, remaining time.Duration) store.Tick
 			t.Indexes[n] = slices.Clone(r.Indexes[n])
 		}
 	}
-	if e.live() {
+	if e.live() || e.onHold() {
 		t.Remaining = remaining
 	}
 	return t
@@ -560,8 +567,8 @@ func (s *Store) viewOf(ctx context.Context, st *lstate, id string) (store.Ticket
 		return store.Ticket{}, false
 	}
 	var rem time.Duration
-	if e.live() {
-		rem = s.remaining(ctx, e.r.Lease)
+	if e.live() || e.onHold() {
+		rem = s.remaining(ctx, e.r.keyLease())
 	}
 	return s.view(e, positions(st.queue(e.r.Limit))[e], rem), true
 }

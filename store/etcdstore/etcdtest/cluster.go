@@ -1,6 +1,7 @@
 package etcdtest
 
 import (
+	"context"
 	"fmt"
 	"net/url"
 	"path/filepath"
@@ -175,4 +176,30 @@ func (c *Cluster) WaitLeader(d time.Duration, skip ...int) int {
 		}
 	}
 	return -1
+}
+
+// MoveLeader hands the leadership to the next running member (an election:
+// the raft term moves on) and returns the new leader's index.
+func (c *Cluster) MoveLeader(d time.Duration) int {
+	c.tb.Helper()
+	from := c.WaitLeader(d)
+	if from < 0 {
+		c.tb.Fatal("etcdtest: no leader to move")
+	}
+	to := (from + 1) % len(c.Members)
+	c.Members[from].mu.Lock()
+	lead := c.Members[from].e
+	c.Members[from].mu.Unlock()
+	c.Members[to].mu.Lock()
+	next := c.Members[to].e
+	c.Members[to].mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	if err := lead.Server.MoveLeader(ctx, uint64(lead.Server.MemberID()), uint64(next.Server.MemberID())); err != nil {
+		c.tb.Fatalf("etcdtest: move the leader from m%d to m%d: %v", from, to, err)
+	}
+	if got := c.WaitLeader(d); got != to {
+		c.tb.Fatalf("etcdtest: the leader is m%d after moving it to m%d", got, to)
+	}
+	return to
 }

@@ -1,0 +1,160 @@
+package etcdstore_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/slotctl/slotctl/store"
+	"github.com/slotctl/slotctl/store/etcdstore"
+	"github.com/slotctl/slotctl/store/etcdstore/etcdtest"
+)
+
+// revokeBehind ends ticket t's lease on the server, as a stalled leader's
+// lessor does when it resumes (etcd-io/etcd#15247): the holder knows
+// nothing of it.
+func revokeBehind(t *testing.T, cli *clientv3.Client, prefix string, tk store.Ticket) {
+	t.Helper()
+	ctx := context.Background()
+	resp, err := cli.Get(ctx, prefix+"/tickets/"+tk.Limit+"/"+tk.ID)
+	if err != nil || len(resp.Kvs) != 1 || resp.Kvs[0].Lease == 0 {
+		t.Fatalf("the ticket key of %s: %v, %v", tk.ID, resp, err)
+	}
+	if _, err := cli.Revoke(ctx, clientv3.LeaseID(resp.Kvs[0].Lease)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func stateOf(t *testing.T, st *etcdstore.Store, id string) store.Ticket {
+	t.Helper()
+	got, err := st.Get(context.Background(), id)
+	if err != nil {
+		t.Fatalf("get %s: %v", id, err)
+	}
+	return got
+}
+
+// TestLeaseEndedAfterAnElectionHoldsTheSlot: a held ticket whose lease the
+// server ends while its holder still renews it (a resumed stale leader's
+// revoke) keeps its slot for a TTL once the cluster has elected a leader
+// since the lease was granted (docs/leases.md rule 16): the waiter behind
+// it is not admitted beside the job, the holder's next renewal is a loss,
+// and its release (after it stopped its job) or the hold's expiry hands
+// the slot on. Without an election, the same revoke is an expiry and
+// frees the slot at once (SPEC §4.2). Without the hold, the waiter was
+// admitted at the first sweep after the revoke: two jobs in one slot.
+func TestLeaseEndedAfterAnElectionHoldsTheSlot(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a three-member cluster")
+	}
+	c := etcdtest.StartCluster(t, 3)
+	if c.WaitLeader(10*time.Second) < 0 {
+		t.Fatal("no leader")
+	}
+	const prefix = "/quarantine"
+	st, err := etcdstore.New(etcdstore.Options{Endpoints: c.Endpoints(), Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx := context.Background()
+	const ttl = 3 * time.Second
+	pair := func(limit string) (held, waiter store.Ticket) {
+		t.Helper()
+		held, err := st.Enqueue(ctx, req(limit+"-h", limit, 1, ttl))
+		if err != nil || held.State != store.Held {
+			t.Fatalf("enqueue the holder of %s: %+v, %v", limit, held, err)
+		}
+		waiter, err = st.Enqueue(ctx, req(limit+"-w", limit, 1, time.Hour))
+		if err != nil || waiter.State != store.Waiting {
+			t.Fatalf("enqueue the waiter of %s: %+v, %v", limit, waiter, err)
+		}
+		return held, waiter
+	}
+	sweep := func(limit string) {
+		t.Helper()
+		if _, err := st.Reap(ctx, store.ReapOptions{Limits: []string{limit}}); err != nil {
+			t.Fatalf("reap %s: %v", limit, err)
+		}
+	}
+
+	t.Run("no election: an expiry", func(t *testing.T) {
+		h, w := pair("plain")
+		revokeBehind(t, cli, prefix, h)
+		sweep("plain")
+		if got := stateOf(t, st, w.ID); got.State != store.Held {
+			t.Fatalf("the waiter after its holder's lease ended in the term it was granted in: %s, want held at once", got.State)
+		}
+	})
+
+	// Tickets granted before the election.
+	h1, w1 := pair("released")
+	h2, w2 := pair("expires")
+	c.MoveLeader(10 * time.Second)
+	stateOf(t, st, w1.ID) // the handle hears of the new term
+
+	t.Run("the holder releases", func(t *testing.T) {
+		revokeBehind(t, cli, prefix, h1)
+		sweep("released")
+		if got := stateOf(t, st, w1.ID); got.State != store.Waiting {
+			t.Fatalf("the waiter beside a job whose lease ended after an election: %s, want waiting", got.State)
+		}
+		snap, err := st.Snapshot(ctx, "released")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var held []store.Ticket
+		for _, tk := range snap.Tickets {
+			if tk.State == store.Held {
+				held = append(held, tk)
+			}
+		}
+		if len(held) != 1 || held[0].ID != h1.ID || held[0].Remaining <= 0 {
+			t.Fatalf("held in the snapshot: %+v, want %s with its hold's time left", held, h1.ID)
+		}
+		if _, err := st.Renew(ctx, h1, ttl); !errors.Is(err, store.ErrLost) {
+			t.Fatalf("renew of the held ticket: %v, want a loss (its lease is gone)", err)
+		}
+		// The holder stopped its job: its release ends the hold.
+		if _, err := st.Release(ctx, h1, store.Lost); err != nil {
+			t.Fatal(err)
+		}
+		if got := stateOf(t, st, w1.ID); got.State != store.Held {
+			t.Fatalf("the waiter after the holder's release: %s, want held", got.State)
+		}
+	})
+
+	t.Run("the hold expires", func(t *testing.T) {
+		revokeBehind(t, cli, prefix, h2)
+		revoked := time.Now()
+		sweep("expires")
+		time.Sleep(ttl / 2)
+		sweep("expires")
+		if got := stateOf(t, st, w2.ID); got.State != store.Waiting {
+			t.Fatalf("the waiter %s after the revoke: %s, want waiting (the hold lasts a TTL)", time.Since(revoked).Round(time.Millisecond), got.State)
+		}
+		var got store.Ticket
+		for end := time.Now().Add(3 * ttl); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+			sweep("expires")
+			if got = stateOf(t, st, w2.ID); got.State == store.Held {
+				break
+			}
+		}
+		took := time.Since(revoked)
+		if got.State != store.Held {
+			t.Fatalf("the waiter %s after the revoke: %s, want held once the hold expired", took, got.State)
+		}
+		if took < ttl {
+			t.Fatalf("the waiter was admitted %s after the revoke, want at least the TTL (%s)", took, ttl)
+		}
+		t.Logf("admitted %s after the revoke (TTL %s)", took.Round(time.Millisecond), ttl)
+	})
+}
