@@ -22,9 +22,6 @@
 //   - SLOTCTL_CLUSTER_WAITERS=N: another size of TestManyWaiters;
 //   - SLOTCTL_CLUSTER_BIN=PATH: run the jobs with another slotctl-etcd (an
 //     older build, to see a scenario fail without a fix);
-//   - SLOTCTL_CLUSTER_ALLOW_ETCD_STALE_REVOKE=1: a paused-leader run whose
-//     losses come with the resumed leader revoking live leases (an etcd
-//     bug, see TestPausedMember) is reported, not failed.
 //   - SLOTCTL_CLUSTER_KNOWN_MISSES=idle,memory: those goals, missed and
 //     named as missed in the README, are reported, not failed (missed).
 //
