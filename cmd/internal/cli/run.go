@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/user"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
@@ -563,6 +564,10 @@ func without(list, drop []string) []string {
 	return out
 }
 
+// waitTrimAfter is how long a run waits before it gives its start-up's
+// memory back: not at once, so that a wait of a moment costs no GC.
+const waitTrimAfter = time.Second
+
 // runNotes turns what the holder reports into slotctl run's messages and
 // status line.
 //
@@ -570,6 +575,7 @@ func without(list, drop []string) []string {
 func runNotes(ctx context.Context, f *Factory, log *logger, st store.Store, o *RunOptions, limits []string) func(holder.Note) {
 	var status *statusLine
 	var stopStatus context.CancelFunc
+	var trim *time.Timer
 	return func(n holder.Note) {
 		id := short(n.Ticket.ID)
 		switch n.Kind {
@@ -578,11 +584,18 @@ func runNotes(ctx context.Context, f *Factory, log *logger, st store.Store, o *R
 			sctx, stopStatus = context.WithCancel(ctx)
 			status = newStatusLine(f, log, st, limits)
 			status.start(sctx, n.Ticket)
+			// A run that waits gives back the memory its start-up used: a
+			// queue of hundreds of waiters costs each one's private pages
+			// (issue 17's 10 MB a waiter).
+			trim = time.AfterFunc(waitTrimAfter, debug.FreeOSMemory)
 		case holder.WaitUpdate:
 			if status != nil {
 				status.update(n.Ticket)
 			}
 		case holder.WaitEnd:
+			if trim != nil {
+				trim.Stop()
+			}
 			if status != nil {
 				stopStatus()
 				status.stop()

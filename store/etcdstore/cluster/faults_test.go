@@ -114,7 +114,13 @@ func TestPausedMember(t *testing.T) {
 			excused := 0 // exits 76 of the leases etcd revoked
 			if codes[76] != 0 && staleRevoke {
 				excused = codes[76]
-				t.Logf("%d of %d jobs exited 76: their leases were among the %d that the resumed leader revoked (etcd-io/etcd#15247); reported, not failed", excused, faultJobs+lateJobs, deleted)
+				stopped := 0 // holders whose job was stopped
+				for _, j := range js.all() {
+					if j.code == 76 && !j.childStart.IsZero() {
+						stopped++
+					}
+				}
+				t.Logf("%d of %d jobs exited 76 (%d of them holders, their jobs stopped, their slots held: docs/leases.md rule 16): their leases were among the %d that the resumed leader revoked (etcd-io/etcd#15247); reported, not failed", excused, faultJobs+lateJobs, stopped, deleted)
 			} else if codes[76] != 0 {
 				t.Errorf("%d of %d jobs exited 76 with a quorum up", codes[76], faultJobs+lateJobs)
 				js.showUnexpected(0, 2)
