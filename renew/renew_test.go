@@ -732,3 +732,52 @@ func TestValidate(t *testing.T) {
 		}
 	}
 }
+
+// TestWaitEveryUntilHold: a waiting ticket renews every WaitEvery; at Hold
+// the period is Every again, counted from the last acknowledged renewal
+// (at once when that is past), so that a job starts with a lease renewed
+// at the holder's rate. A Keeper that kept WaitEvery after Hold would leave
+// the holder a 2.5s gap here, past its window.
+func TestWaitEveryUntilHold(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		now, _ := bubbleClock()
+		f := newFake(now)
+		o := opts(now) // TTL 3s, Every 1s, no jitter
+		o.WaitEvery = 2500 * time.Millisecond
+		if err := o.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		k := Start(t.Context(), f, waiting(), now(), o)
+		defer k.Stop()
+		sleepUntil(now, 6*time.Second) // renewals at 2.5s and 5s
+		k.Hold()                       // 1s after the last: due now
+		sleepUntil(now, 8500*time.Millisecond)
+		var sent []time.Duration
+		for _, c := range f.log() {
+			sent = append(sent, c.sent)
+		}
+		if got, want := fmt.Sprint(sent), "[2.5s 5s 6s 7s 8s]"; got != want {
+			t.Errorf("renewals sent at %s, want %s", got, want)
+		}
+		if k.Err() != nil {
+			t.Errorf("Err() = %v while alive", k.Err())
+		}
+	})
+}
+
+func TestWaitPeriod(t *testing.T) {
+	for _, c := range []struct{ ttl, want time.Duration }{
+		{6 * time.Second, 2 * time.Second},   // short: the holder's period
+		{30 * time.Second, 15 * time.Second}, // half
+		{60 * time.Second, 30 * time.Second},
+		{15 * time.Second, 5 * time.Second}, // 10s left for retries at most
+	} {
+		got := WaitPeriod(c.ttl, c.ttl/3)
+		if got != c.want {
+			t.Errorf("WaitPeriod(%v) = %v, want %v", c.ttl, got, c.want)
+		}
+		if err := (Options{TTL: c.ttl, WaitEvery: got}).Validate(); err != nil {
+			t.Errorf("WaitPeriod(%v) = %v does not keep the lease: %v", c.ttl, got, err)
+		}
+	}
+}
