@@ -42,6 +42,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/slotctl/slotctl/renew"
 )
 
 // cmpRow is one line of the final table.
@@ -304,7 +306,9 @@ func (b *cmpBench) handoff(t *testing.T) {
 // run, one at a time, in queue order.
 func (b *cmpBench) idle(t *testing.T) {
 	n := cmpEnvInt("SLOTCTL_BENCH_WAITERS", 200)
-	const window = 10 * time.Second
+	// Two renewal periods of a waiter at the default TTL (30s,
+	// renew.WaitPeriod): each waiter renews about twice, whatever its phase.
+	window := 2 * renew.WaitPeriod(30*time.Second, 10*time.Second)
 	dir := cmpDir(t, b.base, "idle")
 	e := cmpPTEnv(t, dir, b.bin)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

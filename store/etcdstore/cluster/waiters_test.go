@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/slotctl/slotctl/renew"
 )
 
 // TestManyWaiters: a queue of many waiting tickets behind one holder, on
@@ -30,9 +32,12 @@ import (
 //     TTL, so expiry cannot pass for removal).
 func TestManyWaiters(t *testing.T) {
 	skipUnlessEnabled(t)
-	n, cancelN, window := 200, 200, 20*time.Second
+	// Two renewal periods of a waiter at TTL 30 s (renew.WaitPeriod):
+	// each waiter renews about twice, whatever its phase.
+	window := 2 * renew.WaitPeriod(30*time.Second, 10*time.Second)
+	n, cancelN := 200, 200
 	if soak {
-		n, cancelN, window = 2000, 1000, 30*time.Second
+		n, cancelN = 2000, 1000
 	}
 	if v, err := strconv.Atoi(os.Getenv("SLOTCTL_CLUSTER_WAITERS")); err == nil && v >= 100 {
 		n, cancelN = v/100*100, min(v/100*100, 1000) // a size between (bursts of 100)
