@@ -23,15 +23,15 @@ type Renewer interface {
 
 // Options configure a Keeper. Only TTL is required.
 type Options struct {
-	TTL    time.Duration // lease length asked of the store; required, > 0
-	Every  time.Duration // renewal period; 0 means TTL/3
+	TTL   time.Duration // lease length asked of the store; required, > 0
+	Every time.Duration // renewal period; 0 means TTL/3
 	// WaitEvery is the renewal period until Hold: a waiting ticket has no
 	// job to stop in the margin, so it may renew less often (WaitPeriod);
 	// 0 means Every. At Hold the next renewal is due Every after the last
 	// acknowledged one (at once if that passed).
 	WaitEvery time.Duration
-	Jitter float64       // ± fraction of Every (and of retry backoff); 0 means 0.2, negative means none
-	Margin time.Duration // subtracted from the deadline for clock rate and delivery slack; 0 means TTL/10
+	Jitter    float64       // ± fraction of Every (and of retry backoff); 0 means 0.2, negative means none
+	Margin    time.Duration // subtracted from the deadline for clock rate and delivery slack; 0 means TTL/10
 	// Watchdog is how often the deadline is checked between renewals; 0
 	// means 1s. Go timers stop during suspend, so this bounds how late a
 	// loss is noticed after a resume.
