@@ -98,6 +98,21 @@ func TestLeaseEndedAfterAnElectionHoldsTheSlot(t *testing.T) {
 	// Tickets granted before the election.
 	h1, w1 := pair("released")
 	h2, w2 := pair("expires")
+	// A ticket of two limits and weight 2, filling both, a waiter in each.
+	mreq := req("multi-h", "", 2, ttl)
+	mreq.Limit, mreq.Limits, mreq.Weight = "", []string{"ma", "mb"}, 2
+	h3, err := st.Enqueue(ctx, mreq)
+	if err != nil || h3.State != store.Held {
+		t.Fatalf("enqueue the holder of ma and mb: %+v, %v", h3, err)
+	}
+	var w3 []store.Ticket
+	for _, l := range []string{"ma", "mb"} {
+		w, err := st.Enqueue(ctx, req(l+"-w", l, 2, time.Hour))
+		if err != nil || w.State != store.Waiting {
+			t.Fatalf("enqueue the waiter of %s: %+v, %v", l, w, err)
+		}
+		w3 = append(w3, w)
+	}
 	c.MoveLeader(10 * time.Second)
 	stateOf(t, st, w1.ID) // the handle hears of the new term
 
@@ -129,6 +144,36 @@ func TestLeaseEndedAfterAnElectionHoldsTheSlot(t *testing.T) {
 		}
 		if got := stateOf(t, st, w1.ID); got.State != store.Held {
 			t.Fatalf("the waiter after the holder's release: %s, want held", got.State)
+		}
+	})
+
+	t.Run("several limits and a weight", func(t *testing.T) {
+		revokeBehind(t, cli, prefix, h3)
+		sweep("ma")
+		sweep("mb")
+		for _, w := range w3 {
+			if got := stateOf(t, st, w.ID); got.State != store.Waiting {
+				t.Fatalf("the waiter of %s beside a held ticket of two limits whose lease ended after an election: %s, want waiting", w.Limit, got.State)
+			}
+		}
+		for _, l := range []string{"ma", "mb"} {
+			snap, err := st.Snapshot(ctx, l)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, tk := range snap.Tickets {
+				if tk.ID == h3.ID && (tk.State != store.Held || tk.Remaining <= 0 || len(tk.Indexes[l]) != 2) {
+					t.Fatalf("the ticket on its hold in %s: %+v, want held on two slots with time left", l, tk)
+				}
+			}
+		}
+		if _, err := st.Release(ctx, h3, store.Lost); err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range w3 {
+			if got := stateOf(t, st, w.ID); got.State != store.Held {
+				t.Fatalf("the waiter of %s after the release: %s, want held", w.Limit, got.State)
+			}
 		}
 	})
 
