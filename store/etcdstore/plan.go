@@ -47,11 +47,10 @@ type plan struct {
 	promoted []*entry
 	counted  map[string]*store.Counts // the counts this plan writes, by limit (countsrec.go)
 
-	// kept: held tickets whose lease is gone that the plan keeps held, and
-	// held those of them it writes under a hold of holdTTL seconds, the
-	// lease holdLease that try grants (quarantine.go).
+	// kept: held tickets whose lease is gone that the plan keeps held;
+	// those it writes under a hold go under holdLease, a lease of holdTTL
+	// seconds that try grants (quarantine.go).
 	kept      map[*entry]bool
-	held      []*entry
 	holdTTL   int64
 	holdLease int64
 
@@ -68,8 +67,8 @@ type writeOp struct {
 	lease int64 // 0: none
 	keep  bool  // keep the key's lease (a rewrite of a live ticket)
 	day   bool  // put under the day lease
-	// hold: a key of this ticket, put under the plan's hold lease (its
-	// value, when val is empty; unleased: its record).
+	// hold: a key of this ticket held on the plan's hold lease: a slot
+	// key (val) under that lease, or, unleased, a record naming it.
 	hold     *rec
 	unleased bool
 }

@@ -24,7 +24,9 @@ package etcdstore
 // Only an election makes a stale leader, so a lease that vanishes in the
 // term it was granted in is a real expiry: the slot comes back within the
 // TTL (SPEC §4.2). After an election, a crashed holder's slot on another
-// host comes back within two TTLs.
+// host comes back within two TTLs; so does one whose lease a member granted
+// before it heard of the current leader (it answers with its older term),
+// which errs on the side of the hold.
 
 import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
