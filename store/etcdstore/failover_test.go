@@ -328,29 +328,32 @@ func TestSlowReadIsNotCutShort(t *testing.T) {
 	t.Logf("reads of 1.5s each answered; first reap step %v, %d read attempts", took.Round(time.Millisecond), attempts.Load())
 }
 
-// staleKeepAlives makes the answers of the first n keep-alives come from
-// "a member behind the cluster": their raft term 1, as a leader paused
-// by SIGSTOP answers for a moment after it resumes, from its own lessor,
-// before it hears of the leader elected meanwhile. It counts keep-alives.
+// staleKeepAlives makes the first n keep-alive answers come from "a
+// member behind the cluster": their raft term 1, as a leader paused by
+// SIGSTOP answers for a moment after it resumes, from its own lessor,
+// before it hears of the leader elected meanwhile. It counts the answers,
+// not the streams: the client library opens another stream on its own
+// when closing one fails after its answer (seen 1 run in 100 under -race).
 func staleKeepAlives(n int32) (grpc.DialOption, *atomic.Int32) {
-	var calls atomic.Int32
+	var answers atomic.Int32
 	return grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 		cs, err := streamer(ctx, desc, cc, method, opts...)
 		if err != nil || method != "/etcdserverpb.Lease/LeaseKeepAlive" {
 			return cs, err
 		}
-		return &staleStream{ClientStream: cs, stale: calls.Add(1) <= n}, nil
-	}), &calls
+		return &staleStream{ClientStream: cs, answers: &answers, n: n}, nil
+	}), &answers
 }
 
 type staleStream struct {
 	grpc.ClientStream
-	stale bool
+	answers *atomic.Int32
+	n       int32
 }
 
 func (s *staleStream) RecvMsg(m any) error {
 	err := s.ClientStream.RecvMsg(m)
-	if r, ok := m.(*pb.LeaseKeepAliveResponse); ok && err == nil && s.stale && r.Header != nil {
+	if r, ok := m.(*pb.LeaseKeepAliveResponse); ok && err == nil && r.Header != nil && s.answers.Add(1) <= s.n {
 		r.Header.RaftTerm = 1
 	}
 	return err
@@ -365,7 +368,7 @@ func (s *staleStream) RecvMsg(m any) error {
 // the ones admitted to their slots: 3 and 4 children in a limit of 2.)
 func TestStaleMembersKeepAliveIsNoAck(t *testing.T) {
 	srv := etcdtest.Start(t, etcdtest.Options{})
-	stale, calls := staleKeepAlives(2)
+	stale, answers := staleKeepAlives(2)
 	st := open(t, srv, etcdstore.Options{DialOptions: []grpc.DialOption{stale}})
 	ctx := context.Background()
 	tk, err := st.Enqueue(ctx, req("t1", "term", 1, 6*time.Second)) // its answers carry the real term
@@ -375,7 +378,7 @@ func TestStaleMembersKeepAliveIsNoAck(t *testing.T) {
 	if _, err := st.Renew(ctx, tk, 6*time.Second); err != nil {
 		t.Fatalf("renew through two stale acks: %v", err)
 	}
-	if got := calls.Load(); got != 3 {
-		t.Errorf("%d keep-alives sent, want 3: the two answered by a member behind the cluster's term are no ack", got)
+	if got := answers.Load(); got < 3 {
+		t.Errorf("renewed after %d keep-alive answers, want 3 or more: the first two, from a member behind the cluster's term, are no ack", got)
 	}
 }
