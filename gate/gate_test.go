@@ -125,7 +125,7 @@ func TestJoinWaitFreeLimitHeldAtOnce(t *testing.T) {
 		if err != nil || tk.State != store.Held {
 			t.Errorf("Wait(%v) = %s, %v; want held", timeout, tk.State, err)
 		}
-		if el := time.Since(start); el > 50*time.Millisecond {
+		if el := time.Since(start); el > 500*time.Millisecond { // half the longest timeout: not waited on
 			t.Errorf("Wait(%v) on a held ticket took %v", timeout, el)
 		}
 	}

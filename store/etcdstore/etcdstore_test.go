@@ -265,7 +265,7 @@ func TestUnreachable(t *testing.T) {
 	if _, err := st.Release(context.Background(), store.Ticket{ID: "a"}, store.Cancelled); !errors.Is(err, store.ErrUnavailable) {
 		t.Fatalf("Release: %v; want ErrUnavailable", err)
 	}
-	if el := time.Since(start); el > 100*time.Millisecond {
+	if el := time.Since(start); el > 200*time.Millisecond { // under the 300ms dial timeout: not dialled again
 		t.Errorf("a second call waited %s; want it to fail at once", el)
 	}
 }
