@@ -16,16 +16,26 @@ import (
 
 // revokeBehind ends ticket t's lease on the server, as a stalled leader's
 // lessor does when it resumes (etcd-io/etcd#15247): the holder knows
-// nothing of it.
-func revokeBehind(t *testing.T, cli *clientv3.Client, prefix string, tk store.Ticket) {
+// nothing of it. It returns once each of members (a client of one member
+// each) has applied the revoke: a sweep's first read is serializable, and
+// one served by a follower a moment behind would not see it yet.
+func revokeBehind(t *testing.T, members []*clientv3.Client, prefix string, tk store.Ticket) {
 	t.Helper()
 	ctx := context.Background()
-	resp, err := cli.Get(ctx, prefix+"/tickets/"+tk.Limit+"/"+tk.ID)
+	key := prefix + "/tickets/" + tk.Limit + "/" + tk.ID
+	resp, err := members[0].Get(ctx, key)
 	if err != nil || len(resp.Kvs) != 1 || resp.Kvs[0].Lease == 0 {
 		t.Fatalf("the ticket key of %s: %v, %v", tk.ID, resp, err)
 	}
-	if _, err := cli.Revoke(ctx, clientv3.LeaseID(resp.Kvs[0].Lease)); err != nil {
+	if _, err := members[0].Revoke(ctx, clientv3.LeaseID(resp.Kvs[0].Lease)); err != nil {
 		t.Fatal(err)
+	}
+	for i, m := range members {
+		// Linearizable: the member answers once it has applied all that
+		// was committed before the read, the revoke among it.
+		if resp, err := m.Get(ctx, key, clientv3.WithCountOnly()); err != nil || resp.Count != 0 {
+			t.Fatalf("the ticket key of %s read from member %d after its revoke: %v, %v", tk.ID, i, resp, err)
+		}
 	}
 }
 
@@ -66,6 +76,15 @@ func TestLeaseEndedAfterAnElectionHoldsTheSlot(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cli.Close()
+	var members []*clientv3.Client
+	for _, ep := range c.Endpoints() {
+		m, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		members = append(members, m)
+	}
 	ctx := context.Background()
 	const ttl = 3 * time.Second
 	pair := func(limit string) (held, waiter store.Ticket) {
@@ -116,7 +135,7 @@ func TestLeaseEndedAfterAnElectionHoldsTheSlot(t *testing.T) {
 			limit := fmt.Sprintf("plain%d", try)
 			before := term()
 			h, w := pair(limit)
-			revokeBehind(t, cli, prefix, h)
+			revokeBehind(t, members, prefix, h)
 			sweep(limit)
 			got := stateOf(t, st, w.ID)
 			if got.State == store.Held {
@@ -152,7 +171,7 @@ func TestLeaseEndedAfterAnElectionHoldsTheSlot(t *testing.T) {
 	stateOf(t, st, w1.ID) // the handle hears of the new term
 
 	t.Run("the holder releases", func(t *testing.T) {
-		revokeBehind(t, cli, prefix, h1)
+		revokeBehind(t, members, prefix, h1)
 		sweep("released")
 		if got := stateOf(t, st, w1.ID); got.State != store.Waiting {
 			t.Fatalf("the waiter beside a job whose lease ended after an election: %s, want waiting", got.State)
@@ -183,7 +202,7 @@ func TestLeaseEndedAfterAnElectionHoldsTheSlot(t *testing.T) {
 	})
 
 	t.Run("several limits and a weight", func(t *testing.T) {
-		revokeBehind(t, cli, prefix, h3)
+		revokeBehind(t, members, prefix, h3)
 		sweep("ma")
 		sweep("mb")
 		for _, w := range w3 {
@@ -213,7 +232,7 @@ func TestLeaseEndedAfterAnElectionHoldsTheSlot(t *testing.T) {
 	})
 
 	t.Run("the hold expires", func(t *testing.T) {
-		revokeBehind(t, cli, prefix, h2)
+		revokeBehind(t, members, prefix, h2)
 		revoked := time.Now()
 		sweep("expires")
 		time.Sleep(ttl / 2)
