@@ -30,6 +30,8 @@ import (
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.etcd.io/etcd/server/v3/lease"
 	"go.uber.org/zap"
+
+	"github.com/slotctl/slotctl/internal/loopback"
 )
 
 // TB is what Start needs of a test: *testing.T has it, and so can a
@@ -97,6 +99,9 @@ func Start(tb TB, o Options) *Server {
 	cfg.InitialCluster = cfg.Name + "=" + pu.String()
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 	cfg.UnsafeNoFsync = !o.Fsync
+	// bcrypt's least cost: a user's password is checked at each handle's
+	// dial, which at the default cost takes seconds under -race.
+	cfg.BcryptCost = 4 // bcrypt.MinCost
 	if o.MaxTxnOps != 0 {
 		cfg.MaxTxnOps = o.MaxTxnOps
 	}
@@ -110,12 +115,11 @@ func Start(tb TB, o Options) *Server {
 
 func freePort(tb TB) int {
 	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := loopback.FreePort()
 	if err != nil {
-		tb.Fatalf("etcdtest: no free port: %v", err)
+		tb.Fatalf("etcdtest: %v", err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return p
 }
 
 func (s *Server) start() error {
