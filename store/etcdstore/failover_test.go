@@ -382,3 +382,67 @@ func TestStaleMembersKeepAliveIsNoAck(t *testing.T) {
 		t.Errorf("renewed after %d keep-alive answers, want 3 or more: the first two, from a member behind the cluster's term, are no ack", got)
 	}
 }
+
+// headered is an answer that carries a response header.
+type headered interface{ GetHeader() *pb.ResponseHeader }
+
+// TestKeepAliveBehindTheQuorumsTermIsNoAck: a handle that has not yet
+// seen the cluster's current term (all it heard came from a member behind
+// it) cannot tell a stale member's keep-alive answer by its term; the
+// linearizable read after it, a quorum's, carries the current term, and
+// the renewal is not counted. Here every answer the handle gets says term
+// 1 until the renewal's read, which comes with the server's real term.
+func TestKeepAliveBehindTheQuorumsTermIsNoAck(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	var unaryBehind, streamBehind atomic.Bool
+	unaryBehind.Store(true)
+	streamBehind.Store(true)
+	behind := func(m any) {
+		if h, ok := m.(headered); ok && h.GetHeader() != nil {
+			h.GetHeader().RaftTerm = 1
+		}
+	}
+	unary := grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if err == nil && unaryBehind.Load() {
+			behind(reply)
+		}
+		return err
+	})
+	stream := grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		cs, err := streamer(ctx, desc, cc, method, opts...)
+		if err != nil {
+			return cs, err
+		}
+		return &behindStream{ClientStream: cs, on: &streamBehind, rewrite: behind}, nil
+	})
+	st := open(t, srv, etcdstore.Options{DialOptions: []grpc.DialOption{unary, stream}})
+	ctx := context.Background()
+	tk, err := st.Enqueue(ctx, req("t1", "quorum", 1, 6*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	unaryBehind.Store(false) // the renewal's read: the real term
+	_, err = st.Renew(ctx, tk, 6*time.Second)
+	if !errors.Is(err, store.ErrUnavailable) || !strings.Contains(err.Error(), "not a renewal") {
+		t.Fatalf("renew acked at raft term 1 and read at the server's (above 1): %v; want unavailable, not a renewal", err)
+	}
+	streamBehind.Store(false)
+	if _, err := st.Renew(ctx, tk, 6*time.Second); err != nil {
+		t.Fatalf("renew acked at the current term: %v", err)
+	}
+}
+
+type behindStream struct {
+	grpc.ClientStream
+	on      *atomic.Bool
+	rewrite func(any)
+}
+
+func (s *behindStream) RecvMsg(m any) error {
+	err := s.ClientStream.RecvMsg(m)
+	if err == nil && s.on.Load() {
+		s.rewrite(m)
+	}
+	return err
+}
