@@ -258,6 +258,12 @@ const (
 // weight; the event's Weight is the new weight (docs/leases.md §2.1 item 12).
 const Resized = "resized"
 
+// Kept is the kind of event a held ticket logs on the etcd store when a
+// settle keeps its slots although its lease is gone, because the cluster
+// elected a leader since it was granted (a hold: docs/leases.md rule 16).
+// Its holder, if alive, stops at its next renewal and logs "lost".
+const Kept = "kept"
+
 // An Event is one entry of a store's event log: admitted, released,
 // cancelled, reaped (with the evidence), force-released, lost.
 type Event struct {
@@ -743,7 +749,7 @@ func CheckSlots(n int) error {
 
 // Add counts one event of the limit's log: its kind, and its Waited or Held
 // time in the histograms. Every backend calls it for each event it logs, in
-// the step that logs it. Kinds it does not count ("resized") change nothing.
+// the step that logs it. Kinds it does not count ("resized", "kept") change nothing.
 func (c *Counts) Add(ev Event) {
 	switch ev.Kind {
 	case "admitted":

@@ -29,6 +29,9 @@ package etcdstore
 // which errs on the side of the hold.
 
 import (
+	"fmt"
+	"time"
+
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -111,7 +114,7 @@ func (e *entry) sawSlots(limit string, slots map[int]*mvccpb.KeyValue) {
 // plan, and a later settle writes the hold.
 func (p *plan) hold(e *entry) {
 	names := e.r.names()
-	if !p.room(ticketKeys(len(names), e.r.Weight)-2*len(names), 1+len(names)) {
+	if c := p.countRoom(names); !p.room(ticketKeys(len(names), e.r.Weight)-len(names)+c, 1+len(names)+c) {
 		return
 	}
 	p.cmp(clientv3.Compare(clientv3.ModRevision(p.s.k.record(e.at, e.r.ID)), "=", e.rkv.ModRevision))
@@ -126,6 +129,8 @@ func (p *plan) hold(e *entry) {
 			p.put(p.s.k.slot(n, i), writeOp{val: r.ID, hold: &r})
 		}
 	}
+	p.event(store.Kept, r, e.fence, fmt.Sprintf("its lease ended after an election (raft term %d, granted in %d): its slots are kept for up to %s, or until its holder stops and releases",
+		p.s.term.Load(), r.Term, time.Duration(leaseTTL(r.TTL))*time.Second))
 }
 
 // holdOp is the put of a key of a ticket held on the hold lease: a slot

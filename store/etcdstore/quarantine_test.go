@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -99,6 +101,24 @@ func TestLeaseEndedAfterAnElectionHoldsTheSlot(t *testing.T) {
 		}
 		return held, waiter
 	}
+	// kinds lists the kinds of the events id logged in limit, oldest first.
+	kinds := func(limit, id string) []string {
+		t.Helper()
+		evs, err := st.Events(ctx, limit, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, e := range evs {
+			if e.Ticket == id {
+				out = append(out, e.Kind)
+				if e.Kind == store.Kept && !strings.Contains(e.Evidence, "election") {
+					t.Errorf("the %s event of %s in %s says %q: want it to name the election", e.Kind, id, limit, e.Evidence)
+				}
+			}
+		}
+		return out
+	}
 	sweep := func(limit string) {
 		t.Helper()
 		if _, err := st.Reap(ctx, store.ReapOptions{Limits: []string{limit}}); err != nil {
@@ -139,6 +159,9 @@ func TestLeaseEndedAfterAnElectionHoldsTheSlot(t *testing.T) {
 			sweep(limit)
 			got := stateOf(t, st, w.ID)
 			if got.State == store.Held {
+				if k := kinds(limit, h.ID); slices.Contains(k, store.Kept) {
+					t.Fatalf("the events of the holder whose lease expired: %v, want no %q", k, store.Kept)
+				}
 				return
 			}
 			if term() == before {
@@ -199,6 +222,9 @@ func TestLeaseEndedAfterAnElectionHoldsTheSlot(t *testing.T) {
 		if got := stateOf(t, st, w1.ID); got.State != store.Held {
 			t.Fatalf("the waiter after the holder's release: %s, want held", got.State)
 		}
+		if k := kinds("released", h1.ID); !slices.Equal(k, []string{"admitted", store.Kept, string(store.Lost)}) {
+			t.Fatalf("the events of the held ticket: %v, want admitted, kept (once), lost", k)
+		}
 	})
 
 	t.Run("several limits and a weight", func(t *testing.T) {
@@ -219,6 +245,11 @@ func TestLeaseEndedAfterAnElectionHoldsTheSlot(t *testing.T) {
 				if tk.ID == h3.ID && (tk.State != store.Held || tk.Remaining <= 0 || len(tk.Indexes[l]) != 2) {
 					t.Fatalf("the ticket on its hold in %s: %+v, want held on two slots with time left", l, tk)
 				}
+			}
+		}
+		for _, l := range []string{"ma", "mb"} {
+			if k := kinds(l, h3.ID); !slices.Equal(k, []string{"admitted", store.Kept}) {
+				t.Fatalf("the events in %s of the ticket of two limits on its hold: %v, want admitted, kept", l, k)
 			}
 		}
 		if _, err := st.Release(ctx, h3, store.Lost); err != nil {
@@ -253,6 +284,9 @@ func TestLeaseEndedAfterAnElectionHoldsTheSlot(t *testing.T) {
 		}
 		if took < ttl {
 			t.Fatalf("the waiter was admitted %s after the revoke, want at least the TTL (%s)", took, ttl)
+		}
+		if k := kinds("expires", h2.ID); !slices.Equal(k, []string{"admitted", store.Kept, string(store.Reaped)}) {
+			t.Fatalf("the events of the ticket whose hold expired: %v, want admitted, kept, reaped", k)
 		}
 		t.Logf("admitted %s after the revoke (TTL %s)", took.Round(time.Millisecond), ttl)
 	})
