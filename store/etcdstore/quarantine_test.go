@@ -175,6 +175,7 @@ func TestLeaseEndedAfterAnElectionHoldsTheSlot(t *testing.T) {
 	// Tickets granted before the election.
 	h1, w1 := pair("released")
 	h2, w2 := pair("expires")
+	h4, w4 := pair("given")
 	// A ticket of two limits and weight 2, filling both, a waiter in each.
 	mreq := req("multi-h", "", 2, ttl)
 	mreq.Limit, mreq.Limits, mreq.Weight = "", []string{"ma", "mb"}, 2
@@ -227,6 +228,30 @@ func TestLeaseEndedAfterAnElectionHoldsTheSlot(t *testing.T) {
 		}
 	})
 
+	t.Run("a slot already given away", func(t *testing.T) {
+		// A client without holds (an older slotctl) swept the ticket whose
+		// lease ended and gave its slot to the waiter: a slot key names
+		// another ticket. No hold can keep that slot; the settle sweeps
+		// the ticket as expired.
+		revokeBehind(t, members, prefix, h4)
+		// Its slot key went with its lease; the waiter's is put under the
+		// waiter's lease, as an admission writes it.
+		resp, err := cli.Get(ctx, prefix+"/tickets/given/"+w4.ID)
+		if err != nil || len(resp.Kvs) != 1 {
+			t.Fatalf("the ticket key of %s: %v, %v", w4.ID, resp, err)
+		}
+		if _, err := cli.Put(ctx, prefix+"/slots/given/00000", w4.ID, clientv3.WithLease(clientv3.LeaseID(resp.Kvs[0].Lease))); err != nil {
+			t.Fatal(err)
+		}
+		sweep("given")
+		if k := kinds("given", h4.ID); slices.Contains(k, store.Kept) || !slices.Contains(k, string(store.Reaped)) {
+			t.Fatalf("the events of a ticket whose slot was given away: %v, want it reaped, not kept", k)
+		}
+		if got := stateOf(t, st, w4.ID); got.State != store.Held {
+			t.Fatalf("the waiter given the slot: %s, want held", got.State)
+		}
+	})
+
 	t.Run("several limits and a weight", func(t *testing.T) {
 		revokeBehind(t, members, prefix, h3)
 		sweep("ma")
@@ -245,6 +270,16 @@ func TestLeaseEndedAfterAnElectionHoldsTheSlot(t *testing.T) {
 				if tk.ID == h3.ID && (tk.State != store.Held || tk.Remaining <= 0 || len(tk.Indexes[l]) != 2) {
 					t.Fatalf("the ticket on its hold in %s: %+v, want held on two slots with time left", l, tk)
 				}
+			}
+		}
+		// Its holder's resize is refused as a loss (its own lease is
+		// gone), and leaves the hold as it was.
+		if _, err := st.Resize(ctx, h3, 1); !errors.Is(err, store.ErrLost) {
+			t.Fatalf("resize of the ticket on its hold: %v, want a loss", err)
+		}
+		for _, w := range w3 {
+			if got := stateOf(t, st, w.ID); got.State != store.Waiting {
+				t.Fatalf("the waiter of %s after a refused resize of the ticket on its hold: %s, want waiting", w.Limit, got.State)
 			}
 		}
 		for _, l := range []string{"ma", "mb"} {
