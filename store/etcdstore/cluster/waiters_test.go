@@ -187,12 +187,17 @@ func TestManyWaiters(t *testing.T) {
 		case <-time.After(30 * time.Second):
 		}
 	}
-	codes, complaints := map[int]int{}, 0
+	codes, complaints, said := map[int]int{}, 0, ""
 	for _, w := range cancelled {
 		codes[w.code]++
-		if strings.Contains(w.stderr(), "could not remove") {
-			complaints++
+		if e := w.stderr(); strings.Contains(e, "could not remove") {
+			if complaints++; said == "" {
+				said = e
+			}
 		}
+	}
+	if said != "" {
+		t.Logf("the first waiter that could not remove its ticket said:\n%s", said)
 	}
 	measured := fmt.Sprintf("all removed %s after the signal", ms(gone))
 	if gone < 0 {
