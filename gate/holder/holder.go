@@ -132,6 +132,9 @@ type Outcome struct {
 	By       store.Successor // Superseded: the run that took the ticket's place
 	Signal   os.Signal
 	Err      error
+	// LeaveErr: the ticket that was never admitted could not be removed
+	// (noted as LeaveFailed); it stays until its lease expires.
+	LeaveErr error
 }
 
 const never = time.Duration(math.MaxInt64)
@@ -447,6 +450,7 @@ func (r *runner) leave(ctx context.Context, out Outcome) Outcome {
 	}
 	if err != nil {
 		r.note(Note{Kind: LeaveFailed, Ticket: r.entry.Ticket(), Err: err})
+		out.LeaveErr = err
 	}
 	return out
 }

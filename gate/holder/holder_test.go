@@ -173,6 +173,13 @@ func (u *unreachable) Release(ctx context.Context, t store.Ticket, why store.Rea
 	return u.Store.Release(ctx, t, why)
 }
 
+func (u *unreachable) Cancel(ctx context.Context, t store.Ticket) (bool, error) {
+	if u.down.Load() {
+		return false, u.hang(ctx)
+	}
+	return u.Store.Cancel(ctx, t)
+}
+
 func (u *unreachable) Get(ctx context.Context, id string) (store.Ticket, error) {
 	if u.down.Load() {
 		return store.Ticket{}, u.hang(ctx)
@@ -227,5 +234,43 @@ func TestReleaseAfterLossIsBounded(t *testing.T) {
 				t.Errorf("Run took %s to return after the loss with the store unreachable, want well under the 5s release timeout", took)
 			}
 		})
+	}
+}
+
+// TestSignalledWaiterThatCannotLeave: a waiter signalled while the store
+// does not answer cannot remove its ticket: the outcome says so (LeaveErr,
+// and a LeaveFailed note), so that the run does not claim it left the
+// queue, and it returns within the release timeout.
+func TestSignalledWaiterThatCannotLeave(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	u := &unreachable{Store: e.st, e: e}
+	if _, err := e.st.Enqueue(ctx, store.EnqueueRequest{ID: gate.NewID(), Limit: "u", Slots: 1, TTL: time.Hour, Holder: store.Holder{Host: "h", Pid: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := e.config(u, "u")
+	cfg.ReleaseTimeout = 300 * time.Millisecond
+	waiting := make(chan struct{})
+	var noted atomic.Bool
+	cfg.Notify = func(n holder.Note) {
+		switch n.Kind {
+		case holder.WaitStart:
+			close(waiting)
+		case holder.LeaveFailed:
+			noted.Store(true)
+		}
+	}
+	done := make(chan holder.Outcome)
+	go func() { done <- holder.Run(ctx, cfg) }()
+	<-waiting
+	u.down.Store(true)
+	start := time.Now()
+	e.sigs <- syscall.SIGTERM
+	out := <-done
+	if out.Result != holder.Signalled || out.LeaveErr == nil || !noted.Load() {
+		t.Fatalf("result %v (%v), LeaveErr %v, LeaveFailed noted %v: want signalled, with the failed removal said", out.Result, out.Err, out.LeaveErr, noted.Load())
+	}
+	if took := time.Since(start); took > 3*time.Second {
+		t.Errorf("returned %s after the signal, want within the release timeout (300ms) and the store's 5s", took)
 	}
 }

@@ -1,11 +1,15 @@
 package cli
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/slotctl/slotctl/gate/holder"
 	"github.com/slotctl/slotctl/store"
 	"github.com/slotctl/slotctl/store/boltstore"
 )
@@ -41,5 +45,27 @@ func TestErrorLineNetworkFS(t *testing.T) {
 	}
 	if exitCode(err) != exitUnavailable {
 		t.Errorf("exitCode = %d, want %d", exitCode(err), exitUnavailable)
+	}
+}
+
+// A waiter stopped by a signal says it left the queue only when its
+// ticket was removed; when the removal failed (said on the line before),
+// its last line says the ticket stays until its lease expires.
+func TestSignalledWaiterLine(t *testing.T) {
+	o := &RunOptions{Argv: []string{"make"}}
+	out := holder.Outcome{Result: holder.Signalled, Signal: syscall.SIGTERM, Ticket: store.Ticket{ID: "75342074abcdef"}}
+	for _, tc := range []struct {
+		leaveErr error
+		want     string
+	}{
+		{nil, `terminated while waiting for limit "scale": left the queue`},
+		{errors.New("context deadline exceeded"), `terminated while waiting for limit "scale": its ticket 75342074 stays in the queue until its lease expires`},
+	} {
+		out.LeaveErr = tc.leaveErr
+		err := outcomeErr(context.Background(), nil, o, []string{"scale"}, out)
+		var ee *ExitError
+		if !errors.As(err, &ee) || ee.Code != 128+15 || ee.Err == nil || ee.Err.Error() != tc.want {
+			t.Errorf("leave error %v: %v; want exit 143 saying %q", tc.leaveErr, err, tc.want)
+		}
 	}
 }

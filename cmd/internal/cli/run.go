@@ -653,7 +653,11 @@ func outcomeErr(ctx context.Context, st store.Store, o *RunOptions, limits []str
 	case holder.LostBeforeStart:
 		return &ExitError{Code: exitLost, Err: fmt.Errorf("lease of ticket %s lost before %s could start", id, o.Argv[0])}
 	case holder.Signalled:
-		return &ExitError{Code: 128 + signalNumber(out.Signal), Err: fmt.Errorf("%v while waiting for %s: left the queue", out.Signal, limitsPhrase(limits))}
+		left := "left the queue"
+		if out.LeaveErr != nil { // said above (LeaveFailed)
+			left = fmt.Sprintf("its ticket %s stays in the queue until its lease expires", id)
+		}
+		return &ExitError{Code: 128 + signalNumber(out.Signal), Err: fmt.Errorf("%v while waiting for %s: %s", out.Signal, limitsPhrase(limits), left)}
 	case holder.Superseded:
 		return &ExitError{Code: o.BusyExitCode, Err: fmt.Errorf("superseded by ticket %s: %s did not run", successorPhrase(out.By), o.Argv[0])}
 	case holder.Failed:
