@@ -341,20 +341,25 @@ func staleKeepAlives(n int32) (grpc.DialOption, *atomic.Int32) {
 		if err != nil || method != "/etcdserverpb.Lease/LeaseKeepAlive" {
 			return cs, err
 		}
-		return &staleStream{ClientStream: cs, answers: &answers, n: n}, nil
+		return &answerStream{ClientStream: cs, answer: func(m any) {
+			if r, ok := m.(*pb.LeaseKeepAliveResponse); ok && r.Header != nil && answers.Add(1) <= n {
+				r.Header.RaftTerm = 1
+			}
+		}}, nil
 	}), &answers
 }
 
-type staleStream struct {
+// answerStream hands each message it receives to answer, which may
+// rewrite it.
+type answerStream struct {
 	grpc.ClientStream
-	answers *atomic.Int32
-	n       int32
+	answer func(m any)
 }
 
-func (s *staleStream) RecvMsg(m any) error {
+func (s *answerStream) RecvMsg(m any) error {
 	err := s.ClientStream.RecvMsg(m)
-	if r, ok := m.(*pb.LeaseKeepAliveResponse); ok && err == nil && r.Header != nil && s.answers.Add(1) <= s.n {
-		r.Header.RaftTerm = 1
+	if err == nil {
+		s.answer(m)
 	}
 	return err
 }
@@ -414,7 +419,11 @@ func TestKeepAliveBehindTheQuorumsTermIsNoAck(t *testing.T) {
 		if err != nil {
 			return cs, err
 		}
-		return &behindStream{ClientStream: cs, on: &streamBehind, rewrite: behind}, nil
+		return &answerStream{ClientStream: cs, answer: func(m any) {
+			if streamBehind.Load() {
+				behind(m)
+			}
+		}}, nil
 	})
 	st := open(t, srv, etcdstore.Options{DialOptions: []grpc.DialOption{unary, stream}})
 	ctx := context.Background()
@@ -431,18 +440,4 @@ func TestKeepAliveBehindTheQuorumsTermIsNoAck(t *testing.T) {
 	if _, err := st.Renew(ctx, tk, 6*time.Second); err != nil {
 		t.Fatalf("renew acked at the current term: %v", err)
 	}
-}
-
-type behindStream struct {
-	grpc.ClientStream
-	on      *atomic.Bool
-	rewrite func(any)
-}
-
-func (s *behindStream) RecvMsg(m any) error {
-	err := s.ClientStream.RecvMsg(m)
-	if err == nil && s.on.Load() {
-		s.rewrite(m)
-	}
-	return err
 }
