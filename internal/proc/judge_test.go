@@ -487,6 +487,7 @@ func TestDeadReusedGroupIDNotKilled(t *testing.T) {
 		t.Skipf("the new process got pid %d, not the job's old %d", other.Pid, job.Pid)
 	}
 	_ = other.Wait()
+	t.Cleanup(func() { _ = unix.Kill(-other.Pid, unix.SIGKILL) }) // its orphaned sleep
 	members := groupMembers(job.Pid)
 	if len(members) != 1 {
 		t.Fatalf("unrelated group %d: members %v, want its one child", job.Pid, members)

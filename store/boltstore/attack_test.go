@@ -31,6 +31,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/slotctl/slotctl/internal/attacktest"
+	"github.com/slotctl/slotctl/internal/longtest"
+	"github.com/slotctl/slotctl/internal/testguard"
 	"github.com/slotctl/slotctl/store"
 )
 
@@ -51,7 +53,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "slotctl: %v\n", err)
 		os.Exit(exitCodeOf(err))
 	}
-	os.Exit(m.Run())
+	os.Exit(testguard.Main(m))
 }
 
 func exitCodeOf(err error) int {
@@ -713,7 +715,8 @@ func findEntry(t *testing.T, dir, name string) string {
 
 func TestAttackCreateChmodRace(t *testing.T) {
 	st := newStage(t)
-	const rounds, budget = 200, 2 * time.Second
+	// The long suite races for 2 s a case; the fast one for a fraction.
+	rounds, budget := longtest.Pick(30, 200), longtest.Pick(300*time.Millisecond, 2*time.Second)
 	for _, mode := range dirModes {
 		for _, v := range st.victims() {
 			for _, bells := range []string{"", "alice's bells"} {

@@ -4,6 +4,8 @@ import (
 	"flag"
 	"os"
 	"testing"
+
+	"github.com/slotctl/slotctl/internal/testguard"
 )
 
 // TestMain lets the sleep-bound cases of the conformance suite run all at
@@ -18,5 +20,5 @@ func TestMain(m *testing.M) {
 	if !set {
 		_ = flag.Set("test.parallel", "64")
 	}
-	os.Exit(m.Run())
+	os.Exit(testguard.Main(m))
 }

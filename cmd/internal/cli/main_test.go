@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"flag"
 	"os"
 	"testing"
 	"time"
@@ -9,14 +10,16 @@ import (
 	"github.com/rogpeppe/go-internal/testscript"
 
 	"github.com/slotctl/slotctl/internal/proc"
+	"github.com/slotctl/slotctl/internal/testguard"
 	"github.com/slotctl/slotctl/store"
 	"github.com/slotctl/slotctl/store/boltstore"
 )
 
 // TestMain makes this test binary double as slotctl: scripts and process
-// tests find "slotctl" on PATH (testscript puts a copy there).
+// tests find "slotctl" on PATH (testscript puts a copy there). As a test
+// binary, it kills whatever its tests started that outlived them.
 func TestMain(m *testing.M) {
-	testscript.Main(m, map[string]func(){
+	testscript.Main(guarded{m}, map[string]func(){
 		"slotctl": func() {
 			f := NewFactory("v0.0.0-test", "testcommit", "2026-01-01T00:00:00Z")
 			if off, err := time.ParseDuration(os.Getenv("SLOTCTLTEST_CLOCK_OFFSET")); err == nil {
@@ -29,6 +32,22 @@ func TestMain(m *testing.M) {
 			os.Exit(Main(context.Background(), os.Args[1:], f))
 		},
 	})
+}
+
+// guarded runs the tests under testguard, the scripts 8 at a time: a script
+// spends its time waiting on the processes it started, and go test's
+// default (one per CPU) would run the 50 scripts two at a time on a
+// two-core machine. An explicit -parallel is kept.
+type guarded struct{ m *testing.M }
+
+func (g guarded) Run() int {
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		_ = flag.Set("test.parallel", "8")
+	}
+	return testguard.Main(g.m)
 }
 
 // offsetClock is the host's boot-time clock shifted by a duration, so that a

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +13,8 @@ import (
 	"time"
 
 	"github.com/rogpeppe/go-internal/testscript"
+
+	"github.com/slotctl/slotctl/internal/testguard"
 )
 
 // TestScript runs the end-to-end scripts in testdata/script against the
@@ -54,7 +57,31 @@ func scriptSetup(env *testscript.Env) error {
 		env.Setenv("GORACE", "atexit_sleep_ms=10")
 	}
 	etcdScriptSetup(env)
+	guardScript(env)
 	return nil
+}
+
+// scriptLimit bounds a script: past it, every process the script started is
+// killed, so that a script stuck on one (a background wait, a pipe held by
+// a grandchild) fails with its log instead of at the package's timeout.
+const scriptLimit = 3 * time.Minute
+
+// guardScript puts the script's processes in a scope of their own, killed
+// at its end or at scriptLimit, whichever comes first.
+func guardScript(env *testscript.Env) {
+	s := testguard.Root().Sub()
+	k, v, _ := strings.Cut(s.Env(), "=")
+	env.Setenv(k, v)
+	name := filepath.Base(env.WorkDir)
+	timer := time.AfterFunc(scriptLimit, func() {
+		if left := s.Kill(); len(left) > 0 {
+			fmt.Fprintf(os.Stderr, "script %s still ran after %v: killed %v\n", name, scriptLimit, left)
+		}
+	})
+	env.Defer(func() {
+		timer.Stop()
+		s.Kill()
+	})
 }
 
 // scriptCondition adds [root]: permission checks do not apply to uid 0.

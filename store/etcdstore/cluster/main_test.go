@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
+
+	"github.com/slotctl/slotctl/internal/testguard"
 )
 
 // memberEnv carries a member's configuration (JSON) to the test binary
@@ -63,7 +65,7 @@ func TestMain(m *testing.M) {
 		}
 	}
 	fmt.Printf("cluster: jobs run %s\n", slotctlEtcd)
-	code := m.Run()
+	code := testguard.Main(m)
 	printFigures()
 	os.RemoveAll(dir)
 	os.Exit(code)

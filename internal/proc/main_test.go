@@ -1,0 +1,11 @@
+package proc
+
+import (
+	"os"
+	"testing"
+
+	"github.com/slotctl/slotctl/internal/testguard"
+)
+
+// TestMain kills whatever the tests started that outlived them.
+func TestMain(m *testing.M) { os.Exit(testguard.Main(m)) }

@@ -1,0 +1,77 @@
+//go:build linux
+
+package testguard
+
+import (
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestMain(m *testing.M) { os.Exit(Main(m)) }
+
+// A job that forks, leaves its group and its session: everything of it is
+// found by its mark and killed; nothing outside the scope is.
+func TestKillFindsTheWholeTree(t *testing.T) {
+	s := Test(t)
+	other := exec.Command("sleep", "60")
+	other.Env = append(os.Environ(), Root().Sub().Env())
+	if err := other.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = other.Process.Kill(); _ = other.Wait() }()
+
+	job := exec.Command("sh", "-c", "sleep 60 & setsid sleep 60 & (sleep 60 &) ; echo ok; wait")
+	job.Env = append(os.Environ(), s.Env())
+	out, err := job.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := job.Start(); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 3)
+	if _, err := out.Read(buf); err != nil {
+		t.Fatal(err)
+	}
+	// setsid and the subshell may still be starting: count until all four.
+	deadline := time.Now().Add(10 * time.Second)
+	for len(s.Running()) < 4 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := s.Running(); len(got) != 4 {
+		t.Fatalf("scope runs %d processes, want sh and three sleeps: %v", len(got), got)
+	}
+	killed := s.Kill()
+	_ = job.Wait()
+	if len(killed) != 4 {
+		t.Errorf("killed %v, want 4 processes", killed)
+	}
+	if left := s.Running(); len(left) != 0 {
+		t.Errorf("still running after Kill: %v", left)
+	}
+	if st, _ := os.ReadFile("/proc/" + strconv.Itoa(other.Process.Pid) + "/stat"); len(st) == 0 || strings.Contains(string(st), ") Z ") {
+		t.Errorf("a process of another scope was killed")
+	}
+}
+
+func TestCarries(t *testing.T) {
+	for _, c := range []struct {
+		env  string
+		want bool
+	}{
+		{"A=1\x00SLOTCTLTEST_GUARD=7-9\x00", true},
+		{"SLOTCTLTEST_GUARD=7-9.3.1", true},
+		{"SLOTCTLTEST_GUARD=7-99", false},
+		{"SLOTCTLTEST_GUARD=7-", false},
+		{"X_SLOTCTLTEST_GUARD=7-9", false},
+		{"", false},
+	} {
+		if got := carries([]byte(c.env), []byte("SLOTCTLTEST_GUARD=7-9")); got != c.want {
+			t.Errorf("carries(%q) = %v, want %v", c.env, got, c.want)
+		}
+	}
+}
