@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/slotctl/slotctl/internal/longtest"
 	"github.com/slotctl/slotctl/internal/mutation"
 	"github.com/slotctl/slotctl/internal/sim"
 	"github.com/slotctl/slotctl/renew"
@@ -22,17 +23,21 @@ import (
 var (
 	flagSeed   = flag.Uint64("seed", 0, "TestSim: run only this seed (replay)")
 	flagSteps  = flag.Int("steps", 0, "TestSim: random-phase steps per seed (default 500, env SLOTCTL_SIM_STEPS)")
-	flagSeeds  = flag.Int("seeds", 0, "TestSim: how many seeds (default 250, env SLOTCTL_SIM_SEEDS)")
+	flagSeeds  = flag.Int("seeds", 0, "TestSim: how many seeds (default 24, 250 with SLOTCTL_LONG=1; env SLOTCTL_SIM_SEEDS)")
 	flagFaults = flag.String("faults", "all", "TestSim: fault kinds, comma-separated, or all or none")
 	flagMut    = flag.String("mutations", "", "TestSim: bugs to switch on, comma-separated (see internal/mutation)")
 	flagTrace  = flag.Bool("simtrace", false, "TestSim: print every step of a -seed run")
 )
 
-// Defaults: go test ./... runs this many steps (at least 100,000).
+// Defaults: go test ./... runs 24 seeds (about 12,000 steps, seconds); the
+// long suite (SLOTCTL_LONG=1, .ci/run) runs longSeeds, at least 100,000
+// steps.
 const (
-	defaultSeeds = 250
+	longSeeds    = 250
 	defaultSteps = 500
 )
+
+var defaultSeeds = longtest.Pick(24, longSeeds)
 
 func envInt(t *testing.T, name string, def int) int {
 	v := os.Getenv(name)
@@ -110,7 +115,7 @@ func TestSim(t *testing.T) {
 	}
 	seed0 := uint64(envInt(t, "SLOTCTL_SIM_SEED0", 1))
 	if testing.Short() && os.Getenv("SLOTCTL_SIM_SEEDS") == "" && *flagSeeds == 0 {
-		seeds = 40
+		seeds = min(seeds, 12)
 	}
 
 	start := time.Now()
@@ -184,15 +189,15 @@ func TestSim(t *testing.T) {
 		red := sim.Reduce(r, d.next)
 		t.Fatalf("%d of %d seeds failed; the first:\n%s", len(failed), seeds, sim.Report(r, red, 80))
 	}
-	if seeds*base.Steps >= defaultSeeds*defaultSteps && total.Steps < 100000 {
+	if seeds*base.Steps >= longSeeds*defaultSteps && total.Steps < 100000 {
 		t.Errorf("only %d steps ran; the budget is at least 100,000", total.Steps)
 	}
-	if seeds*base.Steps >= defaultSeeds*defaultSteps && base.Faults == nil &&
+	if seeds*base.Steps >= longSeeds*defaultSteps && base.Faults == nil &&
 		min(total.Superseded, total.StopRequests, total.Replaced, total.HeardByBell, total.HeardByRenewal, total.QueueFull) < 20 {
 		t.Errorf("newer runs first barely ran: %d superseded, %d stop requests, %d replaced, heard by bell %d, by renewal %d, %d refused; want 20 of each",
 			total.Superseded, total.StopRequests, total.Replaced, total.HeardByBell, total.HeardByRenewal, total.QueueFull)
 	}
-	if seeds*base.Steps >= defaultSeeds*defaultSteps && base.Faults == nil && min(total.Grown, total.Shrunk, total.GrowthRefused, total.ShrinkAdmits) < 20 {
+	if seeds*base.Steps >= longSeeds*defaultSteps && base.Faults == nil && min(total.Grown, total.Shrunk, total.GrowthRefused, total.ShrinkAdmits) < 20 {
 		t.Errorf("resizes barely ran: %d grew, %d shrank, %d refused, %d admitted by shrinks; want 20 of each",
 			total.Grown, total.Shrunk, total.GrowthRefused, total.ShrinkAdmits)
 	}

@@ -12,6 +12,7 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"google.golang.org/grpc"
 
+	"github.com/slotctl/slotctl/internal/longtest"
 	"github.com/slotctl/slotctl/internal/proc"
 	"github.com/slotctl/slotctl/renew"
 	"github.com/slotctl/slotctl/store"
@@ -116,6 +117,7 @@ func TestStalledMemberCostsOneAttempt(t *testing.T) {
 // member stalling after the first came back: its renewals fail over. The
 // lease is judged by the renew.Keeper, as slotctl run judges it.
 func TestStalledMemberKeepsTheLease(t *testing.T) {
+	longtest.Skip(t, "stalls members through 24 s of renewals")
 	srv := etcdtest.Start(t, etcdtest.Options{})
 	ps := threeEndpoints(t, srv)
 	st := openAt(t, ps, etcdstore.Options{})
@@ -231,9 +233,7 @@ func TestReleaseRetriesWithinItsBudget(t *testing.T) {
 // release's one attempt took the whole 5s and failed (the slot then waited
 // for the server's expiry, which the new leader extends).
 func TestLeaderPausedReleaseCostsTheElection(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a three-member cluster")
-	}
+	longtest.Skip(t, "starts a three-member cluster")
 	c := etcdtest.StartCluster(t, 3)
 	leader := c.WaitLeader(10 * time.Second)
 	if leader < 0 {

@@ -11,6 +11,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/slotctl/slotctl/internal/longtest"
 	"github.com/slotctl/slotctl/store"
 	"github.com/slotctl/slotctl/store/etcdstore"
 	"github.com/slotctl/slotctl/store/etcdstore/etcdtest"
@@ -60,9 +61,7 @@ func stateOf(t *testing.T, st *etcdstore.Store, id string) store.Ticket {
 // frees the slot at once (SPEC §4.2). Without the hold, the waiter was
 // admitted at the first sweep after the revoke: two jobs in one slot.
 func TestLeaseEndedAfterAnElectionHoldsTheSlot(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a three-member cluster")
-	}
+	longtest.Skip(t, "starts three-member clusters")
 	c := etcdtest.StartCluster(t, 3)
 	if c.WaitLeader(10*time.Second) < 0 {
 		t.Fatal("no leader")

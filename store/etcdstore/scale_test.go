@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/slotctl/slotctl/internal/longtest"
 	"github.com/slotctl/slotctl/store"
 	"github.com/slotctl/slotctl/store/etcdstore"
 	"github.com/slotctl/slotctl/store/etcdstore/etcdtest"
@@ -80,6 +81,7 @@ func fill(t *testing.T, st *etcdstore.Store, limit string, from, n int) {
 // cancelled at once each read 1,594 records, and none finished within its
 // 5s. The same waiter is measured behind a short and a 4x longer queue.
 func TestWaiterCostIndependentOfQueue(t *testing.T) {
+	longtest.Skip(t, "a scale test: hundreds of waiters")
 	srv := etcdtest.Start(t, etcdtest.Options{})
 	long := scaleWaiters(t, 400)
 	st := open(t, srv, etcdstore.Options{})
@@ -131,6 +133,7 @@ func TestWaiterCostIndependentOfQueue(t *testing.T) {
 // own handle, as each is its own slotctl process, each with slotctl run's
 // 5s budget) removes its ticket.
 func TestMassCancel(t *testing.T) {
+	longtest.Skip(t, "a scale test: hundreds of handles")
 	srv := etcdtest.Start(t, etcdtest.Options{})
 	n := scaleWaiters(t, 300)
 	ctx := context.Background()
@@ -208,6 +211,7 @@ func TestMassCancel(t *testing.T) {
 // handle of its own (as each is its own slotctl process, connecting),
 // all at once: none fails.
 func TestEnqueueBurst(t *testing.T) {
+	longtest.Skip(t, "a scale test: hundreds of handles")
 	srv := etcdtest.Start(t, etcdtest.Options{})
 	n := scaleWaiters(t, 400)
 	burst := max(n/4, 8)

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/slotctl/slotctl/internal/longtest"
 	"github.com/slotctl/slotctl/store"
 	"github.com/slotctl/slotctl/store/storetest"
 )
@@ -1579,9 +1580,7 @@ func TestMutants(t *testing.T) {
 	if os.Getenv(mutantEnv) != "" {
 		t.Skip("running as a mutant")
 	}
-	if testing.Short() {
-		t.Skip("runs the suite once per mutant")
-	}
+	longtest.Skip(t, "runs the suite once per mutant")
 	for bug, want := range mutants {
 		t.Run(bug, func(t *testing.T) {
 			t.Parallel()

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/slotctl/slotctl/internal/longtest"
 	"github.com/slotctl/slotctl/store/etcdstore/etcdtest"
 )
 
@@ -51,9 +52,7 @@ func buildSlotctl(t testing.TB, bin string, o buildOptions) {
 // PATH), arguments and environment unchanged, and says plainly when there is
 // none, or when "slotctl-etcd" is slotctl itself (no exec loop).
 func TestSlotctlHandsEtcdToHelper(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds slotctl twice; skipped with -short")
-	}
+	longtest.Skip(t, "builds slotctl twice")
 	deps, err := exec.Command("go", "list", "-deps", "../../../cmd/slotctl").Output()
 	if err != nil {
 		t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/slotctl/slotctl/internal/longtest"
 	"github.com/slotctl/slotctl/internal/mutation"
 )
 
@@ -24,9 +25,7 @@ var mutationWord = regexp.MustCompile(`(?i)\bmutation`)
 // Has that is compiled out. Built with the tag, the same checks see both
 // (the checks can fail).
 func TestNoMutationSymbols(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds slotctl three times; skipped with -short")
-	}
+	longtest.Skip(t, "builds slotctl three times")
 	dir := t.TempDir()
 	for _, c := range []struct {
 		main, tags string
