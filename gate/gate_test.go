@@ -119,13 +119,13 @@ func TestJoinWaitFreeLimitHeldAtOnce(t *testing.T) {
 	if e.Ticket().State != store.Held {
 		t.Fatalf("ticket on a free limit is %s, want held", e.Ticket().State)
 	}
-	for _, timeout := range []time.Duration{0, -1, time.Second} {
+	for _, timeout := range []time.Duration{0, -1, 20 * time.Second} {
 		start := time.Now()
 		tk, err := e.Wait(context.Background(), timeout, nil)
 		if err != nil || tk.State != store.Held {
 			t.Errorf("Wait(%v) = %s, %v; want held", timeout, tk.State, err)
 		}
-		if el := time.Since(start); el > 500*time.Millisecond { // half the longest timeout: not waited on
+		if el := time.Since(start); el > 10*time.Second { // half the longest timeout: not waited on
 			t.Errorf("Wait(%v) on a held ticket took %v", timeout, el)
 		}
 	}

@@ -156,11 +156,15 @@ type jsBuild struct {
 	args []string // after slotctl run --limit cpu --jobserver
 }
 
-// jsBuilds runs builds at once (the second delay after the first) on a
-// limit of 6 and checks the jobserver's promises: never more than 6 recipes
-// at once, both builds run at least 2 recipes at once within a second of
-// the later start, all recipes run once, the exit statuses pass through,
-// ls shows the weights while they run, and no slot is held afterwards.
+// jsBuilds runs builds at once (each next one delay after the one before
+// it runs its first recipe) on a limit of 6 and checks the jobserver's
+// promises: never more than 6 recipes at once, at some instant both builds
+// run at least 2 recipes (the first gave slots back: without that, the
+// second would run one at a time until the first ended), all recipes run
+// once, the exit statuses pass through, ls shows the weights while they
+// run, and no slot is held afterwards. How soon after the later start the
+// two share is logged, a figure: a loaded machine makes it as late as it
+// likes.
 func jsBuilds(t *testing.T, e *ptEnv, builds []jsBuild, delay time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
 	defer cancel()
@@ -176,7 +180,9 @@ func jsBuilds(t *testing.T, e *ptEnv, builds []jsBuild, delay time.Duration) {
 			t.Fatal(err)
 		}
 	}
-	e.env = append(e.env, "SLEEP=0.2")
+	// Each build runs 40 recipes of 0.4 s, 6 at a time: about 3 s alone,
+	// time enough for the second to be given slots while the first runs.
+	e.env = append(e.env, "SLEEP=0.4")
 
 	// ls -o json while they run: the sum of the weights never exceeds 6,
 	// and a build's weight shows above 1.
@@ -220,6 +226,8 @@ func jsBuilds(t *testing.T, e *ptEnv, builds []jsBuild, delay time.Duration) {
 	var later time.Time
 	for i, b := range builds {
 		if i > 0 {
+			prev := builds[i-1].name + ".log"
+			ptWaitFor(t, "the first recipe of build "+builds[i-1].name, 20*time.Second, func() bool { return ptExists(e.path(prev)) })
 			time.Sleep(delay)
 		}
 		later = time.Now()
@@ -254,13 +262,8 @@ func jsBuilds(t *testing.T, e *ptEnv, builds []jsBuild, delay time.Duration) {
 	if peak > 6 {
 		t.Errorf("%d recipes ran at once on a limit of 6", peak)
 	}
-	for _, b := range builds {
-		if early[b.name] < 2 {
-			t.Errorf("build %s ran at most %d recipes at once within a second of the later start, want 2 or more", b.name, early[b.name])
-		}
-	}
-	if both == 0 || time.Duration(both-later.UnixNano()) > time.Second {
-		t.Errorf("the builds did not both run 2 recipes at once within a second of the later start")
+	if both == 0 {
+		t.Errorf("the builds never both ran 2 recipes at once (the most of each within a second of the later start: %v)", early)
 	}
 	if maxSum > 6 || maxWeight < 2 {
 		t.Errorf("ls showed held weights summing to %d (want at most 6) and at most %d (want a build above 1)", maxSum, maxWeight)

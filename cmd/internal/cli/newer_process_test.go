@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/slotctl/slotctl/internal/longtest"
 )
 
 // ptEvents is the store's log of limit, oldest first.
@@ -39,7 +41,8 @@ func ptEvents(t *testing.T, e *ptEnv, limit string) []eventJSON {
 
 // TestSupersedeOnePendingNewestWins emulates a CI's concurrency group of one
 // branch ("one running, one pending, the newest pending wins"): five runs of
-// --key main --supersede --max-waiting 1, started 200 ms apart. The first
+// --key main --supersede --max-waiting 1, each started once the one before
+// it has its ticket (or is gone, superseded by it). The first
 // is admitted and holds the slot until the test lets it go; each of the
 // next three is superseded by the one after it as soon as that one is
 // written (exit 75, saying which ticket took its place; its command never
@@ -57,23 +60,20 @@ func TestSupersedeOnePendingNewestWins(t *testing.T) {
 		`if [ "$1" = 0 ]; then while [ ! -e release ]; do sleep 0.01; done; date +%s%N > end.0; fi`
 	procs := make([]*ptProc, n)
 	for i := range n {
-		if i > 0 {
-			time.Sleep(200 * time.Millisecond)
-		}
 		procs[i] = e.start(ctx, fmt.Sprintf("run%d", i), "run", "--limit", "ci", "--key", "main", "--supersede", "--max-waiting", "1",
 			"--url", fmt.Sprintf("https://ci.example/runs/%d", i), "--", "sh", "-c", script, "sh", strconv.Itoa(i))
 		if i == 0 {
 			ptWaitFor(t, "the first run's child", 10*time.Second, func() bool { return ptExists(e.path("ticket.0")) })
+			continue
 		}
-	}
-	// The three in between are gone once the last is queued.
-	for i := 1; i < n-1; i++ {
-		if code := procs[i].wait(t, 10*time.Second); code != exitBusy {
-			t.Errorf("run %d exited %d, want %d (superseded); stderr:\n%s", i, code, exitBusy, procs[i].stderr())
+		ptWaitTicket(t, e, procs[i], 20*time.Second)
+		if i == 1 {
+			continue
 		}
-		// At once: within a second of the run that superseded it.
-		if d := procs[i].exitedAt.Sub(procs[i+1].started); d > time.Second {
-			t.Errorf("run %d exited %s after run %d started, want at once (its bell rings)", i, d, i+1)
+		// The one it superseded hears it by its bell: well before its
+		// poll (the default --ttl's renewal, 10 s) would tell it.
+		if code := procs[i-1].wait(t, 5*time.Second); code != exitBusy {
+			t.Errorf("run %d exited %d, want %d (superseded); stderr:\n%s", i-1, code, exitBusy, procs[i-1].stderr())
 		}
 	}
 	select {
@@ -136,8 +136,9 @@ func readFile(t *testing.T, path string) string {
 
 // replaceOnce runs one --replace round in limit: a held job whose child
 // traps SIGTERM (recording when it got it, then exiting 200 ms later), and
-// a new run of its key with --replace. The child must get SIGTERM within a
-// second of the new run's start, its slotctl must exit 143 naming the new
+// a new run of its key with --replace. The child must get SIGTERM within 5 s
+// of the new run's start (its bell; its next renewal would be 10 s away),
+// its slotctl must exit 143 naming the new
 // run after the child exited, and the new run's child must start after the
 // old one exited. It returns the stop latency: from the store's "replaced"
 // event (the request committed) to the old child's SIGTERM, and from the
@@ -150,10 +151,9 @@ func replaceOnce(t *testing.T, e *ptEnv, ctx context.Context, limit string) (fro
 		"sh", limit)
 	ptWaitInt(t, f("started"), 10*time.Second)
 	nu := e.start(ctx, limit+"-new", "run", "--limit", limit, "--key", "prod", "--replace", "--", "sh", "-c", `date +%s%N > "$1.new"`, "sh", limit)
+	// The stop request reaches the holder by its bell, well before its next
+	// renewal (10 s at the default --ttl) would carry it.
 	term := time.Unix(0, ptWaitInt(t, f("term"), 5*time.Second))
-	if d := term.Sub(nu.started); d >= time.Second {
-		t.Errorf("%s: the held job's child got SIGTERM %s after the --replace run started, want within 1s", limit, d)
-	}
 	if code := old.wait(t, 10*time.Second); code != 143 {
 		t.Fatalf("%s: the replaced run exited %d, want 143; stderr:\n%s", limit, code, old.stderr())
 	}
@@ -210,16 +210,16 @@ func replaceRounds(t *testing.T, e *ptEnv, n int, store string) {
 }
 
 // TestReplaceStopsHolder: --replace on the same host (bbolt): the held
-// job's child gets SIGTERM within a second (its bell), its slotctl exits
-// 143 after the child, the new job starts after that; 20 rounds, the
-// median stop latency logged.
+// job's child gets SIGTERM by its bell, its slotctl exits 143 after the
+// child, the new job starts after that; 3 rounds (20 with SLOTCTL_LONG=1),
+// the median stop latency logged (a figure, not a bound).
 func TestReplaceStopsHolder(t *testing.T) {
-	replaceRounds(t, newPTEnv(t), 20, "bbolt")
+	replaceRounds(t, newPTEnv(t), longtest.Pick(3, 20), "bbolt")
 }
 
 // TestEtcdReplaceStopsHolder is TestReplaceStopsHolder on etcd (the holder
 // hears the stop request through the watch of its own key).
 func TestEtcdReplaceStopsHolder(t *testing.T) {
 	e, _ := etcdPTEnv(t)
-	replaceRounds(t, e, 20, "etcd")
+	replaceRounds(t, e, longtest.Pick(3, 20), "etcd")
 }
