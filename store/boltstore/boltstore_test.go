@@ -796,7 +796,7 @@ func TestLockTimeout(t *testing.T) {
 		if strings.Contains(err.Error(), "--") {
 			t.Errorf("%s: error %q names a command-line flag", name, err)
 		}
-		if el < 150*time.Millisecond || el > time.Second {
+		if el < 150*time.Millisecond || el > 3*time.Second { // not long past it, with room for a loaded machine
 			t.Errorf("%s gave up after %v, want about the 200ms timeout", name, el)
 		}
 	}
@@ -808,7 +808,7 @@ func TestLockTimeout(t *testing.T) {
 	if _, err := s2.Enqueue(cctx, req("c", "x", 1)); err == nil {
 		t.Errorf("Enqueue under a held lock with a 100ms ctx succeeded")
 	}
-	if el := time.Since(start); el > time.Second {
+	if el := time.Since(start); el > 2500*time.Millisecond { // half the 5s timeout
 		t.Errorf("Enqueue with a 100ms ctx deadline waited %v", el)
 	}
 }

@@ -569,8 +569,8 @@ func TestSigstopSupervisorPastTTL(t *testing.T) {
 	if code != exitLost {
 		t.Errorf("first slotctl exited %d after SIGCONT, want %d; stderr:\n%s", code, exitLost, first.stderr())
 	}
-	if d := first.exitedAt.Sub(contAt); d >= time.Second {
-		t.Errorf("first slotctl exited %s after SIGCONT, want < 1s", d)
+	if d := first.exitedAt.Sub(contAt); d >= 5*time.Second { // well before --kill-after's 10s
+		t.Errorf("first slotctl exited %s after SIGCONT, want at once (its child exits on SIGTERM)", d)
 	}
 	b, _ := os.ReadFile(e.path("events"))
 	if !strings.HasPrefix(string(b), "term ") {
