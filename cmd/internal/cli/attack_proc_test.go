@@ -97,12 +97,9 @@ func TestAttackHelperForge(t *testing.T) {
 // use. Root's reap must not call the running job orphaned, nor signal it.
 func TestAttackForgedHolderPid(t *testing.T) {
 	e := attacktest.New(t)
-	self, err := exec.LookPath("slotctl")
-	if err != nil {
-		t.Fatalf("slotctl not on PATH (TestMain puts it there): %v", err)
-	}
+	self := slotctlPath(t)
 	bin := e.Install(self, "slotctl")
-	helper := e.Install(self, "slotctl.test") // another name: TestMain runs the tests
+	helper := e.Install(testBinary(t), "slotctl.test")
 	for _, victim := range []attacktest.User{e.Bob, e.Root} {
 		t.Run(victim.Name, func(t *testing.T) {
 			dir := e.SharedDir("shared-"+victim.Name, attacktest.Mode(0o2770))
@@ -210,12 +207,9 @@ func TestAttackCapReaperKillsOrphan(t *testing.T) {
 	if err != nil {
 		t.Skip("needs util-linux setpriv")
 	}
-	self, err := exec.LookPath("slotctl")
-	if err != nil {
-		t.Fatalf("slotctl not on PATH (TestMain puts it there): %v", err)
-	}
+	self := slotctlPath(t)
 	bin := e.Install(self, "slotctl")
-	helper := e.Install(self, "slotctl.test")
+	helper := e.Install(testBinary(t), "slotctl.test")
 	// Not a subreaper: this test binary also runs scripts whose orphans
 	// must go to init, which reaps them. Killed orphans are init's to reap.
 	dir := e.SharedDir("shared", attacktest.Mode(0o2770))
@@ -311,4 +305,14 @@ func TestAttackCapReaperKillsOrphan(t *testing.T) {
 	if _, err := st.Get(context.Background(), id); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("ticket after the packaged reaper: %v, want reaped", err)
 	}
+}
+
+// testBinary is this test binary, which runs the attack's helper tests.
+func testBinary(t *testing.T) string {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return self
 }

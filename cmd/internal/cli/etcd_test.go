@@ -20,22 +20,8 @@ import (
 	"github.com/rogpeppe/go-internal/testscript"
 	"github.com/spf13/cobra"
 
-	"github.com/slotctl/slotctl/store"
 	"github.com/slotctl/slotctl/store/etcdstore/etcdtest"
 )
-
-// testIdentity is this process's identity under another host name and boot
-// id (SLOTCTLTEST_HOST, SLOTCTLTEST_BOOT): two slotctl processes on one
-// machine then look like two hosts sharing an etcd limit, and neither can
-// prove the other dead.
-func testIdentity(host, boot string) store.Holder {
-	h := realIdentity(&RunOptions{})
-	h.Host = host
-	if boot != "" {
-		h.BootID = boot
-	}
-	return h
-}
 
 type etcdKey struct{}
 

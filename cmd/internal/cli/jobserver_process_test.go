@@ -33,7 +33,8 @@ fail:
 // jsClient is a jobserver client of the fifo style in sh: $2 recipes,
 // logged in $1; one worker runs on the job's own slot, each other one takes
 // a token from the FIFO for each recipe and gives it back after (dd with
-// iflag=nonblock, polled: no worker blocks on the FIFO at the end).
+// iflag=nonblock, polled every 50 ms: no worker blocks on the FIFO at the
+// end).
 const jsClient = `set -e
 log=$1 n=$2
 case $MAKEFLAGS in *--jobserver-auth=fifo:*) ;; *) echo "no fifo in MAKEFLAGS: $MAKEFLAGS" >&2; exit 9;; esac
@@ -47,7 +48,7 @@ acquire() {
 		tok=$(dd bs=1 count=1 iflag=nonblock status=none <&3 2>/dev/null || true)
 		[ -n "$tok" ] && return 0
 		[ -d "claim.$log.$n" ] && return 1
-		sleep 0.01
+		sleep 0.05
 	done
 }
 worker() {
@@ -149,6 +150,29 @@ func jsPeak(recipes []jsRecipe, deadline int64) (int, map[string]int, int64) {
 		}
 	}
 	return peak, early, both
+}
+
+// jsTimeline logs when each build ran how many recipes, in tenths of a
+// second from the later start.
+func jsTimeline(t *testing.T, recipes []jsRecipe, later time.Time) {
+	t.Helper()
+	type ev struct {
+		at    int64
+		d     int
+		build string
+	}
+	var evs []ev
+	for _, r := range recipes {
+		evs = append(evs, ev{r.start, 1, r.build}, ev{r.end, -1, r.build})
+	}
+	sort.Slice(evs, func(i, j int) bool { return evs[i].at < evs[j].at })
+	per := map[string]int{}
+	var b strings.Builder
+	for _, e := range evs {
+		per[e.build] += e.d
+		fmt.Fprintf(&b, "%+.1fs %v\n", time.Duration(e.at-later.UnixNano()).Seconds(), per)
+	}
+	t.Logf("recipes running, by build, from the later start:\n%s", b.String())
 }
 
 type jsBuild struct {
@@ -264,6 +288,10 @@ func jsBuilds(t *testing.T, e *ptEnv, builds []jsBuild, delay time.Duration) {
 	}
 	if both == 0 {
 		t.Errorf("the builds never both ran 2 recipes at once (the most of each within a second of the later start: %v)", early)
+		jsTimeline(t, all, later)
+		for i, p := range procs {
+			t.Logf("build %s's stderr:\n%s", builds[i].name, p.stderr())
+		}
 	}
 	if maxSum > 6 || maxWeight < 2 {
 		t.Errorf("ls showed held weights summing to %d (want at most 6) and at most %d (want a build above 1)", maxSum, maxWeight)

@@ -30,6 +30,7 @@ import (
 
 	"github.com/mattn/go-runewidth"
 
+	"github.com/slotctl/slotctl/internal/testguard"
 	"github.com/slotctl/slotctl/store"
 	"github.com/slotctl/slotctl/store/boltstore"
 )
@@ -615,10 +616,7 @@ func lsBin(t *testing.T) string {
 	if testing.Short() {
 		t.Skip("runs processes for seconds; skipped with -short")
 	}
-	bin, err := exec.LookPath("slotctl")
-	if err != nil {
-		t.Fatalf("slotctl not on PATH (TestMain should put it there): %v", err)
-	}
+	bin := slotctlPath(t)
 	return bin
 }
 
@@ -627,7 +625,7 @@ func lsProcEnv(e *lsEnv) []string {
 	var env []string
 	for _, kv := range os.Environ() {
 		k, _, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(k, "SLOTCTL") || k == "HOME" || strings.HasPrefix(k, "XDG_") || k == "NO_COLOR" || k == "TMUX" {
+		if (strings.HasPrefix(k, "SLOTCTL") && k != testguard.Var) || k == "HOME" || strings.HasPrefix(k, "XDG_") || k == "NO_COLOR" || k == "TMUX" {
 			continue
 		}
 		env = append(env, kv)

@@ -1,60 +1,69 @@
 package cli
 
 import (
-	"context"
 	"flag"
+	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
 	"testing"
-	"time"
 
-	"github.com/rogpeppe/go-internal/testscript"
-
-	"github.com/slotctl/slotctl/internal/proc"
 	"github.com/slotctl/slotctl/internal/testguard"
-	"github.com/slotctl/slotctl/store"
-	"github.com/slotctl/slotctl/store/boltstore"
 )
 
-// TestMain makes this test binary double as slotctl: scripts and process
-// tests find "slotctl" on PATH (testscript puts a copy there). As a test
-// binary, it kills whatever its tests started that outlived them.
+// TestMain kills whatever the tests started that outlived them
+// (testguard), puts the slotctl that the scripts and process tests run
+// first on PATH (slotctlPath builds it when a test first needs it), and
+// runs the scripts 8 at a time: a script spends its time waiting on the
+// processes it started, and go test's default (one per CPU) would run the
+// 50 scripts two at a time on a two-core machine. An explicit -parallel is
+// kept.
 func TestMain(m *testing.M) {
-	testscript.Main(guarded{m}, map[string]func(){
-		"slotctl": func() {
-			f := NewFactory("v0.0.0-test", "testcommit", "2026-01-01T00:00:00Z")
-			if off, err := time.ParseDuration(os.Getenv("SLOTCTLTEST_CLOCK_OFFSET")); err == nil {
-				f.StoreClock = offsetClock(off)
-			}
-			if host := os.Getenv("SLOTCTLTEST_HOST"); host != "" {
-				// Another host sharing the store (etcd): its own name and boot id.
-				f.Identity = func() store.Holder { return testIdentity(host, os.Getenv("SLOTCTLTEST_BOOT")) }
-			}
-			os.Exit(Main(context.Background(), os.Args[1:], f))
-		},
-	})
-}
-
-// guarded runs the tests under testguard, the scripts 8 at a time: a script
-// spends its time waiting on the processes it started, and go test's
-// default (one per CPU) would run the 50 scripts two at a time on a
-// two-core machine. An explicit -parallel is kept.
-type guarded struct{ m *testing.M }
-
-func (g guarded) Run() int {
 	flag.Parse()
 	set := false
 	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
 	if !set {
 		_ = flag.Set("test.parallel", "8")
 	}
-	return testguard.Main(g.m)
+	dir, err := os.MkdirTemp("", "slotctl-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	testSlotctl.dir = dir
+	os.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	code := testguard.Main(m)
+	os.RemoveAll(dir)
+	os.Exit(code)
 }
 
-// offsetClock is the host's boot-time clock shifted by a duration, so that a
-// script can make leases look expired to one slotctl process without sleeping
-// (SLOTCTLTEST_CLOCK_OFFSET=1h). Only the test binary reads that variable.
-type offsetClock time.Duration
+// testSlotctl is the slotctl of the tests: testdata/slotctl, this package
+// with the tests' hooks, built once into dir.
+var testSlotctl struct {
+	dir  string
+	once sync.Once
+	err  error
+}
 
-func (o offsetClock) Now() boltstore.Instant {
-	return boltstore.Instant{Boot: proc.BootID(), Mono: proc.Boottime() + time.Duration(o), Wall: time.Now().Add(time.Duration(o))}
+// slotctlPath builds the tests' slotctl (once) and returns its path. It is
+// built with the race detector when this test binary has it, so that the
+// processes the tests start are checked as the tests are.
+func slotctlPath(t testing.TB) string {
+	t.Helper()
+	bin := filepath.Join(testSlotctl.dir, "slotctl")
+	testSlotctl.once.Do(func() {
+		args := []string{"build", "-o", bin}
+		if raceBuild {
+			args = append(args, "-race")
+		}
+		out, err := exec.Command("go", append(args, "./testdata/slotctl")...).CombinedOutput()
+		if err != nil {
+			testSlotctl.err = fmt.Errorf("go build ./testdata/slotctl: %v\n%s", err, out)
+		}
+	})
+	if testSlotctl.err != nil {
+		t.Fatal(testSlotctl.err)
+	}
+	return bin
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/slotctl/slotctl/internal/testguard"
 	"github.com/slotctl/slotctl/store"
 	"github.com/slotctl/slotctl/store/boltstore"
 )
@@ -28,7 +29,7 @@ func TestMetricsAfterRuns(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "slots.db")
 	env := []string{"HOME=" + dir, "XDG_CONFIG_HOME=" + filepath.Join(dir, "cfg"), "XDG_STATE_HOME=" + filepath.Join(dir, "state"),
-		"SLOTCTL_STORE=" + path, "PATH=" + os.Getenv("PATH"), "GORACE=atexit_sleep_ms=0"}
+		"SLOTCTL_STORE=" + path, "PATH=" + filepath.Dir(slotctlPath(t)) + ":" + os.Getenv("PATH"), "GORACE=atexit_sleep_ms=0", testguard.Env()}
 	slotctl := func(extraEnv []string, args ...string) *exec.Cmd {
 		cmd := exec.Command("slotctl", args...)
 		cmd.Env = append(append([]string{}, env...), extraEnv...)

@@ -20,6 +20,7 @@ import (
 // TestScript runs the end-to-end scripts in testdata/script against the
 // slotctl binary that TestMain puts on PATH.
 func TestScript(t *testing.T) {
+	slotctlPath(t)
 	testscript.Run(t, testscript.Params{
 		Dir:                 "testdata/script",
 		RequireExplicitExec: true,
