@@ -113,7 +113,13 @@ func cmdEtcd(ts *testscript.TestScript, neg bool, args []string) {
 // etcdPTEnv is a process-test environment on an etcd server of its own.
 func etcdPTEnv(t *testing.T) (*ptEnv, *etcdtest.Server) {
 	t.Helper()
-	e := newPTEnv(t)
+	return etcdPTEnvWith(t, newPTEnv)
+}
+
+// etcdPTEnvWith is etcdPTEnv on an environment from newEnv (newPTEnvAlone).
+func etcdPTEnvWith(t *testing.T, newEnv func(*testing.T) *ptEnv) (*ptEnv, *etcdtest.Server) {
+	t.Helper()
+	e := newEnv(t)
 	srv := etcdtest.Start(t, etcdtest.Options{})
 	e.env = append(e.env, "SLOTCTL_STORE=etcd://"+srv.Endpoint+"/slotctl")
 	return e, srv

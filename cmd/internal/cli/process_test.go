@@ -39,15 +39,24 @@ type ptEnv struct {
 	pids  []int // children's pids (group leaders): killed with their groups at cleanup
 }
 
+// Process tests spend their time waiting on leases and children: they run
+// beside each other and the scripts (-parallel, 8 by TestMain).
 func newPTEnv(t *testing.T) *ptEnv {
+	t.Helper()
+	e := newPTEnvAlone(t)
+	t.Parallel()
+	return e
+}
+
+// newPTEnvAlone is newPTEnv for a test that loads the machine itself (dozens
+// of processes, two builds): it runs before the parallel tests, beside no
+// other test of this package.
+func newPTEnvAlone(t *testing.T) *ptEnv {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("process tests take seconds; skipped with -short")
 	}
-	bin, err := exec.LookPath("slotctl")
-	if err != nil {
-		t.Fatalf("slotctl not on PATH (TestMain should put it there): %v", err)
-	}
+	bin := slotctlPath(t)
 	dir := t.TempDir()
 	var env []string
 	for _, kv := range os.Environ() {
