@@ -112,17 +112,18 @@ func readJSLog(t *testing.T, path, build string) []jsRecipe {
 	return out
 }
 
-// jsPeak is the most recipes running at once, and the most of each build
-// running at once before deadline (ns).
-func jsPeak(recipes []jsRecipe, deadline int64) (int, map[string]int, int64) {
-	type ev struct {
-		at    int64
-		d     int
-		build string
-	}
-	var evs []ev
+// jsEvent is a recipe's start (d +1) or end (d -1).
+type jsEvent struct {
+	at    int64
+	d     int
+	build string
+}
+
+// jsEvents are the recipes' starts and ends in time order.
+func jsEvents(recipes []jsRecipe) []jsEvent {
+	var evs []jsEvent
 	for _, r := range recipes {
-		evs = append(evs, ev{r.start, 1, r.build}, ev{r.end, -1, r.build})
+		evs = append(evs, jsEvent{r.start, 1, r.build}, jsEvent{r.end, -1, r.build})
 	}
 	sort.Slice(evs, func(i, j int) bool {
 		if evs[i].at != evs[j].at {
@@ -130,6 +131,13 @@ func jsPeak(recipes []jsRecipe, deadline int64) (int, map[string]int, int64) {
 		}
 		return evs[i].d < evs[j].d // an end before a start at the same instant
 	})
+	return evs
+}
+
+// jsPeak is the most recipes running at once, and the most of each build
+// running at once before deadline (ns).
+func jsPeak(recipes []jsRecipe, deadline int64) (int, map[string]int, int64) {
+	evs := jsEvents(recipes)
 	peak, n := 0, 0
 	per := map[string]int{}
 	early := map[string]int{}
@@ -158,19 +166,9 @@ func jsPeak(recipes []jsRecipe, deadline int64) (int, map[string]int, int64) {
 // second from the later start.
 func jsTimeline(t *testing.T, recipes []jsRecipe, later time.Time) {
 	t.Helper()
-	type ev struct {
-		at    int64
-		d     int
-		build string
-	}
-	var evs []ev
-	for _, r := range recipes {
-		evs = append(evs, ev{r.start, 1, r.build}, ev{r.end, -1, r.build})
-	}
-	sort.Slice(evs, func(i, j int) bool { return evs[i].at < evs[j].at })
 	per := map[string]int{}
 	var b strings.Builder
-	for _, e := range evs {
+	for _, e := range jsEvents(recipes) {
 		per[e.build] += e.d
 		fmt.Fprintf(&b, "%+.1fs %v\n", time.Duration(e.at-later.UnixNano()).Seconds(), per)
 	}
