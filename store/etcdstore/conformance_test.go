@@ -33,6 +33,7 @@ import (
 var tight = map[string]bool{"RenewAfterScanWins": true, "LiveHolderKeptUntilTTL": true}
 
 func TestConformance(t *testing.T) {
+	t.Parallel() // beside the tests that have a server of their own, after the tight ones
 	runConformance(t, conformanceTTL(), func(c string) bool { return !tight[c] })
 }
 
