@@ -1252,13 +1252,23 @@ func TestStoreDescriptorsReleased(t *testing.T) {
 }
 
 // openFDs counts this process's open descriptors.
-func openFDs(t *testing.T) int {
+// openFDs counts this process's descriptors of dir and what is in it: not
+// all of them, which an earlier test's goroutine may be opening or closing
+// meanwhile.
+func openFDs(t *testing.T, dir string) int {
 	t.Helper()
 	ents, err := os.ReadDir("/proc/self/fd")
 	if err != nil {
 		t.Skipf("no /proc/self/fd: %v", err)
 	}
-	return len(ents)
+	n := 0
+	for _, e := range ents {
+		target, err := os.Readlink("/proc/self/fd/" + e.Name())
+		if err == nil && (target == dir || strings.HasPrefix(target, dir+"/")) {
+			n++
+		}
+	}
+	return n
 }
 
 // Close closes the store's directory descriptors (the store's directory and
@@ -1266,9 +1276,10 @@ func openFDs(t *testing.T) int {
 // a second Close is a no-op, and a Close during an operation waits for it
 // to stop using them.
 func TestCloseClosesDescriptors(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "slots.db")
+	dir := t.TempDir()
+	path := filepath.Join(dir, "slots.db")
 	ctx := context.Background()
-	before := openFDs(t)
+	before := openFDs(t, dir)
 	s, err := New(path, Options{Clock: newClock(), NoSync: true})
 	if err != nil {
 		t.Fatal(err)
@@ -1279,13 +1290,13 @@ func TestCloseClosesDescriptors(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.Close()
-	if n := openFDs(t); n < before+2 {
+	if n := openFDs(t, dir); n < before+2 {
 		t.Fatalf("%d descriptors open with the store and its bells directory, want at least %d", n, before+2)
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if n := openFDs(t); n != before {
+	if n := openFDs(t, dir); n != before {
 		t.Fatalf("%d descriptors open after Close, want the %d of before New", n, before)
 	}
 	if err := s.Close(); err != nil {
@@ -1318,7 +1329,7 @@ func TestCloseClosesDescriptors(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("Enqueue in flight during Close: %v", err)
 	}
-	if n := openFDs(t); n != before {
+	if n := openFDs(t, dir); n != before {
 		t.Fatalf("%d descriptors open after the operation ended, want %d", n, before)
 	}
 	if _, err := s2.Enqueue(ctx, req("c", "x", 1)); !errors.Is(err, store.ErrClosed) {
