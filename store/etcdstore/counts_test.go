@@ -45,7 +45,7 @@ func tally(t *testing.T, st store.Store, limit string) store.Counts {
 // Enqueue): each part counts its own removals, so the counts are the
 // log's, each superseded waiter once.
 func TestCountsOfSupersedeInParts(t *testing.T) {
-	t.Parallel() // a server of its own: it runs beside the others and the conformance suite's sleeps
+	t.Parallel()                                               // a server of its own: it runs beside the others and the conformance suite's sleeps
 	srv := etcdtest.Start(t, etcdtest.Options{MaxTxnOps: 100}) // the plans' own bound (maxPlanOps)
 	st := open(t, srv, etcdstore.Options{})
 	mustEnqueue(t, st, keyReq("h", "l", "main", 1), store.Held)
@@ -69,7 +69,7 @@ func TestCountsOfSupersedeInParts(t *testing.T) {
 // one limit of weight 61), their limits created by the enqueue, still fit
 // with their counts keys, and are counted in each limit.
 func TestCountsOfLargestTickets(t *testing.T) {
-	t.Parallel() // a server of its own: it runs beside the others and the conformance suite's sleeps
+	t.Parallel()                                               // a server of its own: it runs beside the others and the conformance suite's sleeps
 	srv := etcdtest.Start(t, etcdtest.Options{MaxTxnOps: 100}) // the plans' own bound (maxPlanOps)
 	st := open(t, srv, etcdstore.Options{})
 	ctx := context.Background()
