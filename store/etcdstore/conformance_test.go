@@ -33,7 +33,9 @@ import (
 var tight = map[string]bool{"RenewAfterScanWins": true, "LiveHolderKeptUntilTTL": true}
 
 func TestConformance(t *testing.T) {
-	t.Parallel() // beside the tests that have a server of their own, after the tight ones
+	// In parallel with the tests that start a server of their own (they
+	// call t.Parallel too), after the tight cases and the serial tests.
+	t.Parallel()
 	runConformance(t, conformanceTTL(), func(c string) bool { return !tight[c] })
 }
 
