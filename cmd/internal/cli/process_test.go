@@ -75,6 +75,13 @@ func newPTEnvAlone(t *testing.T) *ptEnv {
 		"SLOTCTL_STORE="+filepath.Join(dir, "slots.db"),
 	)
 	env = append(env, testguard.Test(t).Env()) // what outlives the test is killed
+	// What slotctl leaves in the temporary directory when a test kills it
+	// (a jobserver's FIFO directory) goes with the test's directory.
+	tmp := filepath.Join(dir, "tmp")
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	env = append(env, "TMPDIR="+tmp)
 	if os.Getenv("GORACE") == "" {
 		// A -race binary otherwise sleeps 1s when it exits 0, which
 		// would blur the timings measured here.
