@@ -42,7 +42,7 @@ func deltaKeys(t *testing.T, c *clientv3.Client, prefix, limit string) int64 {
 // once, and many such leaves at once are each counted (no lost update, and
 // no conflicts between them).
 func TestLightStepsCounted(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	srv := etcdtest.Start(t, etcdtest.Options{})
 	ctx := context.Background()
 	prefix := "/" + t.Name()
@@ -110,7 +110,7 @@ func TestLightStepsCounted(t *testing.T) {
 // TestHostileDeltaIsCorrupt: a delta key that a light step could not have
 // written is ErrCorrupt (exit 69) for Counts and for the plans that fold it.
 func TestHostileDeltaIsCorrupt(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	srv := etcdtest.Start(t, etcdtest.Options{})
 	ctx := context.Background()
 	prefix := "/" + t.Name()

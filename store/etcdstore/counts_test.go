@@ -45,7 +45,7 @@ func tally(t *testing.T, st store.Store, limit string) store.Counts {
 // Enqueue): each part counts its own removals, so the counts are the
 // log's, each superseded waiter once.
 func TestCountsOfSupersedeInParts(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	srv := etcdtest.Start(t, etcdtest.Options{MaxTxnOps: 100}) // the plans' own bound (maxPlanOps)
 	st := open(t, srv, etcdstore.Options{})
 	mustEnqueue(t, st, keyReq("h", "l", "main", 1), store.Held)
@@ -69,7 +69,7 @@ func TestCountsOfSupersedeInParts(t *testing.T) {
 // one limit of weight 61), their limits created by the enqueue, still fit
 // with their counts keys, and are counted in each limit.
 func TestCountsOfLargestTickets(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	srv := etcdtest.Start(t, etcdtest.Options{MaxTxnOps: 100}) // the plans' own bound (maxPlanOps)
 	st := open(t, srv, etcdstore.Options{})
 	ctx := context.Background()
@@ -102,7 +102,7 @@ func TestCountsOfLargestTickets(t *testing.T) {
 // is counted in its limits that still exist, and creates no counts for a
 // limit removed meanwhile.
 func TestCountsOfLateLost(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	srv := etcdtest.Start(t, etcdtest.Options{})
 	st := open(t, srv, etcdstore.Options{})
 	c := raw(t, srv)
@@ -138,7 +138,7 @@ func TestCountsOfLateLost(t *testing.T) {
 // still count every run. The log is filled up straight in etcd behind the
 // real runs (10,000 enqueues would take minutes), then a reap trims it.
 func TestCountsSurviveTrimmedLog(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	srv := etcdtest.Start(t, etcdtest.Options{})
 	st := open(t, srv, etcdstore.Options{})
 	c := raw(t, srv)
@@ -178,7 +178,7 @@ func TestCountsSurviveTrimmedLog(t *testing.T) {
 // for the write that would count into it (never read as zero and written
 // over).
 func TestHostileCountsAreCorrupt(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	srv := etcdtest.Start(t, etcdtest.Options{})
 	c := raw(t, srv)
 	ctx := context.Background()
@@ -217,7 +217,7 @@ func TestHostileCountsAreCorrupt(t *testing.T) {
 // deletes its counts) do not pass to a limit made under that name: it
 // counts from zero, made by SetLimit or by an enqueue.
 func TestCountsOfNewLimitStartAtZero(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	srv := etcdtest.Start(t, etcdtest.Options{})
 	st := open(t, srv, etcdstore.Options{})
 	c := raw(t, srv)

@@ -49,7 +49,7 @@ func mustGet(t *testing.T, st store.Store, id string) store.Ticket {
 // admits X (a, b), which lets Y (b, c) through in b, which lets Z through
 // in c, though the release touched only a and nobody else writes.
 func TestClosureSettleAcrossThreeLimits(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	srv := etcdtest.Start(t, etcdtest.Options{})
 	st := open(t, srv, etcdstore.Options{})
 	ctx := context.Background()
@@ -141,7 +141,7 @@ func TestClosureSettleAcrossThreeLimits(t *testing.T) {
 // A heavy ticket takes Weighs slot indexes, the lowest free, and is not
 // overtaken by lighter tickets behind it.
 func TestWeightedHeadNotOvertaken(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	srv := etcdtest.Start(t, etcdtest.Options{})
 	st := open(t, srv, etcdstore.Options{})
 	ctx := context.Background()
@@ -176,7 +176,7 @@ func TestWeightedHeadNotOvertaken(t *testing.T) {
 // refused at Enqueue, naming its limits, its weight and the bound; the
 // largest it admits, of 16 limits, is admitted, released and handed on.
 func TestTicketBoundOfOneTransaction(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	srv := etcdtest.Start(t, etcdtest.Options{})
 	st := open(t, srv, etcdstore.Options{})
 	ctx := context.Background()
@@ -237,7 +237,7 @@ func raw(t *testing.T, srv *etcdtest.Server) *clientv3.Client {
 // a newer version is ErrCorrupt naming it, and a hostile one (bad names,
 // counts, weights, indexes) is ErrCorrupt, never a panic.
 func TestHostileRecordsAreCorrupt(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	srv := etcdtest.Start(t, etcdtest.Options{})
 	c := raw(t, srv)
 	ctx := context.Background()
@@ -328,7 +328,7 @@ func TestHostileRecordsAreCorrupt(t *testing.T) {
 // works: its tickets are of one limit and weight 1, a release hands the
 // slot on, and a ticket of several limits joins its queue.
 func TestLegacyRecordsWork(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	srv := etcdtest.Start(t, etcdtest.Options{})
 	st := open(t, srv, etcdstore.Options{})
 	writeLegacy(t, srv, st, 10*time.Second)
@@ -401,7 +401,7 @@ func TestBellOfSeveralLimitsOutlastsEach(t *testing.T) {
 // no slot index held twice, and a ticket held in all of its limits or in
 // none; every ticket is admitted in the end.
 func TestConcurrentSeveralLimits(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	srv := etcdtest.Start(t, etcdtest.Options{})
 	ctx := context.Background()
 	sizes := map[string]int{"p": 2, "q": 3, "r": 2}
@@ -520,7 +520,7 @@ func TestConcurrentSeveralLimits(t *testing.T) {
 // limit in one revision), and its Get answers from it: the waiter's handle
 // makes no request between the release and its Get's answer.
 func TestPromotionInAnotherLimitAnswersGet(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	srv := etcdtest.Start(t, etcdtest.Options{})
 	ctx := context.Background()
 	holders := open(t, srv, etcdstore.Options{Prefix: "/handoff2"})
@@ -561,7 +561,7 @@ func TestPromotionInAnotherLimitAnswersGet(t *testing.T) {
 // tickets of two) and a settle longer than one commits (29 admissions):
 // one release admits them all, a prefix per transaction, in fence order.
 func TestLongClosure(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	srv := etcdtest.Start(t, etcdtest.Options{})
 	st := open(t, srv, etcdstore.Options{})
 	ctx := context.Background()

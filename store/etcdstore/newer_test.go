@@ -49,7 +49,7 @@ func superseded(t *testing.T, st store.Store, tk store.Ticket, by string) {
 // one of another key, not one of the key in another limit. Each handle
 // (the writer's, another's) then sees the removed one superseded.
 func TestSupersedeRemovesOlderWaitersOfTheKey(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	srv := etcdtest.Start(t, etcdtest.Options{})
 	st := open(t, srv, etcdstore.Options{})
 	other := open(t, srv, etcdstore.Options{Prefix: "/" + t.Name()})
@@ -101,7 +101,7 @@ func TestSupersedeRemovesOlderWaitersOfTheKey(t *testing.T) {
 // request; the new ticket is admitted only once the replaced one is gone,
 // though a slot is free beside it.
 func TestReplaceRingsHolderAndWaitsForRelease(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	srv := etcdtest.Start(t, etcdtest.Options{})
 	holder := open(t, srv, etcdstore.Options{})
 	newer := open(t, srv, etcdstore.Options{Prefix: "/" + t.Name()})
@@ -170,7 +170,7 @@ func TestReplaceRingsHolderAndWaitsForRelease(t *testing.T) {
 // A stop request is part of the held ticket: it survives a restart of the
 // server, and a new handle reads it.
 func TestStopSurvivesRestart(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	srv := etcdtest.Start(t, etcdtest.Options{})
 	st := open(t, srv, etcdstore.Options{})
 	mustEnqueue(t, st, keyReq("h", "l", "k", 1), store.Held)
@@ -206,7 +206,7 @@ func keysUnder(t *testing.T, c *clientv3.Client, prefix string) map[string]int64
 // Max-waiting counts after the superseded ones are gone, and a refusal
 // writes nothing: no ticket, no supersede, no stop request, no limit.
 func TestMaxWaitingRefusalWritesNothing(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	srv := etcdtest.Start(t, etcdtest.Options{})
 	c := raw(t, srv)
 	prefix := "/" + t.Name()
@@ -248,7 +248,7 @@ func TestMaxWaitingRefusalWritesNothing(t *testing.T) {
 // A supersede of more waiters than one transaction holds removes them
 // all: as many per transaction as fit, then the ticket.
 func TestSupersedeOfManyWaiters(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	srv := etcdtest.Start(t, etcdtest.Options{})
 	st := open(t, srv, etcdstore.Options{})
 	mustEnqueue(t, st, keyReq("h", "l", "main", 1), store.Held)

@@ -71,7 +71,7 @@ func wantSlotKeys(t *testing.T, c *clientv3.Client, st *etcdstore.Store, limit s
 // MaxTicketKeys), so that the ticket stays removable in one; its slot keys
 // follow its indexes, and a release deletes them all.
 func TestResizeKeyBound(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	srv := etcdtest.Start(t, etcdtest.Options{})
 	st := open(t, srv, etcdstore.Options{})
 	c := raw(t, srv)
@@ -107,7 +107,7 @@ func TestResizeKeyBound(t *testing.T) {
 // waiter's renewal admits the next ticket to all of them. A ticket of the
 // previous release's records resizes too.
 func TestResizeExpiryFreesAll(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	srv := etcdtest.Start(t, etcdtest.Options{})
 	st := open(t, srv, etcdstore.Options{})
 	c := raw(t, srv)
@@ -154,7 +154,7 @@ func TestResizeExpiryFreesAll(t *testing.T) {
 // Enqueue runs, on another handle, while the growth's transaction is on its
 // way): the growth retries, sees it, and takes nothing.
 func TestResizeGrowthRacingAWaiter(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	srv := etcdtest.Start(t, etcdtest.Options{})
 	other := open(t, srv, etcdstore.Options{Prefix: "/race"})
 	var joined atomic.Int32
