@@ -3,8 +3,10 @@
 package testguard
 
 import (
+	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -73,5 +75,39 @@ func TestCarries(t *testing.T) {
 		if got := carries([]byte(c.env), []byte("SLOTCTLTEST_GUARD=7-9")); got != c.want {
 			t.Errorf("carries(%q) = %v, want %v", c.env, got, c.want)
 		}
+	}
+}
+
+// Main fails a run whose test left a process behind, names it, and kills
+// it: the test binary is run again as a child whose one test starts a
+// sleep and returns.
+func TestMainFailsOnALeftover(t *testing.T) {
+	if os.Getenv("TESTGUARD_LEAVE") != "" {
+		cmd := exec.Command("sleep", "60")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(os.Getenv("TESTGUARD_LEAVE"), []byte(strconv.Itoa(cmd.Process.Pid)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return // the sleep outlives the test
+	}
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	child := exec.Command(os.Args[0], "-test.run=^TestMainFailsOnALeftover$", "-test.count=1")
+	child.Env = append(os.Environ(), "TESTGUARD_LEAVE="+pidFile)
+	out, err := child.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Fatalf("the child's run exited %v, want 1 (a process outlived its test); output:\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "1 processes outlived the tests") || !strings.Contains(string(out), "sleep 60") {
+		t.Errorf("the child's run does not name the sleep it left:\n%s", out)
+	}
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.ReadFile("/proc/" + string(b) + "/stat"); err == nil && !strings.Contains(string(st), ") Z ") {
+		t.Errorf("the leftover sleep %s still runs", b)
 	}
 }
