@@ -26,13 +26,77 @@ var bootID = sync.OnceValue(func() string {
 func BootID() string { return bootID() }
 
 // Boottime is the time since boot on CLOCK_BOOTTIME: monotonic, counting
-// through suspend, unmoved by setting the date.
+// through suspend, unmoved by setting the date. It is the host's: a time
+// namespace's offset (unshare -T --boottime) is taken off, so that
+// processes in different time namespaces of one boot compare deadlines on
+// one clock.
 func Boottime() time.Duration {
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
 		panic(fmt.Sprintf("clock_gettime(CLOCK_BOOTTIME): %v", err)) // cannot happen on Linux >= 2.6.39
 	}
-	return time.Duration(ts.Nano())
+	return time.Duration(ts.Nano()) - bootOffset()
+}
+
+// bootOffset is this process's time namespace's CLOCK_BOOTTIME offset. A
+// kernel without time namespaces has no timens_offsets file: no offset.
+// An offset that cannot be read is a clock that cannot be trusted, so
+// slotctl stops rather than judge deadlines on it.
+var bootOffset = sync.OnceValue(func() time.Duration {
+	b, err := os.ReadFile("/proc/self/timens_offsets")
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0
+	}
+	if err != nil {
+		panic(fmt.Sprintf("read /proc/self/timens_offsets: %v", err))
+	}
+	off, err := parseTimensOffsets(b)
+	if err != nil {
+		panic(fmt.Sprintf("/proc/self/timens_offsets: %v", err))
+	}
+	return off
+})
+
+// parseTimensOffsets reads the boottime line of a timens_offsets file
+// ("boottime <secs> <nanosecs>", one line per clock); no such line is no
+// offset.
+func parseTimensOffsets(b []byte) (time.Duration, error) {
+	for line := range strings.SplitSeq(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || f[0] != "boottime" {
+			continue
+		}
+		if len(f) != 3 {
+			return 0, fmt.Errorf("malformed line %q", line)
+		}
+		secs, err1 := strconv.ParseInt(f[1], 10, 64)
+		nsecs, err2 := strconv.ParseInt(f[2], 10, 64)
+		if err1 != nil || err2 != nil || nsecs < 0 || nsecs >= 1e9 || secs > maxOffsetSecs || secs < -maxOffsetSecs {
+			return 0, fmt.Errorf("malformed line %q", line)
+		}
+		return time.Duration(secs)*time.Second + time.Duration(nsecs), nil
+	}
+	return 0, nil
+}
+
+// maxOffsetSecs bounds an offset read: a time namespace's clocks may be
+// moved by at most ten years (the kernel's own bound is smaller).
+const maxOffsetSecs = 10 * 366 * 24 * 3600
+
+// userHZ is the unit of /proc/PID/stat's start time (USER_HZ, which
+// sysconf(_SC_CLK_TCK) reports): 100 on every architecture Linux runs Go on.
+const userHZ = 100
+
+// offsetTicks is a boottime offset in /proc/PID/stat's clock ticks. The
+// kernel adds the reader's offset to every start time it shows there; an
+// offset that is not a whole number of ticks (no tool sets one) is
+// rounded down, as the kernel rounds the sum.
+func offsetTicks(off time.Duration) int64 {
+	t := int64(off / (time.Second / userHZ))
+	if off < 0 && off%(time.Second/userHZ) != 0 {
+		t--
+	}
+	return t
 }
 
 // PidNS is the inode of this process's pid namespace, 0 if unknown.
@@ -58,7 +122,18 @@ func readStat(pid int) (stat, error) {
 	if err != nil {
 		return stat{}, err
 	}
-	return parseStat(b)
+	st, err := parseStat(b)
+	if err != nil {
+		return st, err
+	}
+	st.Start = hostTicks(st.Start, bootOffset())
+	return st, nil
+}
+
+// hostTicks is a start time read in a time namespace with boottime offset
+// off, on the host's clock: what a reader outside the namespace reads.
+func hostTicks(start uint64, off time.Duration) uint64 {
+	return uint64(int64(start) - offsetTicks(off))
 }
 
 // StartTime is the start time of process pid in clock ticks after boot
