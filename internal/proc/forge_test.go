@@ -31,7 +31,7 @@ func TestDeadForgedSupervisorPid(t *testing.T) {
 		ticket(store.Held, gone, goneStart, empty, emptyStart),       // the group too: an empty one
 	} {
 		for _, act := range []bool{false, true} {
-			if ev, dead := Dead(forged, act); dead {
+			if ev, dead := owner.Dead(forged, act); dead {
 				t.Errorf("Dead(forged holder %+v, act=%v) = %q, true: the victim's job runs under its live supervisor %d", forged.Holder, act, ev, sup.Pid)
 			}
 		}
@@ -48,7 +48,7 @@ func TestDeadForgedSupervisorPid(t *testing.T) {
 	// Once the victim's supervisor is really gone, the same forged ticket
 	// finds the job orphaned, and kills exactly it.
 	sup.Kill()
-	ev, dead := Dead(ticket(store.Held, gone, goneStart, job.Pid, job.Start), true)
+	ev, dead := owner.Dead(ticket(store.Held, gone, goneStart, job.Pid, job.Start), true)
 	if !dead || !strings.Contains(ev, "killed") {
 		t.Errorf("Dead(orphaned job, forged supervisor pid) = %q, %v; want it killed", ev, dead)
 	}
@@ -66,7 +66,7 @@ func TestDeadDecoyMarker(t *testing.T) {
 	gone, goneStart := gonePid(t)
 	decoy := proctest.JobOf(t, ticketID, proctest.SupervisorVar(gone, goneStart))
 	for _, pgid := range []int{decoy.Pid, job.Pid} {
-		if ev, dead := Dead(ticket(store.Held, gone, goneStart, pgid, 0), true); dead {
+		if ev, dead := owner.Dead(ticket(store.Held, gone, goneStart, pgid, 0), true); dead {
 			t.Errorf("Dead(decoy beside a live job, group %d) = %q, true", pgid, ev)
 		}
 	}
@@ -80,7 +80,7 @@ func TestDeadDecoyMarker(t *testing.T) {
 func TestDeadNoMarkerNotKilled(t *testing.T) {
 	gone, goneStart := gonePid(t)
 	job := proctest.JobOf(t, ticketID)
-	if ev, dead := Dead(ticket(store.Held, gone, goneStart, job.Pid, job.Start), true); dead {
+	if ev, dead := owner.Dead(ticket(store.Held, gone, goneStart, job.Pid, job.Start), true); dead {
 		t.Errorf("Dead(job without a supervisor marker) = %q, true", ev)
 	}
 	if len(groupMembers(job.Pid)) != 2 {
@@ -165,10 +165,10 @@ func TestKillWithoutPidfd(t *testing.T) {
 		if err := (jobProc{pid: job.Pid, start: job.Start + 1}).kill(ticketID, m); err != nil || Identify(job.Pid, job.Start) != Alive {
 			t.Errorf("%v: kill(another start) = %v, leader %v", errno, err, Identify(job.Pid, job.Start))
 		}
-		ev, dead := Dead(ticket(store.Held, gone, goneStart, job.Pid, job.Start), true)
+		ev, dead := owner.Dead(ticket(store.Held, gone, goneStart, job.Pid, job.Start), true)
 		if !dead || !strings.Contains(ev, "killed") || !GroupEmpty(job.Pid) {
 			j, err := findJob(ticketID, job.Pid)
-			t.Errorf("%v: Dead(orphan) = %q, %v; members %v; findJob = %+v, %v", errno, ev, dead, groupMembers(job.Pid), j, err)
+			t.Errorf("%v: owner.Dead(orphan) = %q, %v; members %v; findJob = %+v, %v", errno, ev, dead, groupMembers(job.Pid), j, err)
 		}
 	}
 }

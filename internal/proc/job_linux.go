@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -33,6 +34,7 @@ type jobProc struct {
 	pid   int
 	start uint64
 	pgrp  int
+	uid   int // its one uid (real, effective, saved and filesystem), -1 if they differ
 }
 
 // errNotTheJob: something that is not provably the job's would be in the way.
@@ -98,9 +100,34 @@ func findJob(id string, pgid int) (job, error) {
 			return j, errNotTheJob{"this process belongs to the job"}
 		}
 		j.marker, seen = m, true
-		j.procs = append(j.procs, jobProc{pid: pid, start: st.Start, pgrp: st.Pgrp})
+		j.procs = append(j.procs, jobProc{pid: pid, start: st.Start, pgrp: st.Pgrp, uid: procUID(pid)})
 	}
 	return j, nil
+}
+
+// procUID is the uid process pid runs as when its real, effective, saved
+// and filesystem uids are one, else (or unreadable) -1.
+func procUID(pid int) int {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return -1
+	}
+	for line := range bytes.SplitSeq(b, []byte{'\n'}) {
+		rest, ok := bytes.CutPrefix(line, []byte("Uid:"))
+		if !ok {
+			continue
+		}
+		f := strings.Fields(string(rest))
+		if len(f) != 4 || f[0] != f[1] || f[0] != f[2] || f[0] != f[3] {
+			return -1
+		}
+		uid, err := strconv.Atoi(f[0])
+		if err != nil || uid < 0 {
+			return -1
+		}
+		return uid
+	}
+	return -1
 }
 
 // goneSince reports whether process pid, seen running as st, has exited

@@ -2,21 +2,32 @@ package proc
 
 import (
 	"fmt"
-	"os"
-	"sync"
 	"time"
 
 	"github.com/slotctl/slotctl/store"
 )
 
-var hostname = sync.OnceValue(func() string { h, _ := os.Hostname(); return h })
+// A Judge proves a ticket's holder dead on this host (docs/leases.md §4.3,
+// rule 9) for one store. Its zero value proves deaths and kills nobody.
+type Judge struct {
+	// Authority finds the evidence, kept by the job's owner outside the
+	// shared store, that the job of ticket id run by uid was admitted and
+	// not released: the supervisor it names. With it, Dead may kill what is
+	// left of an orphaned job (reap); nil, it never signals anyone.
+	Authority func(uid int, id string) (Marker, bool)
+}
 
-// Dead proves a ticket's holder dead on this host (docs/leases.md §4.3, rule 9)
-// and says how. A ticket from an earlier boot of this host is dead. On this
-// boot and in this pid namespace the holder is dead when its supervisor is
-// gone (or its pid now names another process) and no process of its job
-// runs. Anything less — another host, another pid namespace, a process we
-// cannot see — is left to the TTL.
+// Dead is the judge that kills nobody: Judge{}.Dead.
+func Dead(t store.Ticket, act bool) (string, bool) { return Judge{}.Dead(t, act) }
+
+// Dead proves a ticket's holder dead on this host and says how. Only this
+// boot and pid namespace can be judged here: a ticket of another boot id
+// may be another machine's (a cloned VM and a container share host names),
+// so it is left to the TTL, and to the store that knows which boots were
+// its own (a host-local store judges its previous boots by its clock). On
+// this boot and in this pid namespace the holder is dead when its
+// supervisor is gone (or its pid now names another process) and no
+// process of its job runs.
 //
 // The store's pids are only hints: a member of a shared store's group can
 // write any of them (docs/leases.md §4.5). The job is what its own processes carry:
@@ -26,27 +37,23 @@ var hostname = sync.OnceValue(func() string { h, _ := os.Hostname(); return h })
 // carries the ticket and names a live supervisor, the holder is alive,
 // whatever the store says.
 //
-// A job still running after its supervisor died is an orphaned job: the
-// parent-death signal took the child, but not what the child had started.
-// Nobody renews its lease and nobody will stop it, so with act set Dead
-// kills it and then calls the holder dead — only when every running member
-// of the recorded process group, and every other process found with the
-// ticket, carries the ticket and the same marker, and the supervisor that
-// the marker (not the store) names is gone. Each process is signalled
-// through a pidfd opened and checked before the signal (killJob). A reaper
-// that cannot read a member's environment (another user's process, without
-// CAP_SYS_PTRACE) or may not signal it leaves the ticket to the TTL.
-// Without act (a dry run) it only says so.
-func Dead(t store.Ticket, act bool) (string, bool) {
+// A job still running after its supervisor died is an orphaned job. A
+// ticket in the store cannot authorise killing it: any member can write
+// back a ticket that a job's leftover daemon still carries. So Dead kills
+// an orphaned job (and then calls the holder dead) only with act set and
+// with the owner's evidence (j.Authority) naming the same supervisor, the
+// uid of every one of the job's processes, and only when every running
+// member of the recorded process group, and every other process found
+// with the ticket, carries the ticket and that marker, and the supervisor
+// it names is gone. Each process is signalled through a pidfd opened and
+// checked before the signal (killJob). Without that evidence, or where a
+// member cannot be read (another user's process, without CAP_SYS_PTRACE)
+// or may not be signalled, the ticket is left to the TTL. Without act (a
+// dry run) it only says what it would do.
+func (jd Judge) Dead(t store.Ticket, act bool) (string, bool) {
 	h := t.Holder
-	if h.BootID == "" || h.Pid <= 0 {
+	if h.BootID == "" || h.Pid <= 0 || h.BootID != BootID() {
 		return "", false
-	}
-	if h.BootID != BootID() {
-		if h.Host != "" && h.Host == hostname() {
-			return "previous boot", true
-		}
-		return "", false // another host: its own clock and processes are not ours to judge
 	}
 	if h.PidNS == 0 || h.PidNS != PidNS() {
 		return "", false
@@ -87,7 +94,7 @@ func Dead(t store.Ticket, act bool) (string, bool) {
 			return "", false
 		}
 	}
-	if !orphaned(j) {
+	if !orphaned(j) || !jd.authorised(t.ID, j) {
 		return "", false
 	}
 	what := fmt.Sprintf("orphaned job of %d processes", len(j.procs))
@@ -101,6 +108,23 @@ func Dead(t store.Ticket, act bool) (string, bool) {
 		return "", false
 	}
 	return fmt.Sprintf("%s, %s killed", sup, what), true
+}
+
+// authorised: the owner of every process of job j (one uid for all) keeps
+// evidence that ticket id's job under the supervisor they name was never
+// released.
+func (jd Judge) authorised(id string, j job) bool {
+	if jd.Authority == nil || len(j.procs) == 0 {
+		return false
+	}
+	uid := j.procs[0].uid
+	for _, p := range j.procs {
+		if p.uid != uid || uid < 0 {
+			return false
+		}
+	}
+	m, ok := jd.Authority(uid, id)
+	return ok && m == j.marker
 }
 
 // orphaned: the supervisor the job's own processes name is provably gone —

@@ -190,7 +190,7 @@ func TestDeadLiveSupervisor(t *testing.T) {
 		ticket(store.Held, os.Getpid(), mustStart(t, os.Getpid()), empty, emptyStart),
 	} {
 		for _, act := range []bool{false, true} {
-			if ev, dead := Dead(tk, act); dead {
+			if ev, dead := owner.Dead(tk, act); dead {
 				t.Errorf("Dead(live supervisor %+v, act=%v) = %q, true", tk.Holder, act, ev)
 			}
 		}
@@ -206,14 +206,14 @@ func TestDeadE1PidReused(t *testing.T) {
 	other := spawn(t, false, "sleep", "30")
 	pgid, pgidStart := goneGroup(t)
 	for _, act := range []bool{false, true} {
-		ev, dead := Dead(ticket(store.Held, other.Pid, other.Start+1, pgid, pgidStart), act)
+		ev, dead := owner.Dead(ticket(store.Held, other.Pid, other.Start+1, pgid, pgidStart), act)
 		want := fmt.Sprintf("supervisor %d gone (pid reused by another process), process group %d empty", other.Pid, pgid)
 		if !dead || ev != want || !strings.Contains(ev, "pid reused") {
 			t.Errorf("Dead(reused pid, act=%v) = %q, %v; want %q, true", act, ev, dead, want)
 		}
 	}
 	// A waiting ticket whose supervisor pid was reused: no child started.
-	ev, dead := Dead(ticket(store.Waiting, other.Pid, other.Start+1, 0, 0), true)
+	ev, dead := owner.Dead(ticket(store.Waiting, other.Pid, other.Start+1, 0, 0), true)
 	if !dead || !strings.Contains(ev, "pid reused") || !strings.Contains(ev, "no child started") {
 		t.Errorf("Dead(waiting, reused pid) = %q, %v", ev, dead)
 	}
@@ -227,7 +227,7 @@ func TestDeadE1PidReused(t *testing.T) {
 func TestDeadE1OrphanKilledImpostorSpared(t *testing.T) {
 	other := spawn(t, false, "sleep", "30")
 	job := orphanJob(t)
-	ev, dead := Dead(ticket(store.Held, other.Pid, other.Start+1, job.Pid, job.Start), true)
+	ev, dead := owner.Dead(ticket(store.Held, other.Pid, other.Start+1, job.Pid, job.Start), true)
 	if !dead || !strings.Contains(ev, "pid reused") || !strings.Contains(ev, "killed") {
 		t.Errorf("Dead(reused pid, orphaned job, act) = %q, %v", ev, dead)
 	}
@@ -244,7 +244,7 @@ func TestDeadSupervisorGoneGroupEmpty(t *testing.T) {
 	pgid, pgidStart := goneGroup(t)
 	for _, state := range []store.State{store.Held, store.Waiting} {
 		for _, act := range []bool{false, true} {
-			ev, dead := Dead(ticket(state, pid, start, pgid, pgidStart), act)
+			ev, dead := owner.Dead(ticket(state, pid, start, pgid, pgidStart), act)
 			want := fmt.Sprintf("supervisor %d gone, process group %d empty", pid, pgid)
 			if !dead || ev != want {
 				t.Errorf("Dead(%s, act=%v) = %q, %v; want %q, true", state, act, ev, dead, want)
@@ -254,14 +254,14 @@ func TestDeadSupervisorGoneGroupEmpty(t *testing.T) {
 	// A zombie supervisor (exited, its parent not yet waiting) is gone too.
 	z := spawn(t, false, "sh", "-c", "exit 0")
 	waitState(t, z.Pid, "Z")
-	if ev, dead := Dead(ticket(store.Held, z.Pid, z.Start, pgid, pgidStart), true); !dead {
+	if ev, dead := owner.Dead(ticket(store.Held, z.Pid, z.Start, pgid, pgidStart), true); !dead {
 		t.Errorf("Dead(zombie supervisor) = %q, false", ev)
 	}
 }
 
 func TestDeadNoChildStarted(t *testing.T) {
 	pid, start := gonePid(t)
-	ev, dead := Dead(ticket(store.Waiting, pid, start, 0, 0), true)
+	ev, dead := owner.Dead(ticket(store.Waiting, pid, start, 0, 0), true)
 	if want := fmt.Sprintf("supervisor %d gone, no child started", pid); !dead || ev != want {
 		t.Errorf("Dead(waiting, no child) = %q, %v; want %q, true", ev, dead, want)
 	}
@@ -270,13 +270,13 @@ func TestDeadNoChildStarted(t *testing.T) {
 	// carries the ticket, so it is dead at once (issue 13; before, the TTL
 	// decided).
 	for _, act := range []bool{false, true} {
-		ev, dead := Dead(ticket(store.Held, pid, start, 0, 0), act)
+		ev, dead := owner.Dead(ticket(store.Held, pid, start, 0, 0), act)
 		// Every process on the machine is read: one whose environment
 		// cannot be read just then (another test's, starting or ending)
 		// leaves the TTL to decide. On a busy machine, look again.
 		for tries := 0; !dead && ev == "" && tries < 50; tries++ {
 			time.Sleep(20 * time.Millisecond)
-			ev, dead = Dead(ticket(store.Held, pid, start, 0, 0), act)
+			ev, dead = owner.Dead(ticket(store.Held, pid, start, 0, 0), act)
 		}
 		if want := fmt.Sprintf("supervisor %d gone, no process carries the ticket", pid); !dead || ev != want {
 			t.Errorf("Dead(held, no group recorded, act=%v) = %q, %v; want %q, true", act, ev, dead, want)
@@ -291,41 +291,51 @@ func TestDeadNoGroupJobRunning(t *testing.T) {
 	pid, start := gonePid(t)
 	job := orphanJob(t)
 	tk := ticket(store.Held, pid, start, 0, 0)
-	if ev, dead := Dead(tk, false); !dead || !strings.Contains(ev, "would be killed") {
+	if ev, dead := owner.Dead(tk, false); !dead || !strings.Contains(ev, "would be killed") {
 		t.Fatalf("Dead(held, no group, job running, dry run) = %q, %v; want it would be killed", ev, dead)
 	}
 	if Identify(job.Pid, job.Start) != Alive {
 		t.Fatal("dry run touched the job")
 	}
-	if ev, dead := Dead(tk, true); !dead || !strings.Contains(ev, "killed") {
+	if ev, dead := owner.Dead(tk, true); !dead || !strings.Contains(ev, "killed") {
 		t.Fatalf("Dead(held, no group, job running) = %q, %v; want killed", ev, dead)
 	}
 	if err := job.Wait(); err == nil {
 		t.Errorf("killed job exited cleanly")
 	}
-	if ev, dead := Dead(tk, true); !dead || !strings.Contains(ev, "no process carries the ticket") {
+	if ev, dead := owner.Dead(tk, true); !dead || !strings.Contains(ev, "no process carries the ticket") {
 		t.Errorf("Dead(after the kill) = %q, %v; want no process carries the ticket", ev, dead)
 	}
 }
 
-func TestDeadPreviousBoot(t *testing.T) {
+// Case 4 of the judge's table: another boot id is never proven dead here,
+// whatever the host name says (a cloned VM, a container with a fixed host
+// name): on a store shared between hosts it is another host, and the TTL
+// decides; a host-local store judges its own previous boots by its clock.
+// (Before, another boot id with this host name was "previous boot".)
+func TestDeadOtherBootIsLeftToTheTTL(t *testing.T) {
 	pid, start := gonePid(t)
-	tk := ticket(store.Held, os.Getpid(), mustStart(t, os.Getpid()), 0, 0) // alive here, but not that boot's process
-	tk.Holder.BootID = "other-boot"
-	if ev, dead := Dead(tk, false); !dead || ev != "previous boot" {
-		t.Errorf("Dead(other boot, this host) = %q, %v; want %q, true", ev, dead, "previous boot")
-	}
-	for _, host := range []string{hostname() + "-other", ""} {
-		tk := ticket(store.Held, pid, start, 0, 0)
-		tk.Holder.BootID, tk.Holder.Host = "other-boot", host
-		if ev, dead := Dead(tk, true); dead {
-			t.Errorf("Dead(other boot, host %q) = %q, true; want the TTL to decide", host, ev)
+	self, selfStart := os.Getpid(), mustStart(t, os.Getpid())
+	for _, tc := range []struct {
+		name, boot, host string
+		pid              int
+		start            uint64
+	}{
+		{"same host name, live pid", "other-boot", hostname(), self, selfStart},
+		{"same host name, gone pid", "other-boot", hostname(), pid, start},
+		{"other host name", "other-boot", hostname() + "-other", pid, start},
+		{"no host name", "other-boot", "", pid, start},
+		{"no boot id, same host name", "", hostname(), pid, start},
+	} {
+		for _, state := range []store.State{store.Held, store.Waiting} {
+			tk := ticket(state, tc.pid, tc.start, 0, 0)
+			tk.Holder.BootID, tk.Holder.Host = tc.boot, tc.host
+			for _, jd := range []Judge{{}, owner} {
+				if ev, dead := jd.Dead(tk, true); dead {
+					t.Errorf("Dead(%s, %s) = %q, true; want the TTL to decide", tc.name, state, ev)
+				}
+			}
 		}
-	}
-	tk = ticket(store.Waiting, pid, start, 0, 0)
-	tk.Holder.BootID = ""
-	if ev, dead := Dead(tk, true); dead {
-		t.Errorf("Dead(no boot id) = %q, true", ev)
 	}
 }
 
@@ -336,17 +346,17 @@ func TestDeadOtherPidNamespace(t *testing.T) {
 		for _, state := range []store.State{store.Held, store.Waiting} {
 			tk := ticket(state, pid, start, pgid, pgidStart)
 			tk.Holder.PidNS = ns
-			if ev, dead := Dead(tk, true); dead {
+			if ev, dead := owner.Dead(tk, true); dead {
 				t.Errorf("Dead(pid namespace %d, %s) = %q, true; want the TTL to decide", ns, state, ev)
 			}
 		}
 	}
 	tk := ticket(store.Waiting, 0, 0, 0, 0)
-	if ev, dead := Dead(tk, true); dead {
+	if ev, dead := owner.Dead(tk, true); dead {
 		t.Errorf("Dead(pid 0) = %q, true", ev)
 	}
 	tk.Holder.Pid = -1
-	if ev, dead := Dead(tk, true); dead {
+	if ev, dead := owner.Dead(tk, true); dead {
 		t.Errorf("Dead(pid -1) = %q, true", ev)
 	}
 }
@@ -358,7 +368,7 @@ func TestDeadOrphanedJob(t *testing.T) {
 	members := groupMembers(job.Pid)
 	tk := ticket(store.Held, pid, start, job.Pid, job.Start)
 
-	ev, dead := Dead(tk, false)
+	ev, dead := owner.Dead(tk, false)
 	want := fmt.Sprintf("supervisor %d gone, orphaned process group %d still running: would be killed", pid, job.Pid)
 	if !dead || ev != want {
 		t.Errorf("Dead(orphan, dry run) = %q, %v; want %q, true", ev, dead, want)
@@ -370,7 +380,7 @@ func TestDeadOrphanedJob(t *testing.T) {
 		t.Fatalf("dry run touched the group leader")
 	}
 
-	ev, dead = Dead(tk, true)
+	ev, dead = owner.Dead(tk, true)
 	want = fmt.Sprintf("supervisor %d gone, orphaned process group %d killed", pid, job.Pid)
 	if !dead || ev != want {
 		t.Errorf("Dead(orphan, act) = %q, %v; want %q, true", ev, dead, want)
@@ -391,7 +401,7 @@ func TestDeadOrphanedJob(t *testing.T) {
 		}
 	}
 	// Now the group is empty: the same ticket is dead without any kill.
-	ev, dead = Dead(tk, true)
+	ev, dead = owner.Dead(tk, true)
 	if want := fmt.Sprintf("supervisor %d gone, process group %d empty", pid, job.Pid); !dead || ev != want {
 		t.Errorf("Dead(after the kill) = %q, %v; want %q", ev, dead, want)
 	}
@@ -405,7 +415,7 @@ func TestDeadSameGroupIdentity(t *testing.T) {
 	members := groupMembers(job.Pid)
 	tk := ticket(store.Held, pid, start, job.Pid, job.Start+1)
 	for _, act := range []bool{false, true} {
-		if ev, dead := Dead(tk, act); dead {
+		if ev, dead := owner.Dead(tk, act); dead {
 			t.Errorf("Dead(group leader with another start, act=%v) = %q, true", act, ev)
 		}
 	}
@@ -446,7 +456,7 @@ func TestLeaderThreadExitedIsRunning(t *testing.T) {
 		t.Errorf("Identify(%d) = %v while it runs, want Alive", k.Pid, got)
 	}
 	pid, start := gonePid(t)
-	if ev, dead := Dead(ticket(store.Held, pid, start, k.Pid, k.Start), false); strings.Contains(ev, "empty") {
+	if ev, dead := owner.Dead(ticket(store.Held, pid, start, k.Pid, k.Start), false); strings.Contains(ev, "empty") {
 		t.Errorf("Dead(orphaned job still running) = %q, %v: its group is not empty", ev, dead)
 	}
 }
@@ -499,7 +509,7 @@ func TestDeadReusedGroupIDNotKilled(t *testing.T) {
 	if len(members) != 1 {
 		t.Fatalf("unrelated group %d: members %v, want its one child", job.Pid, members)
 	}
-	if ev, dead := Dead(ticket(store.Held, pid, start, job.Pid, job.Start), true); dead && strings.Contains(ev, "killed") {
+	if ev, dead := owner.Dead(ticket(store.Held, pid, start, job.Pid, job.Start), true); dead && strings.Contains(ev, "killed") {
 		t.Errorf("Dead = %q: the unrelated group that reused the job's group id was killed", ev)
 	}
 	if got := groupMembers(job.Pid); len(got) != 1 {

@@ -42,7 +42,7 @@ func sameGroup(pgid int, start uint64) bool { return false }
 func KillGroup(pgid int, wait time.Duration) bool { return false }
 
 type job struct {
-	procs  []struct{ pgrp int }
+	procs  []struct{ pgrp, uid int }
 	marker Marker
 	unread int
 }

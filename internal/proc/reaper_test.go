@@ -45,7 +45,7 @@ func TestReaperHelper(t *testing.T) {
 	tk := store.Ticket{ID: f[0], Limit: "x", State: store.Held, Fence: 1, TTL: time.Hour,
 		Holder: store.Holder{Host: hostname(), BootID: BootID(), PidNS: PidNS(),
 			Pid: int(n(f[1])), PidStart: n(f[2]), Pgid: int(n(f[3])), PgidStart: n(f[4])}}
-	ev, dead := Dead(tk, true)
+	ev, dead := owner.Dead(tk, true)
 	status, _ := os.ReadFile("/proc/self/status")
 	var caps []string
 	for _, l := range strings.Split(string(status), "\n") {
