@@ -50,7 +50,7 @@ func TestHostTicks(t *testing.T) {
 		{360020, time.Hour, 20},
 		{20, 0, 20},
 		{1000, -5 * time.Second, 1500},
-		{1000, 15 * time.Millisecond, 999},  // kernel: floor((s+15ms)/10ms) = s+1 when s is whole ticks
+		{1000, 15 * time.Millisecond, 999},   // kernel: floor((s+15ms)/10ms) = s+1 when s is whole ticks
 		{1000, -15 * time.Millisecond, 1002}, // floor((s-15ms)/10ms) = s-2
 	} {
 		if got := hostTicks(tc.start, tc.off); got != tc.want {
