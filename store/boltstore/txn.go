@@ -32,6 +32,10 @@ type txn struct {
 	unbell []bellRef // tickets removed: delete their bells after the commit
 	// counted is the counts this transaction wrote, by limit (countsrec.go).
 	counted map[string]*store.Counts
+	// known is the boot ids recorded as this machine's (boots.go), read
+	// once; unlisted: none recorded yet.
+	known    map[string]bool
+	unlisted bool
 }
 
 // formatMeta is the meta bucket's format this slotctl writes; it reads the
@@ -55,9 +59,11 @@ func (x *txn) init() error {
 		}
 	}
 	if !bytes.Equal(v, formatMeta) {
-		return meta.Put(keyFormat, formatMeta)
+		if err := meta.Put(keyFormat, formatMeta); err != nil {
+			return err
+		}
 	}
-	return nil
+	return x.noteBoot()
 }
 
 func (x *txn) checkFormat() error {
@@ -323,7 +329,10 @@ func (x *txn) tombstone(id string) (tombRec, bool, error) {
 // over, or "" while it runs.
 func (x *txn) expiry(r ticketRec) string {
 	if r.DeadlineBoot != x.now.Boot {
-		return "previous boot"
+		if x.previousBoot(r.DeadlineBoot) {
+			return "previous boot"
+		}
+		return "" // another machine's boot, or one forgotten: see boots.go
 	}
 	if late := x.now.Mono - r.DeadlineMono; late >= 0 {
 		return "expired " + roundAgo(late) + " ago"
