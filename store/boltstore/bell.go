@@ -130,24 +130,11 @@ func (s *Store) Watch(ctx context.Context, id string) (store.Bell, error) {
 		return nil, err
 	}
 	defer s.fds.release()
-	bells, err := s.bellsDir(true)
+	ufd, path, err := s.ownBellDir()
 	if err != nil {
 		return nil, fmt.Errorf("%w: bell directory %v", store.ErrUnavailable, err)
 	}
-	uid := euid()
-	name := strconv.Itoa(uid)
-	path := filepath.Join(bellDir(s.path), name)
-	ufd, err := openDirAt(bells, name)
-	if errors.Is(err, unix.ENOENT) {
-		err = unix.Mkdirat(bells, name, 0o700)
-		if err == nil || errors.Is(err, unix.EEXIST) {
-			ufd, err = openDirAt(bells, name)
-		}
-	}
-	if err != nil {
-		return nil, fmt.Errorf("%w: bell directory %v", store.ErrUnavailable, pathError(path, err))
-	}
-	b, err := s.watchIn(ufd, path, uid, id)
+	b, err := s.watchIn(ufd, path, euid(), id)
 	if err != nil {
 		unix.Close(ufd)
 		return nil, fmt.Errorf("%w: bell %v", store.ErrUnavailable, err)

@@ -48,11 +48,38 @@ func deathHolder(pid int, start uint64, pgid int, pgidStart uint64) store.Holder
 // system clock (boot-time clock and boot id).
 func deathStore(t *testing.T, clock Clock) *Store {
 	t.Helper()
-	s, err := New(filepath.Join(t.TempDir(), "slots.db"), Options{Dead: proc.Dead, Clock: clock})
+	var jd proc.Judge
+	dead := func(t store.Ticket, act bool) (string, bool) { return jd.Dead(t, act) }
+	s, err := New(filepath.Join(t.TempDir(), "slots.db"), Options{Dead: dead, Clock: clock})
 	if err != nil {
 		t.Fatal(err)
 	}
+	jd.Authority = s.JobAuthority // a reaper's judge: it may kill with the owner's marker
 	return s
+}
+
+// deathMark leaves the owner's marker of ticket id's job, whose process
+// pid carries it (as slotctl run does at admission).
+func deathMark(t *testing.T, s *Store, id string, pid int) func() {
+	t.Helper()
+	env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m proc.Marker
+	for _, kv := range strings.Split(string(env), "\x00") {
+		if v, ok := strings.CutPrefix(kv, proc.SupervisorVar+"="); ok {
+			if m, err = proc.ParseMarker(v); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	unmark, err := s.MarkJob(id, m)
+	if err != nil {
+		t.Fatalf("MarkJob(%s): %v", id, err)
+	}
+	t.Cleanup(unmark)
+	return unmark
 }
 
 func deathEnqueue(t *testing.T, s *Store, id, limit string, slots int, h store.Holder) store.Ticket {
@@ -255,6 +282,7 @@ func TestOrphanReapKillsGroupAndPromotes(t *testing.T) {
 	s := deathStore(t, nil)
 	sup := deathSpawn(t, false, "sleep", "30")
 	job := deathJob(t, "h")
+	deathMark(t, s, "h", job.Pid)
 	h := deathEnqueue(t, s, "h", "x", 1, deathHolder(sup.Pid, sup.Start, 0, 0))
 	if _, err := s.SetChild(ctx, h, job.Pid, job.Start); err != nil {
 		t.Fatal(err)
@@ -299,6 +327,7 @@ func TestOrphanKilledByAdmission(t *testing.T) {
 	s := deathStore(t, nil)
 	sup := deathSpawn(t, false, "sleep", "30")
 	job := deathJob(t, "h")
+	deathMark(t, s, "h", job.Pid)
 	h := deathEnqueue(t, s, "h", "x", 1, deathHolder(sup.Pid, sup.Start, 0, 0))
 	if _, err := s.SetChild(ctx, h, job.Pid, job.Start); err != nil {
 		t.Fatal(err)
@@ -345,6 +374,7 @@ func TestOrphanKilledOnExpiry(t *testing.T) {
 	s := deathStore(t, clock)
 	sup := deathSpawn(t, false, "sleep", "30")
 	job := deathJob(t, "h")
+	deathMark(t, s, "h", job.Pid)
 	h := deathEnqueue(t, s, "h", "x", 2, deathHolder(sup.Pid, sup.Start, 0, 0))
 	if _, err := s.SetChild(ctx, h, job.Pid, job.Start); err != nil {
 		t.Fatal(err)
