@@ -65,7 +65,7 @@ EXIT STATUS
 
 // runReap is slotctl reap: one line per removed ticket with its evidence.
 func runReap(ctx context.Context, f *Factory, g *globalOptions, o *ReapOptions) error {
-	st, err := f.openStore(g)
+	st, err := f.openReaper(g)
 	if err != nil {
 		return err
 	}

@@ -453,8 +453,11 @@ func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) er
 		cfg.Renew.WaitEvery = renew.WaitPeriod(o.TTL, o.TTL/3)
 	}
 	cfg.Notify = runNotes(ctx, f, log, st, o, limits)
+	unmark := func() {} // the job's marker, removed once holder.Run has released
+	defer func() { unmark() }()
 	cfg.Start = func(jobCtx context.Context, t store.Ticket) (holder.Child, error) {
 		env := jobVars(o.Limits, t, anc, held, st.String(), f)
+		unmark = markJob(st, log, t.ID, env)
 		if o.Jobserver {
 			return startJobserved(jobCtx, f, st, log, o, path, env, t)
 		}

@@ -32,8 +32,17 @@ func (f *Factory) defaultStorePath() string {
 }
 
 // openStore resolves the --store URL (docs/leases.md §5) into a store. Nothing is
-// opened yet: the bbolt file is opened per operation.
-func (f *Factory) openStore(g *globalOptions) (store.Store, error) {
+// opened yet: the bbolt file is opened per operation. Its judge proves
+// holders dead and signals nobody.
+func (f *Factory) openStore(g *globalOptions) (store.Store, error) { return f.openJudged(g, false) }
+
+// openReaper is openStore for slotctl reap, the only command whose judge
+// may kill what is left of a dead holder's job: on a bbolt store, with the
+// owner's job marker as its authority (docs/leases.md §4.3). An etcd store
+// keeps no markers on this machine, so its judge kills nobody.
+func (f *Factory) openReaper(g *globalOptions) (store.Store, error) { return f.openJudged(g, true) }
+
+func (f *Factory) openJudged(g *globalOptions, reaper bool) (store.Store, error) {
 	url := g.Store
 	var path string
 	switch {
@@ -52,7 +61,17 @@ func (f *Factory) openStore(g *globalOptions) (store.Store, error) {
 	if path == "" {
 		return nil, usageError("store %q: empty path: want PATH, bolt://PATH or etcd://HOST:PORT[/PREFIX]", url)
 	}
-	return boltstore.New(path, boltstore.Options{Timeout: g.StoreTimeout, Clock: f.StoreClock, Dead: proc.Dead})
+	if !reaper {
+		return boltstore.New(path, boltstore.Options{Timeout: g.StoreTimeout, Clock: f.StoreClock, Dead: proc.Dead})
+	}
+	var jd proc.Judge // its authority is the store's, known once the store is
+	st, err := boltstore.New(path, boltstore.Options{Timeout: g.StoreTimeout, Clock: f.StoreClock,
+		Dead: func(t store.Ticket, act bool) (string, bool) { return jd.Dead(t, act) }})
+	if err != nil {
+		return nil, err
+	}
+	jd.Authority = st.JobAuthority
+	return st, nil
 }
 
 // etcdFlags are the --etcd-* flags, one per etcd.* setting but the
