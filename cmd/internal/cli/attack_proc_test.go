@@ -291,6 +291,13 @@ func TestAttackCapReaperKillsOrphan(t *testing.T) {
 	if got, err := st.Get(context.Background(), id); err != nil || got.State != store.Held {
 		t.Errorf("ticket after a reap without capabilities: %s, %v; want held (the TTL decides)", got.State, err)
 	}
+	// Bob's slotctl died without releasing: its marker, the evidence that
+	// the job is Bob's and was never released, is still in Bob's own bells
+	// directory, and is what lets the reaper kill.
+	marker := filepath.Join(path+".bells", strconv.Itoa(int(e.Bob.Uid)), id+".job")
+	if st, err := os.Lstat(marker); err != nil || !st.Mode().IsRegular() || st.Sys().(*syscall.Stat_t).Uid != e.Bob.Uid {
+		t.Fatalf("Bob's job marker %s: %v, %v; want a regular file of Bob's", marker, st, err)
+	}
 	// With the packaged capabilities: killed and freed.
 	r := reap(packaged)
 	if want := fmt.Sprintf("orphaned process group %d killed", pgid); r.Code != 0 || !strings.Contains(r.Stdout, "reaped "+id[:8]) || !strings.Contains(r.Stdout, want) {
