@@ -30,11 +30,17 @@ process group 4243 empty", "previous boot".
 
 A holder is proven dead only on its own host, boot and pid namespace: its
 supervisor's pid is gone or names another process (start times differ), and
-its child's process group has no running member. Anything less waits for the
-TTL. Every admission already reaps the limit it admits into, so reap is a
+its child's process group has no running member. A host name proves nothing;
+on etcd another boot id is another host. Anything less waits for the TTL.
+Every admission already reaps the limit it admits into, so reap is a
 safety net and an answer to "what happened", not something the limits need
 to move. It is safe to run from many places at once and from a timer: the
 check and the removal are one step, so two reapers never free a ticket twice.
+
+A job still running after its supervisor died is killed first, and only by
+reap: only while the marker its run left in its user's own bells directory
+(removed after a release) names the supervisor the job's processes name, so
+a ticket written back after its job ended kills nobody.
 
 EXIT STATUS
   0    reap ran (whatever it found)
