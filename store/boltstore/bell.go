@@ -286,4 +286,10 @@ func (s *Store) bell(b bellRef, remove bool) {
 		uint32(st.Mode)&unix.S_IFMT == unix.S_IFIFO && int(st.Uid) == uid {
 		_ = unix.Unlinkat(ufd, b.id, 0) // EACCES: another user's; its owner sweeps it
 	}
+	// The job's marker goes with its ticket: with no ticket there is nothing
+	// left for it to authorise (jobmark.go).
+	if unix.Fstatat(ufd, b.id+markSuffix, &st, unix.AT_SYMLINK_NOFOLLOW) == nil &&
+		uint32(st.Mode)&unix.S_IFMT == unix.S_IFREG && int(st.Uid) == uid {
+		_ = unix.Unlinkat(ufd, b.id+markSuffix, 0) // EACCES: another member's; its run removes it
+	}
 }

@@ -29,9 +29,10 @@ import (
 // names the supervisor they name.
 //
 // A supervisor that dies without releasing leaves its marker behind: that
-// is the point (its job was never released). Such a marker stays until the
-// user removes it; it authorises nothing once no process carries its
-// ticket.
+// is the point (its job was never released). The removal of its ticket
+// (a reap, an expiry, an operator's release) removes it too, where the
+// remover may (root, or the owner; another member may not write the
+// owner's directory): with no ticket it has nothing left to authorise.
 
 // markSuffix ends a marker's name: never a ticket id (store.CheckID), so
 // never a bell, and the bell sweep leaves it alone.

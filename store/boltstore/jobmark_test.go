@@ -128,3 +128,27 @@ func TestReplayedTicketKillsNobody(t *testing.T) {
 		t.Errorf("the daemon of a released job was signalled: %d running members, want 2", n)
 	}
 }
+
+// A marker goes with its ticket (here its release; a reap and an expiry
+// remove tickets the same way), and only its own.
+func TestJobMarkerGoesWithItsTicket(t *testing.T) {
+	ctx := context.Background()
+	s, _, path := newTestStore(t, Options{})
+	m := proc.Marker{Pid: 4242, Start: 987654, PidNS: 4026531836}
+	a := mustEnqueue(t, s, req("a", "x", 2))
+	mark(t, s, "a", m)
+	mustEnqueue(t, s, req("b", "x", 2))
+	mark(t, s, "b", m)
+	if ok, err := s.Release(ctx, a, store.Released); err != nil || !ok {
+		t.Fatalf("Release(a) = %v, %v", ok, err)
+	}
+	if _, ok := s.JobAuthority(os.Getuid(), "a"); ok {
+		t.Errorf("a's marker after its release: still there")
+	}
+	if _, ok := s.JobAuthority(os.Getuid(), "b"); !ok {
+		t.Errorf("b's marker went with a's ticket")
+	}
+	if _, err := os.Lstat(filepath.Join(bellDir(path), strconv.Itoa(os.Getuid()), "b.job")); err != nil {
+		t.Errorf("b's marker: %v", err)
+	}
+}
