@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/slotctl/slotctl/internal/guard"
 	"github.com/slotctl/slotctl/internal/testguard"
 )
 
@@ -20,6 +21,7 @@ import (
 // 50 scripts two at a time on a two-core machine. An explicit -parallel is
 // kept.
 func TestMain(m *testing.M) {
+	guard.Main() // the in-process runs start their jobs under this binary as guard
 	flag.Parse()
 	set := false
 	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
