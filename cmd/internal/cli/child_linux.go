@@ -2,7 +2,9 @@ package cli
 
 import (
 	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -27,7 +29,7 @@ func startJob(streams *IOStreams, path string, argv, env []string, extra []*os.F
 			mark = kv
 		}
 	}
-	j, err := guard.Start(guard.Config{Path: path, Args: argv, Env: env, Files: append(files.child, extra...), OwnGroup: !fg, Mark: mark})
+	j, err := guard.Start(guard.Config{Path: path, Args: argv, Env: env, Files: append(files.child, extra...), OwnGroup: !fg, Mark: mark, Exe: guardExe()})
 	files.closeChild()
 	if err != nil {
 		files.abandon()
@@ -59,3 +61,23 @@ func reapOrphans() {
 		}
 	}
 }
+
+// guardExe is slotctl-guard beside this executable (the packages install
+// it there): it links nothing but the guard, so it starts in about a
+// millisecond where slotctl takes several. "" when there is none: slotctl
+// then starts itself as the guard. Never looked up on PATH.
+var guardExe = sync.OnceValue(func() string {
+	self, err := os.Executable()
+	if err != nil {
+		return ""
+	}
+	if resolved, err := filepath.EvalSymlinks(self); err == nil {
+		self = resolved
+	}
+	path := filepath.Join(filepath.Dir(self), guard.Name)
+	st, err := os.Stat(path)
+	if err != nil || !st.Mode().IsRegular() || st.Mode().Perm()&0o111 == 0 {
+		return ""
+	}
+	return path
+})

@@ -108,6 +108,7 @@ func TestCompare(t *testing.T) {
 	}{
 		{"overhead", b.overhead},
 		{"handoff", b.handoff},
+		{"takeover", b.takeover},
 		{"idle", b.idle},
 		{"throughput", b.throughput},
 		{"memory", b.memory},
@@ -296,6 +297,74 @@ func (b *cmpBench) handoff(t *testing.T) {
 	r := float64(two) / float64(one)
 	b.row(cmpRow{fmt.Sprintf("handoff p50 on a two-limit mutex (%d reps)", len(s)), cmpMS(two), "one limit " + cmpMS(one),
 		fmt.Sprintf("%.2f× one limit", r), "≤ 1.2× one limit", cmpMet(r <= 1.2)})
+}
+
+// --- takeover ---
+
+// takeover: the holder is SIGKILLed while a waiter is queued; the time from
+// the kill to the waiter's child starting. slotctl's supervisor alone is
+// killed (its guard ends the job, the waiter watches the holder's pidfd);
+// flock and its child both (the lock is the kernel's, freed when the last
+// descriptor closes).
+func (b *cmpBench) takeover(t *testing.T) {
+	type peer struct {
+		name, bin string
+		args      func(script string) []string
+		queued    func(w *ptProc) bool
+	}
+	peers := []peer{{"slotctl", b.bin, func(s string) []string { return []string{"run", "--limit", "k", "--", "sh", "-c", s} },
+		func(w *ptProc) bool { return strings.Contains(w.stderr(), "waiting for limit") }}}
+	if b.flock != "" {
+		peers = append(peers, peer{"flock", b.flock, func(s string) []string { return []string{"flock.lock", "sh", "-c", s} },
+			func(*ptProc) bool { return true }})
+	}
+	const holder = `echo $$ > held.tmp; mv held.tmp held; exec sleep 1000`
+	gaps := map[string][]time.Duration{}
+	var envs []*ptEnv
+	for _, p := range peers {
+		envs = append(envs, cmpPTEnv(t, cmpDir(t, b.base, "takeover-"+p.name), p.bin))
+	}
+	for i := range min(b.runs, 20) {
+		for k := range peers {
+			j := (k + i) % len(peers)
+			p, e := peers[j], envs[j]
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			for _, f := range []string{"held", "start"} {
+				os.Remove(e.path(f))
+			}
+			h := e.start(ctx, fmt.Sprintf("h%02d", i), p.args(holder)...)
+			ptWaitFor(t, p.name+" holder's child started", 10*time.Second, func() bool { return ptExists(e.path("held")) })
+			child := int(ptReadInt(t, e.path("held")))
+			e.notePid(child)
+			w := e.start(ctx, fmt.Sprintf("w%02d", i), p.args(cmpWaiterScript)...)
+			ptWaitFor(t, p.name+" waiter queued", 10*time.Second, func() bool { return p.queued(w) })
+			time.Sleep(200 * time.Millisecond) // the waiter is asleep now
+			killAt := time.Now()
+			_ = h.cmd.Process.Kill()
+			if p.name == "flock" {
+				_ = unix.Kill(child, unix.SIGKILL)
+			}
+			h.wait(t, 10*time.Second)
+			if code := w.wait(t, 20*time.Second); code != 0 {
+				t.Fatalf("%s waiter exited %d: %s", p.name, code, w.stderr())
+			}
+			cancel()
+			gaps[p.name] = append(gaps[p.name], time.Duration(ptReadInt(t, e.path("start"))-killAt.UnixNano()))
+		}
+	}
+	for _, p := range peers {
+		g := gaps[p.name]
+		t.Logf("%-8s takeover over %d reps: min %s, p50 %s, p90 %s, max %s", p.name, len(g),
+			cmpMS(cmpPct(g, 0)), cmpMS(cmpPct(g, 50)), cmpMS(cmpPct(g, 90)), cmpMS(cmpPct(g, 100)))
+	}
+	sv := cmpPct(gaps["slotctl"], 50)
+	pv, ratio := "flock not installed", "-"
+	if f, ok := gaps["flock"]; ok {
+		fv := cmpPct(f, 50)
+		pv, ratio = "flock "+cmpMS(fv), fmt.Sprintf("%.1f× flock", float64(sv)/float64(fv))
+	}
+	b.row(cmpRow{fmt.Sprintf("same-host takeover p50 (holder SIGKILLed → waiter's child starts, %d reps)", len(gaps["slotctl"])), cmpMS(sv), pv, ratio,
+		"≤ 1000ms", cmpMet(sv <= time.Second)})
 }
 
 // --- idle waiters ---

@@ -62,6 +62,14 @@ func slotctlPath(t testing.TB) string {
 		out, err := exec.Command("go", append(args, "./testdata/slotctl")...).CombinedOutput()
 		if err != nil {
 			testSlotctl.err = fmt.Errorf("go build ./testdata/slotctl: %v\n%s", err, out)
+			return
+		}
+		// Beside it, as the packages install it: the processes the tests
+		// start run their jobs under it (the in-process runs under this
+		// binary, started again as the guard).
+		args[2] = filepath.Join(testSlotctl.dir, "slotctl-guard")
+		if out, err := exec.Command("go", append(args, "../../slotctl-guard")...).CombinedOutput(); err != nil {
+			testSlotctl.err = fmt.Errorf("go build ./cmd/slotctl-guard: %v\n%s", err, out)
 		}
 	})
 	if testSlotctl.err != nil {
