@@ -54,11 +54,13 @@ type cmpRow struct {
 // cmpBench is one run of the comparison: the slotctl binary, the peers that
 // are installed, and the rows measured so far.
 type cmpBench struct {
-	bin   string // slotctl, built with go build -trimpath
-	base  string // the directory the figures' stores live under
-	runs  int
-	flock string // "" when not installed
-	sem   string
+	bin string // slotctl, built with go build -trimpath, slotctl-guard beside it
+	// binSelf is the same slotctl alone: it starts itself as the guard.
+	binSelf string
+	base    string // the directory the figures' stores live under
+	runs    int
+	flock   string // "" when not installed
+	sem     string
 
 	mu     sync.Mutex
 	rows   []cmpRow
@@ -89,6 +91,11 @@ func TestCompare(t *testing.T) {
 	b.base = base
 	b.bin = filepath.Join(base, "bin", "slotctl")
 	buildSlotctl(t, b.bin, releaseSlotctl)
+	buildSlotctl(t, filepath.Join(base, "bin", "slotctl-guard"), buildOptions{main: "slotctl-guard", release: true})
+	// The same slotctl without slotctl-guard beside it: it starts itself
+	// as each job's guard.
+	b.binSelf = filepath.Join(base, "bin-self", "slotctl")
+	buildSlotctl(t, b.binSelf, releaseSlotctl)
 	for _, p := range []struct {
 		name string
 		dst  *string
@@ -152,7 +159,8 @@ func (b *cmpBench) overhead(t *testing.T) {
 	if b.sem != "" {
 		peers = append(peers, peer{"sem --fg --id x true", []string{b.sem, "--will-cite", "--fg", "--id", "slotctl-bench-" + strconv.Itoa(os.Getpid()), "true"}})
 	}
-	peers = append(peers, peer{"true (exec alone)", []string{"true"}})
+	peers = append(peers, peer{"true (exec alone)", []string{"true"}},
+		peer{"slotctl without slotctl-guard", []string{b.binSelf, "run", "--limit", "x3", "--", "true"}})
 	times := make([][]time.Duration, len(peers))
 	for i := -1; i < b.runs; i++ { // run -1 warms up caches and creates the store
 		for k := range peers {
@@ -201,6 +209,9 @@ func (b *cmpBench) overhead(t *testing.T) {
 	r2 := float64(two) / float64(s)
 	b.row(cmpRow{"two limits: `run --limit x --limit y -- true` vs one limit", fmt.Sprintf("%s (p90 %s)", cmpMS(two), cmpMS(cmpPct(times[1], 90))),
 		"one limit " + cmpMS(s), fmt.Sprintf("%.2f× one limit", r2), "≤ 1.2× one limit", cmpMet(r2 <= 1.2)})
+	self := med["slotctl without slotctl-guard"]
+	b.row(cmpRow{"`run -- true` without slotctl-guard beside (slotctl its own guard)", cmpMS(self), "with it " + cmpMS(s),
+		fmt.Sprintf("+%s", cmpMS(self-s)), "-", "-"})
 	tr := med["true (exec alone)"]
 	b.row(cmpRow{"overhead: exec of `true` alone (floor)", "-", cmpMS(tr), fmt.Sprintf("slotctl − true = %s", cmpMS(s-tr)), "-", "-"})
 }
