@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/slotctl/slotctl/store"
@@ -38,6 +39,11 @@ type Gate struct {
 	PollEvery time.Duration
 	// Rand returns numbers in [0,1) for jitter; nil means math/rand/v2.
 	Rand func() float64
+	// WatchHolders, if set, watches the holders that the head of a queue
+	// waits for (proc.WatchHolders: their supervisors' pidfds): died closes
+	// when one of them has died, and the head sweeps at once instead of at
+	// that holder's expiry. nil: the expiry alone.
+	WatchHolders func(holders []store.Ticket) (died <-chan struct{}, stop func())
 }
 
 // NewID mints a ticket id: 128 random bits in hex. It is minted before the
@@ -55,6 +61,9 @@ type Entry struct {
 	bell  store.Bell
 	t     store.Ticket
 	nudge chan struct{}
+
+	watchMu   sync.Mutex
+	stopWatch func() // the holders' watch, if any
 }
 
 // Join puts a ticket for req in its limit's queue. The bell is made before
@@ -174,6 +183,9 @@ func (e *Entry) Refresh(ctx context.Context) (store.Ticket, error) {
 		return e.t, err
 	}
 	e.t = t
+	if t.State == store.Held {
+		e.unwatch()
+	}
 	return t, nil
 }
 
@@ -217,7 +229,9 @@ func (e *Entry) Expiry(ctx context.Context) (time.Duration, bool) {
 		if err != nil {
 			return 0, false
 		}
-		return TicketExpiry(snap, e.t)
+		in := headsOf(snap, e.t)
+		e.watch(held(snap, in))
+		return headExpiry(snap, in)
 	}
 	if e.t.Position != 1 {
 		return 0, false
@@ -226,7 +240,70 @@ func (e *Entry) Expiry(ctx context.Context) (time.Duration, bool) {
 	if err != nil {
 		return 0, false
 	}
+	e.watch(held(snap, func(string) bool { return true }))
 	return HeadExpiry(snap)
+}
+
+// held is the held tickets of snap in the limits in.
+func held(snap store.Snapshot, in func(limit string) bool) []store.Ticket {
+	var out []store.Ticket
+	for _, t := range snap.Tickets {
+		if t.State == store.Held && in(t.Limit) {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// deathSweeps are when the head sweeps after a holder died: its guard may
+// still be killing the job, and the judge waits for the last process.
+var deathSweeps = []time.Duration{0, 10 * time.Millisecond, 20 * time.Millisecond, 50 * time.Millisecond,
+	100 * time.Millisecond, 200 * time.Millisecond, 400 * time.Millisecond, 800 * time.Millisecond}
+
+// watch replaces the watch of the holders the entry waits for.
+func (e *Entry) watch(holders []store.Ticket) {
+	e.unwatch()
+	if e.g.WatchHolders == nil || len(holders) == 0 {
+		return
+	}
+	died, stop := e.g.WatchHolders(holders)
+	done := make(chan struct{})
+	var once sync.Once
+	e.watchMu.Lock()
+	e.stopWatch = func() { once.Do(func() { stop(); close(done) }) }
+	e.watchMu.Unlock()
+	names := e.t.Names()
+	go func() {
+		select {
+		case <-died:
+		case <-done:
+			return
+		}
+		for _, d := range deathSweeps {
+			select {
+			case <-done:
+				return
+			case <-time.After(d):
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			removed, _ := e.g.Store.Reap(ctx, store.ReapOptions{Limits: names})
+			cancel()
+			if len(removed) > 0 {
+				e.Nudge()
+				return
+			}
+		}
+	}()
+}
+
+func (e *Entry) unwatch() {
+	e.watchMu.Lock()
+	stop := e.stopWatch
+	e.stopWatch = nil
+	e.watchMu.Unlock()
+	if stop != nil {
+		stop()
+	}
 }
 
 // HeadExpiry is how long the head of a limit's queue sleeps before it sweeps
@@ -243,13 +320,18 @@ func HeadExpiry(snap store.Snapshot) (d time.Duration, ok bool) {
 // count, since in the others an older waiter watches. ok is false when t
 // heads no limit that has a holder.
 func TicketExpiry(snap store.Snapshot, t store.Ticket) (time.Duration, bool) {
+	return headExpiry(snap, headsOf(snap, t))
+}
+
+// headsOf is the limits in which waiting ticket t is the first waiter.
+func headsOf(snap store.Snapshot, t store.Ticket) func(limit string) bool {
 	heads := map[string]bool{}
 	for _, u := range snap.Tickets {
 		if u.ID == t.ID && u.State == store.Waiting && u.Position == 1 {
 			heads[u.Limit] = true // Position counts the waiters of the limit it is listed under
 		}
 	}
-	return headExpiry(snap, func(limit string) bool { return heads[limit] })
+	return func(limit string) bool { return heads[limit] }
 }
 
 func headExpiry(snap store.Snapshot, in func(limit string) bool) (d time.Duration, ok bool) {
@@ -302,4 +384,7 @@ func (e *Entry) Cancel(ctx context.Context) (bool, error) {
 }
 
 // Close stops listening for wake-ups; the ticket stays. Idempotent.
-func (e *Entry) Close() { e.bell.Close() }
+func (e *Entry) Close() {
+	e.unwatch()
+	e.bell.Close()
+}

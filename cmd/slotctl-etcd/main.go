@@ -10,6 +10,7 @@ import (
 	"github.com/slotctl/slotctl/cmd/internal/cli"
 	"github.com/slotctl/slotctl/cmd/internal/etcdcli"
 	"github.com/slotctl/slotctl/cmd/internal/promtext"
+	"github.com/slotctl/slotctl/internal/guard"
 )
 
 // Stamped by the release build (goreleaser ldflags); otherwise read from the
@@ -21,6 +22,7 @@ var (
 )
 
 func main() {
+	guard.Main() // started as the guard of a job: be that, and only that
 	cli.RegisterEtcd(etcdcli.Client)
 	cli.RegisterMetrics(promtext.Write)
 	f := cli.NewFactory(version, commit, date)

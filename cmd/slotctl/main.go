@@ -18,6 +18,7 @@ import (
 	"os"
 
 	"github.com/slotctl/slotctl/cmd/internal/cli"
+	"github.com/slotctl/slotctl/internal/guard"
 )
 
 // Stamped by the release build (goreleaser ldflags); otherwise read from the
@@ -29,6 +30,7 @@ var (
 )
 
 func main() {
+	guard.Main()                   // started as the guard of a job: be that, and only that
 	cli.ExecEtcdEarly(os.Args[1:]) // an etcd store: become slotctl-etcd now
 	f := cli.NewFactory(version, commit, date)
 	f.ExitAfterMain = true

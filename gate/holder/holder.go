@@ -90,6 +90,8 @@ const (
 	ReleaseFailed                 // the held ticket could not be released (Err)
 	AlreadyGone                   // the held ticket was gone at release (reaped or released by an operator)
 	Replaced                      // a newer run of the key asked the job to stop (Ticket.Stop): it is being stopped
+	Leftover                      // the job's command exited, processes it started run on: they are being stopped
+	NotGone                       // processes of the job are still there a while after SIGKILL: given up on
 )
 
 // A Note is one thing that happened.
@@ -487,12 +489,15 @@ func (r *runner) releaseTimeout(why store.Reason) time.Duration {
 
 // supervise waits for the job, forwarding signals, stopping it when the
 // lease is lost (unless Continue) or MaxHold runs out, and escalating to
-// SIGKILL. It returns only when the job and its group are gone.
+// SIGKILL. Once the job's command has exited it drains the rest of the
+// job, still watching the lease. It returns only when the whole job is
+// gone (or did not go within notGoneWait of SIGKILL).
 func (r *runner) supervise(ctx context.Context, c Child, t store.Ticket, cancelJob context.CancelCauseFunc) Outcome {
+	defer c.Close()
 	out := Outcome{Result: Ran, Ticket: t}
 	now := r.now()
 	var lostC <-chan struct{}
-	recordAt, maxHoldAt, killAt := never, never, never
+	recordAt, maxHoldAt, killAt, giveUpAt := never, never, never, never
 	if r.lease != nil {
 		lostC = r.lease.Lost()
 		recordAt = now + r.cfg.RecordDelay
@@ -511,6 +516,8 @@ func (r *runner) supervise(ctx context.Context, c Child, t store.Ticket, cancelJ
 		killAt = min(killAt, killBy)
 	}
 	done := ctx.Done()
+	// endC is the command's exit, then the end of the whole job.
+	endC, draining := c.Exited(), false
 	// The bell stays open while the job runs: a newer run of the key that
 	// asks it to stop rings it (§2.1 item 10), and so do renewals that
 	// carry the request (a nudge).
@@ -522,7 +529,7 @@ func (r *runner) supervise(ctx context.Context, c Child, t store.Ticket, cancelJ
 		if r.released {
 			bellC, nudgeC = nil, nil // mutation.ReleaseBeforeExit: the bell is closed
 		}
-		ev := r.w.Wait(Wake{At: at(recordAt, maxHoldAt, killAt), Done: done, Lost: lostC, Exited: c.Exited(), Bell: bellC, Nudge: nudgeC})
+		ev := r.w.Wait(Wake{At: at(recordAt, maxHoldAt, killAt, giveUpAt), Done: done, Lost: lostC, Exited: endC, Bell: bellC, Nudge: nudgeC})
 		switch ev.Kind {
 		case Bell, Nudge:
 			nt, err := r.entry.Refresh(ctx)
@@ -536,13 +543,21 @@ func (r *runner) supervise(ctx context.Context, c Child, t store.Ticket, cancelJ
 			r.note(Note{Kind: Replaced, Ticket: t})
 			stop(syscall.SIGTERM)
 		case Exited:
-			out.Exit, out.ExitErr = c.Exit()
-			grace := r.cfg.KillAfter
-			if killBy != never {
-				grace = max(0, min(grace, killBy-r.now()))
+			if draining {
+				return out
 			}
-			c.Drain(grace)
-			return out
+			out.Exit, out.ExitErr = c.Exit()
+			draining, endC = true, c.Gone()
+			select {
+			case <-endC:
+				return out
+			default:
+			}
+			// Drain before release: what the command left is the job too.
+			// SIGTERM, then SIGKILL after KillAfter — sooner on a lost
+			// lease, which the loop still watches.
+			r.note(Note{Kind: Leftover, Ticket: t})
+			stop(syscall.SIGTERM)
 		case Signal:
 			s, ok := ev.Signal.(syscall.Signal)
 			switch {
@@ -551,7 +566,7 @@ func (r *runner) supervise(ctx context.Context, c Child, t store.Ticket, cancelJ
 				if r.lease != nil {
 					r.lease.Check()
 				}
-			case c.Foreground() && (s == syscall.SIGINT || s == syscall.SIGQUIT):
+			case c.Foreground() && !draining && (s == syscall.SIGINT || s == syscall.SIGQUIT):
 				// A terminal sends Ctrl-C and Ctrl-\ to the whole foreground
 				// group, the job included: do not deliver them twice.
 			case Terminating(s):
@@ -589,15 +604,33 @@ func (r *runner) supervise(ctx context.Context, c Child, t store.Ticket, cancelJ
 				out.MaxHold = true
 				stop(syscall.SIGTERM)
 			}
+			if now >= giveUpAt {
+				r.note(Note{Kind: NotGone, Ticket: t, After: now - stopAt})
+				return out
+			}
 			if now >= killAt {
-				after := killAt - stopAt
-				killAt, killed = never, true
-				r.note(Note{Kind: Kill, Ticket: t, After: after})
+				if !killed {
+					r.note(Note{Kind: Kill, Ticket: t, After: killAt - stopAt})
+				}
 				c.Signal(syscall.SIGKILL)
+				// Again and again: a process forked while the job was being
+				// killed was not there to be signalled.
+				killAt, killed = now+killRepeat, true
+				if giveUpAt == never {
+					giveUpAt = now + notGoneWait
+				}
 			}
 		}
 	}
 }
+
+// After SIGKILL the job is signalled again every killRepeat, and given up
+// on after notGoneWait: a process stuck in the kernel (uninterruptible
+// I/O) does not hold the slot for ever, and runs no code of its own.
+const (
+	killRepeat  = 50 * time.Millisecond
+	notGoneWait = time.Second
+)
 
 // killBy is when a job stopped for a lost lease must get SIGKILL, whatever
 // KillAfter says: the whole stop must fit before the earliest moment the

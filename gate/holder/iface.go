@@ -21,10 +21,12 @@ type Store interface {
 
 // A Child is the running job.
 type Child interface {
-	// Exited is closed once the job's own process has exited.
+	// Exited is closed once the job's own process (its command) has exited.
 	Exited() <-chan struct{}
-	// Signal sends s to the job: its process group, or the process alone
-	// when it shares the supervisor's.
+	// Gone is closed once nothing of the job is left: its command and every
+	// process descended from it, in whatever group or session.
+	Gone() <-chan struct{}
+	// Signal sends s to the whole job.
 	Signal(s syscall.Signal)
 	// Foreground reports whether the job shares the supervisor's group on a
 	// terminal: the terminal then delivers Ctrl-C and Ctrl-\ to it itself.
@@ -32,11 +34,11 @@ type Child interface {
 	// Group is the process group a reaper can prove the job gone by, and
 	// its start time; ok is false when there is none to record.
 	Group() (pgid int, start uint64, ok bool)
-	// Drain waits, after Exited, for what the job left in its process
-	// group: SIGTERM, then SIGKILL after killAfter.
-	Drain(killAfter time.Duration)
 	// Exit is the job's status, after Exited.
 	Exit() (Exit, error)
+	// Close is called once, when the holder is done with the job: after
+	// Gone, or after giving up on it.
+	Close()
 }
 
 // Exit is how the job's process ended.

@@ -5,6 +5,8 @@ package proc
 import (
 	"errors"
 	"time"
+
+	"github.com/slotctl/slotctl/store"
 )
 
 // BootID is "unknown-boot" where the kernel does not name its boots; the
@@ -56,3 +58,9 @@ func IsAncestor(pid int, start uint64) bool { return false }
 
 // AncestryKnown: IsAncestor is not implemented here.
 func AncestryKnown() bool { return false }
+
+// WatchHolders watches nothing where there are no pidfds: waiters learn of
+// a holder's death by their sweeps.
+func WatchHolders([]store.Ticket) (<-chan struct{}, func()) {
+	return make(chan struct{}), func() {}
+}

@@ -270,7 +270,13 @@ func TestAttackCapReaperKillsOrphan(t *testing.T) {
 	if got := proctest.Members(pgid); len(got) != len(members) {
 		t.Fatalf("the packaged reaper signalled Bob's running job on a forged ticket: members %v, were %v", got, members)
 	}
-	_ = run.Process.Kill() // the supervisor dies; its child with it
+	// The supervisor and its guard die (stopped first, so that slotctl
+	// cannot see its guard die and kill the job itself); the child dies
+	// with the guard, the grandchild runs on.
+	g := crashChildNamed(t, run.Process.Pid, "slotctl-guard", 5*time.Second)
+	_ = run.Process.Signal(syscall.SIGSTOP)
+	_ = syscall.Kill(g, syscall.SIGKILL)
+	_ = run.Process.Kill()
 	_ = run.Wait()
 	var orphans []int
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {

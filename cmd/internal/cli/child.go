@@ -9,7 +9,6 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/slotctl/slotctl/gate/holder"
 	"github.com/slotctl/slotctl/internal/proc"
@@ -62,15 +61,17 @@ func signalNumber(s os.Signal) int {
 	return 0
 }
 
-// child is the running COMMAND: the real holder.Child.
+// child is the running COMMAND: the real holder.Child. The platform's
+// startJob fills in how it is followed and signalled.
 type child struct {
-	cmd  *exec.Cmd
-	log  *logger
-	pgid int  // its own process group, 0 when it shares slotctl's (terminal foreground)
-	fg   bool // shares slotctl's process group on a terminal
-	err  error
-	// exited is closed once the child has been waited for.
-	exited chan struct{}
+	log    *logger
+	pgid   int  // its own process group, 0 when it shares slotctl's (terminal foreground)
+	fg     bool // shares slotctl's process group on a terminal
+	exited <-chan struct{}
+	gone   <-chan struct{}
+	exit   func() (holder.Exit, error)
+	signal func(syscall.Signal)
+	close  func()
 }
 
 var _ holder.Child = (*child)(nil)
@@ -79,8 +80,7 @@ var _ holder.Child = (*child)(nil)
 // (childEnv: never the credentials; nil env: a nested run's, as it is). On a
 // terminal in the foreground it stays in slotctl's process group so that
 // Ctrl-C and job control behave as without slotctl; otherwise it leads its
-// own group so that a stop reaches the whole job. On Linux it dies with
-// slotctl (parent-death signal).
+// own group. Either way the job is COMMAND and everything it starts.
 func startChild(f *Factory, path string, argv, env []string, log *logger) (*child, error) {
 	return startChildFiles(f, path, argv, env, log, nil)
 }
@@ -88,29 +88,15 @@ func startChild(f *Factory, path string, argv, env []string, log *logger) (*chil
 // startChildFiles is startChild with extra descriptors for the child, at
 // 3 and up (the jobserver's pipe).
 func startChildFiles(f *Factory, path string, argv, env []string, log *logger, extra []*os.File) (*child, error) {
-	cmd := exec.Command(path, argv[1:]...)
-	cmd.ExtraFiles = extra
-	cmd.Args = argv
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = f.IO.In, f.IO.Out, f.IO.ErrOut
 	environ := os.Environ
 	if f.Environ != nil {
 		environ = f.Environ
 	}
-	cmd.Env = childEnv(environ(), env)
 	fg := f.IO.InTTY && foregroundTTY()
-	cmd.SysProcAttr = childAttr(!fg)
-	becomeSubreaper()
-	if err := cmd.Start(); err != nil {
+	c, err := startJob(f.IO, path, argv, childEnv(environ(), env), extra, fg, log)
+	if err != nil {
 		return nil, startError(argv[0], err)
 	}
-	c := &child{cmd: cmd, log: log, fg: fg, exited: make(chan struct{})}
-	if !fg {
-		c.pgid = cmd.Process.Pid
-	}
-	go func() {
-		c.err = cmd.Wait()
-		close(c.exited)
-	}()
 	return c, nil
 }
 
@@ -126,18 +112,14 @@ func startError(name string, err error) error {
 // Exited implements holder.Child.
 func (c *child) Exited() <-chan struct{} { return c.exited }
 
+// Gone implements holder.Child.
+func (c *child) Gone() <-chan struct{} { return c.gone }
+
 // Foreground implements holder.Child.
 func (c *child) Foreground() bool { return c.fg }
 
-// Signal sends s to the child's whole process group, or to the child alone
-// when it shares slotctl's group.
-func (c *child) Signal(s syscall.Signal) {
-	if c.pgid > 0 {
-		_ = syscall.Kill(-c.pgid, s)
-		return
-	}
-	_ = c.cmd.Process.Signal(s)
-}
+// Signal implements holder.Child: the whole job.
+func (c *child) Signal(s syscall.Signal) { c.signal(s) }
 
 // Group implements holder.Child: the child's group, or slotctl's own (the
 // terminal job's) when it shares it.
@@ -151,47 +133,15 @@ func (c *child) Group() (int, uint64, bool) {
 }
 
 // Exit implements holder.Child.
-func (c *child) Exit() (holder.Exit, error) {
-	st := c.cmd.ProcessState
-	if st == nil {
-		if c.err == nil {
-			c.err = errors.New("child status unknown")
-		}
-		return holder.Exit{}, c.err
-	}
-	if ws, ok := st.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		return holder.Exit{Signal: ws.Signal()}, nil
-	}
-	return holder.Exit{Code: st.ExitCode()}, nil
-}
+func (c *child) Exit() (holder.Exit, error) { return c.exit() }
 
-// Drain waits for what the child left in its process group: asked to stop
-// with SIGTERM, then SIGKILL after killAfter. The slot is only released
-// once the whole job is gone.
-func (c *child) Drain(killAfter time.Duration) {
-	if reapOrphans(); c.pgid <= 0 || !groupAlive(c.pgid) {
-		return
-	}
-	c.log.verbose("process group %d outlived its leader: stopping it", c.pgid)
-	_ = syscall.Kill(-c.pgid, syscall.SIGTERM)
-	deadline := time.Now().Add(killAfter)
-	killed := false
-	for reapOrphans(); groupAlive(c.pgid); reapOrphans() {
-		if !killed && time.Now().After(deadline) {
-			_ = syscall.Kill(-c.pgid, syscall.SIGKILL)
-			killed = true
-			deadline = time.Now().Add(time.Second) // zombies await their reaper; do not wait for ever
-		} else if killed && time.Now().After(deadline) {
-			c.log.warn("process group %d did not go away after SIGKILL", c.pgid)
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
+// Close implements holder.Child.
+func (c *child) Close() { c.close() }
 
-// groupAlive reports whether any process is left in process group pgid.
-// EPERM means one is, owned by someone else.
-func groupAlive(pgid int) bool {
-	err := syscall.Kill(-pgid, 0)
-	return err == nil || errors.Is(err, syscall.EPERM)
+// exitOf is holder's Exit of a wait status.
+func exitOf(ws syscall.WaitStatus) holder.Exit {
+	if ws.Signaled() {
+		return holder.Exit{Signal: ws.Signal()}
+	}
+	return holder.Exit{Code: ws.ExitStatus()}
 }

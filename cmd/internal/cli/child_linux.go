@@ -1,27 +1,57 @@
 package cli
 
 import (
-	"syscall"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/slotctl/slotctl/gate/holder"
+	"github.com/slotctl/slotctl/internal/guard"
+	"github.com/slotctl/slotctl/internal/proc"
 )
 
-// childAttr: the child's own process group off a terminal, and SIGKILL when
-// slotctl dies, so a SIGKILLed slotctl leaves no unleased job running (C8).
-func childAttr(ownGroup bool) *syscall.SysProcAttr {
-	return &syscall.SysProcAttr{Setpgid: ownGroup, Pdeathsig: syscall.SIGKILL}
+// startJob starts COMMAND under a guard (internal/guard): the subreaper of
+// everything COMMAND starts, which kills the whole job at once if slotctl
+// dies, so a SIGKILLed slotctl leaves nothing of its job running.
+func startJob(streams *IOStreams, path string, argv, env []string, extra []*os.File, fg bool, log *logger) (*child, error) {
+	files, copied, err := jobFiles(streams)
+	if err != nil {
+		return nil, err
+	}
+	// The job's processes carry its ticket: by it, slotctl finds them
+	// should the guard be killed on its own.
+	mark := ""
+	for _, kv := range env {
+		if strings.HasPrefix(kv, proc.TicketVar+"=") {
+			mark = kv
+		}
+	}
+	j, err := guard.Start(guard.Config{Path: path, Args: argv, Env: env, Files: append(files.child, extra...), OwnGroup: !fg, Mark: mark, Exe: guardExe()})
+	files.closeChild()
+	if err != nil {
+		files.abandon()
+		return nil, err
+	}
+	c := &child{log: log, fg: fg, exited: j.Exited(), gone: j.Gone(), signal: j.Signal}
+	if !fg {
+		c.pgid = j.Pid()
+	}
+	c.exit = func() (holder.Exit, error) { return exitOf(j.Status()), nil }
+	c.close = func() {
+		if err := j.Err(); err != nil {
+			log.warn("the guard of %s ended before the job did (%v): processes of the job may be left", argv[0], err)
+		}
+		reapOrphans()
+		copied()
+	}
+	return c, nil
 }
 
-// becomeSubreaper makes the job's orphans (a grandchild whose parent exited)
-// slotctl's children instead of init's, so slotctl can reap them while it
-// drains the job's process group: an unreaped zombie still counts as a
-// member, and init is not always quick (or present) in containers.
-func becomeSubreaper() {
-	_ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-}
-
-// reapOrphans collects every exited orphan. Only called after the child
-// itself has been waited for, so it cannot steal the child's status.
+// reapOrphans collects every exited orphan. Only called after the guard
+// has been waited for, so it cannot steal the guard's status.
 func reapOrphans() {
 	for {
 		var ws unix.WaitStatus
@@ -31,3 +61,23 @@ func reapOrphans() {
 		}
 	}
 }
+
+// guardExe is slotctl-guard beside this executable (the packages install
+// it there): it links nothing but the guard, so it starts in about a
+// millisecond where slotctl takes several. "" when there is none: slotctl
+// then starts itself as the guard. Never looked up on PATH.
+var guardExe = sync.OnceValue(func() string {
+	self, err := os.Executable()
+	if err != nil {
+		return ""
+	}
+	if resolved, err := filepath.EvalSymlinks(self); err == nil {
+		self = resolved
+	}
+	path := filepath.Join(filepath.Dir(self), guard.Name)
+	st, err := os.Stat(path)
+	if err != nil || !st.Mode().IsRegular() || st.Mode().Perm()&0o111 == 0 {
+		return ""
+	}
+	return path
+})

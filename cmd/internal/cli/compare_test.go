@@ -54,11 +54,13 @@ type cmpRow struct {
 // cmpBench is one run of the comparison: the slotctl binary, the peers that
 // are installed, and the rows measured so far.
 type cmpBench struct {
-	bin   string // slotctl, built with go build -trimpath
-	base  string // the directory the figures' stores live under
-	runs  int
-	flock string // "" when not installed
-	sem   string
+	bin string // slotctl, built with go build -trimpath, slotctl-guard beside it
+	// binSelf is the same slotctl alone: it starts itself as the guard.
+	binSelf string
+	base    string // the directory the figures' stores live under
+	runs    int
+	flock   string // "" when not installed
+	sem     string
 
 	mu     sync.Mutex
 	rows   []cmpRow
@@ -89,6 +91,11 @@ func TestCompare(t *testing.T) {
 	b.base = base
 	b.bin = filepath.Join(base, "bin", "slotctl")
 	buildSlotctl(t, b.bin, releaseSlotctl)
+	buildSlotctl(t, filepath.Join(base, "bin", "slotctl-guard"), buildOptions{main: "slotctl-guard", release: true})
+	// The same slotctl without slotctl-guard beside it: it starts itself
+	// as each job's guard.
+	b.binSelf = filepath.Join(base, "bin-self", "slotctl")
+	buildSlotctl(t, b.binSelf, releaseSlotctl)
 	for _, p := range []struct {
 		name string
 		dst  *string
@@ -108,6 +115,7 @@ func TestCompare(t *testing.T) {
 	}{
 		{"overhead", b.overhead},
 		{"handoff", b.handoff},
+		{"takeover", b.takeover},
 		{"idle", b.idle},
 		{"throughput", b.throughput},
 		{"memory", b.memory},
@@ -151,7 +159,8 @@ func (b *cmpBench) overhead(t *testing.T) {
 	if b.sem != "" {
 		peers = append(peers, peer{"sem --fg --id x true", []string{b.sem, "--will-cite", "--fg", "--id", "slotctl-bench-" + strconv.Itoa(os.Getpid()), "true"}})
 	}
-	peers = append(peers, peer{"true (exec alone)", []string{"true"}})
+	peers = append(peers, peer{"true (exec alone)", []string{"true"}},
+		peer{"slotctl without slotctl-guard", []string{b.binSelf, "run", "--limit", "x3", "--", "true"}})
 	times := make([][]time.Duration, len(peers))
 	for i := -1; i < b.runs; i++ { // run -1 warms up caches and creates the store
 		for k := range peers {
@@ -200,6 +209,9 @@ func (b *cmpBench) overhead(t *testing.T) {
 	r2 := float64(two) / float64(s)
 	b.row(cmpRow{"two limits: `run --limit x --limit y -- true` vs one limit", fmt.Sprintf("%s (p90 %s)", cmpMS(two), cmpMS(cmpPct(times[1], 90))),
 		"one limit " + cmpMS(s), fmt.Sprintf("%.2f× one limit", r2), "≤ 1.2× one limit", cmpMet(r2 <= 1.2)})
+	self := med["slotctl without slotctl-guard"]
+	b.row(cmpRow{"`run -- true` without slotctl-guard beside (slotctl its own guard)", cmpMS(self), "with it " + cmpMS(s),
+		fmt.Sprintf("+%s", cmpMS(self-s)), "-", "-"})
 	tr := med["true (exec alone)"]
 	b.row(cmpRow{"overhead: exec of `true` alone (floor)", "-", cmpMS(tr), fmt.Sprintf("slotctl − true = %s", cmpMS(s-tr)), "-", "-"})
 }
@@ -296,6 +308,74 @@ func (b *cmpBench) handoff(t *testing.T) {
 	r := float64(two) / float64(one)
 	b.row(cmpRow{fmt.Sprintf("handoff p50 on a two-limit mutex (%d reps)", len(s)), cmpMS(two), "one limit " + cmpMS(one),
 		fmt.Sprintf("%.2f× one limit", r), "≤ 1.2× one limit", cmpMet(r <= 1.2)})
+}
+
+// --- takeover ---
+
+// takeover: the holder is SIGKILLed while a waiter is queued; the time from
+// the kill to the waiter's child starting. slotctl's supervisor alone is
+// killed (its guard ends the job, the waiter watches the holder's pidfd);
+// flock and its child both (the lock is the kernel's, freed when the last
+// descriptor closes).
+func (b *cmpBench) takeover(t *testing.T) {
+	type peer struct {
+		name, bin string
+		args      func(script string) []string
+		queued    func(w *ptProc) bool
+	}
+	peers := []peer{{"slotctl", b.bin, func(s string) []string { return []string{"run", "--limit", "k", "--", "sh", "-c", s} },
+		func(w *ptProc) bool { return strings.Contains(w.stderr(), "waiting for limit") }}}
+	if b.flock != "" {
+		peers = append(peers, peer{"flock", b.flock, func(s string) []string { return []string{"flock.lock", "sh", "-c", s} },
+			func(*ptProc) bool { return true }})
+	}
+	const holder = `echo $$ > held.tmp; mv held.tmp held; exec sleep 1000`
+	gaps := map[string][]time.Duration{}
+	var envs []*ptEnv
+	for _, p := range peers {
+		envs = append(envs, cmpPTEnv(t, cmpDir(t, b.base, "takeover-"+p.name), p.bin))
+	}
+	for i := range min(b.runs, 20) {
+		for k := range peers {
+			j := (k + i) % len(peers)
+			p, e := peers[j], envs[j]
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			for _, f := range []string{"held", "start"} {
+				os.Remove(e.path(f))
+			}
+			h := e.start(ctx, fmt.Sprintf("h%02d", i), p.args(holder)...)
+			ptWaitFor(t, p.name+" holder's child started", 10*time.Second, func() bool { return ptExists(e.path("held")) })
+			child := int(ptReadInt(t, e.path("held")))
+			e.notePid(child)
+			w := e.start(ctx, fmt.Sprintf("w%02d", i), p.args(cmpWaiterScript)...)
+			ptWaitFor(t, p.name+" waiter queued", 10*time.Second, func() bool { return p.queued(w) })
+			time.Sleep(200 * time.Millisecond) // the waiter is asleep now
+			killAt := time.Now()
+			_ = h.cmd.Process.Kill()
+			if p.name == "flock" {
+				_ = unix.Kill(child, unix.SIGKILL)
+			}
+			h.wait(t, 10*time.Second)
+			if code := w.wait(t, 20*time.Second); code != 0 {
+				t.Fatalf("%s waiter exited %d: %s", p.name, code, w.stderr())
+			}
+			cancel()
+			gaps[p.name] = append(gaps[p.name], time.Duration(ptReadInt(t, e.path("start"))-killAt.UnixNano()))
+		}
+	}
+	for _, p := range peers {
+		g := gaps[p.name]
+		t.Logf("%-8s takeover over %d reps: min %s, p50 %s, p90 %s, max %s", p.name, len(g),
+			cmpMS(cmpPct(g, 0)), cmpMS(cmpPct(g, 50)), cmpMS(cmpPct(g, 90)), cmpMS(cmpPct(g, 100)))
+	}
+	sv := cmpPct(gaps["slotctl"], 50)
+	pv, ratio := "flock not installed", "-"
+	if f, ok := gaps["flock"]; ok {
+		fv := cmpPct(f, 50)
+		pv, ratio = "flock "+cmpMS(fv), fmt.Sprintf("%.1f× flock", float64(sv)/float64(fv))
+	}
+	b.row(cmpRow{fmt.Sprintf("same-host takeover p50 (holder SIGKILLed → waiter's child starts, %d reps)", len(gaps["slotctl"])), cmpMS(sv), pv, ratio,
+		"≤ 1000ms", cmpMet(sv <= time.Second)})
 }
 
 // --- idle waiters ---

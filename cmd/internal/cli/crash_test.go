@@ -245,6 +245,15 @@ func TestSigkillSupervisorReapFreesAtOnce(t *testing.T) {
 
 			sup := holder.cmd.Process.Pid
 			gone := ptWatchGone(ctx, pid)
+			if tc.orphan {
+				// A job outlives its supervisor only when its guard dies
+				// too (an OOM kill of both, say): slotctl stopped, so that
+				// it cannot see its guard die, then the guard killed (the
+				// command with it: its parent-death signal), then slotctl.
+				g := crashChildNamed(t, sup, "slotctl-guard", 5*time.Second)
+				crashSignal(t, sup, syscall.SIGSTOP)
+				crashSignal(t, g, syscall.SIGKILL)
+			}
 			killAt := time.Now()
 			crashSignal(t, sup, syscall.SIGKILL)
 			if code := holder.wait(t, 5*time.Second); code != -1 {
@@ -492,7 +501,7 @@ func TestSigkillBothAdmittedWithinTTL(t *testing.T) {
 			nsPid := int(ptWaitInt(t, e.path("pid"), 5*time.Second)) // the child's pid in its namespace
 			id := crashLine(t, e.path("ticket"), 5*time.Second)
 			sup := crashChildNamed(t, u.cmd.Process.Pid, "slotctl", 5*time.Second)
-			child := crashChildNamed(t, sup, "sh", 5*time.Second)
+			child := crashChildNamed(t, crashChildNamed(t, sup, "slotctl-guard", 5*time.Second), "sh", 5*time.Second)
 			e.notePid(child)
 			tk := crashWaitChildRecorded(ctx, t, e, id, nsPid)
 			if tk.Holder.PidNS == proc.PidNS() {

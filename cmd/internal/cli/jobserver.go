@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -85,9 +84,9 @@ type jobservedChild struct {
 	log *logger
 }
 
-// Drain implements holder.Child: the job's group is gone, then the jobserver.
-func (c *jobservedChild) Drain(killAfter time.Duration) {
-	c.child.Drain(killAfter)
+// Close implements holder.Child: the job is gone, then the jobserver.
+func (c *jobservedChild) Close() {
+	c.child.Close()
 	c.js.Close()
 	st := c.js.Stats()
 	c.log.verbose("jobserver: took up to %s, %d taken and %d given back", plural(st.MaxWeight, "slot"), st.Grown, st.Shrunk)

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/slotctl/slotctl/internal/guard"
 	"github.com/slotctl/slotctl/internal/testguard"
 )
 
@@ -20,6 +21,7 @@ import (
 // 50 scripts two at a time on a two-core machine. An explicit -parallel is
 // kept.
 func TestMain(m *testing.M) {
+	guard.Main() // the in-process runs start their jobs under this binary as guard
 	flag.Parse()
 	set := false
 	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
@@ -60,6 +62,14 @@ func slotctlPath(t testing.TB) string {
 		out, err := exec.Command("go", append(args, "./testdata/slotctl")...).CombinedOutput()
 		if err != nil {
 			testSlotctl.err = fmt.Errorf("go build ./testdata/slotctl: %v\n%s", err, out)
+			return
+		}
+		// Beside it, as the packages install it: the processes the tests
+		// start run their jobs under it (the in-process runs under this
+		// binary, started again as the guard).
+		args[2] = filepath.Join(testSlotctl.dir, "slotctl-guard")
+		if out, err := exec.Command("go", append(args, "../../slotctl-guard")...).CombinedOutput(); err != nil {
+			testSlotctl.err = fmt.Errorf("go build ./cmd/slotctl-guard: %v\n%s", err, out)
 		}
 	})
 	if testSlotctl.err != nil {

@@ -424,7 +424,7 @@ func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) er
 	// The keeper renews a waiting ticket every TTL/3 and nudges the wait
 	// when a renewal shows it held (the renewal of a waiter settles its
 	// limit): that covers a lost ring, so the fallback poll can be rare.
-	cfg.Gate = gate.Gate{PollEvery: waiterPoll}
+	cfg.Gate = gate.Gate{PollEvery: waiterPoll, WatchHolders: proc.WatchHolders}
 	cfg.Request = store.EnqueueRequest{ID: gate.NewID(), Slots: o.sizeOf(limits[0]), CheckSlots: o.SlotsSet, TTL: o.TTL, Holder: holderIdentity(f, o),
 		Key: o.Key, Supersede: o.Supersede || o.Replace, Replace: o.Replace}
 	if o.MaxWaiting >= 0 {
@@ -630,6 +630,10 @@ func runNotes(ctx context.Context, f *Factory, log *logger, st store.Store, o *R
 			log.warn("--max-hold %s ran out: stopping %s", o.MaxHold, o.Argv[0])
 		case holder.Kill:
 			log.warn("%s still running %s after being stopped: sending SIGKILL", o.Argv[0], n.After)
+		case holder.Leftover:
+			log.verbose("%s exited; processes it started still run: stopping them before the release", o.Argv[0])
+		case holder.NotGone:
+			log.warn("processes of %s still there %s after SIGKILL (stuck in the kernel?): releasing anyway", o.Argv[0], n.After)
 		case holder.RecordFailed:
 			log.info("could not record the child's process group in ticket %s: %v", id, n.Err)
 		case holder.LeaveFailed:

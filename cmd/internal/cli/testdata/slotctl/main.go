@@ -17,12 +17,14 @@ import (
 	"github.com/slotctl/slotctl/cmd/internal/cli"
 	"github.com/slotctl/slotctl/cmd/internal/etcdcli"
 	"github.com/slotctl/slotctl/cmd/internal/promtext"
+	"github.com/slotctl/slotctl/internal/guard"
 	"github.com/slotctl/slotctl/internal/proc"
 	"github.com/slotctl/slotctl/store"
 	"github.com/slotctl/slotctl/store/boltstore"
 )
 
 func main() {
+	guard.Main()
 	cli.RegisterEtcd(etcdcli.Client)
 	cli.RegisterMetrics(promtext.Write)
 	f := cli.NewFactory("v0.0.0-test", "testcommit", "2026-01-01T00:00:00Z")

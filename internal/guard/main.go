@@ -1,0 +1,185 @@
+//go:build linux
+
+package guard
+
+import (
+	"errors"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Main runs this process as a guard when it was started as one (argv[0]
+// is Name) and never returns then; otherwise it returns at once. Every
+// binary that starts jobs calls it first thing, tests' binaries too.
+func Main() {
+	if len(os.Args) < 4 || os.Args[0] != Name {
+		return
+	}
+	os.Exit(run(os.Args[1:]))
+}
+
+// run is the guard: ARGS are NFILES OWNGROUP PATH ARGV...; descriptors 0
+// to NFILES-1 are the command's, NFILES is the socket to the supervisor.
+func run(args []string) int {
+	nfiles, err := strconv.Atoi(args[0])
+	if err != nil || nfiles < 3 || nfiles > 1024 {
+		return 70
+	}
+	ownGroup := args[1] == "1"
+	path, argv := args[2], args[3:]
+	sock := nfiles
+	syscall.CloseOnExec(sock)
+	g := &guard{sock: sock, self: os.Getpid()}
+
+	// The job's orphans become this process's children, whatever group or
+	// session they moved to: the job is this process's descendants.
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		g.send(msgErr, int(errnoOf(err)))
+		return 70
+	}
+	// ps and top show the guard by its name, not as "exe".
+	_ = unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(&[]byte(Name + "\x00")[0])), 0, 0, 0)
+	// Signals are caught, not ignored: ignoring would pass on to the
+	// command through exec. On a terminal they reach the guard with the
+	// foreground group, and the job gets them itself. Off one, a signal
+	// for the guard was meant for slotctl (a job that signals its $PPID):
+	// it is passed on to slotctl, which passes it on to the job.
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGPIPE, syscall.SIGUSR1, syscall.SIGUSR2)
+	supervisor := os.Getppid()
+	go func() {
+		for s := range sigs {
+			if ownGroup && s != syscall.SIGPIPE && os.Getppid() == supervisor {
+				_ = unix.Kill(supervisor, s.(syscall.Signal))
+			}
+		}
+	}()
+
+	fds := make([]uintptr, nfiles)
+	for i := range fds {
+		fds[i] = uintptr(i)
+	}
+	pid, err := syscall.ForkExec(path, argv, &syscall.ProcAttr{
+		Env:   os.Environ(),
+		Files: fds,
+		// The command dies with the guard; the rest of the job is the
+		// guard's to kill, or its subreaper's if the guard is killed.
+		Sys: &syscall.SysProcAttr{Setpgid: ownGroup, Pdeathsig: syscall.SIGKILL},
+	})
+	if err != nil {
+		g.send(msgErr, int(errnoOf(err)))
+		return 127
+	}
+	for i := 3; i < nfiles; i++ {
+		unix.Close(i) // the command's, not the guard's to keep open
+	}
+	g.child, g.pgid = pid, 0
+	if ownGroup {
+		g.pgid = pid
+	}
+	g.send(msgPid, pid)
+
+	go g.commands()
+	g.reap()
+	return 0
+}
+
+type guard struct {
+	sock  int
+	self  int
+	child int
+	pgid  int // the command's own group, 0 when it shares the guard's
+}
+
+func (g *guard) send(kind string, n int) {
+	msg := kind
+	if kind != msgGone {
+		msg += " " + strconv.Itoa(n)
+	}
+	_, _ = unix.Write(g.sock, []byte(msg))
+}
+
+// reap waits for every process of the job, reports the command's exit and,
+// when no process is left, that the job is gone.
+func (g *guard) reap() {
+	for {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, 0, nil)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case errors.Is(err, unix.ECHILD):
+			// No child is left, so no descendant: an orphan becomes this
+			// process's child before its parent can be reaped.
+			g.send(msgGone, 0)
+			return
+		case err != nil:
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		if pid == g.child {
+			g.send(msgExit, int(ws))
+		}
+	}
+}
+
+// commands takes the supervisor's requests until it hangs up, which it
+// does only by dying before the job is gone: then the whole job is killed,
+// as nobody keeps its lease any more.
+func (g *guard) commands() {
+	buf := make([]byte, 64)
+	for {
+		n, err := unix.Read(g.sock, buf)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil || n == 0 {
+			g.killAll()
+			return
+		}
+		kind, arg, perr := parse(buf[:n])
+		if perr != nil || kind != msgSig || arg <= 0 || arg >= 65 {
+			continue
+		}
+		g.signal(syscall.Signal(arg))
+	}
+}
+
+// signal sends sig to the command's group and to every descendant of the
+// guard, in whatever group or session.
+func (g *guard) signal(sig syscall.Signal) {
+	if g.pgid > 0 {
+		_ = unix.Kill(-g.pgid, sig)
+	}
+	signalTree(g.self, sig)
+}
+
+// killAll SIGKILLs every descendant until none is left; reap reports the
+// job gone and the guard exits.
+func (g *guard) killAll() {
+	for {
+		if signalTree(g.self, syscall.SIGKILL) == 0 {
+			// Nothing left to signal; reap sees ECHILD once the zombies are
+			// collected, and the process exits.
+			time.Sleep(10 * time.Millisecond)
+			if signalTree(g.self, syscall.SIGKILL) == 0 {
+				os.Exit(0)
+			}
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func errnoOf(err error) syscall.Errno {
+	var e syscall.Errno
+	if errors.As(err, &e) {
+		return e
+	}
+	return syscall.EINVAL
+}
