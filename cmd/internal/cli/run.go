@@ -212,8 +212,8 @@ EXIT STATUS
 	fl.DurationVar(&opts.MaxHold, "max-hold", 0, "stop COMMAND and free the slot after this long (exit 124; default: no bound)")
 	fl.StringVar(&opts.Label, "label", "", "text shown instead of the command line in ls (command lines can carry secrets)")
 	fl.StringVar(&opts.Key, "key", "", "the work this run does in its limits (a branch, an environment), for --supersede and --replace")
-	fl.BoolVar(&opts.Supersede, "supersede", false, "remove the older waiting runs of the same --key: they exit 75 without running")
-	fl.BoolVar(&opts.Replace, "replace", false, "like --supersede, and also stop the runs of the same --key that hold a slot (they exit 143)")
+	fl.BoolVar(&opts.Supersede, "supersede", false, "remove the older waiting runs of the same --key (required): they exit 75 without running")
+	fl.BoolVar(&opts.Replace, "replace", false, "like --supersede, and also stop the runs of the same --key (required) that hold a slot (they exit 143)")
 	fl.IntVar(&opts.MaxWaiting, "max-waiting", -1, "exit 75 at once rather than wait behind N or more waiting runs of a limit (default: no bound)")
 	fl.StringVar(&opts.URL, "url", "", "where the job comes from, shown by ls (default: the CI run's URL from its variables)")
 	addJobserverFlags(cmd, opts)
@@ -317,6 +317,15 @@ func (o *RunOptions) resolveNewer(f *Factory, keySet, urlSet bool) error {
 		if store.CheckKey(o.Key) != nil {
 			return usageError("--key %s: want 1-%d printable characters (a branch, an environment)", quoteInput(o.Key), store.MaxKey)
 		}
+	}
+	// Without a key the request would match every keyless ticket of the
+	// limits: any member could stop or drop everyone else's runs.
+	if !keySet && (o.Supersede || o.Replace) {
+		flag := "--supersede"
+		if o.Replace {
+			flag = "--replace"
+		}
+		return usageError("%s needs --key KEY: it acts only on the runs of the same key (1-%d printable characters)", flag, store.MaxKey)
 	}
 	if urlSet {
 		if store.CheckURL(o.URL) != nil {
