@@ -484,6 +484,16 @@ func TestCorruptRecords(t *testing.T) {
 		{"v2 replaces itself", q, u64key(1), ticket(map[string]any{"v": 2, "replaces": []string{"t0"}}), all},
 		{"v2 replaces twice", q, u64key(1), ticket(map[string]any{"v": 2, "replaces": []string{"a", "a"}}), all},
 		{"v2 replaces too many", q, u64key(1), ticket(map[string]any{"v": 2, "replaces": manyIDs(maxReplaces + 1)}), all},
+		// Every text field has a bound, checked on decode as on a request;
+		// a value over store.MaxRecord is refused before it is read.
+		{"holder host too long", q, u64key(1), ticket(map[string]any{"holder": map[string]any{"host": strings.Repeat("h", store.MaxHost+1), "pid": 1}}), all},
+		{"holder user too long", q, u64key(1), ticket(map[string]any{"holder": map[string]any{"host": "h", "pid": 1, "user": strings.Repeat("u", store.MaxUser+1)}}), all},
+		{"holder boot id too long", q, u64key(1), ticket(map[string]any{"holder": map[string]any{"host": "h", "pid": 1, "boot_id": strings.Repeat("b", store.MaxBootID+1)}}), all},
+		{"holder label too long", q, u64key(1), ticket(map[string]any{"holder": map[string]any{"host": "h", "pid": 1, "label": strings.Repeat("l", store.MaxLabel+1)}}), all},
+		{"holder command line too long", q, u64key(1), ticket(map[string]any{"holder": map[string]any{"host": "h", "pid": 1, "argv": []string{"sh", "-c", strings.Repeat("c", store.MaxCommand)}}}), all},
+		{"holder command line of too many arguments", q, u64key(1), ticket(map[string]any{"holder": map[string]any{"host": "h", "pid": 1, "argv": make([]string, store.MaxCommand+1)}}), all},
+		{"record over MaxRecord", q, u64key(1), ticket(map[string]any{"holder": map[string]any{"host": "h", "pid": 1, "label": strings.Repeat("l", store.MaxRecord)}}), all},
+		{"v2 weight times limits over MaxTicketSlots", q, u64key(1), ticket2(map[string]any{"weight": store.MaxSlots, "state": "waiting", "slot": -1, "indexes": nil}), all},
 		// Decodes, but its copy in y is missing: what a settle or a removal reads finds it.
 		{"v2 copy missing", q, u64key(1), ticket2(nil), settles},
 		{"limit slots", [][]byte{bucketLimits}, []byte("x"), []byte(`{"v":1,"slots":70000}`),
@@ -1334,5 +1344,29 @@ func TestCloseClosesDescriptors(t *testing.T) {
 	}
 	if _, err := s2.Enqueue(ctx, req("c", "x", 1)); !errors.Is(err, store.ErrClosed) {
 		t.Fatalf("Enqueue after Close: %v, want ErrClosed", err)
+	}
+}
+
+// TestCorruptEventText: an event of the log is bounded as a ticket is, and
+// an oversized one is refused unread.
+func TestCorruptEventText(t *testing.T) {
+	ev := func(change func(e *store.Event)) []byte {
+		e := eventRec{V: formatVersion, Event: store.Event{Kind: "admitted", Limit: "x", Ticket: "t0", Fence: 1, Host: "h", Command: "make"}}
+		change(&e.Event)
+		return encode(&e)
+	}
+	if err := decode(ev(func(*store.Event) {}), &eventRec{}); err != nil {
+		t.Fatalf("the base event: %v", err)
+	}
+	for name, b := range map[string][]byte{
+		"host":     ev(func(e *store.Event) { e.Host = strings.Repeat("h", store.MaxHost+1) }),
+		"user":     ev(func(e *store.Event) { e.User = strings.Repeat("u", store.MaxUser+1) }),
+		"command":  ev(func(e *store.Event) { e.Command = strings.Repeat("c", store.MaxShown+1) }),
+		"evidence": ev(func(e *store.Event) { e.Evidence = strings.Repeat("e", store.MaxEvidence+1) }),
+		"record":   ev(func(e *store.Event) { e.Command = strings.Repeat("c", store.MaxRecord) }),
+	} {
+		if err := decode(b, &eventRec{}); !errors.Is(err, store.ErrCorrupt) {
+			t.Errorf("event %s over its bound: %v, want ErrCorrupt", name, err)
+		}
 	}
 }

@@ -771,7 +771,7 @@ func overlaps(a, b []string) bool {
 func holderIdentity(f *Factory, o *RunOptions) store.Holder {
 	if f.Identity != nil {
 		h := f.Identity()
-		h.Argv, h.Label, h.URL = o.Argv, o.Label, o.URL
+		h.Argv, h.Label, h.URL = store.CutArgv(o.Argv), o.Label, o.URL
 		return h
 	}
 	return realIdentity(o)
@@ -779,7 +779,7 @@ func holderIdentity(f *Factory, o *RunOptions) store.Holder {
 
 // realIdentity is this process's own identity.
 func realIdentity(o *RunOptions) store.Holder {
-	h := store.Holder{BootID: proc.BootID(), PidNS: proc.PidNS(), Pid: os.Getpid(), Argv: o.Argv, Label: o.Label, URL: o.URL}
+	h := store.Holder{BootID: proc.BootID(), PidNS: proc.PidNS(), Pid: os.Getpid(), Argv: store.CutArgv(o.Argv), Label: o.Label, URL: o.URL}
 	h.Host, _ = os.Hostname()
 	h.PidStart, _ = proc.StartTime(h.Pid)
 	if u, err := user.Current(); err == nil {
