@@ -46,7 +46,7 @@ type RunOptions struct {
 	URL string
 	// Jobserver makes slotctl the child's GNU make jobserver, its tokens
 	// the ticket's extra slots (docs/leases.md §2.1 item 12): in JobserverStyle,
-	// up to JobserverMax slots (0: the limit's size).
+	// up to JobserverMax slots (0: the limit's size, at most the host's CPUs).
 	Jobserver      bool
 	JobserverStyle string
 	JobserverMax   int
@@ -108,7 +108,8 @@ wait (or another build sharing the limit has less than its fair share).
 Run make without -j. --jobserver-style pipe (the default: GNU make 4.2 and
 later, cargo) passes two descriptors; fifo (make 4.4 and later, cargo,
 ninja 1.13 and later) a FIFO in a private directory; make 4.3 refuses the
-fifo style. --jobserver-max N bounds the slots (default: the limit's size).
+fifo style. --jobserver-max N bounds the slots (default: the limit's size,
+at most the host's CPU count, since any member can resize a shared limit).
 The extra slots are the ticket's weight: ls shows it, they are renewed and
 released with the ticket, and a crash frees them all.
 
