@@ -34,6 +34,12 @@ type Options struct {
 	// and gives the evidence. Expiry and tickets from an earlier boot are
 	// judged without it.
 	Dead store.Judge
+	// MakeDir creates the store's directory (private, 0700) when it is
+	// missing. Without it a missing directory is ErrUnavailable: a store
+	// path someone named and mistyped must not become a new, separate store
+	// that excludes nobody (docs/leases.md §4.5). Callers set it for their
+	// default location only.
+	MakeDir bool
 	// NoSync skips fsync at commit. Only for tests and benchmarks.
 	NoSync bool
 	// Mutations is test-only: it re-introduces known bugs so that the
@@ -65,9 +71,9 @@ type Store struct {
 var _ store.Store = (*Store)(nil)
 
 // New returns the store kept in the bbolt file at path, creating its
-// directory (private, 0700) if missing. The file itself is created by the
-// first write: 0600 in a private directory, 0660 in a group-writable (shared)
-// one. A directory on a network filesystem is refused: use etcd there; so is
+// directory (private, 0700) if it is missing and opts.MakeDir is set. The
+// file itself is created by the first write: 0600 in a private directory,
+// 0660 in a group-writable (shared) one. A directory on a network filesystem is refused: use etcd there; so is
 // one whose last component is a symlink, or that everyone may write to
 // without its sticky bit (docs/leases.md §4.5).
 func New(path string, opts Options) (*Store, error) {
@@ -81,6 +87,9 @@ func New(path string, opts Options) (*Store, error) {
 		dirfd, err = openTrustedLink(dir, err)
 	}
 	if errors.Is(err, unix.ENOENT) {
+		if !opts.MakeDir {
+			return nil, fmt.Errorf("%w: store directory %s does not exist: create it, or name another store (only the default store's directory is made)", store.ErrUnavailable, dir)
+		}
 		if err = os.MkdirAll(dir, 0o700); err == nil {
 			dirfd, err = openDirFD(dir)
 		}

@@ -614,11 +614,31 @@ func TestEmptyFileReadsEmptyAndIsUsable(t *testing.T) {
 
 // --- file modes ---
 
+// A store whose directory is missing is refused, naming the directory,
+// unless the caller asks for it to be made (its default location only): a
+// mistyped path must not become a new store that excludes nobody.
+func TestMissingDirectory(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "typo", "state")
+	_, err := New(filepath.Join(dir, "slots.db"), Options{Clock: newClock()})
+	if !errors.Is(err, store.ErrUnavailable) || !strings.Contains(err.Error(), dir+" does not exist") {
+		t.Errorf("New in a missing directory: %v, want ErrUnavailable naming %s", err, dir)
+	}
+	if _, err := os.Stat(filepath.Dir(dir)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("New made %s (err %v)", filepath.Dir(dir), err)
+	}
+	if _, err := New(filepath.Join(dir, "slots.db"), Options{Clock: newClock(), MakeDir: true}); err != nil {
+		t.Errorf("New with MakeDir: %v", err)
+	}
+	if got := perm(t, dir); got != 0o700 {
+		t.Errorf("store directory made %o, want 700", got)
+	}
+}
+
 func TestFileModesPrivate(t *testing.T) {
 	withUmask(t, 0o022)
 	dir := filepath.Join(t.TempDir(), "state", "slotctl")
 	path := filepath.Join(dir, "slots.db")
-	s, err := New(path, Options{Clock: newClock()})
+	s, err := New(path, Options{Clock: newClock(), MakeDir: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1202,7 +1222,7 @@ func TestStringIsAbsoluteURL(t *testing.T) {
 	}
 	want := filepath.Join(wd, "rel", "slots.db")
 	for _, p := range []string{"rel/slots.db", "./rel/../rel/slots.db", want} {
-		s, err := New(p, Options{Clock: newClock()})
+		s, err := New(p, Options{Clock: newClock(), MakeDir: true})
 		if err != nil {
 			t.Fatalf("New(%q): %v", p, err)
 		}

@@ -36,9 +36,11 @@ func (f *Factory) defaultStorePath() string {
 func (f *Factory) openStore(g *globalOptions) (store.Store, error) {
 	url := g.Store
 	var path string
+	dflt := false // only the default location's directory is made
 	switch {
 	case url == "":
 		path = f.defaultStorePath()
+		dflt = true
 	case strings.HasPrefix(url, "bolt://"):
 		path = strings.TrimPrefix(url, "bolt://")
 	case strings.HasPrefix(url, "etcd://"):
@@ -52,7 +54,7 @@ func (f *Factory) openStore(g *globalOptions) (store.Store, error) {
 	if path == "" {
 		return nil, usageError("store %q: empty path: want PATH, bolt://PATH or etcd://HOST:PORT[/PREFIX]", url)
 	}
-	return boltstore.New(path, boltstore.Options{Timeout: g.StoreTimeout, Clock: f.StoreClock, Dead: proc.Dead})
+	return boltstore.New(path, boltstore.Options{Timeout: g.StoreTimeout, Clock: f.StoreClock, Dead: proc.Dead, MakeDir: dflt})
 }
 
 // etcdFlags are the --etcd-* flags, one per etcd.* setting but the
