@@ -281,8 +281,9 @@ func (s *Store) open(ctx context.Context, write bool) (*bolt.DB, func(), error) 
 		}
 		return nil, nil, fmt.Errorf("%w: lock store %s: %v", store.ErrUnavailable, s.path, err)
 	}
+	var size int64
 	if write {
-		if f, _, err = regularFile(s.fds.dir, s.name, s.path, unix.O_RDWR, true, s.mode); err != nil {
+		if f, size, err = regularFile(s.fds.dir, s.name, s.path, unix.O_RDWR, true, s.mode); err != nil {
 			unlock()
 			return nil, nil, s.fileError(err)
 		}
@@ -306,6 +307,14 @@ func (s *Store) open(ctx context.Context, write bool) (*bolt.DB, func(), error) 
 	})
 	if err != nil {
 		f.Close() // bbolt closed it already, unless it faulted
+		if write && size == 0 && noSpace(err) {
+			// bbolt's first pages did not fit: leave the file empty, as it
+			// was (an empty file is an empty store), not half initialised.
+			if g, _, ferr := regularFile(s.fds.dir, s.name, s.path, unix.O_RDWR, false, 0); ferr == nil {
+				_ = g.Truncate(0)
+				g.Close()
+			}
+		}
 		unlock()
 		if errors.Is(err, store.ErrCorrupt) {
 			return nil, nil, err
@@ -313,6 +322,22 @@ func (s *Store) open(ctx context.Context, write bool) (*bolt.DB, func(), error) 
 		return nil, nil, s.openError(err)
 	}
 	return db, func() { db.Close(); unlock() }, nil
+}
+
+// noSpace reports whether err is a write the file system refused for want
+// of space: full (ENOSPC) or over the user's quota (EDQUOT).
+func noSpace(err error) bool {
+	return errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT)
+}
+
+// noSpaceError says that the store could not be written for want of space.
+// bbolt commits a transaction whole or not at all: nothing was written.
+func (s *Store) noSpaceError(err error) error {
+	cause := unix.ENOSPC
+	if errors.Is(err, unix.EDQUOT) {
+		cause = unix.EDQUOT
+	}
+	return fmt.Errorf("%w: cannot write store %s: %v", store.ErrUnavailable, s.path, cause)
 }
 
 // fileError is the error of a store file that regularFile refused.
@@ -325,6 +350,8 @@ func (s *Store) fileError(err error) error {
 
 func (s *Store) openError(err error) error {
 	switch {
+	case noSpace(err):
+		return s.noSpaceError(err)
 	case errors.Is(err, fs.ErrPermission):
 		return fmt.Errorf("%w: open store %s: permission denied", store.ErrUnavailable, s.path)
 	case errors.Is(err, berrors.ErrTimeout):
@@ -362,6 +389,9 @@ func (s *Store) update(ctx context.Context, fn func(x *txn) error) (err error) {
 			return fn(x)
 		})
 	})
+	if noSpace(err) {
+		return s.noSpaceError(err)
+	}
 	if err != nil {
 		return err
 	}
