@@ -22,15 +22,14 @@ const (
 	MaxBootID = 64
 	// MaxLabel is the longest --label: a line in ls, not a document.
 	MaxLabel = 1024
-	// MaxCommand bounds the command line a ticket keeps for display: its
+	// MaxCommand bounds the command line a request stores for display: its
 	// arguments' bytes plus one for each argument. A longer one is kept
-	// cut (CutArgv); the child still gets the whole of it.
+	// cut (CutArgv); the child still gets the whole of it. Records written
+	// before the bound kept it whole, so a stored one is bounded by
+	// MaxRecord alone (CheckStoredHolder).
 	MaxCommand = 4096
 	// MaxEvidence is the longest evidence of a reap in the event log.
 	MaxEvidence = 4096
-	// MaxShown is the longest command an event records: the label, or the
-	// command line quoted for a shell (quoting at most triples it).
-	MaxShown = 4 * MaxCommand
 	// MaxTicketSlots bounds the slots one ticket holds over all its limits
 	// (its weight times its limits), and so the slot indexes it records.
 	MaxTicketSlots = MaxSlots
@@ -86,8 +85,18 @@ func CutArgv(argv []string) []string {
 }
 
 // CheckHolder returns an error wrapping ErrInvalid for a holder whose text
-// is longer than its bound (host, user, boot id, label, command line, URL).
+// is longer than its bound (host, user, boot id, label, command line, URL):
+// what a request may store.
 func CheckHolder(h Holder) error {
+	if CommandBytes(h.Argv) > MaxCommand {
+		return fmt.Errorf("%w: command line of %d bytes: want at most %d", ErrInvalid, CommandBytes(h.Argv), MaxCommand)
+	}
+	return CheckStoredHolder(h)
+}
+
+// CheckStoredHolder is CheckHolder for a holder read from a store: its
+// command line is bounded by the record's size alone.
+func CheckStoredHolder(h Holder) error {
 	switch {
 	case len(h.Host) > MaxHost:
 		return fmt.Errorf("%w: host name of %d bytes: want at most %d", ErrInvalid, len(h.Host), MaxHost)
@@ -97,22 +106,19 @@ func CheckHolder(h Holder) error {
 		return fmt.Errorf("%w: boot id of %d bytes: want at most %d", ErrInvalid, len(h.BootID), MaxBootID)
 	case len(h.Label) > MaxLabel:
 		return fmt.Errorf("%w: label of %d bytes: want at most %d", ErrInvalid, len(h.Label), MaxLabel)
-	case CommandBytes(h.Argv) > MaxCommand:
-		return fmt.Errorf("%w: command line of %d bytes: want at most %d", ErrInvalid, CommandBytes(h.Argv), MaxCommand)
 	}
 	return CheckURL(h.URL)
 }
 
 // CheckEventText returns an error wrapping ErrInvalid for an event whose
-// text is longer than a store writes (host, user, command, evidence).
+// text is longer than a store writes (host, user, evidence; its command,
+// like a stored holder's, is bounded by the record's size).
 func CheckEventText(e Event) error {
 	switch {
 	case len(e.Host) > MaxHost:
 		return fmt.Errorf("%w: event host name of %d bytes: want at most %d", ErrInvalid, len(e.Host), MaxHost)
 	case len(e.User) > MaxUser:
 		return fmt.Errorf("%w: event user name of %d bytes: want at most %d", ErrInvalid, len(e.User), MaxUser)
-	case len(e.Command) > MaxShown:
-		return fmt.Errorf("%w: event command of %d bytes: want at most %d", ErrInvalid, len(e.Command), MaxShown)
 	case len(e.Evidence) > MaxEvidence:
 		return fmt.Errorf("%w: event evidence of %d bytes: want at most %d", ErrInvalid, len(e.Evidence), MaxEvidence)
 	}

@@ -167,7 +167,7 @@ func (r *ticketRec) check() error {
 	case r.Holder.Pid < 0 || r.Holder.Pgid < 0:
 		return fmt.Errorf("holder pid %d, group %d: want no negative pid", r.Holder.Pid, r.Holder.Pgid)
 	}
-	if err := store.CheckHolder(r.Holder); err != nil {
+	if err := store.CheckStoredHolder(r.Holder); err != nil {
 		return err
 	}
 	if err := store.CheckTicketSlots(len(r.names()), r.weight()); err != nil {

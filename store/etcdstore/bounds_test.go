@@ -28,7 +28,7 @@ func TestDecodeBounds(t *testing.T) {
 		"user":         ticket(func(r *rec) { r.Holder.User = strings.Repeat("u", store.MaxUser+1) }),
 		"boot id":      ticket(func(r *rec) { r.Holder.BootID = strings.Repeat("b", store.MaxBootID+1) }),
 		"label":        ticket(func(r *rec) { r.Holder.Label = strings.Repeat("l", store.MaxLabel+1) }),
-		"command line": ticket(func(r *rec) { r.Holder.Argv = []string{strings.Repeat("c", store.MaxCommand)} }),
+		"command line": ticket(func(r *rec) { r.Holder.Argv = []string{strings.Repeat("c", store.MaxRecord)} }),
 		"record":       ticket(func(r *rec) { r.Holder.Label = strings.Repeat("l", store.MaxRecord) }),
 	} {
 		if _, err := decodeRec([]byte("k"), "x", "t0", b); !errors.Is(err, store.ErrCorrupt) {

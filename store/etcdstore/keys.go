@@ -253,7 +253,7 @@ func (r *rec) check(what, limit, id string) error {
 	if err := store.CheckKey(r.Key); err != nil {
 		return bad("%v", err)
 	}
-	if err := store.CheckHolder(r.Holder); err != nil {
+	if err := store.CheckStoredHolder(r.Holder); err != nil {
 		return bad("%v", err)
 	}
 	if len(r.Replaces) > maxReplaces {
