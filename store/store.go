@@ -671,7 +671,10 @@ func (r EnqueueRequest) Check() error {
 	if err := CheckKey(r.Key); err != nil {
 		return err
 	}
-	if err := CheckURL(r.Holder.URL); err != nil {
+	if err := CheckTicketSlots(len(r.Names()), r.Weight); err != nil {
+		return err
+	}
+	if err := CheckHolder(r.Holder); err != nil {
 		return err
 	}
 	if r.MaxWaiting != nil && *r.MaxWaiting < 0 {

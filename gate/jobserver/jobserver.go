@@ -73,8 +73,12 @@ type Config struct {
 	// Ticket is the job's held ticket; its weight is where the server starts.
 	Ticket store.Ticket
 	// Max is the most slots the ticket may reach, its first included;
-	// 0 means the smallest size of its limits (read at Open).
+	// 0 means the smallest size of its limits (read at Open), bounded by Cap.
 	Max int
+	// Cap, when above 0, bounds the default Max: any member can resize a
+	// shared limit, and a limit of thousands must not make a build run
+	// thousands of jobs on one host (the caller passes the host's CPUs).
+	Cap int
 	// Style: "" means Pipe.
 	Style Style
 	// Dir is where the private directory of the FIFO is made; "" means
@@ -156,6 +160,9 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("read the sizes of the limits of ticket %s: %w", cfg.Ticket.ID, err)
 		}
 		s.max = look(snap, cfg.Ticket).size
+		if cfg.Cap > 0 {
+			s.max = min(s.max, cfg.Cap)
+		}
 	}
 	s.max = max(s.max, 1)
 	if err := s.makeFIFO(); err != nil {

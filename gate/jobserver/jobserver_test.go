@@ -238,6 +238,24 @@ func TestMaxBoundsTheWeight(t *testing.T) {
 	}
 }
 
+// Cap bounds the default Max (the limit's size): a limit of 5000 slots
+// gives a build Cap jobs, not 5000; an explicit Max is not capped.
+func TestCapBoundsTheDefaultMax(t *testing.T) {
+	s := newStore(t)
+	a := enqueue(t, s, 5000, 1)
+	if srv := open(t, Config{Store: s, Ticket: a, Style: FIFO, Cap: 4}); srv.Max() != 4 {
+		t.Errorf("limit of 5000, cap 4: max %d, want 4", srv.Max())
+	}
+	if srv := open(t, Config{Store: s, Ticket: a, Style: FIFO, Cap: 4, Max: 5000}); srv.Max() != 5000 {
+		t.Errorf("max 5000, cap 4: max %d, want the explicit 5000", srv.Max())
+	}
+	s2 := newStore(t)
+	b := enqueue(t, s2, 2, 1)
+	if srv := open(t, Config{Store: s2, Ticket: b, Style: FIFO, Cap: 4}); srv.Max() != 2 {
+		t.Errorf("limit of 2, cap 4: max %d, want the limit's 2", srv.Max())
+	}
+}
+
 // A make-like client: it takes every token it can and gives each back
 // after hold, running at most jobs at once (its implicit slot included).
 type greedy struct {

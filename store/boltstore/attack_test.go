@@ -79,6 +79,9 @@ type attackOp struct {
 	For    time.Duration // race, watch-loop: how long
 	N      int           // watch-loop: at most this many rounds
 	Sweep  bool          // sweep a dead waiter's bell however young
+	// MakeDir: the store is at the caller's default location, whose
+	// directory New makes.
+	MakeDir bool
 }
 
 func (o attackOp) env() []string {
@@ -107,7 +110,7 @@ func (o attackOp) run() error {
 	case "forge":
 		return forge(o)
 	}
-	s, err := New(o.Store, Options{}) // the production setting: no --store-timeout
+	s, err := New(o.Store, Options{MakeDir: o.MakeDir}) // the production setting: no --store-timeout
 	if err != nil {
 		return err
 	}
@@ -257,7 +260,7 @@ func race(o attackOp) error {
 func watchLoop(ctx context.Context, _ *Store, o attackOp) error {
 	end := time.Now().Add(o.For)
 	for i := 0; i < o.N && time.Now().Before(end); i++ {
-		s, err := New(o.Store, Options{}) // the production setting: no --store-timeout
+		s, err := New(o.Store, Options{MakeDir: o.MakeDir}) // the production setting: no --store-timeout
 		if err != nil {
 			continue
 		}
@@ -859,11 +862,12 @@ func TestSharedLayouts(t *testing.T) {
 	}
 }
 
-// A member's store in its own private directory works as it did.
+// A member's store in its own private directory, made as the default
+// location's is, works as it did.
 func TestPrivateDirectoryAsMember(t *testing.T) {
 	st := newStage(t)
 	path := filepath.Join(st.Bob.Home, "state", "slots.db")
-	if got := st.as(t, st.Bob, attackOp{Op: "enqueue", Store: path, ID: "b1"}); got.code != 0 {
+	if got := st.as(t, st.Bob, attackOp{Op: "enqueue", Store: path, ID: "b1", MakeDir: true}); got.code != 0 {
 		t.Fatalf("bob's enqueue in his own directory: exit %d, %s", got.code, got.msg)
 	}
 	var s syscall.Stat_t

@@ -34,6 +34,12 @@ type Options struct {
 	// and gives the evidence. Expiry and tickets from an earlier boot are
 	// judged without it.
 	Dead store.Judge
+	// MakeDir creates the store's directory (private, 0700) when it is
+	// missing. Without it a missing directory is ErrUnavailable: a store
+	// path someone named and mistyped must not become a new, separate store
+	// that excludes nobody (docs/leases.md §4.5). Callers set it for their
+	// default location only.
+	MakeDir bool
 	// NoSync skips fsync at commit. Only for tests and benchmarks.
 	NoSync bool
 	// Mutations is test-only: it re-introduces known bugs so that the
@@ -65,9 +71,9 @@ type Store struct {
 var _ store.Store = (*Store)(nil)
 
 // New returns the store kept in the bbolt file at path, creating its
-// directory (private, 0700) if missing. The file itself is created by the
-// first write: 0600 in a private directory, 0660 in a group-writable (shared)
-// one. A directory on a network filesystem is refused: use etcd there; so is
+// directory (private, 0700) if it is missing and opts.MakeDir is set. The
+// file itself is created by the first write: 0600 in a private directory,
+// 0660 in a group-writable (shared) one. A directory on a network filesystem is refused: use etcd there; so is
 // one whose last component is a symlink, or that everyone may write to
 // without its sticky bit (docs/leases.md §4.5).
 func New(path string, opts Options) (*Store, error) {
@@ -81,6 +87,9 @@ func New(path string, opts Options) (*Store, error) {
 		dirfd, err = openTrustedLink(dir, err)
 	}
 	if errors.Is(err, unix.ENOENT) {
+		if !opts.MakeDir {
+			return nil, fmt.Errorf("%w: store directory %s does not exist: create it, or name another store (only the default store's directory is made)", store.ErrUnavailable, dir)
+		}
 		if err = os.MkdirAll(dir, 0o700); err == nil {
 			dirfd, err = openDirFD(dir)
 		}
@@ -272,8 +281,9 @@ func (s *Store) open(ctx context.Context, write bool) (*bolt.DB, func(), error) 
 		}
 		return nil, nil, fmt.Errorf("%w: lock store %s: %v", store.ErrUnavailable, s.path, err)
 	}
+	var size int64
 	if write {
-		if f, _, err = regularFile(s.fds.dir, s.name, s.path, unix.O_RDWR, true, s.mode); err != nil {
+		if f, size, err = regularFile(s.fds.dir, s.name, s.path, unix.O_RDWR, true, s.mode); err != nil {
 			unlock()
 			return nil, nil, s.fileError(err)
 		}
@@ -297,6 +307,14 @@ func (s *Store) open(ctx context.Context, write bool) (*bolt.DB, func(), error) 
 	})
 	if err != nil {
 		f.Close() // bbolt closed it already, unless it faulted
+		if write && size == 0 && noSpace(err) {
+			// bbolt's first pages did not fit: leave the file empty, as it
+			// was (an empty file is an empty store), not half initialised.
+			if g, _, ferr := regularFile(s.fds.dir, s.name, s.path, unix.O_RDWR, false, 0); ferr == nil {
+				_ = g.Truncate(0)
+				g.Close()
+			}
+		}
 		unlock()
 		if errors.Is(err, store.ErrCorrupt) {
 			return nil, nil, err
@@ -304,6 +322,22 @@ func (s *Store) open(ctx context.Context, write bool) (*bolt.DB, func(), error) 
 		return nil, nil, s.openError(err)
 	}
 	return db, func() { db.Close(); unlock() }, nil
+}
+
+// noSpace reports whether err is a write the file system refused for want
+// of space: full (ENOSPC) or over the user's quota (EDQUOT).
+func noSpace(err error) bool {
+	return errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT)
+}
+
+// noSpaceError says that the store could not be written for want of space.
+// bbolt commits a transaction whole or not at all: nothing was written.
+func (s *Store) noSpaceError(err error) error {
+	cause := unix.ENOSPC
+	if errors.Is(err, unix.EDQUOT) {
+		cause = unix.EDQUOT
+	}
+	return fmt.Errorf("%w: cannot write store %s: %v", store.ErrUnavailable, s.path, cause)
 }
 
 // fileError is the error of a store file that regularFile refused.
@@ -316,6 +350,8 @@ func (s *Store) fileError(err error) error {
 
 func (s *Store) openError(err error) error {
 	switch {
+	case noSpace(err):
+		return s.noSpaceError(err)
 	case errors.Is(err, fs.ErrPermission):
 		return fmt.Errorf("%w: open store %s: permission denied", store.ErrUnavailable, s.path)
 	case errors.Is(err, berrors.ErrTimeout):
@@ -353,6 +389,9 @@ func (s *Store) update(ctx context.Context, fn func(x *txn) error) (err error) {
 			return fn(x)
 		})
 	})
+	if noSpace(err) {
+		return s.noSpaceError(err)
+	}
 	if err != nil {
 		return err
 	}

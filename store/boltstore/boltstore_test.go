@@ -403,7 +403,9 @@ func TestCorruptRecords(t *testing.T) {
 		b, _ := json.Marshal(m)
 		return b
 	}
-	for _, good := range [][]byte{ticket(nil), ticket(map[string]any{"v": 2}), ticket2(nil),
+	// A command line stored whole, as records written before store.MaxCommand have it, reads.
+	longArgv := ticket(map[string]any{"holder": map[string]any{"host": "h", "pid": 1, "argv": []string{"sh", "-c", strings.Repeat("c", 4*store.MaxCommand)}}})
+	for _, good := range [][]byte{ticket(nil), ticket(map[string]any{"v": 2}), ticket2(nil), longArgv,
 		ticket2(map[string]any{"limits": []string{"x"}, "indexes": map[string][]int{"x": {0, 3}}})} {
 		if err := decode(good, &ticketRec{}); err != nil {
 			t.Fatalf("the cases' base record %s does not decode: %v", good, err)
@@ -484,6 +486,15 @@ func TestCorruptRecords(t *testing.T) {
 		{"v2 replaces itself", q, u64key(1), ticket(map[string]any{"v": 2, "replaces": []string{"t0"}}), all},
 		{"v2 replaces twice", q, u64key(1), ticket(map[string]any{"v": 2, "replaces": []string{"a", "a"}}), all},
 		{"v2 replaces too many", q, u64key(1), ticket(map[string]any{"v": 2, "replaces": manyIDs(maxReplaces + 1)}), all},
+		// Every text field has a bound, checked on decode as on a request;
+		// a value over store.MaxRecord is refused before it is read.
+		{"holder host too long", q, u64key(1), ticket(map[string]any{"holder": map[string]any{"host": strings.Repeat("h", store.MaxHost+1), "pid": 1}}), all},
+		{"holder user too long", q, u64key(1), ticket(map[string]any{"holder": map[string]any{"host": "h", "pid": 1, "user": strings.Repeat("u", store.MaxUser+1)}}), all},
+		{"holder boot id too long", q, u64key(1), ticket(map[string]any{"holder": map[string]any{"host": "h", "pid": 1, "boot_id": strings.Repeat("b", store.MaxBootID+1)}}), all},
+		{"holder label too long", q, u64key(1), ticket(map[string]any{"holder": map[string]any{"host": "h", "pid": 1, "label": strings.Repeat("l", store.MaxLabel+1)}}), all},
+		{"record over MaxRecord (a command line)", q, u64key(1), ticket(map[string]any{"holder": map[string]any{"host": "h", "pid": 1, "argv": []string{"sh", "-c", strings.Repeat("c", store.MaxRecord)}}}), all},
+		{"record over MaxRecord", q, u64key(1), ticket(map[string]any{"holder": map[string]any{"host": "h", "pid": 1, "label": strings.Repeat("l", store.MaxRecord)}}), all},
+		{"v2 weight times limits over MaxTicketSlots", q, u64key(1), ticket2(map[string]any{"weight": store.MaxSlots, "state": "waiting", "slot": -1, "indexes": nil}), all},
 		// Decodes, but its copy in y is missing: what a settle or a removal reads finds it.
 		{"v2 copy missing", q, u64key(1), ticket2(nil), settles},
 		{"limit slots", [][]byte{bucketLimits}, []byte("x"), []byte(`{"v":1,"slots":70000}`),
@@ -604,11 +615,31 @@ func TestEmptyFileReadsEmptyAndIsUsable(t *testing.T) {
 
 // --- file modes ---
 
+// A store whose directory is missing is refused, naming the directory,
+// unless the caller asks for it to be made (its default location only): a
+// mistyped path must not become a new store that excludes nobody.
+func TestMissingDirectory(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "typo", "state")
+	_, err := New(filepath.Join(dir, "slots.db"), Options{Clock: newClock()})
+	if !errors.Is(err, store.ErrUnavailable) || !strings.Contains(err.Error(), dir+" does not exist") {
+		t.Errorf("New in a missing directory: %v, want ErrUnavailable naming %s", err, dir)
+	}
+	if _, err := os.Stat(filepath.Dir(dir)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("New made %s (err %v)", filepath.Dir(dir), err)
+	}
+	if _, err := New(filepath.Join(dir, "slots.db"), Options{Clock: newClock(), MakeDir: true}); err != nil {
+		t.Errorf("New with MakeDir: %v", err)
+	}
+	if got := perm(t, dir); got != 0o700 {
+		t.Errorf("store directory made %o, want 700", got)
+	}
+}
+
 func TestFileModesPrivate(t *testing.T) {
 	withUmask(t, 0o022)
 	dir := filepath.Join(t.TempDir(), "state", "slotctl")
 	path := filepath.Join(dir, "slots.db")
-	s, err := New(path, Options{Clock: newClock()})
+	s, err := New(path, Options{Clock: newClock(), MakeDir: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1192,7 +1223,7 @@ func TestStringIsAbsoluteURL(t *testing.T) {
 	}
 	want := filepath.Join(wd, "rel", "slots.db")
 	for _, p := range []string{"rel/slots.db", "./rel/../rel/slots.db", want} {
-		s, err := New(p, Options{Clock: newClock()})
+		s, err := New(p, Options{Clock: newClock(), MakeDir: true})
 		if err != nil {
 			t.Fatalf("New(%q): %v", p, err)
 		}
@@ -1334,5 +1365,28 @@ func TestCloseClosesDescriptors(t *testing.T) {
 	}
 	if _, err := s2.Enqueue(ctx, req("c", "x", 1)); !errors.Is(err, store.ErrClosed) {
 		t.Fatalf("Enqueue after Close: %v, want ErrClosed", err)
+	}
+}
+
+// TestCorruptEventText: an event of the log is bounded as a ticket is, and
+// an oversized one is refused unread.
+func TestCorruptEventText(t *testing.T) {
+	ev := func(change func(e *store.Event)) []byte {
+		e := eventRec{V: formatVersion, Event: store.Event{Kind: "admitted", Limit: "x", Ticket: "t0", Fence: 1, Host: "h", Command: "make"}}
+		change(&e.Event)
+		return encode(&e)
+	}
+	if err := decode(ev(func(*store.Event) {}), &eventRec{}); err != nil {
+		t.Fatalf("the base event: %v", err)
+	}
+	for name, b := range map[string][]byte{
+		"host":     ev(func(e *store.Event) { e.Host = strings.Repeat("h", store.MaxHost+1) }),
+		"user":     ev(func(e *store.Event) { e.User = strings.Repeat("u", store.MaxUser+1) }),
+		"evidence": ev(func(e *store.Event) { e.Evidence = strings.Repeat("e", store.MaxEvidence+1) }),
+		"record":   ev(func(e *store.Event) { e.Command = strings.Repeat("c", store.MaxRecord) }),
+	} {
+		if err := decode(b, &eventRec{}); !errors.Is(err, store.ErrCorrupt) {
+			t.Errorf("event %s over its bound: %v, want ErrCorrupt", name, err)
+		}
 	}
 }

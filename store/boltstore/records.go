@@ -167,6 +167,12 @@ func (r *ticketRec) check() error {
 	case r.Holder.Pid < 0 || r.Holder.Pgid < 0:
 		return fmt.Errorf("holder pid %d, group %d: want no negative pid", r.Holder.Pid, r.Holder.Pgid)
 	}
+	if err := store.CheckStoredHolder(r.Holder); err != nil {
+		return err
+	}
+	if err := store.CheckTicketSlots(len(r.names()), r.weight()); err != nil {
+		return err
+	}
 	if err := r.checkKeyed(); err != nil {
 		return err
 	}
@@ -355,6 +361,9 @@ func (r *eventRec) check() error {
 			return err
 		}
 	}
+	if err := store.CheckEventText(r.Event); err != nil {
+		return err
+	}
 	if r.Waited < 0 || r.Held < 0 {
 		return fmt.Errorf("event waited %v, held %v: want neither negative", r.Waited, r.Held)
 	}
@@ -389,6 +398,11 @@ func (r *eventRec) check() error {
 // decode parses a stored value; anything it cannot read exactly, or that a
 // request could not have written, is ErrCorrupt.
 func decode(b []byte, r record) error {
+	// Measured before anything reads it: a value is a slice of the store's
+	// memory map, and an oversized one is never touched.
+	if err := store.CheckRecordSize(len(b)); err != nil {
+		return err
+	}
 	if err := json.Unmarshal(b, r); err != nil {
 		return fmt.Errorf("%w: undecodable record: %v", store.ErrCorrupt, err)
 	}

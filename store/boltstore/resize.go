@@ -88,7 +88,8 @@ func (x *txn) resize(t store.Ticket, weight int, write bool) (resizeAnswer, erro
 	case weight < r.weight():
 		return x.shrink(r, weight)
 	}
-	in := store.ResizeInput{Ticket: x.view(r, 0), Weight: weight, Slots: map[string]int{}, Mutations: x.s.mut}
+	in := store.ResizeInput{Ticket: x.view(r, 0), Weight: weight, Slots: map[string]int{}, Mutations: x.s.mut,
+		MaxWeight: store.MaxTicketSlots / len(r.names())}
 	seen := map[uint64]bool{}
 	for _, name := range r.names() {
 		if lim, ok, err := x.limit(name); err != nil {

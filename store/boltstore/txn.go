@@ -692,6 +692,9 @@ func (x *txn) position(r ticketRec) (int, error) {
 // are the version, the id and the limit name: none can hold a quote, so the
 // first "state":" is the field. Anything else falls back to a full decode.
 func fastState(v []byte) (store.State, bool) {
+	if store.CheckRecordSize(len(v)) != nil {
+		return "", false // decode refuses it, unread
+	}
 	const key = `"state":"`
 	i := bytes.Index(v, []byte(key))
 	if i < 0 {

@@ -194,6 +194,11 @@ func encode(v any) string {
 }
 
 func decode(what string, b []byte, v any) error {
+	// Measured before it is decoded: a member can write a value as large as
+	// the server accepts (--max-request-bytes).
+	if err := store.CheckRecordSize(len(b)); err != nil {
+		return fmt.Errorf("%w: %s: %v", store.ErrCorrupt, what, strings.TrimPrefix(err.Error(), store.ErrCorrupt.Error()+": "))
+	}
 	if err := json.Unmarshal(b, v); err != nil {
 		return fmt.Errorf("%w: %s: %v", store.ErrCorrupt, what, err)
 	}
@@ -248,7 +253,7 @@ func (r *rec) check(what, limit, id string) error {
 	if err := store.CheckKey(r.Key); err != nil {
 		return bad("%v", err)
 	}
-	if err := store.CheckURL(r.Holder.URL); err != nil {
+	if err := store.CheckStoredHolder(r.Holder); err != nil {
 		return bad("%v", err)
 	}
 	if len(r.Replaces) > maxReplaces {

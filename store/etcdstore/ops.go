@@ -1361,6 +1361,9 @@ func (s *Store) Events(ctx context.Context, limit string, n int) ([]store.Event,
 		if err := decode("event "+string(kv.Key), kv.Value, &e); err != nil {
 			return nil, err
 		}
+		if err := store.CheckEventText(e.Event); err != nil {
+			return nil, fmt.Errorf("%w: event %s: %v", store.ErrCorrupt, kv.Key, strings.TrimPrefix(err.Error(), store.ErrInvalid.Error()+": "))
+		}
 		e.Seq = uint64(kv.ModRevision)<<8 | uint64(e.I)
 		if e.NewFence {
 			e.Fence = uint64(kv.ModRevision)

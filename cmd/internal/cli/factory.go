@@ -52,6 +52,9 @@ type Factory struct {
 	// (host, boot id, pid namespace, pid, user): tests make one machine
 	// look like several hosts sharing a store. Nil is the real one.
 	Identity func() store.Holder
+	// CPUs, if not nil, replaces the host's CPU count, which bounds a
+	// --jobserver build's jobs by default. Nil is runtime.NumCPU.
+	CPUs func() int
 	// ExitAfterMain: the process exits as soon as Main returns (the two
 	// mains), so run leaves its signal handlers in place rather than
 	// undoing them: signal.Stop hands each of its seven signals to the

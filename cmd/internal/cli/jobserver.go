@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"runtime"
 
 	"github.com/spf13/cobra"
 
@@ -21,7 +22,7 @@ func addJobserverFlags(cmd *cobra.Command, o *RunOptions) {
 	fl := cmd.Flags()
 	fl.BoolVar(&o.Jobserver, "jobserver", false, "be COMMAND's GNU make jobserver: its parallel jobs are extra slots of the limit (run make without -j)")
 	fl.StringVar(&o.JobserverStyle, "jobserver-style", defaultJobserverStyle, "how COMMAND finds the jobserver: pipe (make 4.2+, cargo) or fifo (make 4.4+, cargo, ninja 1.13+)")
-	fl.IntVar(&o.JobserverMax, "jobserver-max", 0, "most slots the job takes, its first included, and make's -j (default: the limit's size)")
+	fl.IntVar(&o.JobserverMax, "jobserver-max", 0, "most slots the job takes, its first included, and make's -j (default: the limit's size, at most the host's CPUs)")
 	_ = cmd.RegisterFlagCompletionFunc("jobserver-style", cobra.FixedCompletions([]string{"pipe", "fifo"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("jobserver-max", cobra.NoFileCompletions)
 }
@@ -34,7 +35,7 @@ func (o *RunOptions) resolveJobserver(cmd *cobra.Command) error {
 		return usageError("--jobserver-style %s: want pipe or fifo", quoteInput(o.JobserverStyle))
 	}
 	if fl.Changed("jobserver-max") && (o.JobserverMax < 1 || o.JobserverMax > store.MaxSlots) {
-		return usageError("--jobserver-max %d: want 1..%d (the most slots the job takes; default: the limit's size)", o.JobserverMax, store.MaxSlots)
+		return usageError("--jobserver-max %d: want 1..%d (the most slots the job takes; default: the limit's size, at most the host's CPUs)", o.JobserverMax, store.MaxSlots)
 	}
 	if !o.Jobserver {
 		for _, name := range []string{"jobserver-style", "jobserver-max"} {
@@ -58,7 +59,7 @@ func (o *RunOptions) resolveJobserver(cmd *cobra.Command) error {
 // the lease is lost, and the server with it.
 func startJobserved(jobCtx context.Context, f *Factory, st store.Store, log *logger, o *RunOptions, path string, env []string, t store.Ticket) (holder.Child, error) {
 	js, err := jobserver.Open(jobCtx, jobserver.Config{
-		Store: st, Ticket: t, Max: o.JobserverMax, Style: jobserver.Style(o.JobserverStyle),
+		Store: st, Ticket: t, Max: o.JobserverMax, Cap: f.cpus(), Style: jobserver.Style(o.JobserverStyle),
 		Logf: log.verbose,
 	})
 	if err != nil {
@@ -90,4 +91,13 @@ func (c *jobservedChild) Close() {
 	c.js.Close()
 	st := c.js.Stats()
 	c.log.verbose("jobserver: took up to %s, %d taken and %d given back", plural(st.MaxWeight, "slot"), st.Grown, st.Shrunk)
+}
+
+// cpus is how many CPUs this process may run on: the bound of a build's
+// jobs unless --jobserver-max says otherwise (docs/leases.md §2.10).
+func (f *Factory) cpus() int {
+	if f.CPUs != nil {
+		return f.CPUs()
+	}
+	return runtime.NumCPU() // the CPUs of the process's affinity mask
 }

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -340,6 +341,7 @@ func needMake(t *testing.T) {
 func TestJobserverTwoMakes(t *testing.T) {
 	needMake(t)
 	e := newPTEnvAlone(t)
+	jsManyCPUs(e)
 	jsBuilds(t, e, []jsBuild{
 		{"a", []string{"--", "make", "-s", "LOG=a.log"}},
 		{"b", []string{"--", "make", "-s", "LOG=b.log"}},
@@ -350,6 +352,7 @@ func TestJobserverTwoMakes(t *testing.T) {
 func TestJobserverMakeAndFIFOClient(t *testing.T) {
 	needMake(t)
 	e := newPTEnvAlone(t)
+	jsManyCPUs(e)
 	jsBuilds(t, e, []jsBuild{
 		{"a", []string{"--", "make", "-s", "LOG=a.log"}},
 		{"b", []string{"--jobserver-style", "fifo", "--", "sh", "client.sh", "b.log", "40"}},
@@ -360,6 +363,7 @@ func TestJobserverMakeAndFIFOClient(t *testing.T) {
 func TestJobserverTwoMakesEtcd(t *testing.T) {
 	needMake(t)
 	e, _ := etcdPTEnvWith(t, newPTEnvAlone)
+	jsManyCPUs(e)
 	jsBuilds(t, e, []jsBuild{
 		{"a", []string{"--", "make", "-s", "LOG=a.log"}},
 		{"b", []string{"--", "make", "-s", "LOG=b.log"}},
@@ -371,6 +375,7 @@ func TestJobserverTwoMakesEtcd(t *testing.T) {
 func TestJobserverExitStatus(t *testing.T) {
 	needMake(t)
 	e := newPTEnv(t)
+	jsManyCPUs(e)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := os.WriteFile(e.path("Makefile"), []byte(jsMakefile), 0o644); err != nil {
@@ -397,6 +402,7 @@ func TestJobserverExitStatus(t *testing.T) {
 // needs it runs only then. The FIFO's private directory goes with the job.
 func TestJobserverDeadClient(t *testing.T) {
 	e := newPTEnv(t)
+	jsManyCPUs(e)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if out, err := e.output("limit", "set", "cpu", "3"); err != nil {
@@ -470,6 +476,7 @@ func TestJobserverDeadClient(t *testing.T) {
 // after the 30 s TTL.
 func TestJobserverCrashFreesAll(t *testing.T) {
 	e := newPTEnv(t)
+	jsManyCPUs(e)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if out, err := e.output("limit", "set", "cpu", "3"); err != nil {
@@ -501,6 +508,7 @@ func TestJobserverCrashFreesAll(t *testing.T) {
 // its build joins the ancestor's jobserver.
 func TestJobserverMakeflags(t *testing.T) {
 	e := newPTEnv(t)
+	jsManyCPUs(e)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	e.env = append(e.env, "MAKEFLAGS=ks -j9 --jobserver-auth=7,8 -- FOO=a\\ b")
@@ -520,9 +528,52 @@ func TestJobserverMakeflags(t *testing.T) {
 	jsNothingHeld(t, e)
 }
 
+// jsManyCPUs makes e's slotctl see a host of 64 CPUs, so that a build's
+// jobs are bounded by its limit, as these tests size them, not by this
+// machine (TestJobserverHostCPUs tests that bound).
+func jsManyCPUs(e *ptEnv) { e.env = append(e.env, "SLOTCTLTEST_CPUS=64") }
+
+// A build takes at most the host's CPU count by default, whatever the
+// limit's size (any member can resize a shared limit): on a limit of 5000
+// slots, make gets -jN with N the CPUs slotctl may run on, and a client
+// that takes every token it can gets N-1. --jobserver-max overrides it.
+func TestJobserverHostCPUs(t *testing.T) {
+	e := newPTEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cpus := runtime.NumCPU() // this process's affinity, which the child inherits
+	if out, err := e.output("limit", "set", "cpu", "5000"); err != nil {
+		t.Fatalf("limit set: %v\n%s", err, out)
+	}
+	// The client reads every token it is given for two seconds: the
+	// jobserver grows the ticket while all are in use.
+	p := e.start(ctx, "greedy", "run", "--limit", "cpu", "--jobserver", "--", "sh", "-c",
+		`echo "$MAKEFLAGS" > flags; timeout 2 cat <&3 > tokens; exit 0`)
+	if code := p.wait(t, 20*time.Second); code != 0 {
+		t.Fatalf("exit %d; stderr:\n%s", code, p.stderr())
+	}
+	flags, _ := os.ReadFile(e.path("flags"))
+	if got, want := strings.TrimSpace(string(flags)), fmt.Sprintf("-j%d --jobserver-auth=3,4", cpus); got != want {
+		t.Errorf("limit of 5000 on %d CPUs: MAKEFLAGS %q, want %q", cpus, got, want)
+	}
+	if tokens, _ := os.ReadFile(e.path("tokens")); len(tokens) > cpus-1 {
+		t.Errorf("limit of 5000 on %d CPUs: the client got %d tokens, want at most %d", cpus, len(tokens), cpus-1)
+	}
+	p = e.start(ctx, "max", "run", "--limit", "cpu", "--jobserver", "--jobserver-max", "5000", "--", "sh", "-c", `echo "$MAKEFLAGS" > flags`)
+	if code := p.wait(t, 20*time.Second); code != 0 {
+		t.Fatalf("exit %d; stderr:\n%s", code, p.stderr())
+	}
+	flags, _ = os.ReadFile(e.path("flags"))
+	if got := strings.TrimSpace(string(flags)); got != "-j5000 --jobserver-auth=3,4" {
+		t.Errorf("--jobserver-max 5000: MAKEFLAGS %q, want -j5000", got)
+	}
+	jsNothingHeld(t, e)
+}
+
 // Bad jobserver flags: one line, exit 64.
 func TestJobserverBadFlags(t *testing.T) {
 	e := newPTEnv(t)
+	jsManyCPUs(e)
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -563,6 +614,7 @@ func TestJobserverPerformance(t *testing.T) {
 	}
 	needMake(t)
 	e := newPTEnv(t)
+	jsManyCPUs(e)
 	if out, err := e.output("limit", "set", "cpu", "6"); err != nil {
 		t.Fatalf("limit set: %v\n%s", err, out)
 	}

@@ -59,6 +59,10 @@ func newLsEnv(t testing.TB) *lsEnv {
 	t.Helper()
 	dir := t.TempDir()
 	e := &lsEnv{dir: dir, store: filepath.Join(dir, "home", ".local", "state", "slotctl", "slots.db")}
+	// SLOTCTL_STORE names it, so slotctl does not make its directory.
+	if err := os.MkdirAll(filepath.Dir(e.store), 0o700); err != nil {
+		t.Fatal(err)
+	}
 	e.env = map[string]string{
 		"HOME":            filepath.Join(dir, "home"),
 		"XDG_CONFIG_HOME": filepath.Join(dir, "home", ".config"),

@@ -46,7 +46,7 @@ type RunOptions struct {
 	URL string
 	// Jobserver makes slotctl the child's GNU make jobserver, its tokens
 	// the ticket's extra slots (docs/leases.md §2.1 item 12): in JobserverStyle,
-	// up to JobserverMax slots (0: the limit's size).
+	// up to JobserverMax slots (0: the limit's size, at most the host's CPUs).
 	Jobserver      bool
 	JobserverStyle string
 	JobserverMax   int
@@ -108,7 +108,8 @@ wait (or another build sharing the limit has less than its fair share).
 Run make without -j. --jobserver-style pipe (the default: GNU make 4.2 and
 later, cargo) passes two descriptors; fifo (make 4.4 and later, cargo,
 ninja 1.13 and later) a FIFO in a private directory; make 4.3 refuses the
-fifo style. --jobserver-max N bounds the slots (default: the limit's size).
+fifo style. --jobserver-max N bounds the slots (default: the limit's size,
+at most the host's CPU count, since any member can resize a shared limit).
 The extra slots are the ticket's weight: ls shows it, they are renewed and
 released with the ticket, and a crash frees them all.
 
@@ -212,8 +213,8 @@ EXIT STATUS
 	fl.DurationVar(&opts.MaxHold, "max-hold", 0, "stop COMMAND and free the slot after this long (exit 124; default: no bound)")
 	fl.StringVar(&opts.Label, "label", "", "text shown instead of the command line in ls (command lines can carry secrets)")
 	fl.StringVar(&opts.Key, "key", "", "the work this run does in its limits (a branch, an environment), for --supersede and --replace")
-	fl.BoolVar(&opts.Supersede, "supersede", false, "remove the older waiting runs of the same --key: they exit 75 without running")
-	fl.BoolVar(&opts.Replace, "replace", false, "like --supersede, and also stop the runs of the same --key that hold a slot (they exit 143)")
+	fl.BoolVar(&opts.Supersede, "supersede", false, "remove the older waiting runs of the same --key (required): they exit 75 without running")
+	fl.BoolVar(&opts.Replace, "replace", false, "like --supersede, and also stop the runs of the same --key (required) that hold a slot (they exit 143)")
 	fl.IntVar(&opts.MaxWaiting, "max-waiting", -1, "exit 75 at once rather than wait behind N or more waiting runs of a limit (default: no bound)")
 	fl.StringVar(&opts.URL, "url", "", "where the job comes from, shown by ls (default: the CI run's URL from its variables)")
 	addJobserverFlags(cmd, opts)
@@ -317,6 +318,15 @@ func (o *RunOptions) resolveNewer(f *Factory, keySet, urlSet bool) error {
 		if store.CheckKey(o.Key) != nil {
 			return usageError("--key %s: want 1-%d printable characters (a branch, an environment)", quoteInput(o.Key), store.MaxKey)
 		}
+	}
+	// Without a key the request would match every keyless ticket of the
+	// limits: any member could stop or drop everyone else's runs.
+	if !keySet && (o.Supersede || o.Replace) {
+		flag := "--supersede"
+		if o.Replace {
+			flag = "--replace"
+		}
+		return usageError("%s needs --key KEY: it acts only on the runs of the same key (1-%d printable characters)", flag, store.MaxKey)
 	}
 	if urlSet {
 		if store.CheckURL(o.URL) != nil {
@@ -769,7 +779,7 @@ func overlaps(a, b []string) bool {
 func holderIdentity(f *Factory, o *RunOptions) store.Holder {
 	if f.Identity != nil {
 		h := f.Identity()
-		h.Argv, h.Label, h.URL = o.Argv, o.Label, o.URL
+		h.Argv, h.Label, h.URL = store.CutArgv(o.Argv), o.Label, o.URL
 		return h
 	}
 	return realIdentity(o)
@@ -777,7 +787,7 @@ func holderIdentity(f *Factory, o *RunOptions) store.Holder {
 
 // realIdentity is this process's own identity.
 func realIdentity(o *RunOptions) store.Holder {
-	h := store.Holder{BootID: proc.BootID(), PidNS: proc.PidNS(), Pid: os.Getpid(), Argv: o.Argv, Label: o.Label, URL: o.URL}
+	h := store.Holder{BootID: proc.BootID(), PidNS: proc.PidNS(), Pid: os.Getpid(), Argv: store.CutArgv(o.Argv), Label: o.Label, URL: o.URL}
 	h.Host, _ = os.Hostname()
 	h.PidStart, _ = proc.StartTime(h.Pid)
 	if u, err := user.Current(); err == nil {

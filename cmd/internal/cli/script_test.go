@@ -52,6 +52,10 @@ func scriptSetup(env *testscript.Env) error {
 	env.Setenv("HOME", filepath.Join(work, "home"))
 	env.Setenv("XDG_CONFIG_HOME", filepath.Join(work, "home", ".config"))
 	env.Setenv("XDG_STATE_HOME", filepath.Join(work, "home", ".local", "state"))
+	// A named store's directory must exist: slotctl makes only the default's.
+	if err := os.Mkdir(filepath.Join(work, "state"), 0o700); err != nil {
+		return err
+	}
 	env.Setenv("SLOTCTL_STORE", filepath.Join(work, "state", "slots.db"))
 	if env.Getenv("GORACE") == "" {
 		// Under -race, each slotctl would otherwise sleep 1s at exit.

@@ -45,9 +45,11 @@ func (f *Factory) openReaper(g *globalOptions) (store.Store, error) { return f.o
 func (f *Factory) openJudged(g *globalOptions, reaper bool) (store.Store, error) {
 	url := g.Store
 	var path string
+	dflt := false // only the default location's directory is made
 	switch {
 	case url == "":
 		path = f.defaultStorePath()
+		dflt = true
 	case strings.HasPrefix(url, "bolt://"):
 		path = strings.TrimPrefix(url, "bolt://")
 	case strings.HasPrefix(url, "etcd://"):
@@ -62,10 +64,10 @@ func (f *Factory) openJudged(g *globalOptions, reaper bool) (store.Store, error)
 		return nil, usageError("store %q: empty path: want PATH, bolt://PATH or etcd://HOST:PORT[/PREFIX]", url)
 	}
 	if !reaper {
-		return boltstore.New(path, boltstore.Options{Timeout: g.StoreTimeout, Clock: f.StoreClock, Dead: proc.Dead})
+		return boltstore.New(path, boltstore.Options{Timeout: g.StoreTimeout, Clock: f.StoreClock, Dead: proc.Dead, MakeDir: dflt})
 	}
 	var jd proc.Judge // its authority is the store's, known once the store is
-	st, err := boltstore.New(path, boltstore.Options{Timeout: g.StoreTimeout, Clock: f.StoreClock,
+	st, err := boltstore.New(path, boltstore.Options{Timeout: g.StoreTimeout, Clock: f.StoreClock, MakeDir: dflt,
 		Dead: func(t store.Ticket, act bool) (string, bool) { return jd.Dead(t, act) }})
 	if err != nil {
 		return nil, err

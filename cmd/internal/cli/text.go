@@ -65,7 +65,7 @@ func checkLabel(label string) error {
 }
 
 // maxLabel bounds --label: a line in ls, not a document.
-const maxLabel = 1024
+const maxLabel = store.MaxLabel
 
 // jsonEscaper writes JSON with every character that is not graphic as a
 // \u escape: encoding/json escapes C0 controls, U+2028 and U+2029, but

@@ -1,5 +1,5 @@
 // Command slotctl, as the tests of cmd/internal/cli run it: slotctl-etcd
-// (the etcd client and the Prometheus encoder linked in) with two hooks
+// (the etcd client and the Prometheus encoder linked in) with hooks
 // that only the tests set. TestMain builds it once and puts it first on
 // PATH. A binary of its own rather than the test binary itself: every start
 // of the test binary runs the init of all that the tests link (an embedded
@@ -37,6 +37,10 @@ func main() {
 		// Another host sharing the store (etcd): its own name and boot id.
 		boot := os.Getenv("SLOTCTLTEST_BOOT")
 		f.Identity = func() store.Holder { return identity(host, boot) }
+	}
+	if n, err := strconv.Atoi(os.Getenv("SLOTCTLTEST_CPUS")); err == nil && n > 0 {
+		// A host of n CPUs: the jobserver tests size builds beyond this machine's.
+		f.CPUs = func() int { return n }
 	}
 	os.Exit(cli.Main(context.Background(), os.Args[1:], f))
 }
