@@ -48,6 +48,12 @@ type SettleInput struct {
 	// All): its removal frees its slot, so a job its dead supervisor left
 	// running must be stopped before somebody is admitted beside it.
 	JudgeExpired bool
+	// Keep, if set, vouches for an expired ticket that the judge did not
+	// prove dead: a ticket it keeps is not removed. A host-local store keeps
+	// a ticket whose job provably still runs after its supervisor died (an
+	// orphan that only a reap with its owner's authority may stop): freeing
+	// its slot would admit a job beside it.
+	Keep func(Ticket) bool
 	// Mutations is test-only (internal/mutation): planner bugs that the
 	// simulation must catch. Nil in every real settle.
 	Mutations mutation.Set
@@ -258,10 +264,14 @@ func PlanSettle(in SettleInput) SettlePlan {
 // waiter next in line of a contended limit; an expired one with JudgeExpired).
 func (in SettleInput) verdict(q Queued, contended, inLine bool) (string, bool) {
 	expired := q.Expired != ""
+	ev, gone := q.Expired, expired
 	if in.All || (!expired && contended && inLine) || (expired && in.JudgeExpired) {
-		return Verdict(q, in.Judge, !in.DryRun)
+		ev, gone = Verdict(q, in.Judge, !in.DryRun)
 	}
-	return q.Expired, expired
+	if gone && ev == q.Expired && in.Keep != nil && in.Keep(q.Ticket) {
+		return "", false // expired only, and its job runs on
+	}
+	return ev, gone
 }
 
 // Verdict judges one ticket as a settle does when it asks the judge: gone

@@ -231,6 +231,35 @@ func TestPlanSettleNoJudge(t *testing.T) {
 	}
 }
 
+// An expired holder whose orphaned job runs on is kept (Keep), and its
+// slot with it: the waiter behind it is not admitted beside the job. One
+// the judge proves dead (a reap that killed the job) is removed, and an
+// expired ticket Keep does not vouch for goes as before.
+func TestPlanSettleKeep(t *testing.T) {
+	tickets := []Queued{
+		{Ticket: Ticket{ID: "orphan", Limit: "l", State: Held}, Expired: "expired 1s ago"},
+		{Ticket: Ticket{ID: "late", Limit: "m", State: Held}, Expired: "expired 2s ago"},
+		{Ticket: Ticket{ID: "w", Limit: "l", State: Waiting, Slot: -1}},
+	}
+	keep := func(t Ticket) bool { return t.ID == "orphan" }
+	for _, tc := range []struct {
+		name  string
+		judge Judge
+		want  SettlePlan
+	}{
+		{"kept", nil, SettlePlan{Remove: []Remove{{1, "expired 2s ago"}}}},
+		{"killed by a reap", func(t Ticket, act bool) (string, bool) { return "orphaned job killed", t.ID == "orphan" && act },
+			SettlePlan{Remove: []Remove{{0, "expired 1s ago; orphaned job killed"}, {1, "expired 2s ago"}}, Admit: []Admit{{Index: 2, Slot: 0, Indexes: map[string][]int{"l": {0}}}}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := PlanSettle(SettleInput{Slots: map[string]int{"l": 1, "m": 1}, Tickets: tickets, Judge: tc.judge, JudgeExpired: true, Keep: keep})
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("plan = %s, want %s", show(got), show(tc.want))
+			}
+		})
+	}
+}
+
 func show(p SettlePlan) string { return fmt.Sprintf("remove %v admit %v", p.Remove, p.Admit) }
 
 func TestPlanSettleSeveralLimits(t *testing.T) {

@@ -34,6 +34,9 @@ type Options struct {
 	// and gives the evidence. Expiry and tickets from an earlier boot are
 	// judged without it.
 	Dead store.Judge
+	// Keep, if set, keeps an expired ticket that Dead did not prove dead
+	// (store.SettleInput.Keep): one whose orphaned job provably runs.
+	Keep func(store.Ticket) bool
 	// MakeDir creates the store's directory (private, 0700) when it is
 	// missing. Without it a missing directory is ErrUnavailable: a store
 	// path someone named and mistyped must not become a new, separate store
@@ -61,6 +64,7 @@ type Store struct {
 	clock   Clock
 	timeout time.Duration
 	dead    store.Judge
+	keep    func(store.Ticket) bool
 	noSync  bool
 
 	mut     mutation.Set // test-only: nil in production, empty without the tag
@@ -118,7 +122,7 @@ func New(path string, opts Options) (*Store, error) {
 	if st.Mode&0o020 != 0 {
 		mode = 0o660
 	}
-	s := &Store{path: abs, name: filepath.Base(abs), fds: fds, mode: mode, clock: opts.Clock, timeout: opts.Timeout, dead: opts.Dead, noSync: opts.NoSync, mut: opts.Mutations}
+	s := &Store{path: abs, name: filepath.Base(abs), fds: fds, mode: mode, clock: opts.Clock, timeout: opts.Timeout, dead: opts.Dead, keep: opts.Keep, noSync: opts.NoSync, mut: opts.Mutations}
 	// Close closes the descriptors; a Store dropped without Close has them
 	// closed by this cleanup. Whatever uses them keeps the Store alive until
 	// done (runtime.KeepAlive), so that a number is never used after it was

@@ -578,7 +578,7 @@ func (x *txn) settleInput(limits []string) ([]ticketRec, store.SettleInput, erro
 // planInput is the planner's input on recs, the closure of names.
 func (x *txn) planInput(recs []ticketRec, names []string) (store.SettleInput, error) {
 	in := store.SettleInput{Slots: make(map[string]int, len(names)), Tickets: make([]store.Queued, len(recs)),
-		Judge: x.s.dead, JudgeExpired: true, Mutations: x.s.mut}
+		Judge: x.s.dead, JudgeExpired: true, Keep: x.s.keep, Mutations: x.s.mut}
 	for _, name := range names {
 		lim, ok, err := x.limit(name)
 		if err != nil {

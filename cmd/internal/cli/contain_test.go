@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -221,5 +222,52 @@ func TestDeadHolderSlotAtOnce(t *testing.T) {
 			}
 			t.Logf("holder SIGKILLed -> waiter done %s", ptMS(next.exitedAt.Sub(killAt)))
 		})
+	}
+}
+
+// TestOrphanKeepsItsSlot: slotctl and its guard both die (stopped, then
+// the guard killed, then slotctl), so the job's grandchild runs on,
+// orphaned. Past its TTL the ticket stays, and the waiter behind it waits:
+// a run may not kill the orphan, and must not admit a job beside it. A
+// reap, with the owner's marker, kills it and frees the slot.
+func TestOrphanKeepsItsSlot(t *testing.T) {
+	e := newPTEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const ttl = 2 * time.Second
+	holder := e.start(ctx, "holder", "run", "--limit", "o", "--ttl", ttl.String(), "--", "sh", "-c",
+		`echo $SLOTCTL_TICKET > ticket; echo $$ > pid; sleep 1000 & echo $! > orphan; wait`)
+	pid := int(ptWaitInt(t, e.path("pid"), 20*time.Second))
+	orphan := int(ptWaitInt(t, e.path("orphan"), 20*time.Second))
+	e.notePid(pid)
+	e.notePid(orphan)
+	id := crashLine(t, e.path("ticket"), 5*time.Second)
+	crashWaitChildRecorded(ctx, t, e, id, pid)
+	next := e.start(ctx, "next", "run", "--limit", "o", "--ttl", ttl.String(), "--", "touch", "next-ran")
+	ptWaitTicket(t, e, next, 20*time.Second)
+
+	sup := holder.cmd.Process.Pid
+	g := crashChildNamed(t, sup, "slotctl-guard", 5*time.Second)
+	crashSignal(t, sup, syscall.SIGSTOP)
+	crashSignal(t, g, syscall.SIGKILL)
+	crashSignal(t, sup, syscall.SIGKILL)
+	holder.wait(t, 10*time.Second)
+
+	// Three TTLs: the ticket has long expired, the waiter renewed and swept.
+	time.Sleep(3 * ttl)
+	if ptGone(orphan) {
+		t.Fatalf("the orphan %d died on its own: the test proves nothing", orphan)
+	}
+	if ptExists(e.path("next-ran")) {
+		t.Fatalf("the waiter's job ran beside the orphaned job %d of the expired ticket", orphan)
+	}
+	if code, out, errOut := crashRun(ctx, t, e, 20*time.Second, "reap"); code != 0 || !strings.Contains(out, "killed") {
+		t.Fatalf("reap exited %d: %s%s; want the orphan killed and the ticket reaped", code, out, errOut)
+	}
+	if code := next.wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("the waiter exited %d; stderr:\n%s", code, next.stderr())
+	}
+	if !ptGone(orphan) {
+		t.Errorf("the orphan %d still runs after the reap", orphan)
 	}
 }
