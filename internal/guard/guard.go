@@ -20,13 +20,15 @@ const Name = "slotctl-guard"
 
 // The messages on the guard's socket, one per datagram: from the guard
 // "pid N" (the command started), "err ERRNO" (it could not be), "exit
-// WAITSTATUS" (the command exited), "gone" (nothing of the job is left);
-// from the supervisor "sig N" (signal the whole job).
+// WAITSTATUS" (the command exited), "gone" (nothing of the job is left),
+// "last WAITSTATUS" (both at once: the command exited, and nothing of the
+// job is left); from the supervisor "sig N" (signal the whole job).
 const (
 	msgPid  = "pid"
 	msgErr  = "err"
 	msgExit = "exit"
 	msgGone = "gone"
+	msgLast = "last"
 	msgSig  = "sig"
 )
 
@@ -153,7 +155,7 @@ func parse(b []byte) (string, int, error) {
 	if s == msgGone {
 		return s, 0, nil
 	}
-	for _, k := range []string{msgPid, msgErr, msgExit, msgSig} {
+	for _, k := range []string{msgPid, msgErr, msgExit, msgLast, msgSig} {
 		if len(s) > len(k)+1 && s[:len(k)+1] == k+" " {
 			n, err := strconv.Atoi(s[len(k)+1:])
 			return k, n, err
@@ -197,6 +199,16 @@ func (j *Job) listen() {
 			j.mu.Unlock()
 			exited = true
 			close(j.exited)
+		case kind == msgLast && !exited:
+			// Gone before exited: whoever sees the command's exit finds
+			// the job gone already.
+			j.mu.Lock()
+			j.status = syscall.WaitStatus(arg)
+			j.mu.Unlock()
+			j.waitGuard()
+			close(j.gone)
+			close(j.exited)
+			return
 		case kind == msgGone:
 			if !exited {
 				close(j.exited)

@@ -124,7 +124,30 @@ func (g *guard) reap() {
 			continue
 		}
 		if pid == g.child {
+			if g.reapAll() {
+				// Nothing else of the job ever ran, or it is all gone: one
+				// message, so that slotctl sees the job end with its
+				// command and releases at once.
+				g.send(msgLast, int(ws))
+				return
+			}
 			g.send(msgExit, int(ws))
+		}
+	}
+}
+
+// reapAll collects the children that have exited, and reports whether
+// none is left.
+func (g *guard) reapAll() bool {
+	for {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+		switch {
+		case errors.Is(err, unix.EINTR):
+		case errors.Is(err, unix.ECHILD):
+			return true
+		case err != nil, pid == 0:
+			return false
 		}
 	}
 }
