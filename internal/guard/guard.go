@@ -30,6 +30,7 @@ const (
 	msgGone = "gone"
 	msgLast = "last"
 	msgSig  = "sig"
+	msgGo   = "go" // the spec is complete: start the command
 )
 
 // A Config says what job to start and how.
@@ -74,22 +75,46 @@ type Job struct {
 // This process becomes a subreaper: should a guard be killed on its own,
 // its orphans come here (Config.Mark).
 func Start(cfg Config) (*Job, error) {
+	p, err := Prepare(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return p.Start(cfg.Path, cfg.Args, cfg.Env, cfg.Mark)
+}
+
+// A Pending guard is started and waits for its command: started while the
+// job waits for its slot, its own start-up is off the path from admission
+// to the command running.
+type Pending struct {
+	guard *os.Process
+	conn  *os.File
+}
+
+// Prepare starts a guard for a command not yet known: cfg's Files,
+// OwnGroup and Exe count, and its Env is the guard's own.
+func Prepare(cfg Config) (*Pending, error) {
 	_ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 	exe := cfg.Exe
 	if exe == "" {
 		exe = "/proc/self/exe"
 	}
+	if len(cfg.Files) < 3 {
+		return nil, errors.New("guard: the command needs stdin, stdout and stderr")
+	}
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("guard: socketpair: %w", err)
 	}
+	// Non-blocking, so that the wait for the guard's first answer can have
+	// a deadline.
+	if err := unix.SetNonblock(fds[0], true); err != nil {
+		unix.Close(fds[0])
+		unix.Close(fds[1])
+		return nil, fmt.Errorf("guard: %w", err)
+	}
 	mine := os.NewFile(uintptr(fds[0]), "guard")
 	theirs := os.NewFile(uintptr(fds[1]), "guard")
 	defer theirs.Close()
-	if len(cfg.Files) < 3 {
-		mine.Close()
-		return nil, errors.New("guard: the command needs stdin, stdout and stderr")
-	}
 	// The guard gets the command's descriptors where the command will have
 	// them, and its socket just after.
 	files := append(append([]*os.File{}, cfg.Files...), theirs)
@@ -97,13 +122,12 @@ func Start(cfg Config) (*Job, error) {
 	if cfg.OwnGroup {
 		own = "1"
 	}
-	argv := append([]string{Name, strconv.Itoa(len(cfg.Files)), own, cfg.Path}, cfg.Args...)
 	// The guard leads a group of its own off a terminal, so that a signal
 	// to the supervisor's group (a cron daemon's, a CI runner's) does not
 	// take it with the supervisor; on a terminal it must stay in the
 	// foreground group for the command to be there.
-	p, err := os.StartProcess(exe, argv, &os.ProcAttr{
-		Env:   dedupEnv(cfg.Env),
+	p, err := os.StartProcess(exe, []string{Name, strconv.Itoa(len(cfg.Files)), own}, &os.ProcAttr{
+		Env:   cfg.Env,
 		Files: files,
 		Sys:   &syscall.SysProcAttr{Setpgid: cfg.OwnGroup},
 	})
@@ -111,15 +135,57 @@ func Start(cfg Config) (*Job, error) {
 		mine.Close()
 		return nil, fmt.Errorf("guard: start %s: %w", exe, err)
 	}
-	j := &Job{guard: p, conn: mine, mark: cfg.Mark, exited: make(chan struct{}), gone: make(chan struct{})}
+	return &Pending{guard: p, conn: mine}, nil
+}
+
+// StartWait bounds the wait for the guard to say it started the command:
+// far longer than an exec takes on a loaded machine.
+var StartWait = 30 * time.Second
+
+// specChunk is the most of the spec one datagram carries.
+const specChunk = 32 << 10
+
+// Start has the guard start the command: path, its argv (argv[0]
+// included), its whole environment (of two NAME=, the later wins) and the
+// mark its processes carry (Config.Mark).
+func (p *Pending) Start(path string, args, env []string, mark string) (*Job, error) {
+	if len(args) == 0 {
+		p.Close()
+		return nil, errors.New("guard: no argv[0]")
+	}
+	spec := []byte(path + "\x00" + strconv.Itoa(len(args)) + "\x00")
+	for _, a := range append(append([]string{}, args...), dedupEnv(env)...) {
+		if strings.IndexByte(a, 0) >= 0 {
+			p.Close()
+			return nil, fmt.Errorf("guard: %q holds a NUL byte", a)
+		}
+		spec = append(append(spec, a...), 0)
+	}
+	for len(spec) > 0 {
+		n := min(len(spec), specChunk)
+		if _, err := p.conn.Write(append([]byte{'d'}, spec[:n]...)); err != nil {
+			p.Close()
+			return nil, fmt.Errorf("guard: %w", err)
+		}
+		spec = spec[n:]
+	}
+	if _, err := p.conn.Write([]byte(msgGo)); err != nil {
+		p.Close()
+		return nil, fmt.Errorf("guard: %w", err)
+	}
+	j := &Job{guard: p.guard, conn: p.conn, mark: mark, exited: make(chan struct{}), gone: make(chan struct{})}
+	// A guard that does not answer (stopped, or not one: another
+	// version's) must not hold the slot for ever.
+	_ = p.conn.SetReadDeadline(time.Now().Add(StartWait))
 	kind, arg, err := j.read()
+	_ = p.conn.SetReadDeadline(time.Time{})
 	switch {
 	case err != nil:
 		j.abandon(err)
 		return nil, fmt.Errorf("guard: %w", err)
 	case kind == msgErr:
 		j.abandon(nil)
-		return nil, &os.PathError{Op: "exec", Path: cfg.Path, Err: syscall.Errno(arg)}
+		return nil, &os.PathError{Op: "exec", Path: path, Err: syscall.Errno(arg)}
 	case kind != msgPid:
 		j.abandon(nil)
 		return nil, fmt.Errorf("guard: said %q before the command started", kind)
@@ -127,6 +193,13 @@ func Start(cfg Config) (*Job, error) {
 	j.pid = arg
 	go j.listen()
 	return j, nil
+}
+
+// Close ends a guard whose command was never started: it exits as soon as
+// its socket closes.
+func (p *Pending) Close() {
+	p.conn.Close()
+	_, _ = p.guard.Wait()
 }
 
 // abandon ends a guard that did not start the command.

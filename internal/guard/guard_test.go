@@ -293,3 +293,59 @@ func TestFilesAndGroups(t *testing.T) {
 		xr.Close()
 	}
 }
+
+// TestPrepared: a guard started before its command waits for it; given
+// it, it runs it with the environment sent (here larger than one
+// datagram), and closed without one it exits having started nothing.
+func TestPrepared(t *testing.T) {
+	s := testguard.Test(t)
+	files := []*os.File{os.Stdin, os.Stdout, os.Stderr}
+	p, err := Prepare(Config{Env: append(os.Environ(), s.Env()), Files: files, OwnGroup: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Close() // returns once the guard has exited
+
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	p, err = Prepare(Config{Env: append(os.Environ(), s.Env()), Files: []*os.File{os.Stdin, w, os.Stderr}, OwnGroup: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	big := strings.Repeat("x", 3*specChunk)
+	j, err := p.Start("/bin/sh", []string{"sh", "-c", `printf '%s %s' "${#BIG}" "$A"`}, append(os.Environ(), s.Env(), "BIG="+big, "A=1", "A=2"), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, j.Gone(), "the job's end")
+	out := make([]byte, 100)
+	n, _ := r.Read(out)
+	if want := fmt.Sprintf("%d 2", len(big)); string(out[:n]) != want {
+		t.Errorf("the command printed %q, want %q (the whole environment, the later of two A=)", out[:n], want)
+	}
+}
+
+// TestGuardThatDoesNotAnswer: a guard that never says it started the
+// command (stopped, or another program) fails the start after StartWait,
+// and is killed.
+func TestGuardThatDoesNotAnswer(t *testing.T) {
+	s := testguard.Test(t)
+	exe := t.TempDir() + "/mute"
+	if err := os.WriteFile(exe, []byte("#!/bin/sh\nexec sleep 300\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	defer func(d time.Duration) { StartWait = d }(StartWait)
+	StartWait = 200 * time.Millisecond
+	_, err := Start(Config{Path: "/bin/true", Args: []string{"true"}, Env: append(os.Environ(), s.Env()),
+		Files: []*os.File{os.Stdin, os.Stdout, os.Stderr}, OwnGroup: true, Exe: exe})
+	if err == nil {
+		t.Fatal("started under a guard that never answered")
+	}
+	if left := s.Running(); len(left) > 0 {
+		t.Errorf("the mute guard still runs: %v", left)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 	"unsafe"
@@ -18,24 +19,33 @@ import (
 // is Name) and never returns then; otherwise it returns at once. Every
 // binary that starts jobs calls it first thing, tests' binaries too.
 func Main() {
-	if len(os.Args) < 4 || os.Args[0] != Name {
+	if len(os.Args) != 3 || os.Args[0] != Name {
 		return
 	}
 	os.Exit(run(os.Args[1:]))
 }
 
-// run is the guard: ARGS are NFILES OWNGROUP PATH ARGV...; descriptors 0
-// to NFILES-1 are the command's, NFILES is the socket to the supervisor.
+// maxSpec bounds the command's path, arguments and environment, as the
+// kernel bounds what exec takes.
+const maxSpec = 16 << 20
+
+// run is the guard: ARGS are NFILES OWNGROUP; descriptors 0 to NFILES-1
+// are the command's, NFILES is the socket to the supervisor, which sends
+// the command (the spec: "d" datagrams, then "go") once it may run: the
+// guard starts before the job is admitted, and waits.
 func run(args []string) int {
 	nfiles, err := strconv.Atoi(args[0])
 	if err != nil || nfiles < 3 || nfiles > 1024 {
 		return 70
 	}
 	ownGroup := args[1] == "1"
-	path, argv := args[2], args[3:]
 	sock := nfiles
 	syscall.CloseOnExec(sock)
 	g := &guard{sock: sock, self: os.Getpid()}
+	path, argv, env, ok := readSpec(sock)
+	if !ok {
+		return 0 // slotctl went away, or never admitted the job: nothing to guard
+	}
 
 	// The job's orphans become this process's children, whatever group or
 	// session they moved to: the job is this process's descendants.
@@ -66,7 +76,7 @@ func run(args []string) int {
 		fds[i] = uintptr(i)
 	}
 	pid, err := syscall.ForkExec(path, argv, &syscall.ProcAttr{
-		Env:   os.Environ(),
+		Env:   env,
 		Files: fds,
 		// The command dies with the guard; the rest of the job is the
 		// guard's to kill, or its subreaper's if the guard is killed.
@@ -88,6 +98,43 @@ func run(args []string) int {
 	go g.commands()
 	g.reap()
 	return 0
+}
+
+// readSpec reads the command from the socket: its path, its argv and its
+// environment, NUL-terminated strings after the argument count.
+func readSpec(sock int) (path string, argv, env []string, ok bool) {
+	var spec []byte
+	buf := make([]byte, specChunk+1)
+	for {
+		n, err := unix.Read(sock, buf)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil || n == 0 {
+			return "", nil, nil, false
+		}
+		switch {
+		case string(buf[:n]) == msgGo:
+			return parseSpec(spec)
+		case buf[0] == 'd' && len(spec)+n-1 <= maxSpec:
+			spec = append(spec, buf[1:n]...)
+		default:
+			return "", nil, nil, false
+		}
+	}
+}
+
+func parseSpec(spec []byte) (path string, argv, env []string, ok bool) {
+	f := strings.Split(string(spec), "\x00")
+	if len(f) < 3 || f[len(f)-1] != "" {
+		return "", nil, nil, false
+	}
+	f = f[:len(f)-1]
+	argc, err := strconv.Atoi(f[1])
+	if err != nil || argc < 1 || 2+argc > len(f) {
+		return "", nil, nil, false
+	}
+	return f[0], f[2 : 2+argc], f[2+argc:], true
 }
 
 type guard struct {

@@ -17,10 +17,46 @@ import (
 // everything COMMAND starts, which kills the whole job at once if slotctl
 // dies, so a SIGKILLed slotctl leaves nothing of its job running.
 func startJob(streams *IOStreams, path string, argv, env []string, extra []*os.File, fg bool, log *logger) (*child, error) {
+	pj, err := prepareJob(streams, env, extra, fg)
+	if err != nil {
+		return nil, err
+	}
+	return pj.start(path, argv, env, log)
+}
+
+// A preparedJob is a guard started before its job is admitted, with the
+// descriptors it will give the command: the guard's start-up is then off
+// the path from admission to the command running.
+type preparedJob struct {
+	files  *jobStreams
+	copied func()
+	p      *guard.Pending
+	fg     bool
+}
+
+// prepareJob starts a guard for a command to come; env is the guard's own.
+func prepareJob(streams *IOStreams, env []string, extra []*os.File, fg bool) (*preparedJob, error) {
 	files, copied, err := jobFiles(streams)
 	if err != nil {
 		return nil, err
 	}
+	p, err := guard.Prepare(guard.Config{Env: env, Files: append(files.child, extra...), OwnGroup: !fg, Exe: guardExe()})
+	files.closeChild()
+	if err != nil {
+		files.abandon()
+		return nil, err
+	}
+	return &preparedJob{files: files, copied: copied, p: p, fg: fg}, nil
+}
+
+// close ends a prepared guard whose job never started.
+func (pj *preparedJob) close() {
+	pj.p.Close()
+	pj.files.abandon()
+}
+
+// start runs COMMAND under the prepared guard.
+func (pj *preparedJob) start(path string, argv, env []string, log *logger) (*child, error) {
 	// The job's processes carry its ticket: by it, slotctl finds them
 	// should the guard be killed on its own.
 	mark := ""
@@ -29,14 +65,13 @@ func startJob(streams *IOStreams, path string, argv, env []string, extra []*os.F
 			mark = kv
 		}
 	}
-	j, err := guard.Start(guard.Config{Path: path, Args: argv, Env: env, Files: append(files.child, extra...), OwnGroup: !fg, Mark: mark, Exe: guardExe()})
-	files.closeChild()
+	j, err := pj.p.Start(path, argv, env, mark)
 	if err != nil {
-		files.abandon()
+		pj.files.abandon()
 		return nil, err
 	}
-	c := &child{log: log, fg: fg, exited: j.Exited(), gone: j.Gone(), signal: j.Signal}
-	if !fg {
+	c := &child{log: log, fg: pj.fg, exited: j.Exited(), gone: j.Gone(), signal: j.Signal}
+	if !pj.fg {
 		c.pgid = j.Pid()
 	}
 	c.exit = func() (holder.Exit, error) { return exitOf(j.Status()), nil }
@@ -45,7 +80,7 @@ func startJob(streams *IOStreams, path string, argv, env []string, extra []*os.F
 			log.warn("the guard of %s ended before the job did (%v): processes of the job may be left", argv[0], err)
 		}
 		reapOrphans()
-		copied()
+		pj.copied()
 	}
 	return c, nil
 }
