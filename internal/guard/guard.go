@@ -82,9 +82,8 @@ func Start(cfg Config) (*Job, error) {
 	return p.Start(cfg.Path, cfg.Args, cfg.Env, cfg.Mark)
 }
 
-// A Pending guard is started and waits for its command: started while the
-// job waits for its slot, its own start-up is off the path from admission
-// to the command running.
+// A Pending guard is started and waits for its command, which may follow
+// later (a guard started while its job waits for a slot).
 type Pending struct {
 	guard *os.Process
 	conn  *os.File
@@ -93,7 +92,6 @@ type Pending struct {
 // Prepare starts a guard for a command not yet known: cfg's Files,
 // OwnGroup and Exe count, and its Env is the guard's own.
 func Prepare(cfg Config) (*Pending, error) {
-	_ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 	exe := cfg.Exe
 	if exe == "" {
 		exe = "/proc/self/exe"
@@ -149,6 +147,7 @@ const specChunk = 32 << 10
 // included), its whole environment (of two NAME=, the later wins) and the
 // mark its processes carry (Config.Mark).
 func (p *Pending) Start(path string, args, env []string, mark string) (*Job, error) {
+	_ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 	if len(args) == 0 {
 		p.Close()
 		return nil, errors.New("guard: no argv[0]")

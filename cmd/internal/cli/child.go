@@ -100,38 +100,6 @@ func startChildFiles(f *Factory, path string, argv, env []string, log *logger, e
 	return c, nil
 }
 
-// prepareChild starts, while the job waits for its slot, what its start
-// will need (the guard, on Linux); nil when it cannot, and the start then
-// does it all.
-func prepareChild(f *Factory, log *logger) *preparedJob {
-	environ := os.Environ
-	if f.Environ != nil {
-		environ = f.Environ
-	}
-	pj, err := prepareJob(f.IO, childEnv(environ(), nil), nil, f.IO.InTTY && foregroundTTY())
-	if err != nil {
-		return nil
-	}
-	return pj
-}
-
-// startPrepared is startChild under pj, prepared by prepareChild (nil:
-// startChild).
-func startPrepared(f *Factory, pj *preparedJob, path string, argv, env []string, log *logger) (*child, error) {
-	if pj == nil {
-		return startChild(f, path, argv, env, log)
-	}
-	environ := os.Environ
-	if f.Environ != nil {
-		environ = f.Environ
-	}
-	c, err := pj.start(path, argv, childEnv(environ(), env), log)
-	if err != nil {
-		return nil, startError(argv[0], err)
-	}
-	return c, nil
-}
-
 func startError(name string, err error) error {
 	switch {
 	case errors.Is(err, fs.ErrNotExist):

@@ -24,9 +24,8 @@ func startJob(streams *IOStreams, path string, argv, env []string, extra []*os.F
 	return pj.start(path, argv, env, log)
 }
 
-// A preparedJob is a guard started before its job is admitted, with the
-// descriptors it will give the command: the guard's start-up is then off
-// the path from admission to the command running.
+// A preparedJob is a started guard, with the descriptors it will give the
+// command.
 type preparedJob struct {
 	files  *jobStreams
 	copied func()
@@ -47,12 +46,6 @@ func prepareJob(streams *IOStreams, env []string, extra []*os.File, fg bool) (*p
 		return nil, err
 	}
 	return &preparedJob{files: files, copied: copied, p: p, fg: fg}, nil
-}
-
-// close ends a prepared guard whose job never started.
-func (pj *preparedJob) close() {
-	pj.p.Close()
-	pj.files.abandon()
 }
 
 // start runs COMMAND under the prepared guard.

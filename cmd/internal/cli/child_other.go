@@ -64,16 +64,3 @@ func groupAlive(pgid int) bool {
 	err := syscall.Kill(-pgid, 0)
 	return err == nil || errors.Is(err, syscall.EPERM)
 }
-
-// preparedJob is nothing here: there is no guard to start early.
-type preparedJob struct{}
-
-func prepareJob(*IOStreams, []string, []*os.File, bool) (*preparedJob, error) {
-	return nil, errors.New("no guard on this system")
-}
-
-func (*preparedJob) close() {}
-
-func (*preparedJob) start(string, []string, []string, *logger) (*child, error) {
-	return nil, errors.New("no guard on this system")
-}

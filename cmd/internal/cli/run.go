@@ -465,26 +465,13 @@ func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) er
 	cfg.Notify = runNotes(ctx, f, log, st, o, limits)
 	unmark := func() {} // the job's marker, removed once holder.Run has released
 	defer func() { unmark() }()
-	// The job's guard starts now, beside the enqueue and the wait: its
-	// start-up is then off the path from admission to the command.
-	var pj *preparedJob
-	if !o.Jobserver { // the jobserver's descriptors are made at admission
-		pj = prepareChild(f, log)
-	}
-	defer func() {
-		if pj != nil {
-			pj.close() // never admitted: the guard goes
-		}
-	}()
 	cfg.Start = func(jobCtx context.Context, t store.Ticket) (holder.Child, error) {
 		env := jobVars(o.Limits, t, anc, held, st.String(), f)
 		unmark = markJob(st, log, t.ID, env)
 		if o.Jobserver {
 			return startJobserved(jobCtx, f, st, log, o, path, env, t)
 		}
-		p := pj
-		pj = nil // started, or given up on by the start
-		return startPrepared(f, p, path, o.Argv, env, log)
+		return startChild(f, path, o.Argv, env, log)
 	}
 	return outcomeErr(ctx, st, o, limits, holder.Run(ctx, cfg))
 }
