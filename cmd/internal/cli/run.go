@@ -209,7 +209,7 @@ EXIT STATUS
 	fl.DurationVar(&opts.TTL, "ttl", defaultTTL, "lease time-to-live: a dead holder's slot comes back after it (env SLOTCTL_TTL)")
 	fl.DurationVar(&opts.RenewEvery, "renew-every", 0, "renewal period (default TTL/3, ±20% jitter)")
 	fl.StringVar(&opts.OnLost, "on-lost", "kill", "when the lease is lost: kill (stop COMMAND, exit 76) or continue (warn)")
-	fl.DurationVar(&opts.KillAfter, "kill-after", defaultKillAfter, "after stopping COMMAND with a signal, SIGKILL its process group after this long (on a lost lease: at most TTL/20)")
+	fl.DurationVar(&opts.KillAfter, "kill-after", defaultKillAfter, "after stopping COMMAND with a signal, SIGKILL what is left of the job (COMMAND and everything it started) after this long (on a lost lease: at most TTL/20)")
 	fl.DurationVar(&opts.MaxHold, "max-hold", 0, "stop COMMAND and free the slot after this long (exit 124; default: no bound)")
 	fl.StringVar(&opts.Label, "label", "", "text shown instead of the command line in ls (command lines can carry secrets)")
 	fl.StringVar(&opts.Key, "key", "", "the work this run does in its limits (a branch, an environment), for --supersede and --replace")
