@@ -35,6 +35,8 @@ fail() { echo "FAIL (reaper): $*" >&2; exit 1; }
 private_world "$conf"
 # Where the reaper and the member can run it whatever the caller's directory.
 install -m 0755 "$bin" "$work/slotctl"
+# The guard the package installs beside it, which slotctl runs each job under.
+install -m 0755 "$(dirname "$bin")/slotctl-guard" "$work/slotctl-guard"
 bin=$work/slotctl
 mkdir -p /etc/slotctl
 cp "$config" /etc/slotctl/config.yaml
@@ -88,9 +90,19 @@ job=$(cat "$jobdir/pid")
 sleep 1
 [ "$(stat -c %U /var/lib/slotctl/slots.db)" = root ] || fail "the store file is not root's any more"
 
-# The supervisor dies (SIGKILL: no release); the shell follows it (parent-death
-# signal); sleep is left, an orphaned job holding the slot.
+# The supervisor and the job's guard die (SIGKILL: no release), slotctl
+# stopped first so that it cannot see its guard die and kill the job
+# itself; the shell follows the guard (parent-death signal); sleep is left,
+# an orphaned job holding the slot. (slotctl alone dying takes its whole
+# job with it: the guard kills it.)
+guard=
+for p in /proc/[0-9]*; do
+	[ "$(cut -d' ' -f4 "$p/stat" 2>/dev/null)" = "$sup" ] && [ "$(cat "$p/comm" 2>/dev/null)" = slotctl-guard ] && guard=${p#/proc/}
+done
+[ -n "$guard" ] || fail "the member's job runs under no slotctl-guard"
 exec 3>&2 2>/dev/null # not bash's "Killed" notice
+kill -STOP "$sup"
+kill -KILL "$guard"
 kill -KILL "$sup"
 wait "$sup" || true
 exec 2>&3 3>&-
