@@ -142,11 +142,14 @@ type Outcome struct {
 const never = time.Duration(math.MaxInt64)
 
 type runner struct {
-	cfg      Config
-	now      func() time.Duration
-	w        Waiter
-	entry    *gate.Entry
-	lease    Lease
+	cfg   Config
+	now   func() time.Duration
+	w     Waiter
+	entry *gate.Entry
+	lease Lease
+	// child is the running job, told of each renewal (Child.Lease); set
+	// from Run's goroutine, read from the renewer's.
+	child    atomic.Pointer[Child]
 	released bool // mutation.ReleaseBeforeExit: released before the job stopped
 	// admittedByJoin: the enqueue itself admitted the ticket (and rang
 	// its bell); wait had nothing to wait for.
@@ -284,6 +287,9 @@ func (r *runner) startLease(ctx context.Context, t store.Ticket, sent time.Durat
 		case nt.State == store.Held && nt.Stop != nil:
 			// Asked to stop (§2.1 item 10): heard at the next renewal at the latest.
 			r.entry.Nudge()
+		}
+		if c := r.child.Load(); c != nil {
+			r.tellLease(*c)
 		}
 	}
 	if r.cfg.NewLease != nil {
@@ -494,6 +500,13 @@ func (r *runner) releaseTimeout(why store.Reason) time.Duration {
 // gone (or did not go within notGoneWait of SIGKILL).
 func (r *runner) supervise(ctx context.Context, c Child, t store.Ticket, cancelJob context.CancelCauseFunc) Outcome {
 	defer c.Close()
+	if r.lease != nil && !r.cfg.Continue {
+		// The job stops by itself at the lease's end should this process
+		// be stopped or hung then; each renewal moves that on.
+		r.child.Store(&c)
+		defer r.child.Store(nil)
+		r.tellLease(c)
+	}
 	out := Outcome{Result: Ran, Ticket: t}
 	now := r.now()
 	var lostC <-chan struct{}
@@ -631,6 +644,16 @@ const (
 	killRepeat  = 50 * time.Millisecond
 	notGoneWait = time.Second
 )
+
+// tellLease gives the job the lease's end: SIGTERM a quarter of the margin
+// after the local deadline (this process, if it runs, has stopped the job
+// by then), SIGKILL half the margin after it (killBy's moment), both before
+// the store could judge the lease expired.
+func (r *runner) tellLease(c Child) {
+	now, d := r.now(), r.lease.Deadline()
+	m := r.lease.Expiry() - d
+	c.Lease(d-now+m/4, d-now+m/2)
+}
 
 // killBy is when a job stopped for a lost lease must get SIGKILL, whatever
 // KillAfter says: the whole stop must fit before the earliest moment the

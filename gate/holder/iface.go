@@ -39,6 +39,12 @@ type Child interface {
 	// Close is called once, when the holder is done with the job: after
 	// Gone, or after giving up on it.
 	Close()
+	// Lease says that the job's lease is kept until stopIn from now at
+	// least: if no later Lease comes by then, the job is to be stopped
+	// (SIGTERM) without the supervisor, and SIGKILLed at killIn, so that a
+	// stopped or hung supervisor does not leave its job running past its
+	// lease. Safe from any goroutine.
+	Lease(stopIn, killIn time.Duration)
 }
 
 // Exit is how the job's process ended.

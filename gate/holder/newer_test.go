@@ -72,11 +72,12 @@ func (c *fakeChild) Signal(s syscall.Signal) {
 		c.once.Do(func() { close(c.exited) })
 	}
 }
-func (c *fakeChild) Foreground() bool           { return false }
-func (c *fakeChild) Group() (int, uint64, bool) { return 0, 0, false }
-func (c *fakeChild) Gone() <-chan struct{}      { return c.Exited() }
-func (c *fakeChild) Close()                     {}
-func (c *fakeChild) Exit() (holder.Exit, error) { return holder.Exit{Signal: syscall.SIGTERM}, nil }
+func (c *fakeChild) Foreground() bool                   { return false }
+func (c *fakeChild) Group() (int, uint64, bool)         { return 0, 0, false }
+func (c *fakeChild) Gone() <-chan struct{}              { return c.Exited() }
+func (c *fakeChild) Close()                             {}
+func (c *fakeChild) Lease(time.Duration, time.Duration) {}
+func (c *fakeChild) Exit() (holder.Exit, error)         { return holder.Exit{Signal: syscall.SIGTERM}, nil }
 func (c *fakeChild) signals() []syscall.Signal {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -31,6 +31,9 @@ const (
 	msgLast = "last"
 	msgSig  = "sig"
 	msgGo   = "go" // the spec is complete: start the command
+	// "lease STOP KILL": unless another lease comes first, SIGTERM the job
+	// STOP ns from now and SIGKILL it KILL ns from now (Job.Lease).
+	msgLease = "lease"
 )
 
 // A Config says what job to start and how.
@@ -374,4 +377,18 @@ func killOrphans(mark string) {
 	for signalTreeIf(os.Getpid(), syscall.SIGKILL, func(pid int) bool { return carries(pid, mark) }) > 0 && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// Lease has the guard stop the job by itself — SIGTERM stopIn from now,
+// SIGKILL killIn from now — unless another Lease comes first: the job of
+// a supervisor that is stopped or hung past its lease does not run on.
+// After a Signal of the supervisor's own the guard sends no SIGTERM of its
+// own, only the SIGKILL. After Gone it does nothing.
+func (j *Job) Lease(stopIn, killIn time.Duration) {
+	select {
+	case <-j.gone:
+		return
+	default:
+	}
+	_, _ = j.conn.Write([]byte(msgLease + " " + strconv.FormatInt(int64(stopIn), 10) + " " + strconv.FormatInt(int64(killIn), 10)))
 }

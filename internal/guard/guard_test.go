@@ -349,3 +349,24 @@ func TestGuardThatDoesNotAnswer(t *testing.T) {
 		t.Errorf("the mute guard still runs: %v", left)
 	}
 }
+
+// TestLeaseEnd: a job whose supervisor stops telling its guard of renewals
+// is stopped by the guard at the lease's end, SIGKILLed if it ignores
+// SIGTERM; while the leases keep coming, it runs on.
+func TestLeaseEnd(t *testing.T) {
+	j := startJob(t, `trap "" TERM; while :; do sleep 0.05; done`, os.Stdout)
+	for range 10 {
+		j.Lease(2*time.Second, 3*time.Second) // ample room for a loaded machine
+		time.Sleep(30 * time.Millisecond)
+	}
+	select {
+	case <-j.Gone():
+		t.Fatal("the job was stopped while its lease was renewed")
+	default:
+	}
+	j.Lease(50*time.Millisecond, 150*time.Millisecond)
+	waitFor(t, j.Gone(), "the job's end after its lease's")
+	if ws := j.Status(); !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		t.Errorf("status %v, want killed by SIGKILL (it ignores SIGTERM)", ws)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 	"unsafe"
@@ -142,6 +143,48 @@ type guard struct {
 	self  int
 	child int
 	pgid  int // the command's own group, 0 when it shares the guard's
+
+	mu         sync.Mutex
+	asked      bool        // slotctl has signalled the job
+	stop, kill *time.Timer // the lease's end, if slotctl said when
+}
+
+// parseLease reads "lease STOP KILL".
+func parseLease(b []byte) (stop, kill time.Duration, ok bool) {
+	f := strings.Fields(string(b))
+	if len(f) != 3 || f[0] != msgLease {
+		return 0, 0, false
+	}
+	s, err1 := strconv.ParseInt(f[1], 10, 64)
+	k, err2 := strconv.ParseInt(f[2], 10, 64)
+	return time.Duration(s), time.Duration(k), err1 == nil && err2 == nil
+}
+
+// lease sets the lease's end: the job is stopped at stop and killed at
+// kill from now, unless a later lease moves them.
+func (g *guard) lease(stop, kill time.Duration) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.stop != nil {
+		g.stop.Stop()
+		g.kill.Stop()
+	}
+	g.stop = time.AfterFunc(max(stop, 0), func() {
+		g.mu.Lock()
+		asked := g.asked
+		g.mu.Unlock()
+		if !asked {
+			g.signal(syscall.SIGTERM)
+		}
+	})
+	g.kill = time.AfterFunc(max(kill, 0), func() {
+		for range 200 { // until none is left: a process forked meanwhile
+			if signalTree(g.self, syscall.SIGKILL) == 0 {
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	})
 }
 
 func (g *guard) send(kind string, n int) {
@@ -213,10 +256,17 @@ func (g *guard) commands() {
 			g.killAll()
 			return
 		}
+		if stop, kill, ok := parseLease(buf[:n]); ok {
+			g.lease(stop, kill)
+			continue
+		}
 		kind, arg, perr := parse(buf[:n])
 		if perr != nil || kind != msgSig || arg <= 0 || arg >= 65 {
 			continue
 		}
+		g.mu.Lock()
+		g.asked = true // slotctl stops the job itself: no SIGTERM of the guard's
+		g.mu.Unlock()
 		g.signal(syscall.Signal(arg))
 	}
 }

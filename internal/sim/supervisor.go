@@ -540,12 +540,13 @@ func (h *holder) startChild(_ context.Context, t store.Ticket) (gh.Child, error)
 // simChild is the holder's handle on its simulated child.
 type simChild struct{ h *holder }
 
-func (c simChild) Exited() <-chan struct{}    { return c.h.child.exited }
-func (c simChild) Foreground() bool           { return false }
-func (c simChild) Group() (int, uint64, bool) { return c.h.pid + 100000, 1, true }
-func (c simChild) Gone() <-chan struct{}      { return c.h.child.exited }
-func (c simChild) Close()                     {}
-func (c simChild) Exit() (gh.Exit, error)     { return gh.Exit{}, nil }
+func (c simChild) Exited() <-chan struct{}            { return c.h.child.exited }
+func (c simChild) Foreground() bool                   { return false }
+func (c simChild) Group() (int, uint64, bool)         { return c.h.pid + 100000, 1, true }
+func (c simChild) Gone() <-chan struct{}              { return c.h.child.exited }
+func (c simChild) Close()                             {}
+func (c simChild) Lease(time.Duration, time.Duration) {}
+func (c simChild) Exit() (gh.Exit, error)             { return gh.Exit{}, nil }
 
 // Signal: SIGTERM makes the child exit within 1.5 kill graces (it may
 // ignore it for longer than the grace); SIGKILL ends it at once.

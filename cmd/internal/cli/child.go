@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/slotctl/slotctl/gate/holder"
 	"github.com/slotctl/slotctl/internal/proc"
@@ -72,6 +73,7 @@ type child struct {
 	exit   func() (holder.Exit, error)
 	signal func(syscall.Signal)
 	close  func()
+	lease  func(stopIn, killIn time.Duration)
 }
 
 var _ holder.Child = (*child)(nil)
@@ -137,6 +139,14 @@ func (c *child) Exit() (holder.Exit, error) { return c.exit() }
 
 // Close implements holder.Child.
 func (c *child) Close() { c.close() }
+
+// Lease implements holder.Child: the guard stops the job by itself at the
+// lease's end, should slotctl not be running then. Without a guard, nothing.
+func (c *child) Lease(stopIn, killIn time.Duration) {
+	if c.lease != nil {
+		c.lease(stopIn, killIn)
+	}
+}
 
 // exitOf is holder's Exit of a wait status.
 func exitOf(ws syscall.WaitStatus) holder.Exit {

@@ -63,7 +63,7 @@ func (pj *preparedJob) start(path string, argv, env []string, log *logger) (*chi
 		pj.files.abandon()
 		return nil, err
 	}
-	c := &child{log: log, fg: pj.fg, exited: j.Exited(), gone: j.Gone(), signal: j.Signal}
+	c := &child{log: log, fg: pj.fg, exited: j.Exited(), gone: j.Gone(), signal: j.Signal, lease: j.Lease}
 	if !pj.fg {
 		c.pgid = j.Pid()
 	}
