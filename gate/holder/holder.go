@@ -560,6 +560,23 @@ func (r *runner) supervise(ctx context.Context, c Child, t store.Ticket, cancelJ
 				return out
 			}
 			out.Exit, out.ExitErr = c.Exit()
+			if lostC != nil {
+				// The job may have ended at its lease's end, stopped by its
+				// guard while this process was stopped: the lease first.
+				r.lease.Check()
+				select {
+				case <-lostC:
+					lostC = nil
+					err := r.lease.Err()
+					cancelJob(fmt.Errorf("%w: %w", store.ErrLost, err))
+					r.note(Note{Kind: LeaseLost, Ticket: t, Err: err})
+					if !r.cfg.Continue {
+						out.Lost = true
+						killBy = r.killBy()
+					}
+				default:
+				}
+			}
 			draining, endC = true, c.Gone()
 			select {
 			case <-endC:
