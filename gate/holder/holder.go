@@ -662,14 +662,14 @@ const (
 	notGoneWait = time.Second
 )
 
-// tellLease gives the job the lease's end: SIGTERM a quarter of the margin
-// after the local deadline (this process, if it runs, has stopped the job
-// by then), SIGKILL half the margin after it (killBy's moment), both before
-// the store could judge the lease expired.
+// tellLease gives the job the lease's end: SIGTERM at the local deadline,
+// SIGKILL half the margin after it (killBy's moment), both before the
+// store could judge the lease expired — what this process does itself when
+// it notices the loss in time.
 func (r *runner) tellLease(c Child) {
 	now, d := r.now(), r.lease.Deadline()
 	m := r.lease.Expiry() - d
-	c.Lease(d-now+m/4, d-now+m/2)
+	c.Lease(d-now, d-now+m/2)
 }
 
 // killBy is when a job stopped for a lost lease must get SIGKILL, whatever

@@ -383,7 +383,8 @@ func killOrphans(mark string) {
 // SIGKILL killIn from now — unless another Lease comes first: the job of
 // a supervisor that is stopped or hung past its lease does not run on.
 // After a Signal of the supervisor's own the guard sends no SIGTERM of its
-// own, only the SIGKILL. After Gone it does nothing.
+// own, only the SIGKILL; after its own, it passes on no SIGTERM of the
+// supervisor's. After Gone it does nothing.
 func (j *Job) Lease(stopIn, killIn time.Duration) {
 	select {
 	case <-j.gone:

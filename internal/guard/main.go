@@ -146,6 +146,7 @@ type guard struct {
 
 	mu         sync.Mutex
 	asked      bool        // slotctl has signalled the job
+	termed     bool        // the guard has sent the job SIGTERM at the lease's end
 	stop, kill *time.Timer // the lease's end, if slotctl said when
 }
 
@@ -172,6 +173,7 @@ func (g *guard) lease(stop, kill time.Duration) {
 	g.stop = time.AfterFunc(max(stop, 0), func() {
 		g.mu.Lock()
 		asked := g.asked
+		g.termed = g.termed || !asked
 		g.mu.Unlock()
 		if !asked {
 			g.signal(syscall.SIGTERM)
@@ -266,7 +268,11 @@ func (g *guard) commands() {
 		}
 		g.mu.Lock()
 		g.asked = true // slotctl stops the job itself: no SIGTERM of the guard's
+		termed := g.termed
 		g.mu.Unlock()
+		if termed && syscall.Signal(arg) == syscall.SIGTERM {
+			continue // the guard's own, at the lease's end: not twice
+		}
 		g.signal(syscall.Signal(arg))
 	}
 }
