@@ -271,3 +271,26 @@ func TestOrphanKeepsItsSlot(t *testing.T) {
 		t.Errorf("the orphan %d still runs after the reap", orphan)
 	}
 }
+
+// TestGuardKilledAlone: the guard alone is SIGKILLed. The command dies
+// with it (parent-death signal); what it started comes to slotctl, which
+// kills it by the ticket it carries, says so, and releases.
+func TestGuardKilledAlone(t *testing.T) {
+	e := newPTEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	holder := e.start(ctx, "holder", "run", "--limit", "g", "--", "sh", "-c", `sleep 1000 & echo $! > orphan; wait`)
+	orphan := int(ptWaitInt(t, e.path("orphan"), 20*time.Second))
+	e.notePid(orphan)
+	crashSignal(t, crashChildNamed(t, holder.cmd.Process.Pid, "slotctl-guard", 5*time.Second), syscall.SIGKILL)
+	code := holder.wait(t, 30*time.Second)
+	if !ptGone(orphan) {
+		t.Errorf("the job's process %d still runs after slotctl released", orphan)
+	}
+	if code != 128+int(syscall.SIGKILL) || !strings.Contains(holder.stderr(), "the guard of sh ended before the job did") {
+		t.Errorf("slotctl exited %d, want %d (its command killed with the guard), with a warning; stderr:\n%s", code, 128+int(syscall.SIGKILL), holder.stderr())
+	}
+	if code, out, _ := crashRun(ctx, t, e, 10*time.Second, "run", "--limit", "g", "--no-wait", "--", "true"); code != 0 {
+		t.Errorf("the slot is not free after slotctl exited: %d %s", code, out)
+	}
+}
