@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -136,7 +137,7 @@ func TestEtcdOutageStopsChild(t *testing.T) {
 
 	const ttl = 3 * time.Second
 	p := e.start(ctx, "holder", "run", "--limit", "o", "--ttl", ttl.String(), "--store-timeout", "500ms", "--",
-		"sh", "-c", `echo $$ > pid; date +%s%N > started; trap 'date +%s%N > stopped; exit 143' TERM; while :; do sleep 0.05; done`)
+		"sh", "-c", `echo $$ > pid; date +%s%N > started; trap ': > stopped; exit 143' TERM; while :; do sleep 0.05; done`)
 	ptWaitFor(t, "child started", 10*time.Second, func() bool { return ptExists(e.path("started")) })
 	pid := int(ptWaitInt(t, e.path("pid"), 5*time.Second))
 	e.notePid(pid)
@@ -148,7 +149,7 @@ func TestEtcdOutageStopsChild(t *testing.T) {
 	if code != exitLost {
 		t.Fatalf("holder exited %d, want %d (lease lost, child stopped); stderr:\n%s", code, exitLost, p.stderr())
 	}
-	stopped := time.Unix(0, ptWaitInt(t, e.path("stopped"), 2*time.Second))
+	stopped := ptWaitMtime(t, e.path("stopped"), 2*time.Second)
 	if !ptGone(pid) {
 		t.Fatalf("child %d still runs after slotctl exited", pid)
 	}
@@ -282,7 +283,7 @@ func TestEtcdPartitionNeverOverlaps(t *testing.T) {
 	const ttl = 3 * time.Second
 	a := e.start(ctx, "a", "run", "--store", "etcd://"+proxy.addr()+"/slotctl", "--limit", "p", "--ttl", ttl.String(),
 		"--store-timeout", "1s", "--", "sh", "-c",
-		`echo $$ > a.pid; date +%s%N > a.start; trap 'date +%s%N > a.stop; exit 143' TERM; while :; do sleep 0.02; done`)
+		`echo $$ > a.pid; date +%s%N > a.start; trap ': > a.stop; exit 143' TERM; while :; do sleep 0.02; done`)
 	ptWaitFor(t, "A's child started", 10*time.Second, func() bool { return ptExists(e.path("a.start")) })
 	e.notePid(int(ptWaitInt(t, e.path("a.pid"), 5*time.Second)))
 	b := e.start(ctx, "b", "run", "--limit", "p", "--ttl", ttl.String(), "--", "sh", "-c", `date +%s%N > b.start`)
@@ -295,7 +296,7 @@ func TestEtcdPartitionNeverOverlaps(t *testing.T) {
 		t.Fatalf("B exited %d, want 0; stderr:\n%s", code, b.stderr())
 	}
 	bStart := time.Unix(0, ptReadInt(t, e.path("b.start")))
-	aStop := time.Unix(0, ptWaitInt(t, e.path("a.stop"), 5*time.Second))
+	aStop := ptWaitMtime(t, e.path("a.stop"), 5*time.Second)
 	if time.Since(cutAt) < ttl {
 		time.Sleep(ttl - time.Since(cutAt)) // partitioned longer than its TTL
 	}
@@ -364,4 +365,19 @@ func TestEtcdFlagsOverride(t *testing.T) {
 	if src := es.source("request-timeout"); src != "config file "+config {
 		t.Errorf("source of request-timeout = %q", src)
 	}
+}
+
+// ptWaitMtime waits for path to exist and returns when it was written: a
+// job's SIGTERM trap makes it with a builtin (no fork), so that it is
+// written within the half margin before SIGKILL on a loaded machine too.
+// The file system's clock is coarse (a few ms behind at most): far finer
+// than the margins these tests check.
+func ptWaitMtime(t *testing.T, path string, timeout time.Duration) time.Time {
+	t.Helper()
+	ptWaitFor(t, filepath.Base(path), timeout, func() bool { return ptExists(path) })
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.ModTime()
 }
