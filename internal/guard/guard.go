@@ -215,6 +215,12 @@ func (j *Job) abandon(err error) {
 func (j *Job) read() (string, int, error) {
 	buf := make([]byte, 64)
 	n, err := j.conn.Read(buf)
+	if errors.Is(err, syscall.ECONNRESET) {
+		// The guard exited with a message of ours unread (a lease sent as
+		// the job ended). The kernel reports that before the guard's last
+		// messages, which are still queued: read on.
+		n, err = j.conn.Read(buf)
+	}
 	if err != nil {
 		return "", 0, fmt.Errorf("the guard stopped answering: %w", err)
 	}

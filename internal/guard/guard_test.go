@@ -370,3 +370,31 @@ func TestLeaseEnd(t *testing.T) {
 		t.Errorf("status %v, want killed by SIGKILL (it ignores SIGTERM)", ws)
 	}
 }
+
+// TestLastWordAfterUnreadLease: a guard that exits with a lease message of
+// slotctl's unread makes the kernel report ECONNRESET before the guard's
+// queued last message; the job's exit must still be read, not taken for a
+// guard that died alone.
+func TestLastWordAfterUnreadLease(t *testing.T) {
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_SEQPACKET|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mine, theirs := os.NewFile(uintptr(fds[0]), "slotctl"), os.NewFile(uintptr(fds[1]), "guard")
+	defer mine.Close()
+	j := &Job{conn: mine}
+	if _, err := mine.Write([]byte(msgLease + " 1000 2000")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := theirs.Write([]byte(msgLast + " 0")); err != nil {
+		t.Fatal(err)
+	}
+	theirs.Close() // the lease still unread
+	kind, arg, err := j.read()
+	if err != nil || kind != msgLast || arg != 0 {
+		t.Fatalf("read = %q %d %v, want %q 0 <nil>", kind, arg, err, msgLast)
+	}
+	if _, _, err := j.read(); err == nil {
+		t.Fatal("read after the guard's last message and exit: no error")
+	}
+}
