@@ -20,6 +20,10 @@ type Queued struct {
 	// Fresh marks a ticket this very step writes (an Enqueue on etcd): it is
 	// not in the store yet, so it is neither judged nor removed, only admitted.
 	Fresh bool
+	// Quiet marks a waiting ticket that renews nothing until it comes into
+	// line (Ticket.Quiet): the backend passes it unexpired, and the plan
+	// lists it in Line once it is in line.
+	Quiet bool
 }
 
 // SettleInput is what a settle decides on.
@@ -81,10 +85,28 @@ type Admit struct {
 type SettlePlan struct {
 	Remove []Remove
 	Admit  []Admit
+	// Line is the quiet waiters (indexes into SettleInput.Tickets) that
+	// this settle finds in line and does not admit: the backend ends their
+	// quiet, gives them a whole lease from now and wakes them, so that they
+	// renew from then on (docs/leases.md rule 17).
+	Line []int
 }
 
 // Empty reports whether the plan changes nothing.
-func (p SettlePlan) Empty() bool { return len(p.Remove) == 0 && len(p.Admit) == 0 }
+func (p SettlePlan) Empty() bool { return len(p.Remove) == 0 && len(p.Admit) == 0 && len(p.Line) == 0 }
+
+// count is one limit as PlanSettle goes through its tickets.
+type count struct {
+	size      int
+	held      int // slots held by live holders
+	waiting   int // live waiters
+	head      int // weight of the oldest live waiter
+	ahead     int // slots weighed by the waiters kept so far
+	used      map[int]bool
+	next      int  // lowest slot index not yet known to be used
+	blocked   bool // a waiter was not admitted: nobody behind it is
+	contended bool
+}
 
 // PlanSettle decides a settle: it removes every expired ticket and every
 // ticket the judge proves dead (see SettleInput.All for whom it asks), then
@@ -101,17 +123,6 @@ func (p SettlePlan) Empty() bool { return len(p.Remove) == 0 && len(p.Admit) == 
 // ticket that does not fit (docs/leases.md §2.1 item 10). Holders are never
 // moved or evicted.
 func PlanSettle(in SettleInput) SettlePlan {
-	type count struct {
-		size      int
-		held      int // slots held by live holders
-		waiting   int // live waiters
-		head      int // weight of the oldest live waiter
-		ahead     int // slots weighed by the waiters kept so far
-		used      map[int]bool
-		next      int  // lowest slot index not yet known to be used
-		blocked   bool // a waiter was not admitted: nobody behind it is
-		contended bool
-	}
 	per := map[string]*count{}
 	for name, size := range in.Slots {
 		per[name] = &count{size: size}
@@ -153,7 +164,10 @@ func PlanSettle(in SettleInput) SettlePlan {
 	gone := make([]bool, len(in.Tickets))
 	for i, q := range in.Tickets {
 		cs, _, ok := known(q.Ticket)
-		if !ok || q.Fresh {
+		if !ok {
+			continue
+		}
+		if q.Fresh {
 			continue
 		}
 		contended, inLine := false, false
@@ -255,8 +269,35 @@ func PlanSettle(in SettleInput) SettlePlan {
 		}
 		a.Slot = a.Indexes[q.Ticket.Names()[0]][0]
 		plan.Admit = append(plan.Admit, a)
+		gone[i] = true // for the line below: it waits no more
 	}
+	plan.Line = in.line(per, gone, known)
 	return plan
+}
+
+// line finds the quiet waiters in line once the plan is applied: those
+// whose weight of waiters ahead, in one of their limits, is under its size.
+// gone marks the tickets the plan removes or admits.
+func (in SettleInput) line(per map[string]*count, gone []bool, known func(Ticket) ([]*count, bool, bool)) []int {
+	for _, c := range per {
+		c.ahead = 0
+	}
+	var lined []int
+	for i, q := range in.Tickets {
+		cs, _, ok := known(q.Ticket)
+		if gone[i] || !ok || q.Ticket.State == Held {
+			continue
+		}
+		in := false
+		for _, c := range cs {
+			in = in || c.ahead < c.size
+			c.ahead += q.Ticket.Weighs()
+		}
+		if in && q.Quiet {
+			lined = append(lined, i)
+		}
+	}
+	return lined
 }
 
 // verdict judges one ticket: expired by the store's clock, or proven dead by

@@ -92,6 +92,12 @@ type Ticket struct {
 	Admitted  time.Time     `json:"admitted,omitzero"` // wall clock, display only
 	Renewed   time.Time     `json:"renewed,omitzero"`  // wall clock, display only
 	Remaining time.Duration `json:"remaining"`         // lease left by the store's clock when read; <= 0 is expired
+	// Quiet is set on a waiting ticket of a host-local store that is not
+	// yet in line: its waiter renews nothing, as its liveness is proven from
+	// the process table, and its Remaining means nothing. The settle that
+	// brings it into line ends the quiet, gives it a whole lease and wakes
+	// it (docs/leases.md rule 17).
+	Quiet bool `json:"quiet,omitempty"`
 }
 
 // A Successor names the newer run that superseded or replaced a ticket.
@@ -108,7 +114,7 @@ func SuccessorOf(t Ticket) Successor {
 }
 
 // Expired reports whether the store judged the lease over when the ticket was read.
-func (t Ticket) Expired() bool { return t.Remaining <= 0 }
+func (t Ticket) Expired() bool { return !t.Quiet && t.Remaining <= 0 }
 
 // Names is the ticket's limits in the order requested: Limits, or Limit alone.
 func (t Ticket) Names() []string {

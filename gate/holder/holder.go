@@ -163,6 +163,9 @@ type runner struct {
 	// renewals are its polls too (one store operation per renewal period,
 	// not two; issue 19's idle waiters).
 	renewed atomic.Pointer[store.Ticket]
+	// seenAt is when the read of the entry's ticket that the wait holds
+	// began: its Remaining was read after it.
+	seenAt time.Duration
 }
 
 func newRunner(cfg Config) *runner {
@@ -208,9 +211,12 @@ func Run(ctx context.Context, cfg Config) Outcome {
 	defer entry.Close()
 	r.entry = entry
 	t := entry.Ticket()
+	r.seenAt = sent
 	r.note(Note{Kind: Joined, Ticket: t})
-	if !r.bug(mutation.WaiterNotRenewed) {
+	if !r.bug(mutation.WaiterNotRenewed) && !t.Quiet {
 		// Renew from the first write: the enqueue counts as the first ack.
+		// A quiet waiter renews nothing until it comes into line
+		// (docs/leases.md rule 17).
 		r.lease = r.startLease(ctx, t, sent)
 	}
 	t, out, ok := r.wait(ctx)
@@ -219,6 +225,12 @@ func Run(ctx context.Context, cfg Config) Outcome {
 	}
 	if r.bug(mutation.WaiterNotRenewed) {
 		r.lease = r.startLease(ctx, t, r.now()) // counts from the admission it observed
+	} else if r.lease == nil {
+		// Admitted while quiet: the lease the admission gave it, as read.
+		if err := r.adopt(ctx, t); err != nil {
+			r.release(ctx, store.Lost, false)
+			return Outcome{Result: LostBeforeStart, Ticket: t, Err: err}
+		}
 	}
 	// Start the job only with a lease that has time left; else give the
 	// slot back now, as lost, rather than at expiry.
@@ -276,6 +288,30 @@ func Supervise(ctx context.Context, cfg Config, c Child) Outcome {
 	return r.supervise(ctx, c, store.Ticket{}, func(error) {})
 }
 
+// adopt starts the lease of a ticket that has none running: a quiet waiter
+// come into line or admitted, or a waiter whose own deadline passed while
+// its ticket stayed (a busy machine or store: docs/leases.md rule 17). The
+// store's reading of what is left (t.Remaining, read after r.seenAt) gives
+// the lease; with too little left, one renewal first. It fails with an
+// error wrapping store.ErrLost when the ticket is gone, or with a
+// transient error (the caller tries again later).
+func (r *runner) adopt(ctx context.Context, t store.Ticket) error {
+	ttl := r.cfg.Request.TTL
+	if t.Remaining > ttl/2 && t.Remaining <= ttl {
+		// The store's deadline is at least seenAt + Remaining: the lease
+		// counts as renewed then, a TTL before it.
+		r.lease = r.startLease(ctx, t, r.seenAt+t.Remaining-ttl)
+		return nil
+	}
+	sent := r.now()
+	nt, err := r.cfg.Store.Renew(ctx, t, ttl)
+	if err != nil {
+		return err
+	}
+	r.lease = r.startLease(ctx, nt, sent)
+	return nil
+}
+
 func (r *runner) startLease(ctx context.Context, t store.Ticket, sent time.Duration) Lease {
 	onRenew := func(nt store.Ticket) {
 		switch {
@@ -329,6 +365,8 @@ func (r *runner) wait(ctx context.Context) (store.Ticket, Outcome, bool) {
 		lostC = r.lease.Lost()
 		// The renewals read the ticket (renewed): no poll beside them.
 		nextPoll = never
+	} else if t.Quiet {
+		nextPoll = now + quietPoll*e.PollPeriod()
 	}
 	done := ctx.Done()
 	armExpiry := func() {
@@ -350,6 +388,14 @@ func (r *runner) wait(ctx context.Context) (store.Ticket, Outcome, bool) {
 			if by, ok := supersededBy(r.lease.Err()); ok {
 				return t, r.superseded(t, by, r.lease.Err()), false
 			}
+			if errors.Is(r.lease.Err(), renew.ErrDeadline) {
+				// Its own deadline passed, not the store's word: a waiter
+				// holds no slot, so it reads its ticket and, still there,
+				// renews and waits on (docs/leases.md rule 17).
+				r.lease.Stop()
+				r.lease, lostC = nil, nil
+				break
+			}
 			err := fmt.Errorf("%w while waiting: %w", store.ErrLost, r.lease.Err())
 			return t, r.leave(ctx, Outcome{Result: LostWaiting, Ticket: t, Err: err}), false
 		case Signal:
@@ -365,6 +411,7 @@ func (r *runner) wait(ctx context.Context) (store.Ticket, Outcome, bool) {
 			now := r.now()
 			switch {
 			case now >= deadline:
+				r.seenAt = now
 				lt, err := e.LastLook(ctx)
 				if err == nil {
 					return lt, Outcome{}, true
@@ -394,6 +441,7 @@ func (r *runner) wait(ctx context.Context) (store.Ticket, Outcome, bool) {
 				continue
 			}
 		}
+		r.seenAt = r.now()
 		nt, err := e.Refresh(ctx)
 		if by, ok := supersededBy(err); ok {
 			return t, r.superseded(t, by, err), false
@@ -402,16 +450,44 @@ func (r *runner) wait(ctx context.Context) (store.Ticket, Outcome, bool) {
 		case errors.Is(err, store.ErrLost):
 			return t, r.leave(ctx, Outcome{Result: LostWaiting, Ticket: t, Err: err}), false
 		case err != nil:
+			if r.lease == nil {
+				nextPoll = r.now() + e.PollPeriod()
+			}
 			continue // transient: the next poll tries again; the renewer judges the lease
 		}
 		t = nt
 		r.note(Note{Kind: WaitUpdate, Ticket: t})
-		if t.State != store.Held {
-			armExpiry()
+		if t.State == store.Held {
+			break
+		}
+		armExpiry()
+		switch {
+		case r.lease != nil || r.bug(mutation.WaiterNotRenewed):
+		case t.Quiet:
+			nextPoll = r.now() + quietPoll*e.PollPeriod()
+		default:
+			// In line: renew from now on (docs/leases.md rule 17).
+			err := r.adopt(ctx, t)
+			if by, ok := supersededBy(err); ok {
+				return t, r.superseded(t, by, err), false
+			}
+			switch {
+			case errors.Is(err, store.ErrLost):
+				return t, r.leave(ctx, Outcome{Result: LostWaiting, Ticket: t, Err: err}), false
+			case err != nil:
+				nextPoll = r.now() + e.PollPeriod()
+			default:
+				lostC, nextPoll = r.lease.Lost(), never
+			}
 		}
 	}
 	return t, Outcome{}, true
 }
+
+// quietPoll is how many poll periods a quiet waiter sleeps between reads of
+// its ticket when no bell rings: the bell says when it comes into line or
+// is admitted, and the poll is only a safety net.
+const quietPoll = 6
 
 // supersededBy finds the successor in an error of Get or Renew for a
 // ticket that a newer run of its key superseded.

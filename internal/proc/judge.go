@@ -157,3 +157,17 @@ func JobRunning(t store.Ticket) bool {
 	j, err := findJob(t.ID, h.Pgid)
 	return err == nil && len(j.procs) > 0 && orphaned(j)
 }
+
+// SupervisorAlive reports whether a ticket's supervisor provably runs on
+// this host: the ticket's boot and pid namespace are this process's, and its
+// pid names a running process with the recorded start time. A late renewal
+// of such a waiter is the machine's load, not its death (docs/leases.md
+// rule 17). Only what can be read counts: a process that cannot be read, or
+// a record without a start time, proves nothing.
+func SupervisorAlive(t store.Ticket) bool {
+	h := t.Holder
+	if h.BootID == "" || h.BootID != BootID() || h.PidNS == 0 || h.PidNS != PidNS() || h.Pid <= 0 || h.PidStart == 0 {
+		return false
+	}
+	return running(h.Pid, h.PidStart)
+}

@@ -516,3 +516,31 @@ func TestDeadReusedGroupIDNotKilled(t *testing.T) {
 		t.Errorf("unrelated group %d after Dead: members %v, were %v", job.Pid, got, members)
 	}
 }
+
+// TestSupervisorAlive: only a readable process of this boot and pid
+// namespace with the recorded start time vouches for a late waiter.
+func TestSupervisorAlive(t *testing.T) {
+	start, err := StartTime(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	self := store.Holder{BootID: BootID(), PidNS: PidNS(), Pid: os.Getpid(), PidStart: start}
+	for _, c := range []struct {
+		name string
+		edit func(*store.Holder)
+		want bool
+	}{
+		{"this process", func(*store.Holder) {}, true},
+		{"another start time (pid reused)", func(h *store.Holder) { h.PidStart++ }, false},
+		{"no start time", func(h *store.Holder) { h.PidStart = 0 }, false},
+		{"another boot", func(h *store.Holder) { h.BootID = "another-boot" }, false},
+		{"another pid namespace", func(h *store.Holder) { h.PidNS++ }, false},
+		{"a pid that runs nothing", func(h *store.Holder) { h.Pid = 1 << 22 }, false},
+	} {
+		h := self
+		c.edit(&h)
+		if got := SupervisorAlive(store.Ticket{ID: "t", State: store.Waiting, Holder: h}); got != c.want {
+			t.Errorf("%s: SupervisorAlive = %v, want %v", c.name, got, c.want)
+		}
+	}
+}

@@ -219,6 +219,13 @@ func Identify(pid int, start uint64) Liveness {
 	return Alive
 }
 
+// running reports whether pid is a running (or stopped) process that
+// started at start, as read from /proc: no guess on an error.
+func running(pid int, start uint64) bool {
+	st, err := readStat(pid)
+	return err == nil && st.Start == start && !exited(pid, st)
+}
+
 // GroupEmpty reports whether process group pgid has no running member. A
 // group of only zombies (exited, not yet reaped by a parent that may never
 // do it) is empty. A member we may not signal, or cannot see, keeps it

@@ -64,6 +64,8 @@ type mTicket struct {
 	slots  map[string][]int // held: its slot indexes in each limit
 	boot   string
 	dl     time.Duration // deadline on the store's boot clock
+	ttl    time.Duration
+	quiet  bool // a waiter not yet in line: no deadline judged (docs/leases.md rule 17)
 	owner  *holder
 	key    string
 	stop   string   // the newer ticket that asked it to stop (--replace)
@@ -116,7 +118,37 @@ func (m *model) sorted() []*mTicket {
 	return out
 }
 
-func (m *model) expired(t *mTicket, now Instant) bool { return t.boot != now.Boot || now.Mono >= t.dl }
+func (m *model) expired(t *mTicket, now Instant) bool {
+	if t.quiet && t.state == store.Waiting && t.boot == now.Boot {
+		return false
+	}
+	return t.boot != now.Boot || now.Mono >= t.dl
+}
+
+// learn takes from a view of t what the store decides on its own: a quiet
+// waiter come into line or admitted gets a whole lease from now, as does a
+// waiter admitted late (docs/leases.md rule 17). A quiet view of a ticket
+// that was not quiet is a violation.
+func (m *model) learn(what string, v store.Ticket, t *mTicket, now Instant) bool {
+	switch {
+	case v.Quiet && !t.quiet:
+		m.fail("S13", "%s of %s: quiet again, after it came into line", what, short(t.id))
+		return false
+	case v.Quiet && v.State != store.Waiting:
+		m.fail("S13", "%s of %s: quiet, but %s", what, short(t.id), v.State)
+		return false
+	case t.quiet && !v.Quiet:
+		t.quiet = false
+		t.boot, t.dl = now.Boot, now.Mono+t.ttl
+	case t.state == store.Waiting && v.State == store.Held && m.expiredLoud(t, now):
+		t.boot, t.dl = now.Boot, now.Mono+t.ttl
+	}
+	return true
+}
+
+func (m *model) expiredLoud(t *mTicket, now Instant) bool {
+	return t.boot != now.Boot || now.Mono >= t.dl
+}
 
 // expiry is when t's lease ran out, on the current boot's clock.
 func (m *model) expiry(t *mTicket, now Instant) time.Duration {
@@ -287,7 +319,8 @@ func (m *model) apply(o *op, now Instant) {
 				m.limit(name, o.req.Slots)
 			}
 			t := &mTicket{id: id, limits: slices.Clone(o.req.Names()), weight: o.req.Weighs(), fence: o.res.Fence, state: store.Waiting,
-				boot: now.Boot, dl: now.Mono + o.req.TTL, owner: o.owner, key: o.req.Key}
+				boot: now.Boot, dl: now.Mono + o.req.TTL, ttl: o.req.TTL, owner: o.owner, key: o.req.Key,
+				quiet: o.res.Quiet}
 			m.owners[id] = o.owner
 			if !m.newer(o, t, now) {
 				return
@@ -312,10 +345,12 @@ func (m *model) apply(o *op, now Instant) {
 				m.fail("S7", "renewal by %s of unknown ticket %s accepted", o.who, short(o.t.ID))
 			case t.fence != o.t.Fence:
 				m.fail("S8", "renewal with fence %d of ticket %s (fence %d) accepted", o.t.Fence, short(t.id), t.fence)
-			case m.expired(t, now):
-				m.fail("S7", "renewal by %s of ticket %s accepted %v after it expired", o.who, short(t.id), now.Mono-m.expiry(t, now))
+			case m.expired(t, now) && t.state == store.Held:
+				m.fail("S7", "renewal by %s of held ticket %s accepted %v after it expired", o.who, short(t.id), now.Mono-m.expiry(t, now))
 			default:
-				t.dl = now.Mono + o.ttl
+				// A waiter's late renewal is accepted while its ticket is
+				// stored (docs/leases.md rule 17).
+				t.boot, t.dl = now.Boot, now.Mono+o.ttl
 				m.view("renewal", o.res, t)
 			}
 		case t != nil && t.fence == o.t.Fence && !m.expired(t, now) && !m.sweptBefore(t, now):
@@ -502,11 +537,20 @@ func (m *model) diff(snap store.Snapshot, now Instant) {
 				}
 			}
 		case st.State == store.Held:
+			if !m.learn("the snapshot", st, t, now) {
+				return
+			}
 			t.state, t.slots = store.Held, map[string][]int{}
 			for _, name := range t.limits {
 				t.slots[name] = slices.Clone(st.In(name))
 			}
 			promoted = append(promoted, t)
+		}
+		if st.State == store.Waiting && !m.learn("the snapshot", st, t, now) {
+			return
+		}
+		if t.quiet {
+			continue // its deadline means nothing
 		}
 		if want := m.left(t, now); st.Remaining != want {
 			m.fail("S13", "ticket %s of %s: the store says %v left, its deadline says %v", short(t.id), ownerName(t.owner), st.Remaining, want)

@@ -489,6 +489,9 @@ func (h *holder) newLease(t store.Ticket, sent time.Duration, onRenew func(store
 	h.onRenew = onRenew
 	h.lease = renew.NewLease(sent, h.ttl, h.margin)
 	h.leased = true
+	// A waiter starts a new lease after its own deadline passed (or as it
+	// comes into line): the old one's verdict was the old lease's.
+	h.lost, h.lostErr, h.failures = false, nil, 0
 	h.lostC = make(chan struct{})
 	h.nextRenew = sent + h.s.jitter(h.every)
 	return simLease{h}

@@ -37,6 +37,14 @@ type Options struct {
 	// Keep, if set, keeps an expired ticket that Dead did not prove dead
 	// (store.SettleInput.Keep): one whose orphaned job provably runs.
 	Keep func(store.Ticket) bool
+	// Alive, if set, proves a waiting ticket's supervisor alive on this host
+	// (same boot and pid namespace, same pid and start time): a settle keeps
+	// such a waiter however late its renewal (docs/leases.md rule 17).
+	Alive func(store.Ticket) bool
+	// Loud makes waiters renew from their first write, as on a replicated
+	// store, instead of waiting quietly until they come into line. Tests
+	// use it to compare the two.
+	Loud bool
 	// MakeDir creates the store's directory (private, 0700) when it is
 	// missing. Without it a missing directory is ErrUnavailable: a store
 	// path someone named and mistyped must not become a new, separate store
@@ -65,6 +73,8 @@ type Store struct {
 	timeout time.Duration
 	dead    store.Judge
 	keep    func(store.Ticket) bool
+	alive   func(store.Ticket) bool
+	loud    bool
 	noSync  bool
 
 	mut     mutation.Set // test-only: nil in production, empty without the tag
@@ -122,7 +132,7 @@ func New(path string, opts Options) (*Store, error) {
 	if st.Mode&0o020 != 0 {
 		mode = 0o660
 	}
-	s := &Store{path: abs, name: filepath.Base(abs), fds: fds, mode: mode, clock: opts.Clock, timeout: opts.Timeout, dead: opts.Dead, keep: opts.Keep, noSync: opts.NoSync, mut: opts.Mutations}
+	s := &Store{path: abs, name: filepath.Base(abs), fds: fds, mode: mode, clock: opts.Clock, timeout: opts.Timeout, dead: opts.Dead, keep: opts.Keep, alive: opts.Alive, loud: opts.Loud, noSync: opts.NoSync, mut: opts.Mutations}
 	// Close closes the descriptors; a Store dropped without Close has them
 	// closed by this cleanup. Whatever uses them keeps the Store alive until
 	// done (runtime.KeepAlive), so that a number is never used after it was
@@ -463,4 +473,15 @@ func (s *Store) guard(fn func() error) (err error) {
 		err = fmt.Errorf("%s: %w", s.path, err)
 	}
 	return err
+}
+
+// keepTicket vouches for an expired ticket that the judge did not prove dead
+// (store.SettleInput.Keep): a waiter whose supervisor provably lives, late
+// only because the machine or the store is busy (docs/leases.md rule 17),
+// or a ticket whose orphaned job runs on.
+func (s *Store) keepTicket(t store.Ticket) bool {
+	if t.State == store.Waiting && s.alive != nil && s.alive(t) {
+		return true
+	}
+	return s.keep != nil && s.keep(t)
 }

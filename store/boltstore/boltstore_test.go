@@ -1129,7 +1129,7 @@ func TestBellOnlyForPromoted(t *testing.T) {
 	ctx := context.Background()
 	h := mustEnqueue(t, s, req("h", "x", 1))
 	var bells []store.Bell
-	for _, id := range []string{"w1", "w2"} {
+	for _, id := range []string{"w1", "w2", "w3"} {
 		b, err := s.Watch(ctx, id)
 		if err != nil {
 			t.Fatal(err)
@@ -1144,8 +1144,13 @@ func TestBellOnlyForPromoted(t *testing.T) {
 	if !rang(bells[0], time.Second) {
 		t.Errorf("first waiter's bell did not ring within 1s")
 	}
-	if rang(bells[1], 300*time.Millisecond) {
-		t.Errorf("second waiter's bell rang though it was not promoted")
+	// The second comes into line: it is woken to renew from now on
+	// (docs/leases.md rule 17). The third is neither promoted nor in line.
+	if !rang(bells[1], time.Second) {
+		t.Errorf("second waiter's bell did not ring as it came into line")
+	}
+	if rang(bells[2], 300*time.Millisecond) {
+		t.Errorf("third waiter's bell rang though it was neither promoted nor brought into line")
 	}
 }
 

@@ -77,7 +77,9 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 		r := ticketRec{ID: req.ID, Limit: names[0], Limits: names, Weight: w, State: store.Waiting, Fence: fence, Slot: -1, TTL: req.TTL,
 			DeadlineBoot: x.now.Boot, DeadlineMono: x.now.Mono + req.TTL, Created: x.now.Wall, Holder: req.Holder,
 			BellUID: ownUID(), // the enqueuer is the waiter: its Watch made the bell
-			Key:     req.Key}
+			Key:     req.Key,
+			Quiet:   !x.s.loud, // until its settle finds it in line, or admits it
+		}
 		if err := x.putTicket(r); err != nil {
 			return err
 		}
@@ -253,9 +255,11 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 			return nil
 		}
 		// The renewer is alive by definition: only the clock judges it here
-		// (and the judge only adds what it knows of an expired one).
+		// (and the judge only adds what it knows of an expired one). A
+		// waiter holds no slot: its late renewal is accepted while its
+		// ticket is still here (docs/leases.md rule 17).
 		ev := x.expiry(r)
-		gone := ev != ""
+		gone := ev != "" && r.State == store.Held
 		if gone {
 			ev, _ = store.Verdict(store.Queued{Ticket: x.view(r, 0), Expired: ev}, x.s.dead, true)
 		}
@@ -631,7 +635,7 @@ func (s *Store) Reap(ctx context.Context, o store.ReapOptions) ([]store.Removal,
 		if x.s.mut.Has(mutation.StaleVerdict) { // mutation (test-only): judge on the deadlines an earlier scan read (A1)
 			x.mutStaleVerdict(&in)
 		}
-		_, rm, err := x.apply(recs, store.PlanSettle(in))
+		_, rm, err := x.apply(recs, store.PlanSettle(in), "")
 		if err != nil {
 			return err
 		}

@@ -62,6 +62,10 @@ type ticketRec struct {
 	TTL          time.Duration    `json:"ttl_ns"`
 	DeadlineBoot string           `json:"deadline_boot"`
 	DeadlineMono time.Duration    `json:"deadline_mono_ns"`
+	// Quiet: a waiting ticket not yet in line, whose waiter renews nothing
+	// and whose deadline is not judged (docs/leases.md rule 17). Before the
+	// holder, so that fastFields reads it.
+	Quiet bool `json:"quiet,omitempty"`
 	Created      time.Time        `json:"created"`
 	Admitted     time.Time        `json:"admitted,omitzero"`
 	Renewed      time.Time        `json:"renewed,omitzero"`

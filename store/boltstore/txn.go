@@ -328,6 +328,9 @@ func (x *txn) tombstone(id string) (tombRec, bool, error) {
 // expiry is the store's clock's verdict on a ticket: why its lease is
 // over, or "" while it runs.
 func (x *txn) expiry(r ticketRec) string {
+	if r.Quiet && r.State == store.Waiting && r.DeadlineBoot == x.now.Boot {
+		return "" // docs/leases.md rule 17: proven dead or lined, never late
+	}
 	if r.DeadlineBoot != x.now.Boot {
 		if x.previousBoot(r.DeadlineBoot) {
 			return "previous boot"
@@ -561,7 +564,7 @@ func (x *txn) settleOn(recs []ticketRec, names []string, all bool, fresh string)
 	if x.s.mut.Has(mutation.StaleVerdict) { // mutation (test-only): judge on the deadlines an earlier scan read (A1)
 		x.mutStaleVerdict(&in)
 	}
-	return x.apply(recs, store.PlanSettle(in))
+	return x.apply(recs, store.PlanSettle(in), fresh)
 }
 
 // settleInput reads the closure of limits (gather) and their sizes: the
@@ -578,7 +581,7 @@ func (x *txn) settleInput(limits []string) ([]ticketRec, store.SettleInput, erro
 // planInput is the planner's input on recs, the closure of names.
 func (x *txn) planInput(recs []ticketRec, names []string) (store.SettleInput, error) {
 	in := store.SettleInput{Slots: make(map[string]int, len(names)), Tickets: make([]store.Queued, len(recs)),
-		Judge: x.s.dead, JudgeExpired: true, Keep: x.s.keep, Mutations: x.s.mut}
+		Judge: x.s.dead, JudgeExpired: true, Keep: x.s.keepTicket, Mutations: x.s.mut}
 	for _, name := range names {
 		lim, ok, err := x.limit(name)
 		if err != nil {
@@ -589,7 +592,7 @@ func (x *txn) planInput(recs []ticketRec, names []string) (store.SettleInput, er
 		}
 	}
 	for i, r := range recs {
-		in.Tickets[i] = store.Queued{Ticket: x.view(r, 0), Expired: x.expiry(r)}
+		in.Tickets[i] = store.Queued{Ticket: x.view(r, 0), Expired: x.expiry(r), Quiet: r.Quiet && r.State == store.Waiting}
 	}
 	return in, nil
 }
@@ -598,7 +601,7 @@ func (x *txn) planInput(recs []ticketRec, names []string) (store.SettleInput, er
 // removal reaps its ticket, each admission takes its slot indexes in each of
 // its limits. It returns the tickets that remain, in order, with the
 // admitted ones held.
-func (x *txn) apply(recs []ticketRec, plan store.SettlePlan) ([]ticketRec, []store.Removal, error) {
+func (x *txn) apply(recs []ticketRec, plan store.SettlePlan, fresh string) ([]ticketRec, []store.Removal, error) {
 	var removed []store.Removal
 	gone := make([]bool, len(recs))
 	for _, rm := range plan.Remove {
@@ -612,6 +615,12 @@ func (x *txn) apply(recs []ticketRec, plan store.SettlePlan) ([]ticketRec, []sto
 	for _, a := range plan.Admit {
 		r := &recs[a.Index]
 		r.State, r.Slot, r.Indexes, r.Admitted = store.Held, a.Slot, a.Indexes, x.now.Wall
+		if r.Quiet || x.expiry(*r) != "" {
+			// A whole lease from the admission: its waiter renewed nothing
+			// (quiet), or late (kept as alive: docs/leases.md rule 17), and
+			// learns what is left when it reads the ticket.
+			r.Quiet, r.DeadlineBoot, r.DeadlineMono = false, x.now.Boot, x.now.Mono+r.TTL
+		}
 		if err := x.putTicket(*r); err != nil {
 			return nil, nil, err
 		}
@@ -619,6 +628,18 @@ func (x *txn) apply(recs []ticketRec, plan store.SettlePlan) ([]ticketRec, []sto
 			return nil, nil, err
 		}
 		x.rings = append(x.rings, refOf(*r)) // one bell per ticket, rung once it holds all its limits
+	}
+	for _, i := range plan.Line {
+		// Into line: renewing from now, with a whole lease to start it
+		// (docs/leases.md rule 17), and told so by its bell.
+		r := &recs[i]
+		r.Quiet, r.DeadlineBoot, r.DeadlineMono = false, x.now.Boot, x.now.Mono+r.TTL
+		if err := x.putTicket(*r); err != nil {
+			return nil, nil, err
+		}
+		if r.ID != fresh { // its enqueuer reads the answer
+			x.rings = append(x.rings, refOf(*r))
+		}
 	}
 	live := recs[:0:0]
 	for i, r := range recs {
@@ -646,7 +667,7 @@ func (x *txn) view(r ticketRec, position int) store.Ticket {
 		t.Weight = r.Weight
 	}
 	if r.State == store.Waiting {
-		t.Slot, t.Position = -1, position
+		t.Slot, t.Position, t.Quiet = -1, position, r.Quiet
 	} else if t.Multi() {
 		t.Indexes = r.Indexes
 	}
@@ -738,7 +759,7 @@ func (x *txn) quiet(limits []string) (bool, error) {
 		}
 		err = b.ForEach(func(k, v []byte) error {
 			f, ok := fastFields(v)
-			if !ok || len(k) != 8 || f.boot != x.now.Boot || x.now.Mono >= f.deadline {
+			if !ok || len(k) != 8 || f.boot != x.now.Boot || (!f.quiet && x.now.Mono >= f.deadline) {
 				return errNotQuiet // expired (or to be decoded): the full settle sweeps it
 			}
 			fence := binary.BigEndian.Uint64(k)
@@ -758,7 +779,7 @@ func (x *txn) quiet(limits []string) (bool, error) {
 					}
 				}
 			}
-			in.Tickets = append(in.Tickets, store.Queued{Ticket: t})
+			in.Tickets = append(in.Tickets, store.Queued{Ticket: t, Quiet: f.quiet})
 			raw = append(raw, v)
 			return nil
 		})
@@ -794,6 +815,7 @@ type fixed struct {
 	deadline time.Duration
 	limits   []string // nil for a ticket of one limit
 	weight   int
+	quiet    bool // a quiet waiter (docs/leases.md rule 17)
 }
 
 // fastFields reads a stored ticket's state, deadline, limits and weight
@@ -821,6 +843,7 @@ func fastFields(v []byte) (fixed, bool) {
 		return f, false
 	}
 	f.boot, f.deadline = boot, time.Duration(mono)
+	f.quiet = f.state == store.Waiting && bytes.Contains(v, []byte(`"quiet":true`))
 	if i := bytes.Index(v, []byte(`"limits":[`)); i >= 0 {
 		rest := v[i+len(`"limits":[`):]
 		j := bytes.IndexByte(rest, ']')
@@ -985,7 +1008,7 @@ func (x *txn) mutFreeOne(limit string) error {
 	for i := range in.Tickets {
 		in.Tickets[i].Expired = "" // no sweep: only the promotion
 	}
-	_, _, err = x.apply(recs, store.PlanSettle(in))
+	_, _, err = x.apply(recs, store.PlanSettle(in), "")
 	return err
 }
 

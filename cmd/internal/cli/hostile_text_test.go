@@ -50,7 +50,9 @@ var hostileTickets = []store.EnqueueRequest{
 func hostileStore(t *testing.T, e *lsEnv) *boltstore.FakeClock {
 	t.Helper()
 	clock := boltstore.NewFakeClock(boltstore.Instant{Boot: "hostile-boot", Mono: 1000 * time.Hour, Wall: lsGoldenWall})
-	st, err := boltstore.New(e.store, boltstore.Options{Clock: clock, NoSync: true})
+	// Loud: every waiter's lease runs from its enqueue, so that an hour
+	// later a reap removes them all and prints each.
+	st, err := boltstore.New(e.store, boltstore.Options{Clock: clock, NoSync: true, Loud: true})
 	if err != nil {
 		t.Fatal(err)
 	}

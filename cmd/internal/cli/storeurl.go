@@ -64,10 +64,10 @@ func (f *Factory) openJudged(g *globalOptions, reaper bool) (store.Store, error)
 		return nil, usageError("store %q: empty path: want PATH, bolt://PATH or etcd://HOST:PORT[/PREFIX]", url)
 	}
 	if !reaper {
-		return boltstore.New(path, boltstore.Options{Timeout: g.StoreTimeout, Clock: f.StoreClock, Dead: proc.Dead, Keep: proc.JobRunning, MakeDir: dflt})
+		return boltstore.New(path, boltstore.Options{Timeout: g.StoreTimeout, Clock: f.StoreClock, Dead: proc.Dead, Keep: proc.JobRunning, Alive: proc.SupervisorAlive, MakeDir: dflt})
 	}
 	var jd proc.Judge // its authority is the store's, known once the store is
-	st, err := boltstore.New(path, boltstore.Options{Timeout: g.StoreTimeout, Clock: f.StoreClock, MakeDir: dflt, Keep: proc.JobRunning,
+	st, err := boltstore.New(path, boltstore.Options{Timeout: g.StoreTimeout, Clock: f.StoreClock, MakeDir: dflt, Keep: proc.JobRunning, Alive: proc.SupervisorAlive,
 		Dead: func(t store.Ticket, act bool) (string, bool) { return jd.Dead(t, act) }})
 	if err != nil {
 		return nil, err
