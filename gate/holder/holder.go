@@ -92,6 +92,7 @@ const (
 	Replaced                      // a newer run of the key asked the job to stop (Ticket.Stop): it is being stopped
 	Leftover                      // the job's command exited, processes it started run on: they are being stopped
 	NotGone                       // processes of the job are still there a while after SIGKILL: given up on
+	StoreBusy                     // the store stayed locked by others for the enqueue (Err): trying again
 )
 
 // A Note is one thing that happened.
@@ -203,8 +204,19 @@ func Run(ctx context.Context, cfg Config) Outcome {
 	r := newRunner(cfg)
 	g := cfg.Gate
 	g.Store = cfg.Store
-	sent := r.now()
+	first := r.now()
+	sent := first
 	entry, err := g.Join(ctx, cfg.Request)
+	var busy *store.LockTimeoutError
+	for errors.As(err, &busy) && cfg.Wait != 0 && (cfg.Wait < 0 || r.now()-first < cfg.Wait) && ctx.Err() == nil {
+		// A store locked by others all along wrote nothing: a run that may
+		// wait keeps trying, as it would wait for a slot (docs/leases.md
+		// rule 17); only one that may not wait says the store is busy.
+		r.note(Note{Kind: StoreBusy, Err: err})
+		sent = r.now()
+		entry, err = g.Join(ctx, cfg.Request)
+		busy = nil
+	}
 	if err != nil {
 		return Outcome{Result: Failed, Err: err}
 	}

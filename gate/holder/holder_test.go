@@ -322,3 +322,49 @@ func TestSignalledWaiterThatCannotLeave(t *testing.T) {
 		t.Errorf("returned %s after the signal, want within the release timeout (300ms) and the store's 5s", took)
 	}
 }
+
+// busyStore is locked by others for its first n enqueues: each fails with
+// the lock timeout and writes nothing.
+type busyStore struct {
+	*boltstore.Store
+	n int
+}
+
+func (b *busyStore) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ticket, error) {
+	if b.n > 0 {
+		b.n--
+		return store.Ticket{}, &store.LockTimeoutError{Path: "slots.db", Waited: 5 * time.Second}
+	}
+	return b.Store.Enqueue(ctx, req)
+}
+
+// TestBusyStoreIsWaitedFor: a run that may wait keeps trying an enqueue that
+// found the store locked by others (nothing was written); one that may not
+// wait fails with the store's error.
+func TestBusyStoreIsWaitedFor(t *testing.T) {
+	for _, wait := range []time.Duration{-1, 0} {
+		e := newEnv(t)
+		b := &busyStore{Store: e.st, n: 3}
+		cfg := e.config(b, "b")
+		cfg.Wait = wait
+		busy := 0
+		cfg.Notify = func(n holder.Note) {
+			if n.Kind == holder.StoreBusy {
+				busy++
+			}
+		}
+		ran := false
+		cfg.Start = func(context.Context, store.Ticket) (holder.Child, error) {
+			ran = true
+			return nil, errors.New("started")
+		}
+		out := holder.Run(context.Background(), cfg)
+		var lte *store.LockTimeoutError
+		switch {
+		case wait != 0 && (!ran || busy != 3):
+			t.Errorf("wait %v: ran %v after %d busy notes (%v: %v); want it run after 3", wait, ran, busy, out.Result, out.Err)
+		case wait == 0 && (ran || !errors.As(out.Err, &lte)):
+			t.Errorf("--no-wait: ran %v, %v: %v; want the lock timeout, not run", ran, out.Result, out.Err)
+		}
+	}
+}

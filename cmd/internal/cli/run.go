@@ -642,6 +642,8 @@ func runNotes(ctx context.Context, f *Factory, log *logger, st store.Store, o *R
 			log.warn("%s still running %s after being stopped: sending SIGKILL", o.Argv[0], n.After)
 		case holder.Leftover:
 			log.verbose("%s exited; processes it started still run: stopping them before the release", o.Argv[0])
+		case holder.StoreBusy:
+			log.verbose("%v: trying again", n.Err)
 		case holder.NotGone:
 			log.warn("processes of %s still there %s after SIGKILL (stuck in the kernel?): releasing anyway", o.Argv[0], n.After)
 		case holder.RecordFailed:
