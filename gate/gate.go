@@ -18,6 +18,11 @@ import (
 // commit and ring.
 const DefaultPoll = 5 * time.Second
 
+// DefaultQuietPoll is the fallback poll period of a quiet waiter (not yet in
+// line, docs/leases.md rule 17), jittered ±20%: its bell says when it comes
+// into line, and hundreds of them must cost next to nothing while they wait.
+const DefaultQuietPoll = 5 * time.Minute
+
 // ErrBusy is returned by Wait when the ticket was not admitted in time.
 var ErrBusy = errors.New("not admitted in time")
 
@@ -37,6 +42,8 @@ type Gate struct {
 	Store Store
 	// PollEvery is the fallback poll period; 0 means DefaultPoll.
 	PollEvery time.Duration
+	// QuietPollEvery is a quiet waiter's; 0 means DefaultQuietPoll.
+	QuietPollEvery time.Duration
 	// Rand returns numbers in [0,1) for jitter; nil means math/rand/v2.
 	Rand func() float64
 	// WatchHolders, if set, watches the holders that the head of a queue
@@ -352,11 +359,18 @@ func headExpiry(snap store.Snapshot, in func(limit string) bool) (d time.Duratio
 	return first + 5*time.Millisecond, true
 }
 
-// PollPeriod is the fallback poll period, jittered ±20%.
+// PollPeriod is the fallback poll period, jittered ±20%: a quiet waiter's
+// while its ticket is quiet.
 func (e *Entry) PollPeriod() time.Duration {
 	p := e.g.PollEvery
 	if p <= 0 {
 		p = DefaultPoll
+	}
+	if e.t.Quiet {
+		p = e.g.QuietPollEvery
+		if p <= 0 {
+			p = DefaultQuietPoll
+		}
 	}
 	r := e.g.Rand
 	if r == nil {

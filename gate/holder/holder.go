@@ -377,8 +377,6 @@ func (r *runner) wait(ctx context.Context) (store.Ticket, Outcome, bool) {
 		lostC = r.lease.Lost()
 		// The renewals read the ticket (renewed): no poll beside them.
 		nextPoll = never
-	} else if t.Quiet {
-		nextPoll = now + quietPoll*e.PollPeriod()
 	}
 	done := ctx.Done()
 	armExpiry := func() {
@@ -476,7 +474,7 @@ func (r *runner) wait(ctx context.Context) (store.Ticket, Outcome, bool) {
 		switch {
 		case r.lease != nil || r.bug(mutation.WaiterNotRenewed):
 		case t.Quiet:
-			nextPoll = r.now() + quietPoll*e.PollPeriod()
+			nextPoll = r.now() + e.PollPeriod()
 		default:
 			// In line: renew from now on (docs/leases.md rule 17).
 			err := r.adopt(ctx, t)
@@ -496,10 +494,6 @@ func (r *runner) wait(ctx context.Context) (store.Ticket, Outcome, bool) {
 	return t, Outcome{}, true
 }
 
-// quietPoll is how many poll periods a quiet waiter sleeps between reads of
-// its ticket when no bell rings: the bell says when it comes into line or
-// is admitted, and the poll is only a safety net.
-const quietPoll = 6
 
 // supersededBy finds the successor in an error of Get or Renew for a
 // ticket that a newer run of its key superseded.

@@ -140,14 +140,10 @@ func (m *model) learn(what string, v store.Ticket, t *mTicket, now Instant) bool
 	case t.quiet && !v.Quiet:
 		t.quiet = false
 		t.boot, t.dl = now.Boot, now.Mono+t.ttl
-	case t.state == store.Waiting && v.State == store.Held && m.expiredLoud(t, now):
+	case t.state == store.Waiting && v.State == store.Held:
 		t.boot, t.dl = now.Boot, now.Mono+t.ttl
 	}
 	return true
-}
-
-func (m *model) expiredLoud(t *mTicket, now Instant) bool {
-	return t.boot != now.Boot || now.Mono >= t.dl
 }
 
 // expiry is when t's lease ran out, on the current boot's clock.

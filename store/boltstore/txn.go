@@ -615,12 +615,11 @@ func (x *txn) apply(recs []ticketRec, plan store.SettlePlan, fresh string) ([]ti
 	for _, a := range plan.Admit {
 		r := &recs[a.Index]
 		r.State, r.Slot, r.Indexes, r.Admitted = store.Held, a.Slot, a.Indexes, x.now.Wall
-		if r.Quiet || x.expiry(*r) != "" {
-			// A whole lease from the admission: its waiter renewed nothing
-			// (quiet), or late (kept as alive: docs/leases.md rule 17), and
-			// learns what is left when it reads the ticket.
-			r.Quiet, r.DeadlineBoot, r.DeadlineMono = false, x.now.Boot, x.now.Mono+r.TTL
-		}
+		// A whole lease from the admission: its waiter may have renewed
+		// nothing (quiet), or late (kept as alive), or be about to renew
+		// on a slow machine (docs/leases.md rule 17); it learns what is
+		// left when it reads the ticket.
+		r.Quiet, r.DeadlineBoot, r.DeadlineMono = false, x.now.Boot, x.now.Mono+r.TTL
 		if err := x.putTicket(*r); err != nil {
 			return nil, nil, err
 		}

@@ -1,0 +1,98 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// burn starts n busy loops, each its own process, killed when the test ends.
+func burn(t *testing.T, n int) {
+	t.Helper()
+	for range n {
+		cmd := exec.Command("sh", "-c", "while :; do :; done")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			_ = cmd.Wait()
+		})
+	}
+}
+
+// TestLoadIsNotDeath: with the CPU oversubscribed twice over (two busy
+// loops a core), a churn of short jobs on 2s leases and a queue of waiters
+// behind a holder lose no run: no exit 76 (a late renewal taken for a
+// death), no exit 69 (a store busy with the others' writes). Waiters not
+// yet in line write nothing, and a waiter that finds the store locked keeps
+// trying (docs/leases.md rule 17).
+func TestLoadIsNotDeath(t *testing.T) {
+	e := newPTEnvAlone(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	burn(t, 2*runtime.NumCPU())
+	waiters := 200
+	if n, err := strconv.Atoi(os.Getenv("SLOTCTLTEST_LOAD_WAITERS")); err == nil && n > 0 {
+		waiters = n
+	}
+
+	t.Run("churn", func(t *testing.T) {
+		const n = 40
+		ps := make([]*ptProc, n)
+		for i := range ps {
+			ps[i] = e.start(ctx, fmt.Sprintf("churn%02d", i), "run", "--limit", "churn", "--slots", "3", "--ttl", "2s", "--", "sleep", "0.3")
+		}
+		bad := 0
+		for _, p := range ps {
+			if code := p.wait(t, 3*time.Minute); code != 0 {
+				bad++
+				t.Errorf("%s exited %d, want 0; stderr:\n%s", p.name, code, p.stderr())
+			}
+		}
+		t.Logf("%d runs of sleep 0.3 on 3 slots with 2s leases beside %d busy loops: %d lost", n, 2*runtime.NumCPU(), bad)
+	})
+
+	t.Run("waiters", func(t *testing.T) {
+		gate := e.path("go")
+		holder := e.start(ctx, "holder", "run", "--limit", "queue", "--ttl", "2s", "--", "sh", "-c",
+			fmt.Sprintf("while [ ! -e %s ]; do sleep 0.05; done", gate))
+		ps := make([]*ptProc, waiters)
+		for i := range ps {
+			ps[i] = e.start(ctx, fmt.Sprintf("waiter%03d", i), "run", "--limit", "queue", "--ttl", "2s", "--", "true")
+		}
+		// Let the queue stand for several leases once everybody is in it.
+		deadline := time.Now().Add(3 * time.Minute)
+		for {
+			code, out, _ := crashRun(ctx, t, e, 30*time.Second, "ls", "-o", "json", "queue")
+			var j lsJSON
+			if code == 0 && json.Unmarshal([]byte(out), &j) == nil && len(j.Tickets) == waiters+1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the queue never reached %d tickets (ls exit %d)", waiters+1, code)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		time.Sleep(6 * time.Second)
+		if err := os.WriteFile(gate, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		bad := 0
+		for _, p := range append([]*ptProc{holder}, ps...) {
+			if code := p.wait(t, 3*time.Minute); code != 0 {
+				bad++
+				t.Errorf("%s exited %d, want 0; stderr:\n%s", p.name, code, p.stderr())
+			}
+		}
+		t.Logf("%d waiters behind a holder on 2s leases beside %d busy loops, a queue that stood 6s: %d lost", waiters, 2*runtime.NumCPU(), bad)
+	})
+}
