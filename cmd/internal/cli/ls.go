@@ -184,7 +184,7 @@ func drawTickets(out tableOut, snap store.Snapshot, wide bool) error {
 		}
 		row = append(row, shortID(t.ID), strconv.FormatUint(t.Fence, 10),
 			store.Printable(t.Holder.Host), strconv.Itoa(t.Holder.Pid), store.Printable(t.Holder.User),
-			human(snap.Now.Sub(t.Created)), human(t.Remaining))
+			human(snap.Now.Sub(t.Created)), leaseLeft(t))
 		if wide {
 			row = append(row, orDash(store.Printable(t.Key)), orDash(store.Printable(t.Holder.URL)))
 		}
@@ -218,7 +218,7 @@ func drawTickets(out tableOut, snap store.Snapshot, wide bool) error {
 				return colorRed
 			}
 		case lease:
-			if t.Remaining <= t.TTL/3 { // a lease this close to expiry has missed a renewal
+			if !t.Quiet && t.Remaining <= t.TTL/3 { // a lease this close to expiry has missed a renewal
 				return colorRed
 			}
 		case command:
@@ -303,7 +303,10 @@ type ticketJSON struct {
 	Renewed               *string  `json:"renewed"`
 	AgeSeconds            float64  `json:"age_seconds"`
 	TTLSeconds            float64  `json:"ttl_seconds"`
-	LeaseRemainingSeconds float64  `json:"lease_remaining_seconds"` // <= 0: expired
+	LeaseRemainingSeconds float64  `json:"lease_remaining_seconds"` // <= 0: expired; a quiet waiter's: its TTL
+	// Quiet: a waiter of the bbolt store not yet in line, which renews
+	// nothing (its process is its proof of life), added to version 1.
+	Quiet bool `json:"quiet"`
 	// Newer runs first (docs/leases.md §2.1 items 10 and 11), added to
 	// version 1: "" for a run without --key or a URL.
 	Key      string         `json:"key"`
@@ -329,7 +332,10 @@ func lsJSONOf(storeURL string, snap store.Snapshot) lsJSON {
 		j := ticketJSON{ID: t.ID, Limit: t.Limit, State: ticketState(t), Held: t.State == store.Held, Fence: t.Fence,
 			Host: t.Holder.Host, Pid: t.Holder.Pid, User: t.Holder.User, Command: t.Holder.Command(),
 			Labelled: t.Holder.Label != "", Created: rfc3339(t.Created),
-			AgeSeconds: seconds(snap.Now.Sub(t.Created)), TTLSeconds: seconds(t.TTL), LeaseRemainingSeconds: seconds(t.Remaining)}
+			AgeSeconds: seconds(snap.Now.Sub(t.Created)), TTLSeconds: seconds(t.TTL), LeaseRemainingSeconds: seconds(t.Remaining), Quiet: t.Quiet}
+		if t.Quiet {
+			j.LeaseRemainingSeconds = j.TTLSeconds
+		}
 		j.Limits, j.Weight = t.Names(), t.Weighs()
 		j.Key, j.URL, j.Replaces = t.Key, t.Holder.URL, t.Replaces
 		if s := t.Stop; s != nil {
@@ -427,4 +433,13 @@ func snapshotKey(s store.Snapshot) string {
 		fmt.Fprintf(&b, "%s:%s:%s:%v:%d:%s;", t.ID, t.Limit, t.State, t.In(t.Limit), t.Position, ticketState(t))
 	}
 	return b.String()
+}
+
+// leaseLeft is the LEASE column: what is left of the lease, or "quiet" for
+// a waiter not yet in line, which renews nothing until it is.
+func leaseLeft(t store.Ticket) string {
+	if t.Quiet {
+		return "quiet"
+	}
+	return human(t.Remaining)
 }

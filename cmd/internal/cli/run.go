@@ -585,6 +585,12 @@ func without(list, drop []string) []string {
 // memory back: not at once, so that a wait of a moment costs no GC.
 const waitTrimAfter = time.Second
 
+// waitMemoryLimit bounds the heap while a run waits with the collector off:
+// a waiter then wakes for nothing, not even the runtime's collection every
+// two minutes (which halves a quiet waiter's idle cost), and a long wait's
+// few allocations are still collected at this size.
+const waitMemoryLimit = 24 << 20
+
 // runNotes turns what the holder reports into slotctl run's messages and
 // status line.
 //
@@ -594,6 +600,8 @@ func runNotes(ctx context.Context, f *Factory, log *logger, st store.Store, o *R
 	var stopStatus context.CancelFunc
 	var trim *time.Timer
 	var procs int // GOMAXPROCS before the wait
+	var gcPercent int
+	var memLimit int64
 	return func(n holder.Note) {
 		id := short(n.Ticket.ID)
 		switch n.Kind {
@@ -610,6 +618,7 @@ func runNotes(ctx context.Context, f *Factory, log *logger, st store.Store, o *R
 			// the thread that woke, not handed to another (about a fifth
 			// of an idle waiter's CPU).
 			procs = runtime.GOMAXPROCS(1)
+			gcPercent, memLimit = debug.SetGCPercent(-1), debug.SetMemoryLimit(waitMemoryLimit)
 		case holder.WaitUpdate:
 			if status != nil {
 				status.update(n.Ticket)
@@ -618,6 +627,8 @@ func runNotes(ctx context.Context, f *Factory, log *logger, st store.Store, o *R
 			if trim != nil {
 				trim.Stop()
 				runtime.GOMAXPROCS(procs)
+				debug.SetGCPercent(gcPercent)
+				debug.SetMemoryLimit(memLimit)
 			}
 			if status != nil {
 				stopStatus()
