@@ -354,3 +354,39 @@ func TestPlanSettleReplaces(t *testing.T) {
 		t.Errorf("a replaced ticket already released: plan %s, want both admitted", show(got))
 	}
 }
+
+// TestPlanSettleLine: the quiet waiters that the plan leaves in line (the
+// waiters whose weight ahead, after its admissions and removals, is under a
+// limit's size) are listed, once, and no others.
+func TestPlanSettleLine(t *testing.T) {
+	held := func(id string, ix int) Queued {
+		return Queued{Ticket: Ticket{ID: id, Limit: "l", State: Held, Slot: ix}}
+	}
+	quiet := func(id string, w int) Queued {
+		return Queued{Ticket: Ticket{ID: id, Limit: "l", State: Waiting, Slot: -1, Weight: w, Quiet: true}, Quiet: true}
+	}
+	lined := func(id string) Queued {
+		return Queued{Ticket: Ticket{ID: id, Limit: "l", State: Waiting, Slot: -1}}
+	}
+	for _, tc := range []struct {
+		name    string
+		slots   int
+		tickets []Queued
+		line    []int
+		admit   int
+	}{
+		{"the next two of a full limit of two", 2, []Queued{held("h1", 0), held("h2", 1), quiet("w1", 1), quiet("w2", 1), quiet("w3", 1)}, []int{2, 3}, 0},
+		{"lined already: not again", 2, []Queued{held("h1", 0), held("h2", 1), lined("w1"), quiet("w2", 1), quiet("w3", 1)}, []int{3}, 0},
+		{"a heavy waiter fills the line", 2, []Queued{held("h1", 0), held("h2", 1), quiet("w1", 2), quiet("w2", 1)}, []int{2}, 0},
+		{"after an admission the line moves up", 2, []Queued{held("h1", 0), quiet("w1", 1), quiet("w2", 1), quiet("w3", 1), quiet("w4", 1)}, []int{2, 3}, 1},
+		{"a dead holder's removal", 1, []Queued{{Ticket: Ticket{ID: "h", Limit: "l", State: Held}, Expired: "expired 1s ago"}, quiet("w1", 1), quiet("w2", 1)}, []int{2}, 1},
+		{"paused: nobody is in line", 0, []Queued{quiet("w1", 1)}, nil, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := PlanSettle(SettleInput{Slots: map[string]int{"l": tc.slots}, Tickets: tc.tickets})
+			if !reflect.DeepEqual(got.Line, tc.line) || len(got.Admit) != tc.admit {
+				t.Errorf("line %v, %d admitted; want line %v, %d admitted", got.Line, len(got.Admit), tc.line, tc.admit)
+			}
+		})
+	}
+}
