@@ -494,7 +494,6 @@ func (r *runner) wait(ctx context.Context) (store.Ticket, Outcome, bool) {
 	return t, Outcome{}, true
 }
 
-
 // supersededBy finds the successor in an error of Get or Renew for a
 // ticket that a newer run of its key superseded.
 func supersededBy(err error) (store.Successor, bool) {

@@ -65,11 +65,11 @@ type ticketRec struct {
 	// Quiet: a waiting ticket not yet in line, whose waiter renews nothing
 	// and whose deadline is not judged (docs/leases.md rule 17). Before the
 	// holder, so that fastFields reads it.
-	Quiet bool `json:"quiet,omitempty"`
-	Created      time.Time        `json:"created"`
-	Admitted     time.Time        `json:"admitted,omitzero"`
-	Renewed      time.Time        `json:"renewed,omitzero"`
-	Holder       store.Holder     `json:"holder"`
+	Quiet    bool         `json:"quiet,omitempty"`
+	Created  time.Time    `json:"created"`
+	Admitted time.Time    `json:"admitted,omitzero"`
+	Renewed  time.Time    `json:"renewed,omitzero"`
+	Holder   store.Holder `json:"holder"`
 	// BellUID is the user whose bell directory holds the waiter's bell
 	// (bell.go); absent in records of older versions.
 	BellUID *uint32 `json:"bell_uid,omitempty"`
