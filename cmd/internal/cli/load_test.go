@@ -64,9 +64,19 @@ func TestLoadIsNotDeath(t *testing.T) {
 	t.Run("waiters", func(t *testing.T) {
 		// The default lease: the enqueues of a whole queue at once, on a
 		// machine this busy, hold the store's lock for seconds together.
-		gate := e.path("go")
+		gate, started := e.path("go"), e.path("started")
 		holder := e.start(ctx, "holder", "run", "--limit", "queue", "--", "sh", "-c",
-			fmt.Sprintf("while [ ! -e %s ]; do sleep 0.05; done", gate))
+			fmt.Sprintf(": > %s; while [ ! -e %s ]; do sleep 0.05; done", started, gate))
+		for {
+			if _, err := os.Stat(started); err == nil {
+				break
+			}
+			select {
+			case <-holder.done:
+				t.Fatalf("the holder exited %d before its job started; stderr:\n%s", holder.cmd.ProcessState.ExitCode(), holder.stderr())
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
 		ps := make([]*ptProc, waiters)
 		for i := range ps {
 			ps[i] = e.start(ctx, fmt.Sprintf("waiter%03d", i), "run", "--limit", "queue", "--", "true")
