@@ -237,8 +237,13 @@ func Run(ctx context.Context, cfg Config) Outcome {
 	}
 	if r.bug(mutation.WaiterNotRenewed) {
 		r.lease = r.startLease(ctx, t, r.now()) // counts from the admission it observed
-	} else if r.lease == nil {
-		// Admitted while quiet: the lease the admission gave it, as read.
+	} else if r.lease == nil || r.lease.Err() == nil && r.lease.Deadline() <= r.now() || errors.Is(r.lease.Err(), renew.ErrDeadline) {
+		// Admitted while quiet, or with its own deadline past (a slow
+		// machine): the lease the admission gave it, as read after seenAt
+		// (docs/leases.md rule 17).
+		if r.lease != nil {
+			r.lease.Stop()
+		}
 		if err := r.adopt(ctx, t); err != nil {
 			r.release(ctx, store.Lost, false)
 			return Outcome{Result: LostBeforeStart, Ticket: t, Err: err}

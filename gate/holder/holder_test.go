@@ -344,3 +344,37 @@ func TestBusyStoreIsWaitedFor(t *testing.T) {
 		}
 	}
 }
+
+// TestAdmittedPastItsOwnDeadlineRuns: a waiter whose own deadline passed (a
+// slow machine) is admitted; the admission gave the ticket a whole lease,
+// which the holder takes from its read of the ticket, so the job runs
+// instead of exiting "lost before start".
+func TestAdmittedPastItsOwnDeadlineRuns(t *testing.T) {
+	e := newEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	h, err := e.st.Enqueue(ctx, store.EnqueueRequest{ID: gate.NewID(), Limit: "a", Slots: 1, TTL: time.Hour, Holder: store.Holder{Host: "h", Pid: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := e.config(e.st, "a")
+	cfg.Notify = func(n holder.Note) {
+		if n.Kind == holder.WaitStart {
+			e.skew.Add(int64(ttl)) // the waiter's clock: its own deadline is past
+			if _, err := e.st.Release(ctx, h, store.Released); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	child := newFakeChild()
+	started := false
+	cfg.Start = func(context.Context, store.Ticket) (holder.Child, error) {
+		started = true
+		child.Signal(syscall.SIGTERM) // the job ends at once
+		return child, nil
+	}
+	out := holder.Run(ctx, cfg)
+	if !started {
+		t.Fatalf("the job did not start: %v (%v)", out.Result, out.Err)
+	}
+}
