@@ -698,7 +698,7 @@ func (j *crashJob) read(e *ptEnv) error {
 	return nil
 }
 
-// TestChaos: 60 jobs on a 3-slot limit with 2s leases, launched a few at a
+// TestChaos: 60 jobs on a 3-slot limit with 5s leases, launched a few at a
 // time; about 10 supervisors SIGKILLed at random moments (waiting, running,
 // finishing); slotctl reap in a loop beside them. Never more than 3 children
 // at once, every job whose supervisor was not killed exits 0, and no ticket
@@ -722,7 +722,7 @@ func TestChaos(t *testing.T) {
 		njobs  = 60
 		slots  = 3
 		nkills = 10
-		ttl    = 5 * time.Second // room for a loaded machine: a late renewal still costs a waiter its place
+		ttl    = 5 * time.Second // room for a loaded machine: a holder still stops at its own deadline
 	)
 	script := `echo "start $(date +%s%N) $$ $SLOTCTL_SLOT $SLOTCTL_TICKET" >> job.$1; sleep $2; echo "end $(date +%s%N)" >> job.$1`
 	jobs := make([]*crashJob, njobs)
