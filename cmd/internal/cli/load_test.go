@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/slotctl/slotctl/internal/longtest"
 )
 
 // burn starts n busy loops, each its own process, killed when the test ends.
@@ -35,12 +37,16 @@ func burn(t *testing.T, n int) {
 // death), no exit 69 (a store busy with the others' writes). Waiters not
 // yet in line write nothing, and a waiter that finds the store locked keeps
 // trying (docs/leases.md rule 17).
+//
+// Long only: the claim is for a machine loaded twice over, which this test
+// makes itself; beside the rest of go test ./... the machine is loaded more.
 func TestLoadIsNotDeath(t *testing.T) {
+	longtest.Skip(t, "loads the machine twice over for a minute")
 	e := newPTEnvAlone(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	burn(t, 2*runtime.NumCPU())
-	waiters := 100
+	waiters := 200
 	if n, err := strconv.Atoi(os.Getenv("SLOTCTLTEST_LOAD_WAITERS")); err == nil && n > 0 {
 		waiters = n
 	}
