@@ -433,8 +433,14 @@ func (r *runner) wait(ctx context.Context) (store.Ticket, Outcome, bool) {
 				}
 				return lt, r.leave(ctx, Outcome{Result: Busy, Ticket: lt, Err: err}), false
 			case now >= expiryAt:
-				// A holder's lease ran out: sweep now rather than at the next write.
+				// A holder's lease ran out, as last read: sweep now rather
+				// than at the next write. Read first: a holder that renewed
+				// since (the usual case) costs a read, not a sweep's write.
 				expiryAt = never
+				if d, ok := e.Expiry(ctx); ok && d > sweepSlack {
+					expiryAt = r.now() + d
+					continue
+				}
 				e.Sweep(ctx)
 			case now >= nextPoll:
 				nextPoll = now + e.PollPeriod()
@@ -498,6 +504,10 @@ func (r *runner) wait(ctx context.Context) (store.Ticket, Outcome, bool) {
 	}
 	return t, Outcome{}, true
 }
+
+// sweepSlack: a holder's lease that runs out this soon is swept now
+// (gate.HeadExpiry says 55ms for one already out).
+const sweepSlack = 100 * time.Millisecond
 
 // supersededBy finds the successor in an error of Get or Renew for a
 // ticket that a newer run of its key superseded.
