@@ -82,9 +82,6 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// LeaseMargin is the margin a Keeper started with o uses.
-func (o Options) LeaseMargin() time.Duration { return o.withDefaults().Margin }
-
 // Validate reports options with which no lease could be kept, e.g. a period
 // that, jittered, reaches past the deadline. Start panics on them; a caller
 // holding user input checks first.

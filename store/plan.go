@@ -164,10 +164,7 @@ func PlanSettle(in SettleInput) SettlePlan {
 	gone := make([]bool, len(in.Tickets))
 	for i, q := range in.Tickets {
 		cs, _, ok := known(q.Ticket)
-		if !ok {
-			continue
-		}
-		if q.Fresh {
+		if !ok || q.Fresh {
 			continue
 		}
 		contended, inLine := false, false

@@ -213,6 +213,9 @@ func Run(ctx context.Context, cfg Config) Outcome {
 		// wait keeps trying, as it would wait for a slot (docs/leases.md
 		// rule 17); only one that may not wait says the store is busy.
 		r.note(Note{Kind: StoreBusy, Err: err})
+		if s, ok := r.terminated(); ok {
+			return Outcome{Result: Signalled, Signal: s} // nothing was written: nothing to leave
+		}
 		sent = r.now()
 		entry, err = g.Join(ctx, cfg.Request)
 		busy = nil
@@ -303,6 +306,23 @@ func Run(ctx context.Context, cfg Config) Outcome {
 func Supervise(ctx context.Context, cfg Config, c Child) Outcome {
 	r := newRunner(cfg)
 	return r.supervise(ctx, c, store.Ticket{}, func(error) {})
+}
+
+// terminated takes a terminating signal that arrived while the run could
+// not reach the store (it waits in Join, not in the Waiter): the run gives
+// up as it would while waiting for a slot. Other signals are dropped, as the
+// wait drops them.
+func (r *runner) terminated() (os.Signal, bool) {
+	for {
+		select {
+		case s := <-r.cfg.Signals:
+			if Terminating(s) {
+				return s, true
+			}
+		default:
+			return nil, false
+		}
+	}
 }
 
 // adopt starts the lease of a ticket that has none running: a quiet waiter
@@ -464,13 +484,10 @@ func (r *runner) wait(ctx context.Context) (store.Ticket, Outcome, bool) {
 		}
 		r.seenAt = r.now()
 		nt, err := e.Refresh(ctx)
-		if by, ok := supersededBy(err); ok {
-			return t, r.superseded(t, by, err), false
+		if out, ok := r.ended(ctx, t, err); ok {
+			return t, out, false
 		}
-		switch {
-		case errors.Is(err, store.ErrLost):
-			return t, r.leave(ctx, Outcome{Result: LostWaiting, Ticket: t, Err: err}), false
-		case err != nil:
+		if err != nil {
 			if r.lease == nil {
 				nextPoll = r.now() + e.PollPeriod()
 			}
@@ -489,20 +506,30 @@ func (r *runner) wait(ctx context.Context) (store.Ticket, Outcome, bool) {
 		default:
 			// In line: renew from now on (docs/leases.md rule 17).
 			err := r.adopt(ctx, t)
-			if by, ok := supersededBy(err); ok {
-				return t, r.superseded(t, by, err), false
+			if out, ok := r.ended(ctx, t, err); ok {
+				return t, out, false
 			}
-			switch {
-			case errors.Is(err, store.ErrLost):
-				return t, r.leave(ctx, Outcome{Result: LostWaiting, Ticket: t, Err: err}), false
-			case err != nil:
+			if err != nil {
 				nextPoll = r.now() + e.PollPeriod()
-			default:
+			} else {
 				lostC, nextPoll = r.lease.Lost(), never
 			}
 		}
 	}
 	return t, Outcome{}, true
+}
+
+// ended turns an error of a read or a renewal of the waiting ticket t into
+// the end of the wait: superseded by a newer run, or lost (gone from the
+// store). Any other error is transient: ok is false.
+func (r *runner) ended(ctx context.Context, t store.Ticket, err error) (Outcome, bool) {
+	if by, ok := supersededBy(err); ok {
+		return r.superseded(t, by, err), true
+	}
+	if errors.Is(err, store.ErrLost) {
+		return r.leave(ctx, Outcome{Result: LostWaiting, Ticket: t, Err: err}), true
+	}
+	return Outcome{}, false
 }
 
 // sweepSlack: a holder's lease that runs out this soon is swept now

@@ -104,18 +104,18 @@ func TestLostBeforeStartReleases(t *testing.T) {
 	}
 }
 
-// TestWaiterPastItsOwnDeadlineWaitsOn: a waiter whose own deadline passed
-// (suspended, or a busy machine) while its ticket stayed in the store is
-// not lost: it holds no slot, so it renews and waits on (docs/leases.md
-// rule 17).
-func TestWaiterPastItsOwnDeadlineWaitsOn(t *testing.T) {
-	e := newEnv(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	if _, err := e.st.Enqueue(ctx, store.EnqueueRequest{ID: gate.NewID(), Limit: "w", Slots: 1, TTL: time.Hour, Holder: store.Holder{Host: "h", Pid: 1}}); err != nil {
+// waitBehind starts a run of limit (one slot) behind a holder that keeps it
+// for an hour, on the store st (e.st if nil), and returns once the run
+// waits: its config and where its outcome comes.
+func (e *env) waitBehind(ctx context.Context, t *testing.T, limit string, st holder.Store) (holder.Config, <-chan holder.Outcome) {
+	t.Helper()
+	if _, err := e.st.Enqueue(ctx, store.EnqueueRequest{ID: gate.NewID(), Limit: limit, Slots: 1, TTL: time.Hour, Holder: store.Holder{Host: "h", Pid: 1}}); err != nil {
 		t.Fatal(err)
 	}
-	cfg := e.config(e.st, "w")
+	if st == nil {
+		st = e.st
+	}
+	cfg := e.config(st, limit)
 	waiting := make(chan struct{})
 	cfg.Notify = func(n holder.Note) {
 		if n.Kind == holder.WaitStart {
@@ -125,6 +125,18 @@ func TestWaiterPastItsOwnDeadlineWaitsOn(t *testing.T) {
 	done := make(chan holder.Outcome, 1)
 	go func() { done <- holder.Run(ctx, cfg) }()
 	<-waiting
+	return cfg, done
+}
+
+// TestWaiterPastItsOwnDeadlineWaitsOn: a waiter whose own deadline passed
+// (suspended, or a busy machine) while its ticket stayed in the store is
+// not lost: it holds no slot, so it renews and waits on (docs/leases.md
+// rule 17).
+func TestWaiterPastItsOwnDeadlineWaitsOn(t *testing.T) {
+	e := newEnv(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cfg, done := e.waitBehind(ctx, t, "w", nil)
 	e.clock.Advance(ttl + time.Second) // the store's clock and the holder's: past the lease
 	e.sigs <- syscall.SIGCONT          // resumed: the holder checks its lease
 	renewed := false
@@ -157,19 +169,7 @@ func TestWaiterPastItsOwnDeadlineWaitsOn(t *testing.T) {
 func TestWaiterWhoseTicketIsGoneIsLost(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	if _, err := e.st.Enqueue(ctx, store.EnqueueRequest{ID: gate.NewID(), Limit: "w", Slots: 1, TTL: time.Hour, Holder: store.Holder{Host: "h", Pid: 1}}); err != nil {
-		t.Fatal(err)
-	}
-	cfg := e.config(e.st, "w")
-	waiting := make(chan struct{})
-	cfg.Notify = func(n holder.Note) {
-		if n.Kind == holder.WaitStart {
-			close(waiting)
-		}
-	}
-	done := make(chan holder.Outcome, 1)
-	go func() { done <- holder.Run(ctx, cfg) }()
-	<-waiting
+	_, done := e.waitBehind(ctx, t, "w", nil)
 	e.clock.Advance(ttl + time.Second)
 	if rm, err := e.st.Reap(ctx, store.ReapOptions{}); err != nil || len(rm) != 1 {
 		t.Fatalf("Reap: %d removed, %v; want the late waiter", len(rm), err)
@@ -309,6 +309,7 @@ type busyStore struct {
 func (b *busyStore) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ticket, error) {
 	if b.n > 0 {
 		b.n--
+		time.Sleep(time.Millisecond) // the lock's wait, shortened
 		return store.Ticket{}, &store.LockTimeoutError{Path: "slots.db", Waited: 5 * time.Second}
 	}
 	return b.Store.Enqueue(ctx, req)
@@ -376,5 +377,87 @@ func TestAdmittedPastItsOwnDeadlineRuns(t *testing.T) {
 	out := holder.Run(ctx, cfg)
 	if !started {
 		t.Fatalf("the job did not start: %v (%v)", out.Result, out.Err)
+	}
+}
+
+// renewCounter counts the renewals that reach the store.
+type renewCounter struct {
+	*boltstore.Store
+	n atomic.Int32
+}
+
+func (c *renewCounter) Renew(ctx context.Context, t store.Ticket, d time.Duration) (store.Ticket, error) {
+	c.n.Add(1)
+	return c.Store.Renew(ctx, t, d)
+}
+
+// TestQuietWaiterRenewsOnlyInLine: a waiter behind another renews nothing
+// (renewing every 20ms, it would have renewed a dozen times), and starts
+// renewing once the waiter ahead leaves and its bell says it is in line.
+func TestQuietWaiterRenewsOnlyInLine(t *testing.T) {
+	e := newEnv(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var ahead store.Ticket
+	for _, id := range []string{"h", "w1"} {
+		tk, err := e.st.Enqueue(ctx, store.EnqueueRequest{ID: id, Limit: "q", Slots: 1, TTL: time.Hour, Holder: store.Holder{Host: "h", Pid: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ahead = tk
+	}
+	c := &renewCounter{Store: e.st}
+	cfg := e.config(c, "q")
+	cfg.Renew = renew.Options{TTL: ttl, Every: 20 * time.Millisecond, WaitEvery: 20 * time.Millisecond}
+	waiting := make(chan store.Ticket, 1)
+	cfg.Notify = func(n holder.Note) {
+		if n.Kind == holder.WaitStart {
+			waiting <- n.Ticket
+		}
+	}
+	done := make(chan holder.Outcome, 1)
+	go func() { done <- holder.Run(ctx, cfg) }()
+	if tk := <-waiting; !tk.Quiet {
+		t.Fatalf("the second waiter is not quiet: %+v", tk)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if n := c.n.Load(); n != 0 {
+		t.Fatalf("a quiet waiter renewed %d times", n)
+	}
+	if _, err := e.st.Cancel(ctx, ahead); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); c.n.Load() == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the waiter now in line did not renew within 10s")
+		}
+	}
+	cancel()
+	<-done
+}
+
+// TestSignalWhileTheStoreIsBusy: a run that keeps trying a locked store
+// still ends on SIGTERM, as a waiting run does, with nothing written.
+func TestSignalWhileTheStoreIsBusy(t *testing.T) {
+	e := newEnv(t)
+	b := &busyStore{Store: e.st, n: 1 << 30}
+	cfg := e.config(b, "b")
+	cfg.Notify = func(n holder.Note) {
+		if n.Kind == holder.StoreBusy {
+			select {
+			case e.sigs <- syscall.SIGTERM:
+			default:
+			}
+		}
+	}
+	done := make(chan holder.Outcome, 1)
+	go func() { done <- holder.Run(context.Background(), cfg) }()
+	select {
+	case out := <-done:
+		if out.Result != holder.Signalled || out.Signal != syscall.SIGTERM || out.Ticket.ID != "" {
+			t.Errorf("%v %v (ticket %q), want Signalled by SIGTERM with no ticket", out.Result, out.Signal, out.Ticket.ID)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a SIGTERM did not end a run that kept trying a locked store within 10s")
 	}
 }

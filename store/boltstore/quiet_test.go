@@ -164,3 +164,31 @@ func TestLateWaiterKeptWhileAlive(t *testing.T) {
 		t.Errorf("Get w3: %s, %v; want held: it was quiet, then admitted by the settle that removed w and w2", got.State, err)
 	}
 }
+
+// TestQuietWaiterOfAPreviousBoot: quiet is a rule of this boot; a waiter of
+// a previous boot is dead, quiet or not: its late renewal is refused and a
+// settle removes it.
+func TestQuietWaiterOfAPreviousBoot(t *testing.T) {
+	s, clock, _ := newTestStore(t, Options{})
+	ctx := context.Background()
+	mustEnqueue(t, s, req("h", "x", 1))
+	mustEnqueue(t, s, req("w1", "x", 1))
+	w2 := mustEnqueue(t, s, req("w2", "x", 1))
+	if !w2.Quiet {
+		t.Fatal("w2 is not quiet")
+	}
+	clock.Set(Instant{Boot: "b2", Mono: 5 * time.Second, Wall: time.Now().Add(time.Minute)})
+	if _, err := s.Renew(ctx, w2, testTTL); !errors.Is(err, store.ErrLost) {
+		t.Errorf("Renew of a quiet waiter of a previous boot: %v, want ErrLost", err)
+	}
+	if _, err := s.Reap(ctx, store.ReapOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := s.Snapshot(ctx, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(snap.Tickets) != 0 {
+		t.Errorf("%d tickets of a previous boot left after a reap, want 0", len(snap.Tickets))
+	}
+}

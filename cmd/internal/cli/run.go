@@ -684,7 +684,9 @@ func outcomeErr(ctx context.Context, st store.Store, o *RunOptions, limits []str
 		return &ExitError{Code: exitLost, Err: fmt.Errorf("lease of ticket %s lost before %s could start", id, o.Argv[0])}
 	case holder.Signalled:
 		left := "left the queue"
-		if out.LeaveErr != nil { // said above (LeaveFailed)
+		if out.Ticket.ID == "" {
+			left = "it had not reached the store, which stayed locked"
+		} else if out.LeaveErr != nil { // said above (LeaveFailed)
 			left = fmt.Sprintf("its ticket %s stays in the queue until its lease expires", id)
 		}
 		return &ExitError{Code: 128 + signalNumber(out.Signal), Err: fmt.Errorf("%v while waiting for %s: %s", out.Signal, limitsPhrase(limits), left)}
