@@ -148,12 +148,19 @@ func TestJobToldTheLease(t *testing.T) {
 		cfg.Continue = cont
 		c := newDrainChild(false)
 		done := runWith(t, e, cfg, c)
-		c.mu.Lock()
-		leases := append([][2]time.Duration(nil), c.leases...)
-		c.mu.Unlock()
+		told := func() [][2]time.Duration {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			return append([][2]time.Duration(nil), c.leases...)
+		}
+		// The job is told as its supervision begins, just after Started.
+		for deadline := time.Now().Add(10 * time.Second); !cont && len(told()) == 0 && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond)
+		}
 		close(c.exited)
 		c.Signal(syscall.SIGKILL)
 		outcome(t, done)
+		leases := told() // all it was told, the run over
 		switch {
 		case cont && len(leases) > 0:
 			t.Errorf("--on-lost continue: told %v, want nothing", leases)
