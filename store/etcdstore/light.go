@@ -115,7 +115,7 @@ func (s *Store) aheadOf(ctx context.Context, id string) (ahead *mvccpb.KeyValue,
 	}
 	s.answered()
 	rs := getResponses(resp.Responses)
-	if len(rs[0].Kvs) == 0 || rs[0].Kvs[0].CreateRevision != k.fence || len(rs[1].Kvs) == 0 {
+	if len(rs[0].Kvs) == 0 || !ownKey(rs[0].Kvs[0], k.fence, k.lease) || len(rs[1].Kvs) == 0 {
 		return nil, 0, false
 	}
 	r, err := decodeRec(rs[0].Kvs[0].Key, k.limit, id, rs[0].Kvs[0].Value)

@@ -483,7 +483,7 @@ func (s *Store) getLight(ctx context.Context, k known, id string) (store.Ticket,
 	s.answered()
 	rs := getResponses(resp.Responses)
 	own := rs[0].Kvs
-	if len(own) == 0 || own[0].CreateRevision != k.fence || rs[4].Count != rs[3].Count {
+	if len(own) == 0 || !ownKey(own[0], k.fence, k.lease) || rs[4].Count != rs[3].Count {
 		return store.Ticket{}, false, nil
 	}
 	e := &entry{fence: k.fence, tkv: own[0], rkv: own[0]}
@@ -532,16 +532,32 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 			return store.Ticket{}, err
 		}
 		e, _ := st.find(t.ID)
-		if e == nil || !e.live() {
-			return store.Ticket{}, fmt.Errorf("%w: ticket %s is gone or its lease expired", store.ErrLost, t.ID)
+		if e == nil {
+			return store.Ticket{}, fmt.Errorf("%w: ticket %s is gone", store.ErrLost, t.ID)
 		}
-		s.remember(e, e.tkv.ModRevision)
+		// Its lease may be gone: the keep-alive below says so, and a hold
+		// may keep the ticket (takeHold).
 		k = known{limit: e.r.Limit, lease: e.r.Lease, fence: e.fence, r: e.r}
+		if e.live() {
+			s.remember(e, e.tkv.ModRevision)
+		}
 	}
 	if uint64(k.fence) != t.Fence {
 		return store.Ticket{}, fmt.Errorf("%w: ticket %s has fence %d, not %d", store.ErrLost, t.ID, k.fence, t.Fence)
 	}
 	ka, sent, err := s.keepAliveOnce(ctx, k.lease)
+	if err != nil && isLeaseNotFound(err) {
+		s.leases.forget(k.lease)
+		nk, held, herr := s.takeHold(ctx, t.ID, k)
+		if herr != nil {
+			return store.Ticket{}, herr
+		}
+		if !held {
+			return store.Ticket{}, s.lostWhy(ctx, t.ID, fmt.Errorf("%w: ticket %s: %s", store.ErrLost, t.ID, expiredEvidence))
+		}
+		k = nk
+		ka, sent, err = s.keepAliveOnce(ctx, k.lease)
+	}
 	switch {
 	case err != nil && isLeaseNotFound(err):
 		s.leases.forget(k.lease)
@@ -563,6 +579,39 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 		s.leases.acked(k.lease, sent, time.Duration(ka.TTL)*time.Second)
 		return nil
 	})
+}
+
+// takeHold answers a renewal whose lease the server no longer has: after
+// an election, a settle keeps the ticket under a hold, a lease of its own
+// (quarantine.go). It reads the ticket's limits and, if no settle kept it
+// yet, settles them (which keeps it, or removes it as expired); when its
+// record, created at its fence, then names a live lease other than the
+// one gone, the renewal takes that lease over (held reports it, and nk is
+// the ticket as known with it). A read or write that fails is the
+// renewal's error: unavailable, not lost.
+func (s *Store) takeHold(ctx context.Context, id string, k known) (nk known, held bool, err error) {
+	names := k.r.names()
+	if len(names) == 0 || names[0] == "" {
+		names = []string{k.limit}
+	}
+	st, err := s.read(ctx, names, id, false)
+	if err != nil {
+		return k, false, err
+	}
+	if e := st.byID[id]; e != nil && e.fence == k.fence && !e.live() && !e.onHold() {
+		if _, err := s.settleState(ctx, st, id); err != nil {
+			return k, false, err
+		}
+		if st, err = s.read(ctx, names, id, false); err != nil {
+			return k, false, err
+		}
+	}
+	e := st.byID[id]
+	if e == nil || e.fence != k.fence || !e.live() || e.r.Lease == k.lease {
+		return k, false, nil
+	}
+	s.remember(e, e.tkv.ModRevision)
+	return known{limit: e.r.Limit, lease: e.r.Lease, fence: e.fence, rev: e.tkv.ModRevision, r: e.r}, true, nil
 }
 
 // renewed reads a ticket just renewed. A holder, or a waiter far back in
@@ -587,7 +636,7 @@ func (s *Store) renewed(ctx context.Context, k known, id string, confirm func(te
 	}
 	rs := getResponses(resp.Responses)
 	own := rs[0].Kvs
-	if len(own) == 0 || own[0].CreateRevision != k.fence {
+	if len(own) == 0 || !ownKey(own[0], k.fence, k.lease) {
 		// Released or reaped while its lease lived on: the removal is final.
 		return store.Ticket{}, s.lostWhy(ctx, id, fmt.Errorf("%w: ticket %s was removed", store.ErrLost, id))
 	}

@@ -47,12 +47,12 @@ type plan struct {
 	promoted []*entry
 	counted  map[string]*store.Counts // the counts this plan writes, by limit (countsrec.go)
 
-	// kept: held tickets whose lease is gone that the plan keeps held;
-	// those it writes under a hold go under holdLease, a lease of holdTTL
-	// seconds that try grants (quarantine.go).
-	kept      map[*entry]bool
-	holdTTL   int64
-	holdLease int64
+	// kept: tickets whose lease is gone that the plan keeps; those it
+	// writes under a hold (holding) each get a lease of their own, which
+	// try grants (holdLeases, by id; quarantine.go).
+	kept       map[*entry]bool
+	holding    []*entry
+	holdLeases map[string]grantedHold
 
 	eventSuffix string // set while logging an event of a kind a ticket logs more than once
 	// light: the plan of a step that read no limit (releaseWaiting): its
@@ -67,9 +67,11 @@ type writeOp struct {
 	lease int64 // 0: none
 	keep  bool  // keep the key's lease (a rewrite of a live ticket)
 	day   bool  // put under the day lease
-	// hold: a key of this ticket held on the plan's hold lease: a slot
-	// key (val) under that lease, or, unleased, a record naming it.
+	// hold: a key of this ticket put under its hold (quarantine.go): a
+	// slot key (val), or its ticket key or, unleased, its record, both
+	// naming the hold's lease (holdRec).
 	hold     *rec
+	holdRec  bool
 	unleased bool
 }
 
@@ -441,7 +443,7 @@ func (p *plan) ops(day int64) []clientv3.Op {
 		w := p.w[k]
 		switch {
 		case w.hold != nil:
-			out = append(out, holdOp(k, w, p.holdLease))
+			out = append(out, holdOp(k, w, p.holdLeases[w.hold.ID]))
 		case w.del && w.all:
 			out = append(out, clientv3.OpDelete(k, clientv3.WithPrefix()))
 		case w.del:
@@ -520,14 +522,8 @@ func (s *Store) try(ctx context.Context, p *plan, id string) (*clientv3.TxnRespo
 		}
 		return st, nil
 	}
-	if p.holdTTL > 0 {
-		cctx, cancel := s.ctx(ctx)
-		g, err := s.c.Grant(cctx, p.holdTTL)
-		cancel()
-		if err != nil {
-			return nil, nil, s.unavailable(err, false)
-		}
-		p.holdLease = int64(g.ID)
+	if err := s.grantHolds(ctx, p); err != nil {
+		return nil, nil, err
 	}
 	var els []clientv3.Op
 	if len(names)*opsPerLimit+2 <= maxPlanOps {
@@ -538,6 +534,7 @@ func (s *Store) try(ctx context.Context, p *plan, id string) (*clientv3.TxnRespo
 	resp, err := s.c.Txn(cctx).If(p.cmps...).Then(p.ops(day)...).Else(els...).Commit()
 	if err != nil {
 		if isLeaseNotFound(err) {
+			s.revokeHolds(p) // refused whole: unused
 			if p.needDay {
 				s.dropDay(day)
 			}
@@ -551,9 +548,7 @@ func (s *Store) try(ctx context.Context, p *plan, id string) (*clientv3.TxnRespo
 	}
 	s.answered()
 	if !resp.Succeeded {
-		if p.holdLease != 0 {
-			s.revokeRemoved(&plan{revoke: []int64{p.holdLease}}, false) // unused
-		}
+		s.revokeHolds(p) // unused
 		var st *lstate
 		if els == nil {
 			st, err = reread()

@@ -2,10 +2,11 @@ package etcdstore_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -51,15 +52,20 @@ func stateOf(t *testing.T, st *etcdstore.Store, id string) store.Ticket {
 	return got
 }
 
-// TestLeaseEndedAfterAnElectionHoldsTheSlot: a held ticket whose lease the
+// TestLeaseEndedAfterAnElectionHoldsTheSlot: a ticket whose lease the
 // server ends while its holder still renews it (a resumed stale leader's
-// revoke) keeps its slot for a TTL once the cluster has elected a leader
-// since the lease was granted (docs/leases.md rule 16): the waiter behind
-// it is not admitted beside the job, the holder's next renewal is a loss,
-// and its release (after it stopped its job) or the hold's expiry hands
-// the slot on. Without an election, the same revoke is an expiry and
-// frees the slot at once (SPEC §4.2). Without the hold, the waiter was
-// admitted at the first sweep after the revoke: two jobs in one slot.
+// revoke, forced here by revoking it behind the holder's back after a
+// leader change) is kept under a hold, a new lease of its own, once the
+// cluster has elected a leader since the lease was granted (docs/leases.md
+// rule 16): the waiter behind a held one is not admitted beside the job,
+// the holder's next renewal takes the hold over and the job keeps its slot
+// for as long as it renews, a waiter keeps its place, and a release (or
+// the hold's expiry, when nobody takes it over) hands the slot on. Without
+// an election, the same revoke is an expiry and frees the slot at once
+// (SPEC §4.2). Without the hold, the waiter was admitted at the first sweep
+// after the revoke: two jobs in one slot; without the takeover, the
+// holder's renewal was a loss, and the job was stopped (exit 76) though
+// its slot never left it.
 func TestLeaseEndedAfterAnElectionHoldsTheSlot(t *testing.T) {
 	longtest.Skip(t, "starts three-member clusters")
 	c := etcdtest.StartCluster(t, 3)
@@ -175,6 +181,12 @@ func TestLeaseEndedAfterAnElectionHoldsTheSlot(t *testing.T) {
 	h1, w1 := pair("released")
 	h2, w2 := pair("expires")
 	h4, w4 := pair("given")
+	h5, w5 := pair("renewed")
+	h6, wa := pair("place")
+	wb, err := st.Enqueue(ctx, req("place-w2", "place", 1, time.Hour))
+	if err != nil || wb.State != store.Waiting {
+		t.Fatalf("enqueue the second waiter of place: %+v, %v", wb, err)
+	}
 	// A ticket of two limits and weight 2, filling both, a waiter in each.
 	mreq := req("multi-h", "", 2, ttl)
 	mreq.Limit, mreq.Limits, mreq.Weight = "", []string{"ma", "mb"}, 2
@@ -190,16 +202,57 @@ func TestLeaseEndedAfterAnElectionHoldsTheSlot(t *testing.T) {
 		}
 		w3 = append(w3, w)
 	}
+	// Until its subtest revokes it (unkeep), each ticket is renewed as its
+	// holder would, so that subtests that run for TTLs cost none of the
+	// others its lease.
+	var keepMu sync.Mutex
+	kept := map[string]store.Ticket{}
+	keep := func(ts ...store.Ticket) {
+		keepMu.Lock()
+		defer keepMu.Unlock()
+		for _, tk := range ts {
+			kept[tk.ID] = tk
+		}
+	}
+	unkeep := func(tk store.Ticket) {
+		keepMu.Lock()
+		defer keepMu.Unlock()
+		delete(kept, tk.ID)
+	}
+	keeperDone := make(chan struct{})
+	keeperStopped := make(chan struct{})
+	go func() {
+		defer close(keeperStopped)
+		for {
+			select {
+			case <-keeperDone:
+				return
+			case <-time.After(ttl / 4):
+			}
+			keepMu.Lock()
+			ts := slices.Collect(maps.Values(kept))
+			keepMu.Unlock()
+			for _, tk := range ts {
+				_, _ = st.Renew(ctx, tk, tk.TTL)
+			}
+		}
+	}()
+	defer func() { close(keeperDone); <-keeperStopped }()
+	keep(h1, w1, h2, w2, h3, h4, w4, h5, w5, h6, wa, wb)
+	keep(w3...)
+	revoke := func(tk store.Ticket) {
+		t.Helper()
+		unkeep(tk)
+		revokeBehind(t, members, prefix, tk)
+	}
+
 	c.MoveLeader(10 * time.Second)
 	stateOf(t, st, w1.ID) // the handle hears of the new term
 
-	t.Run("the holder releases", func(t *testing.T) {
-		revokeBehind(t, members, prefix, h1)
-		sweep("released")
-		if got := stateOf(t, st, w1.ID); got.State != store.Waiting {
-			t.Fatalf("the waiter beside a job whose lease ended after an election: %s, want waiting", got.State)
-		}
-		snap, err := st.Snapshot(ctx, "released")
+	// heldIn is the held tickets of limit in a snapshot.
+	heldIn := func(limit string) []store.Ticket {
+		t.Helper()
+		snap, err := st.Snapshot(ctx, limit)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -209,21 +262,88 @@ func TestLeaseEndedAfterAnElectionHoldsTheSlot(t *testing.T) {
 				held = append(held, tk)
 			}
 		}
-		if len(held) != 1 || held[0].ID != h1.ID || held[0].Remaining <= 0 {
+		return held
+	}
+	// renewFor renews tk every third of its TTL for d, sweeping limit at
+	// each renewal, and fails unless each renewal finds it held.
+	renewFor := func(tk store.Ticket, limit string, d time.Duration) {
+		t.Helper()
+		for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(ttl / 3) {
+			got, err := st.Renew(ctx, tk, ttl)
+			if err != nil || got.State != store.Held || got.Remaining <= 0 {
+				t.Fatalf("renew of %s on its hold: %+v, %v, want held with time left", tk.ID, got, err)
+			}
+			sweep(limit)
+		}
+	}
+
+	t.Run("the holder takes the hold over", func(t *testing.T) {
+		revoke(h1)
+		sweep("released")
+		if got := stateOf(t, st, w1.ID); got.State != store.Waiting {
+			t.Fatalf("the waiter beside a job whose lease ended after an election: %s, want waiting", got.State)
+		}
+		if held := heldIn("released"); len(held) != 1 || held[0].ID != h1.ID || held[0].Remaining <= 0 {
 			t.Fatalf("held in the snapshot: %+v, want %s with its hold's time left", held, h1.ID)
 		}
-		if _, err := st.Renew(ctx, h1, ttl); !errors.Is(err, store.ErrLost) {
-			t.Fatalf("renew of the held ticket: %v, want a loss (its lease is gone)", err)
+		// Its holder renews on: the hold is its lease now, for longer than
+		// the hold alone would last.
+		renewFor(h1, "released", 2*ttl)
+		if got := stateOf(t, st, w1.ID); got.State != store.Waiting {
+			t.Fatalf("the waiter after two TTLs of renewals of the hold: %s, want waiting", got.State)
 		}
-		// The holder stopped its job: its release ends the hold.
-		if _, err := st.Release(ctx, h1, store.Lost); err != nil {
+		if _, err := st.Release(ctx, h1, store.Released); err != nil {
 			t.Fatal(err)
 		}
 		if got := stateOf(t, st, w1.ID); got.State != store.Held {
 			t.Fatalf("the waiter after the holder's release: %s, want held", got.State)
 		}
-		if k := kinds("released", h1.ID); !slices.Equal(k, []string{"admitted", store.Kept, string(store.Lost)}) {
-			t.Fatalf("the events of the held ticket: %v, want admitted, kept (once), lost", k)
+		if k := kinds("released", h1.ID); !slices.Equal(k, []string{"admitted", store.Kept, string(store.Released)}) {
+			t.Fatalf("the events of the held ticket: %v, want admitted, kept (once), released", k)
+		}
+	})
+
+	t.Run("the holder's renewal keeps it before any sweep", func(t *testing.T) {
+		// Nobody settled the limit since the revoke: the renewal does.
+		revoke(h5)
+		renewFor(h5, "renewed", ttl)
+		if got := stateOf(t, st, w5.ID); got.State != store.Waiting {
+			t.Fatalf("the waiter: %s, want waiting", got.State)
+		}
+		if k := kinds("renewed", h5.ID); !slices.Equal(k, []string{"admitted", store.Kept}) {
+			t.Fatalf("the events of the held ticket: %v, want admitted, kept", k)
+		}
+	})
+
+	t.Run("a waiter keeps its place", func(t *testing.T) {
+		// The first waiter's lease ends; the second, behind it, must not
+		// pass it.
+		revoke(wa)
+		sweep("place")
+		if got := stateOf(t, st, wa.ID); got.State != store.Waiting || got.Position != 1 {
+			t.Fatalf("the waiter whose lease ended after an election: %s at %d, want waiting at 1", got.State, got.Position)
+		}
+		for end := time.Now().Add(2 * ttl); time.Now().Before(end); time.Sleep(ttl / 3) {
+			got, err := st.Renew(ctx, wa, ttl)
+			if err != nil || got.State != store.Waiting || got.Position != 1 {
+				t.Fatalf("renew of the waiter on its hold: %+v, %v, want waiting at 1", got, err)
+			}
+			if _, err := st.Renew(ctx, wb, time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			sweep("place")
+		}
+		if _, err := st.Release(ctx, h6, store.Released); err != nil {
+			t.Fatal(err)
+		}
+		if got := stateOf(t, st, wa.ID); got.State != store.Held {
+			t.Fatalf("the first waiter after the holder's release: %s, want held", got.State)
+		}
+		if got := stateOf(t, st, wb.ID); got.State != store.Waiting {
+			t.Fatalf("the second waiter after the holder's release: %s, want waiting behind the first", got.State)
+		}
+		if k := kinds("place", wa.ID); !slices.Equal(k, []string{store.Kept, "admitted"}) {
+			t.Fatalf("the events of the waiter: %v, want kept, admitted", k)
 		}
 	})
 
@@ -232,7 +352,7 @@ func TestLeaseEndedAfterAnElectionHoldsTheSlot(t *testing.T) {
 		// lease ended and gave its slot to the waiter: a slot key names
 		// another ticket. No hold can keep that slot; the settle sweeps
 		// the ticket as expired.
-		revokeBehind(t, members, prefix, h4)
+		revoke(h4)
 		// Its slot key went with its lease; the waiter's is put under the
 		// waiter's lease, as an admission writes it.
 		resp, err := cli.Get(ctx, prefix+"/tickets/given/"+w4.ID)
@@ -252,7 +372,7 @@ func TestLeaseEndedAfterAnElectionHoldsTheSlot(t *testing.T) {
 	})
 
 	t.Run("several limits and a weight", func(t *testing.T) {
-		revokeBehind(t, members, prefix, h3)
+		revoke(h3)
 		sweep("ma")
 		sweep("mb")
 		for _, w := range w3 {
@@ -271,15 +391,10 @@ func TestLeaseEndedAfterAnElectionHoldsTheSlot(t *testing.T) {
 				}
 			}
 		}
-		// Its holder's resize is refused as a loss (its own lease is
-		// gone), and leaves the hold as it was.
-		if _, err := st.Resize(ctx, h3, 1); !errors.Is(err, store.ErrLost) {
-			t.Fatalf("resize of the ticket on its hold: %v, want a loss", err)
-		}
-		for _, w := range w3 {
-			if got := stateOf(t, st, w.ID); got.State != store.Waiting {
-				t.Fatalf("the waiter of %s after a refused resize of the ticket on its hold: %s, want waiting", w.Limit, got.State)
-			}
+		// Its holder takes the hold over, in both limits at once.
+		got, err := st.Renew(ctx, h3, ttl)
+		if err != nil || got.State != store.Held || len(got.Indexes["ma"]) != 2 || len(got.Indexes["mb"]) != 2 {
+			t.Fatalf("renew of the ticket of two limits on its hold: %+v, %v, want held on two slots in each", got, err)
 		}
 		for _, l := range []string{"ma", "mb"} {
 			if k := kinds(l, h3.ID); !slices.Equal(k, []string{"admitted", store.Kept}) {
@@ -297,7 +412,7 @@ func TestLeaseEndedAfterAnElectionHoldsTheSlot(t *testing.T) {
 	})
 
 	t.Run("the hold expires", func(t *testing.T) {
-		revokeBehind(t, members, prefix, h2)
+		revoke(h2)
 		revoked := time.Now()
 		sweep("expires")
 		time.Sleep(ttl / 2)

@@ -68,6 +68,13 @@ type entry struct {
 
 func (e *entry) live() bool { return e.tkv != nil || e.isNew }
 
+// ownKey reports whether kv is the ticket key of the ticket whose record
+// was created at fence under lease: created with its record, or put again
+// under a hold, whose lease the record names (quarantine.go).
+func ownKey(kv *mvccpb.KeyValue, fence, lease int64) bool {
+	return kv.CreateRevision == fence || kv.CreateRevision > fence && lease != 0 && kv.Lease == lease
+}
+
 func (s *lstate) find(id string) (*entry, int) {
 	for i, e := range s.entries {
 		if e.r.ID == id {
@@ -205,7 +212,9 @@ func (s *Store) addLimits(st *lstate, names []string, rs []*clientv3.GetResponse
 			}
 			e.seen++
 			tkv := live[id]
-			if tkv != nil && tkv.CreateRevision != e.fence {
+			// Keys only (no lease): a ticket key put again under a hold is
+			// created after its record; one created before is not its.
+			if tkv != nil && tkv.CreateRevision < e.fence {
 				return fmt.Errorf("%w: ticket %s: key created at revision %d, its record at %d", store.ErrCorrupt, id, tkv.CreateRevision, e.fence)
 			}
 			if e.rkv == nil || name == r.Limit {
@@ -410,7 +419,7 @@ func (s *Store) promoted(id string, kv *mvccpb.KeyValue) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k, ok := s.known[id]
-	if !ok || k.fence != kv.CreateRevision || kv.ModRevision <= k.rev {
+	if !ok || !ownKey(kv, k.fence, k.lease) || kv.ModRevision <= k.rev {
 		return false
 	}
 	k.rev, k.r, k.promoted = kv.ModRevision, r, true

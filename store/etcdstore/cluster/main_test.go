@@ -29,6 +29,11 @@ const idleEnv = "SLOTCTLTEST_CLUSTER_IDLE"
 // slotctlEtcd is the slotctl-etcd binary TestMain built.
 var slotctlEtcd string
 
+// etcdBinary, from SLOTCTL_CLUSTER_ETCD, is an etcd server binary the
+// members run instead of this package's embedded etcd (the release a
+// distribution ships, say: Debian's etcd-server is 3.4).
+var etcdBinary = os.Getenv("SLOTCTL_CLUSTER_ETCD")
+
 // enabled: the suite runs only with SLOTCTL_CLUSTER=1; soak adds the full
 // sizes of the scale goals.
 var (
@@ -65,6 +70,14 @@ func TestMain(m *testing.M) {
 		}
 	}
 	fmt.Printf("cluster: jobs run %s\n", slotctlEtcd)
+	if etcdBinary != "" {
+		out, err := exec.Command(etcdBinary, "--version").Output()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "%s --version: %v\n", etcdBinary, err)
+			os.Exit(1)
+		}
+		fmt.Printf("cluster: members run %s: %s\n", etcdBinary, strings.SplitN(string(out), "\n", 2)[0])
+	}
 	code := testguard.Main(m)
 	printFigures()
 	os.RemoveAll(dir)

@@ -82,6 +82,18 @@ func startCluster(t *testing.T) *cluster {
 	return c
 }
 
+// binaryFlags are an etcd binary's flags for member mc, as runMember
+// configures the embedded server (fsync stays on: the oldest releases
+// cannot turn it off).
+func binaryFlags(mc memberConfig) []string {
+	cu, pu := "http://"+mc.Client, "http://"+mc.Peer
+	return []string{"--name", mc.Name, "--data-dir", mc.Dir,
+		"--listen-client-urls", cu, "--advertise-client-urls", cu,
+		"--listen-peer-urls", pu, "--initial-advertise-peer-urls", pu,
+		"--initial-cluster", mc.Initial, "--initial-cluster-token", "slotctl-cluster-test",
+		"--initial-cluster-state", "new", "--logger", "zap", "--log-outputs", "stderr", "--log-level", "warn"}
+}
+
 func (c *cluster) spawn(m *member) {
 	c.t.Helper()
 	js, _ := json.Marshal(m.cfg)
@@ -92,6 +104,9 @@ func (c *cluster) spawn(m *member) {
 	defer logf.Close()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), memberEnv+"="+string(js))
+	if etcdBinary != "" {
+		cmd = exec.Command(etcdBinary, binaryFlags(m.cfg)...)
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
