@@ -264,10 +264,11 @@ const (
 // weight; the event's Weight is the new weight (docs/leases.md §2.1 item 12).
 const Resized = "resized"
 
-// Kept is the kind of event a held ticket logs on the etcd store when a
-// settle keeps its slots although its lease is gone, because the cluster
-// elected a leader since it was granted (a hold: docs/leases.md rule 16).
-// Its holder, if alive, stops at its next renewal and logs "lost".
+// Kept is the kind of event a ticket logs on the etcd store when a settle
+// keeps it (its place, and a holder's slots) although its lease is gone,
+// because the cluster elected a leader since it was granted: it is put
+// under a hold, a new lease, which its holder takes over as it renews
+// (docs/leases.md rule 16).
 const Kept = "kept"
 
 // An Event is one entry of a store's event log: admitted, released,

@@ -545,41 +545,53 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 	if uint64(k.fence) != t.Fence {
 		return store.Ticket{}, fmt.Errorf("%w: ticket %s has fence %d, not %d", store.ErrLost, t.ID, k.fence, t.Fence)
 	}
-	ka, sent, err := s.keepAliveOnce(ctx, k.lease)
-	if err != nil && isLeaseNotFound(err) {
+	for took := false; ; took = true {
+		ka, sent, err := s.keepAliveOnce(ctx, k.lease)
+		if err != nil && !isLeaseNotFound(err) {
+			return store.Ticket{}, s.unavailable(err, false)
+		}
+		lost := fmt.Errorf("%w: ticket %s: %s", store.ErrLost, t.ID, expiredEvidence)
+		if err == nil {
+			s.answered()
+			out, err := s.renewed(ctx, k, t.ID, func(term uint64) error {
+				// The read after the keep-alive is linearizable: a quorum's
+				// current term. A keep-alive answered at an older one came
+				// from a leader that was stalled and has not heard of its
+				// successor: it renewed its own lessor only (staleTerm; a
+				// handle that had not seen the newer term yet could not
+				// tell before this read).
+				if kt := ka.ResponseHeader.GetRaftTerm(); kt < term {
+					s.sawRaftTerm(term)
+					return s.unavailable(fmt.Errorf("keep-alive of ticket %s answered at raft term %d, behind the cluster's %d: not a renewal", t.ID, kt, term), false)
+				}
+				s.leases.acked(k.lease, sent, time.Duration(ka.TTL)*time.Second)
+				return nil
+			})
+			if !errors.Is(err, errKeyGone) {
+				return out, err
+			}
+			// Its key went between the keep-alive and the read: removed,
+			// or its lease ended just then (a revoke).
+			lost = fmt.Errorf("%w: ticket %s was removed", store.ErrLost, t.ID)
+		}
 		s.leases.forget(k.lease)
-		nk, held, herr := s.takeHold(ctx, t.ID, k)
-		if herr != nil {
-			return store.Ticket{}, herr
+		if took {
+			return store.Ticket{}, s.lostWhy(ctx, t.ID, lost)
+		}
+		nk, held, err := s.takeHold(ctx, t.ID, k)
+		if err != nil {
+			return store.Ticket{}, err
 		}
 		if !held {
-			return store.Ticket{}, s.lostWhy(ctx, t.ID, fmt.Errorf("%w: ticket %s: %s", store.ErrLost, t.ID, expiredEvidence))
+			return store.Ticket{}, s.lostWhy(ctx, t.ID, lost)
 		}
 		k = nk
-		ka, sent, err = s.keepAliveOnce(ctx, k.lease)
 	}
-	switch {
-	case err != nil && isLeaseNotFound(err):
-		s.leases.forget(k.lease)
-		return store.Ticket{}, s.lostWhy(ctx, t.ID, fmt.Errorf("%w: ticket %s: %s", store.ErrLost, t.ID, expiredEvidence))
-	case err != nil:
-		return store.Ticket{}, s.unavailable(err, false)
-	}
-	s.answered()
-	return s.renewed(ctx, k, t.ID, func(term uint64) error {
-		// The read after the keep-alive is linearizable: a quorum's
-		// current term. A keep-alive answered at an older one came from a
-		// leader that was stalled and has not heard of its successor: it
-		// renewed its own lessor only (staleTerm; a handle that had not
-		// seen the newer term yet could not tell before this read).
-		if kt := ka.ResponseHeader.GetRaftTerm(); kt < term {
-			s.sawRaftTerm(term)
-			return s.unavailable(fmt.Errorf("keep-alive of ticket %s answered at raft term %d, behind the cluster's %d: not a renewal", t.ID, kt, term), false)
-		}
-		s.leases.acked(k.lease, sent, time.Duration(ka.TTL)*time.Second)
-		return nil
-	})
 }
+
+// errKeyGone is renewed's answer when the ticket's own key is not there:
+// its Renew decides whether a hold keeps it (takeHold).
+var errKeyGone = errors.New("the ticket's key is gone")
 
 // takeHold answers a renewal whose lease the server no longer has: after
 // an election, a settle keeps the ticket under a hold, a lease of its own
@@ -637,8 +649,9 @@ func (s *Store) renewed(ctx context.Context, k known, id string, confirm func(te
 	rs := getResponses(resp.Responses)
 	own := rs[0].Kvs
 	if len(own) == 0 || !ownKey(own[0], k.fence, k.lease) {
-		// Released or reaped while its lease lived on: the removal is final.
-		return store.Ticket{}, s.lostWhy(ctx, id, fmt.Errorf("%w: ticket %s was removed", store.ErrLost, id))
+		// Released or reaped while its lease lived on (the removal is
+		// final), or its lease ended since the keep-alive.
+		return store.Ticket{}, errKeyGone
 	}
 	e := &entry{fence: k.fence, tkv: own[0], rkv: own[0]}
 	if e.r, err = decodeRec(own[0].Key, k.limit, id, own[0].Value); err != nil {

@@ -220,6 +220,21 @@ func (p *plan) removeBy(e *entry, why store.Reason, evidence string, by *store.S
 		}
 		p.revoke = append(p.revoke, e.r.Lease)
 	}
+	if i := slices.Index(p.holding, e); i >= 0 {
+		// Kept by this plan, then removed (proven dead): none of its
+		// hold's writes stand.
+		p.holding = slices.Delete(p.holding, i, i+1)
+		for _, n := range names {
+			for _, k := range []string{p.s.k.record(n, id), p.s.k.ticket(n, id)} {
+				p.put(k, writeOp{del: true})
+			}
+			for _, i := range e.r.in(n) {
+				if k := p.s.k.slot(n, i); p.w[k].hold != nil {
+					p.put(k, writeOp{del: true})
+				}
+			}
+		}
+	}
 	for _, n := range names {
 		p.del(p.s.k.record(n, id))
 		// Under its lease, or its hold's (quarantine.go).
@@ -361,6 +376,12 @@ func (p *plan) queued(in *store.SettleInput, remaining time.Duration, keep func(
 // under its lease. It reports false when out of room.
 func (p *plan) admit(e *entry, a store.Admit) bool {
 	names := e.r.names()
+	// A waiter this plan keeps under a hold (quarantine.go) is admitted
+	// under the hold, which it writes; one whose hold did not fit waits.
+	held := !e.isNew && e.tkv == nil
+	if held && !slices.Contains(p.holding, e) {
+		return false
+	}
 	if c := p.countRoom(names); !p.room(ticketKeys(len(names), e.r.Weight)+c, 1+2*len(names)+c) {
 		return false
 	}
@@ -376,9 +397,16 @@ func (p *plan) admit(e *entry, a store.Admit) bool {
 			e.r.Indexes[n] = slices.Clone(a.Indexes[n])
 		}
 	}
-	if e.isNew {
+	r := e.r
+	switch {
+	case e.isNew:
 		p.putNew(e)
-	} else {
+	case held:
+		for _, n := range names {
+			p.put(p.s.k.record(n, r.ID), writeOp{hold: &r, holdRec: true, unleased: true})
+			p.put(p.s.k.ticket(n, r.ID), writeOp{hold: &r, holdRec: true})
+		}
+	default:
 		p.cmp(clientv3.Compare(clientv3.ModRevision(p.s.k.ticket(e.at, e.r.ID)), "=", e.tkv.ModRevision))
 		v := encode(e.r)
 		for _, n := range names {
@@ -388,7 +416,11 @@ func (p *plan) admit(e *entry, a store.Admit) bool {
 	}
 	for _, n := range names {
 		for _, i := range a.Indexes[n] {
-			p.put(p.s.k.slot(n, i), writeOp{val: e.r.ID, lease: e.r.Lease})
+			if held {
+				p.put(p.s.k.slot(n, i), writeOp{val: r.ID, hold: &r})
+			} else {
+				p.put(p.s.k.slot(n, i), writeOp{val: e.r.ID, lease: e.r.Lease})
+			}
 		}
 	}
 	p.event("admitted", e.r, e.fence, "")

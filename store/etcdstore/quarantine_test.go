@@ -183,6 +183,7 @@ func TestLeaseEndedAfterAnElectionHoldsTheSlot(t *testing.T) {
 	h4, w4 := pair("given")
 	h5, w5 := pair("renewed")
 	h6, wa := pair("place")
+	h7, wc := pair("atonce")
 	wb, err := st.Enqueue(ctx, req("place-w2", "place", 1, time.Hour))
 	if err != nil || wb.State != store.Waiting {
 		t.Fatalf("enqueue the second waiter of place: %+v, %v", wb, err)
@@ -238,7 +239,7 @@ func TestLeaseEndedAfterAnElectionHoldsTheSlot(t *testing.T) {
 		}
 	}()
 	defer func() { close(keeperDone); <-keeperStopped }()
-	keep(h1, w1, h2, w2, h3, h4, w4, h5, w5, h6, wa, wb)
+	keep(h1, w1, h2, w2, h3, h4, w4, h5, w5, h6, wa, wb, h7, wc)
 	keep(w3...)
 	revoke := func(tk store.Ticket) {
 		t.Helper()
@@ -343,6 +344,22 @@ func TestLeaseEndedAfterAnElectionHoldsTheSlot(t *testing.T) {
 			t.Fatalf("the second waiter after the holder's release: %s, want waiting behind the first", got.State)
 		}
 		if k := kinds("place", wa.ID); !slices.Equal(k, []string{store.Kept, "admitted"}) {
+			t.Fatalf("the events of the waiter: %v, want kept, admitted", k)
+		}
+	})
+
+	t.Run("a waiter kept and admitted in one step", func(t *testing.T) {
+		// The holder's release settles the limit: it keeps the waiter
+		// whose lease ended and admits it, under its hold, at once.
+		revoke(wc)
+		if _, err := st.Release(ctx, h7, store.Released); err != nil {
+			t.Fatal(err)
+		}
+		if got := stateOf(t, st, wc.ID); got.State != store.Held || got.Remaining <= 0 {
+			t.Fatalf("the waiter after the release: %+v, want held with time left", got)
+		}
+		renewFor(wc, "atonce", ttl)
+		if k := kinds("atonce", wc.ID); !slices.Equal(k, []string{store.Kept, "admitted"}) {
 			t.Fatalf("the events of the waiter: %v, want kept, admitted", k)
 		}
 	})

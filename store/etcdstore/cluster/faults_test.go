@@ -115,6 +115,9 @@ func TestPausedMember(t *testing.T) {
 			}
 			if codes[0] != faultJobs+lateJobs {
 				t.Errorf("exits: %s; want all %d to exit 0", fmtCodes(codes), faultJobs+lateJobs)
+				if codes[76] == 0 {
+					js.showUnexpected(0, 3)
+				}
 			}
 		})
 	}

@@ -97,13 +97,19 @@ func (js *jobs) start(name, store string, d time.Duration, ignoreTerm bool, args
 // startArgv runs slotctl-etcd with argv; stdin /dev/null, output to files.
 func (js *jobs) startArgv(name string, argv ...string) *job {
 	js.t.Helper()
+	return js.startBin(name, slotctlEtcd, argv...)
+}
+
+// startBin is startArgv of another program (etcdctl, the yardstick).
+func (js *jobs) startBin(name, bin string, argv ...string) *job {
+	js.t.Helper()
 	j := &job{name: name, done: make(chan struct{}), errPath: filepath.Join(js.dir, name+".stderr"), childDir: js.dir}
 	errf, err := os.Create(j.errPath)
 	if err != nil {
 		js.t.Fatal(err)
 	}
 	defer errf.Close()
-	j.cmd = exec.Command(slotctlEtcd, argv...)
+	j.cmd = exec.Command(bin, argv...)
 	j.cmd.Dir, j.cmd.Env = js.dir, js.env
 	j.cmd.Stdout, j.cmd.Stderr = errf, errf
 	j.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
