@@ -390,6 +390,11 @@ func TestLeaseEndedAfterAnElectionHoldsTheSlot(t *testing.T) {
 
 	t.Run("several limits and a weight", func(t *testing.T) {
 		revoke(h3)
+		// Its jobserver resizes before anything settled its limits: the
+		// resize takes the hold over, as a renewal does, and is no loss.
+		if got, err := st.Resize(ctx, h3, 2); err != nil || got.State != store.Held {
+			t.Fatalf("resize of the ticket of two limits whose lease ended: %+v, %v, want held", got, err)
+		}
 		sweep("ma")
 		sweep("mb")
 		for _, w := range w3 {

@@ -2,6 +2,7 @@ package etcdstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -23,6 +24,21 @@ import (
 // changed in its limits since the read. A growth stops at MaxTicketKeys: a
 // ticket must stay removable in one transaction.
 func (s *Store) Resize(ctx context.Context, t store.Ticket, weight int) (store.Ticket, error) {
+	out, err := s.resize(ctx, t, weight)
+	if errors.Is(err, errNotLive) && store.CheckTTL(t.TTL) == nil {
+		// Its lease is gone: after an election a hold may keep the ticket,
+		// which a renewal takes over (quarantine.go); then resize again.
+		if _, rerr := s.Renew(ctx, t, t.TTL); rerr == nil {
+			out, err = s.resize(ctx, t, weight)
+		}
+	}
+	return out, err
+}
+
+// errNotLive marks a resize refused because the ticket's lease is gone.
+var errNotLive = errors.New("its lease is gone")
+
+func (s *Store) resize(ctx context.Context, t store.Ticket, weight int) (store.Ticket, error) {
 	if s.closed.Load() {
 		return store.Ticket{}, s.errClosed()
 	}
@@ -66,7 +82,7 @@ func (s *Store) Resize(ctx context.Context, t store.Ticket, weight int) (store.T
 		case uint64(e.fence) != t.Fence:
 			return fmt.Errorf("%w: ticket %s has fence %d, not %d", store.ErrLost, t.ID, e.fence, t.Fence)
 		case !e.live():
-			return fmt.Errorf("%w: ticket %s: %s", store.ErrLost, t.ID, expiredEvidence)
+			return fmt.Errorf("%w: %w: ticket %s: %s", store.ErrLost, errNotLive, t.ID, expiredEvidence)
 		case e.r.State != store.Held:
 			return fmt.Errorf("%w: ticket %s is waiting: only a held ticket can be resized", store.ErrInvalid, t.ID)
 		}
