@@ -27,7 +27,7 @@ func newLogCmd(f *Factory, g *globalOptions, runF func(*LogOptions) error) *cobr
 		Long: `Show the newest events of the store's log, oldest first: admitted, released,
 cancelled (gave up waiting), busy (not admitted before --wait ran out), reaped
 (with the evidence), force-released (by an operator), lost (a holder that
-presumed its lease lost) and, on etcd, kept (a held ticket's slots kept after
+presumed its lease lost) and, on etcd, kept (a ticket kept under a hold after
 an election, when etcd ended its lease early). The store keeps the newest 10,000 events; -o json
 also gives how long each admitted ticket waited and each removed holder held
 ("waited", "held": nanoseconds).
