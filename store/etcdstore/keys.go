@@ -90,7 +90,8 @@ type limitRec struct {
 // fence). Version 2 adds Limits (when more than one), Weight (when more
 // than 1) and Indexes (while held, when either is), and, all optional, the
 // ticket's Key, the Stop request a newer run of its key made of it while
-// held, and the held tickets it Replaces (docs/leases.md §2.1 item 10).
+// held, the held tickets it Replaces and its Superseding mark
+// (docs/leases.md §2.1 item 10).
 type rec struct {
 	V        int              `json:"v"`
 	ID       string           `json:"id"`
@@ -108,6 +109,13 @@ type rec struct {
 	Key      string           `json:"key,omitempty"`
 	Stop     *store.Successor `json:"stop,omitempty"`
 	Replaces []string         `json:"replaces,omitempty"`
+	// Superseding marks a ticket whose supersede did not fit in one
+	// transaction: it was written first, with what fit, and every settle
+	// goes on removing the older waiting tickets of its Key that share one
+	// of its limits, and asking those it Replaces to stop, until none is
+	// left; those are never admitted meanwhile (plan.supersede). A reader
+	// that does not know the field only leaves the rest to the newer run.
+	Superseding bool `json:"superseding,omitempty"`
 	// Term is the raft term known when the ticket's lease was granted (at
 	// most the term it was granted in), and Hold the lease that keeps a
 	// held ticket's slots once its own lease vanished after an election
@@ -148,9 +156,15 @@ type idRec struct {
 // it supersedes or replaces, its host escaped if need be (a record's host
 // is not checked; the successor's is, on decode).
 func successorOf(req store.EnqueueRequest) store.Successor {
-	by := store.SuccessorOf(store.Ticket{ID: req.ID, Holder: req.Holder})
-	if !store.IsPrintable(req.Holder.Host) {
-		by.Host = store.Printable(req.Holder.Host)
+	return successor(req.ID, req.Holder)
+}
+
+// successor is successorOf the ticket id of holder h: the same value from
+// the request and from the record written for it.
+func successor(id string, h store.Holder) store.Successor {
+	by := store.SuccessorOf(store.Ticket{ID: id, Holder: h})
+	if !store.IsPrintable(h.Host) {
+		by.Host = store.Printable(h.Host)
 	}
 	return by
 }
@@ -247,8 +261,8 @@ func (r *rec) check(what, limit, id string) error {
 	if r.ID != id || store.CheckID(r.ID) != nil {
 		return bad("ticket id %q under key of id %q", r.ID, id)
 	}
-	if r.V < 2 && (len(r.Limits) > 0 || r.Weight != 0 || r.Indexes != nil || r.Key != "" || r.Stop != nil || r.Replaces != nil) {
-		return bad("a version 1 record names limits, a weight, indexes, a key, a stop request or tickets it replaces")
+	if r.V < 2 && (len(r.Limits) > 0 || r.Weight != 0 || r.Indexes != nil || r.Key != "" || r.Stop != nil || r.Replaces != nil || r.Superseding) {
+		return bad("a version 1 record names limits, a weight, indexes, a key, a stop request, tickets it replaces or a supersede")
 	}
 	if err := store.CheckKey(r.Key); err != nil {
 		return bad("%v", err)

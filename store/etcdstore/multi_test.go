@@ -276,6 +276,7 @@ func TestHostileRecordsAreCorrupt(t *testing.T) {
 		{`{"v":2,"id":"t","limit":"l","state":"held","slot":0,"stop":{"ticket":"n","pid":-3}}`, "pid -3"},
 		{`{"v":2,"id":"t","limit":"l","state":"held","slot":0,"stop":{"ticket":"n","url":"\u0000"}}`, "url"},
 		{`{"v":2,"id":"t","limit":"l","state":"waiting","slot":-1,"replaces":["a","b/c"]}`, "replaces"},
+		{`{"v":1,"id":"t","limit":"l","state":"waiting","slot":-1,"superseding":true}`, "version 1"},
 		{`{"v":2,"id":"t","limit":"l","state":"waiting","slot":-1,"replaces":["` + strings.Repeat(`a","`, 256) + `a"]}`, "replaces 257"},
 	} {
 		prefix := fmt.Sprintf("/hostile/%d", i)

@@ -2,14 +2,20 @@ package etcdstore_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/slotctl/slotctl/store"
 	"github.com/slotctl/slotctl/store/etcdstore"
@@ -276,5 +282,157 @@ func TestSupersedeOfManyWaiters(t *testing.T) {
 	}
 	if strings.Join(ids, " ") != "h x n" {
 		t.Fatalf("tickets %q, want h x n", ids)
+	}
+}
+
+// failWritesFrom lets k of a handle's transactions that write ticket
+// records through and fails the rest (k 0: all of them), as when the store
+// goes away midway; failed counts the ones refused.
+func failWritesFrom(k int) (o grpc.DialOption, failed *atomic.Int32) {
+	var seen atomic.Int32
+	failed = new(atomic.Int32)
+	return grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if tr, ok := req.(*pb.TxnRequest); ok && (writes(tr, "/records/", true) || writes(tr, "/records/", false)) {
+			if int(seen.Add(1)) > k {
+				failed.Add(1)
+				return status.Error(codes.Unavailable, "test: the store went away")
+			}
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}), failed
+}
+
+// A supersede of more waiters than one transaction holds (one holder and
+// 40 waiters of the key; 70 for a split in three) never strands the key,
+// whichever of its transactions fails: the first failing leaves every
+// older run as it was; a later one leaves the new ticket written, each
+// older waiter waiting or superseded by it (never by a ticket that does
+// not exist). A later settle on another handle finishes the supersede
+// without admitting an older waiter: another enqueue on the limit once the
+// holder's lease is gone, the new ticket's renewal, or the holder's
+// release. The new run is then the only one of the key left, and its mark
+// is gone.
+func TestSplitSupersedeNeverStrandsTheKey(t *testing.T) {
+	parallel(t)
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	cl := raw(t, srv)
+	for _, c := range []struct {
+		waiters int
+		replace bool
+		finish  string // the later settle: "enqueue", "renew" or "release"
+	}{{40, false, "enqueue"}, {40, true, "renew"}, {70, true, "release"}} {
+		name := fmt.Sprintf("%d waiters, replace %v, %s", c.waiters, c.replace, c.finish)
+		for k := 0; ; k++ {
+			prefix := fmt.Sprintf("/split-%d-%v-%d", c.waiters, c.replace, k)
+			st := open(t, srv, etcdstore.Options{Prefix: prefix})
+			h := mustEnqueue(t, st, keyReq("h", "l", "main", 1), store.Held)
+			var ws []store.Ticket
+			for i := range c.waiters {
+				ws = append(ws, mustEnqueue(t, st, keyReq(fmt.Sprintf("w%02d", i), "l", "main", 1), store.Waiting))
+			}
+			fail, failed := failWritesFrom(k)
+			newer := open(t, srv, etcdstore.Options{Prefix: prefix, DialOptions: []grpc.DialOption{fail}})
+			r := keyReq("n", "l", "main", 1)
+			r.Supersede, r.Replace = !c.replace, c.replace
+			ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+			_, err := newer.Enqueue(ctx, r)
+			cancel()
+			newer.Close()
+			ctx = context.Background()
+			whole := failed.Load() == 0 // k is past the enqueue's last transaction
+			if whole && k < 2 {
+				t.Fatalf("%s: the enqueue took %d transactions; the test wants it split", name, k)
+			}
+			if k == 0 {
+				// Nothing was written: every older run stands.
+				if _, err := st.Get(ctx, "n"); !errors.Is(err, store.ErrNotFound) {
+					t.Fatalf("%s, k 0: Get n: %v; want not found", name, err)
+				}
+				for _, w := range ws {
+					if _, err := st.Renew(ctx, w, 10*time.Second); err != nil {
+						t.Fatalf("%s, k 0: Renew %s: %v; want it waiting on", name, w.ID, err)
+					}
+				}
+				if got := mustGet(t, st, "h"); got.Stop != nil {
+					t.Fatalf("%s, k 0: h asked to stop by an enqueue that wrote nothing: %+v", name, got)
+				}
+				continue
+			}
+			if err != nil {
+				t.Fatalf("%s, k %d: Enqueue n: %v; want its ticket, written first", name, k, err)
+			}
+			n := mustGet(t, st, "n")
+			if n.State != store.Waiting || c.replace != slices.Equal(n.Replaces, []string{"h"}) {
+				t.Fatalf("%s, k %d: n %+v; want waiting, replacing h only with --replace", name, k, n)
+			}
+			// Each older waiter waits on, or is superseded by n, which exists.
+			for _, w := range ws {
+				var err error
+				if c.finish == "release" {
+					_, err = st.Renew(ctx, w, 10*time.Second) // the one next in line settles
+				} else {
+					_, err = st.Get(ctx, w.ID)
+				}
+				var se *store.SupersededError
+				if err != nil && (!errors.As(err, &se) || se.By.Ticket != "n") {
+					t.Fatalf("%s, k %d: %s: %v; want it waiting or superseded by n", name, k, w.ID, err)
+				}
+			}
+			switch c.finish {
+			case "enqueue":
+				// The holder's lease ends (revoked, as on its expiry), which
+				// settles nothing; the next enqueue on the limit does.
+				resp, err := cl.Get(ctx, prefix+"/records/l/h")
+				var hr struct{ Lease int64 }
+				if err != nil || len(resp.Kvs) != 1 || json.Unmarshal(resp.Kvs[0].Value, &hr) != nil {
+					t.Fatalf("%s, k %d: h's record: %v, %v", name, k, resp, err)
+				}
+				if _, err := cl.Revoke(ctx, clientv3.LeaseID(hr.Lease)); err != nil {
+					t.Fatal(err)
+				}
+				mustEnqueue(t, st, keyReq("x", "l", "other", 1), store.Waiting)
+			case "renew":
+				// n's renewal settles, though it is far back in the queue.
+				if _, err := st.Renew(ctx, n, 10*time.Second); err != nil {
+					t.Fatalf("%s, k %d: Renew n: %v", name, k, err)
+				}
+				for _, w := range ws {
+					superseded(t, st, w, "n")
+				}
+				if got := mustGet(t, st, "h"); got.Stop == nil || got.Stop.Ticket != "n" {
+					t.Fatalf("%s, k %d: h %+v; want asked to stop by n", name, k, got)
+				}
+				fallthrough
+			case "release":
+				if ok, err := st.Release(ctx, h, store.Released); err != nil || !ok {
+					t.Fatalf("%s, k %d: Release h: %v %v", name, k, ok, err)
+				}
+			}
+			if got := mustGet(t, st, "n"); got.State != store.Held {
+				t.Fatalf("%s, k %d: n once h is gone: %+v; want held", name, k, got)
+			}
+			for _, w := range ws {
+				superseded(t, st, w, "n")
+			}
+			sn, err := st.Snapshot(ctx, "l")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ids []string
+			for _, tk := range sn.Tickets {
+				ids = append(ids, tk.ID)
+			}
+			if want := map[bool]string{true: "n x", false: "n"}[c.finish == "enqueue"]; strings.Join(ids, " ") != want {
+				t.Fatalf("%s, k %d: tickets %q; want %q", name, k, ids, want)
+			}
+			resp, err := cl.Get(ctx, prefix+"/records/l/n")
+			if err != nil || len(resp.Kvs) != 1 || strings.Contains(string(resp.Kvs[0].Value), "supersed") {
+				t.Fatalf("%s, k %d: n's record %v, %v; want it without the mark", name, k, resp, err)
+			}
+			if whole {
+				t.Logf("%s: the enqueue took %d transactions", name, k)
+				break
+			}
+		}
 	}
 }

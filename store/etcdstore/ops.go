@@ -39,17 +39,23 @@ func unknownOutcome(err error) bool {
 // (QueueFullError, on a linearizable read) with nothing written.
 //
 // When the removals and stop requests do not fit in one transaction with
-// the ticket (some twenty waiters of the key), they are committed first,
-// as many per transaction as fit, and the step is planned again until the
-// rest fits. That is still correct: a waiter removed early frees no slot
-// and admits nobody beside a holder (the tickets it blocked are older than
-// the new one, which would admit them anyway, and their bells see it go),
-// its job never ran, and a holder asked early only stops sooner, while the
-// new ticket's Replaces still names it, so it is never admitted beside it.
-// What is given up is only the atomicity of the whole for such an enqueue:
-// if it then fails (the caller gives up, the store goes away, max-waiting
-// refuses on a queue that grew meanwhile), those runs were superseded or
-// stopped for a ticket that was never written.
+// the ticket (some twenty waiters of the key), the ticket is written first,
+// marked (rec.Superseding), with its Replaces and as many of them as fit,
+// the stop requests first; a compare that no ticket of its limits was
+// admitted since the read keeps Replaces whole. Every settle then carries
+// on, the enqueue's own at once: it removes the older waiting tickets of
+// the key that share a limit with a marked ticket (tombstones naming it),
+// asks the held ones it replaces to stop, and clears the mark in the
+// transaction that does the last of it (plan.supersede). While the mark
+// stands those waiters are never admitted: a settle plans as if they were
+// gone, as the enqueue did. A waiter removed late frees no slot, and its
+// job never ran. So whichever transaction fails (the store goes away, the
+// caller gives up, the process dies), the key keeps its older runs, or the
+// new ticket and perhaps some older waiters that the next settle of the
+// limit supersedes (a renewal of the marked ticket settles, wherever it
+// waits): a run is never superseded or stopped for a ticket that was never
+// written. Once the first transaction commits, Enqueue returns the ticket
+// even if the rest fails.
 func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ticket, error) {
 	if s.closed.Load() {
 		return store.Ticket{}, s.errClosed()
@@ -123,9 +129,7 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 		}
 		var e *entry
 		var answer func() (store.Ticket, error)
-		pre := false // this round commits supersede removals and stop requests only
 		p, resp, cerr := s.commit(ctx, st, req.ID, func(p *plan) error {
-			pre = false
 			st := p.st
 			if st.idKV != nil {
 				answer = func() (store.Ticket, error) {
@@ -207,39 +211,58 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 			for _, rm := range sp.Remove {
 				reaped[es[rm.Index]] = true
 			}
-			// The supersede removals (compare-and-delete on what was read,
-			// one removal path: tombstone naming the successor, an event in
-			// each limit) and the stop requests; a held ticket the settle
-			// removes anyway (proven dead) is not asked.
-			for _, w := range sup {
-				if !p.removeBy(w, store.Superseded, "superseded by ticket "+req.ID, &by) {
-					pre = true
-					break
-				}
-			}
-			for _, h := range held {
-				if pre || reaped[h] || h.r.Stop != nil && *h.r.Stop == by {
-					continue // asked already, by an earlier round of this enqueue
-				}
-				if !p.stop(h, by) {
-					pre = true
-				}
-			}
-			if c := p.countRoom(names); pre || !p.room(ticketKeys(len(names), req.Weight)+1+len(create)+c, 1+2*len(names)+c) {
-				// More than one transaction holds: commit these first, then
-				// plan again (see the comment of Enqueue).
-				if p.empty() {
-					return fmt.Errorf("%w: ticket %s: its supersede and stop requests do not fit in etcd transactions", store.ErrInvalid, req.ID)
-				}
-				pre = true
-				p.full = false
-				return nil
+			// The ticket first, marked while anything older of its key is
+			// left (see the comment of Enqueue); the room it takes is
+			// there in an empty plan (MaxTicketKeys).
+			e.r.Superseding = len(sup)+len(held) > 0
+			if c := p.countRoom(names); !p.room(ticketKeys(len(names), req.Weight)+1+len(create)+c, 1+2*len(names)+c) {
+				return fmt.Errorf("%w: ticket %s does not fit in an etcd transaction", store.ErrInvalid, req.ID)
 			}
 			for _, n := range create {
 				p.put(s.k.limit(n), writeOp{val: encode(*st.lims[n].lim)})
 				p.newCounts(n)
 			}
 			p.putNew(e)
+			// The stop requests and the supersede removals (compare-and-
+			// delete on what was read, one removal path: tombstone naming
+			// the successor, an event in each limit), as many as fit; a
+			// held ticket the settle removes anyway (proven dead) is not
+			// asked. The stops first: the new run waits for those.
+			split := false
+			for _, h := range held {
+				if reaped[h] || h.r.Stop != nil && *h.r.Stop == by {
+					continue
+				}
+				if !p.stop(h, by) {
+					split = true
+					break
+				}
+			}
+			for _, w := range sup {
+				if split || !p.removeBy(w, store.Superseded, "superseded by ticket "+req.ID, &by) {
+					split = true
+					break
+				}
+			}
+			if split {
+				// The rest is the settles' (p.full: the first one right
+				// after this commit), and admits nobody of it meanwhile: no
+				// ticket of its limits was admitted since the read either,
+				// so that Replaces names every older holder of the key.
+				for _, n := range names {
+					p.compareSlots(n)
+				}
+				return nil
+			}
+			if e.r.Superseding {
+				e.r.Superseding = false // all of it in this one transaction
+				p.putNew(e)
+			}
+			if !p.supersede(reaped) {
+				// Another run's unfinished supersede (rec.Superseding) took
+				// the room: the settle after this commit admits.
+				return nil
+			}
 			p.apply(sp, es, true)
 			if e.r.State == store.Held && !joined {
 				// Admitted on the strength of its place in the queues: no
@@ -250,11 +273,6 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 			}
 			return nil
 		})
-		if cerr == nil && pre {
-			s.afterCommit(p)
-			st, err = s.read(ctx, names, req.ID, false)
-			continue
-		}
 		if cerr != nil && errors.Is(cerr, store.ErrQueueFull) && !linear {
 			// Refused on the first, serializable read: a refusal stands
 			// only on a current one.
@@ -373,6 +391,12 @@ func (s *Store) existing(ctx context.Context, st *lstate, req store.EnqueueReque
 	}
 	s.remember(e, 0)
 	s.ring(req.ID, e.r.names(), false, 0)
+	if e.r.Superseding {
+		// Its first transaction landed, the answer was lost: carry on.
+		if nst, err := s.settleLimit(ctx, e.r.names(), req.ID); err == nil {
+			st = nst
+		}
+	}
 	t, _ := s.viewOf(ctx, st, req.ID)
 	return t, e.r.Lease == lease, nil
 }
@@ -671,7 +695,7 @@ func (s *Store) renewed(ctx context.Context, k known, id string, confirm func(te
 		}
 		slots = l.Slots
 	}
-	if len(e.r.names()) == 1 && ahead >= slots && rs[4].Count <= rs[3].Count {
+	if len(e.r.names()) == 1 && ahead >= slots && rs[4].Count <= rs[3].Count && !e.r.Superseding {
 		return s.view(e, ahead+1, max(rem, time.Millisecond)), nil
 	}
 	st, err := s.read(ctx, e.r.names(), id, false)

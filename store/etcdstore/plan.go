@@ -1,6 +1,7 @@
 package etcdstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -286,10 +287,127 @@ func (p *plan) stop(e *entry, by store.Successor) bool {
 // does; an expired one is shown to the judge only by a reap (all). The
 // judge may stop an orphaned job (act). Tickets the plan removes already (a
 // release) count as gone; the ticket being enqueued is admitted but not judged.
+//
+// It carries on the unfinished supersedes (supersede) before it applies
+// the plan; out of room there, it applies nothing of it and settles again
+// after this commit.
 func (p *plan) settle(all bool) {
-	if plan, es := p.planSettle(all, nil); len(es) > 0 || !plan.Empty() {
+	plan, es := p.planSettle(all, nil)
+	if !p.supersede(removes(plan, es)) {
+		return
+	}
+	if len(es) > 0 || !plan.Empty() {
 		p.apply(plan, es, true)
 	}
+}
+
+// removes is the entries a settle's plan removes.
+func removes(plan store.SettlePlan, es []*entry) map[*entry]bool {
+	out := map[*entry]bool{}
+	for _, rm := range plan.Remove {
+		out[es[rm.Index]] = true
+	}
+	return out
+}
+
+// superseding is the live tickets read whose supersede is unfinished
+// (rec.Superseding), newest first, but the one being enqueued, which
+// does its own.
+func (p *plan) superseding() []*entry {
+	var ms []*entry
+	for _, e := range p.st.entries {
+		if e.r.Superseding && e.live() && !e.isNew && !p.gone[e] {
+			ms = append(ms, e)
+		}
+	}
+	slices.SortFunc(ms, func(a, b *entry) int { return cmp.Compare(b.fence, a.fence) })
+	return ms
+}
+
+// supersedes reports whether the marked ticket m supersedes x: x is an
+// older live waiting ticket of m's key sharing one of its limits.
+func supersedes(m, x *entry) bool {
+	return x != m && !x.isNew && x.live() && x.r.State != store.Held && x.r.Key == m.r.Key &&
+		x.fence < m.fence && slices.ContainsFunc(x.r.names(), func(n string) bool { return slices.Contains(m.r.names(), n) })
+}
+
+// doomed is the tickets that an unfinished supersede will remove: a
+// settle must not admit them, and plans as if they were gone already
+// (queued), as their enqueue did.
+func (p *plan) doomed() map[*entry]bool {
+	ms := p.superseding()
+	if len(ms) == 0 {
+		return nil
+	}
+	out := map[*entry]bool{}
+	for _, x := range p.st.entries {
+		if !p.gone[x] && slices.ContainsFunc(ms, func(m *entry) bool { return supersedes(m, x) }) {
+			out[x] = true
+		}
+	}
+	return out
+}
+
+// supersede carries on the supersedes that did not fit in their enqueue's
+// transaction, newest first (a newer one removes an older marked one): as
+// the enqueue does, it removes the tickets the marked one supersedes,
+// tombstones naming it, and asks the held ones it Replaces to stop, unless
+// it or another live run did already. Once nothing of that is left it
+// clears the mark, in the same transaction as the last of it. A ticket
+// that lost its lease supersedes nothing more. The tickets the settle
+// removes (spare) are left to it: a removal must not follow a rewrite of
+// the same keys in one plan. It reports false when out of room.
+func (p *plan) supersede(spare map[*entry]bool) bool {
+	for _, m := range p.superseding() {
+		if p.gone[m] || spare[m] {
+			continue // superseded by a newer one in this plan, or removed
+		}
+		by := successor(m.r.ID, m.r.Holder)
+		for _, x := range p.st.entries {
+			if !p.gone[x] && supersedes(m, x) && !p.removeBy(x, store.Superseded, "superseded by ticket "+m.r.ID, &by) {
+				return false
+			}
+		}
+		for _, id := range m.r.Replaces {
+			h, _ := p.st.find(id)
+			if h == nil || p.gone[h] || spare[h] || !h.live() || h.r.State != store.Held {
+				continue
+			}
+			if s := h.r.Stop; s != nil && (s.Ticket == m.r.ID || p.lives(s.Ticket)) {
+				continue
+			}
+			if !p.stop(h, by) {
+				return false
+			}
+		}
+		if !p.unmark(m) {
+			return false
+		}
+	}
+	return true
+}
+
+// lives reports whether the ticket id is read, live and kept by the plan.
+func (p *plan) lives(id string) bool {
+	e, _ := p.st.find(id)
+	return e != nil && e.live() && !p.gone[e]
+}
+
+// unmark clears m's Superseding mark: its keys in every limit rewritten,
+// keeping its lease, on the revision read. It reports false when out of room.
+func (p *plan) unmark(m *entry) bool {
+	names := m.r.names()
+	if !p.room(2*len(names), 1) {
+		return false
+	}
+	p.cmp(clientv3.Compare(clientv3.ModRevision(p.s.k.ticket(m.at, m.r.ID)), "=", m.tkv.ModRevision))
+	m.r.Superseding = false
+	v := encode(m.r)
+	for _, n := range names {
+		p.put(p.s.k.ticket(n, m.r.ID), writeOp{val: v, keep: true})
+		p.put(p.s.k.record(n, m.r.ID), writeOp{val: v})
+	}
+	return true
 }
 
 // planSettle plans the settle of the limits read, as settle does, over the
@@ -350,13 +468,15 @@ func (p *plan) apply(plan store.SettlePlan, es []*entry, admit bool) bool {
 }
 
 // queued fills in's tickets with the entries that this plan keeps (those
-// keep accepts, when not nil), in queue order, and returns those entries.
+// keep accepts, when not nil; never the doomed), in queue order, and
+// returns those entries.
 // A live ticket is shown to the judge with remaining left (its lease is
 // the server's to tell).
 func (p *plan) queued(in *store.SettleInput, remaining time.Duration, keep func(*entry) bool) []*entry {
 	var es []*entry
+	doomed := p.doomed()
 	for _, e := range p.st.entries {
-		if p.gone[e] || keep != nil && !keep(e) {
+		if p.gone[e] || doomed[e] || keep != nil && !keep(e) {
 			continue
 		}
 		q := store.Queued{Fresh: e.isNew, Ticket: p.s.view(e, 0, remaining)}
