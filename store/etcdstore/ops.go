@@ -634,7 +634,9 @@ func (s *Store) takeHold(ctx context.Context, id string, k known) (nk known, hel
 	if err != nil {
 		return k, false, err
 	}
-	if e := st.byID[id]; e != nil && e.fence == k.fence && !e.live() && !e.onHold() {
+	// Only an election since its grant makes a hold: otherwise the loss
+	// stands, and the renewal writes nothing.
+	if e := st.byID[id]; e != nil && e.fence == k.fence && !e.live() && !e.onHold() && e.r.Hold == 0 && s.term.Load() > e.r.Term {
 		if _, err := s.settleState(ctx, st, id); err != nil {
 			return k, false, err
 		}
