@@ -24,7 +24,6 @@ package etcdstore
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -140,7 +139,7 @@ func (st *kaStream) recv() {
 		line := st.waiting[resp.ID]
 		if len(line) == 0 {
 			st.mu.Unlock()
-			st.end(fmt.Errorf("keep-alive answer for lease %x, which was not asked on this stream", resp.ID))
+			st.end(status.Errorf(codes.Internal, "keep-alive answer for lease %x, which was not asked on this stream", resp.ID))
 			return
 		}
 		ch := line[0]
@@ -200,6 +199,9 @@ func (k *kaStreams) once(ctx context.Context, lease int64) (*pb.LeaseKeepAliveRe
 // ask sends one keep-alive on st and waits for its answer, the stream's
 // end, or ctx's.
 func (st *kaStream) ask(ctx context.Context, lease int64) (*pb.LeaseKeepAliveResponse, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	ch := make(chan *pb.LeaseKeepAliveResponse, 1)
 	st.sendMu.Lock()
 	st.mu.Lock()
@@ -212,8 +214,9 @@ func (st *kaStream) ask(ctx context.Context, lease int64) (*pb.LeaseKeepAliveRes
 	st.waiting[lease] = append(st.waiting[lease], ch)
 	st.mu.Unlock()
 	// A Send held up by flow control (a member that stopped reading) must
-	// not outlast the attempt: ending the stream unblocks it.
-	stop := context.AfterFunc(ctx, func() { st.end(ctx.Err()) })
+	// not outlast the attempt: ending the stream unblocks it. The others
+	// waiting on it send again (this caller's own end is not theirs).
+	stop := context.AfterFunc(ctx, st.close)
 	err := st.cs.Send(&pb.LeaseKeepAliveRequest{ID: lease})
 	stop()
 	st.sendMu.Unlock()

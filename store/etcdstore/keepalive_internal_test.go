@@ -182,3 +182,61 @@ func TestKeepAliveTimedOutClosesItsStream(t *testing.T) {
 		t.Errorf("%d streams opened, want 2: the stalled one closed, a new one for the next attempt", got)
 	}
 }
+
+// TestKeepAliveStreamOnAStalledMemberFailsOver: the member under the
+// keep-alive stream stalls; the renewal's attempt there times out, the
+// member is set aside, and the next attempt is answered on a new stream
+// to another member, within the budget.
+func TestKeepAliveStreamOnAStalledMemberFailsOver(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	var eps []string
+	proxies := map[string]*etcdtest.Proxy{}
+	for range 3 {
+		p := etcdtest.NewProxy(t, srv.Endpoint)
+		eps = append(eps, p.Addr)
+		proxies[p.Addr] = p
+	}
+	s, err := New(Options{Endpoints: eps, Prefix: "/" + t.Name(), RequestTimeout: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+	g, err := s.c.Grant(ctx, 30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.keepAliveOnce(ctx, int64(g.ID)); err != nil {
+		t.Fatal(err)
+	}
+	s.ka.mu.Lock()
+	first := s.ka.cur
+	s.ka.mu.Unlock()
+	p := proxies[first.endpoint()]
+	if p == nil {
+		t.Fatalf("the stream's endpoint %q is none of %v", first.endpoint(), eps)
+	}
+	p.Stall(true)
+	defer p.Stall(false)
+	start := time.Now()
+	ka, _, err := s.keepAliveOnce(ctx, int64(g.ID))
+	if err != nil {
+		t.Fatalf("keep-alive with the stream's member stalled: %v", err)
+	}
+	took := time.Since(start)
+	if ka.TTL <= 0 {
+		t.Fatalf("TTL %d", ka.TTL)
+	}
+	if took > AttemptTimeout(3*time.Second)+time.Second {
+		t.Errorf("took %v: want one attempt (%v) and a retry elsewhere", took, AttemptTimeout(3*time.Second))
+	}
+	if q := s.Quarantined(); len(q) != 1 || q[0] != first.endpoint() {
+		t.Errorf("quarantined %v, want [%s]", q, first.endpoint())
+	}
+	s.ka.mu.Lock()
+	now := s.ka.cur
+	s.ka.mu.Unlock()
+	if now == first || now.endpoint() == first.endpoint() {
+		t.Errorf("still on the stalled member's stream (%s)", now.endpoint())
+	}
+}
