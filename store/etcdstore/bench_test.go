@@ -3,7 +3,10 @@ package etcdstore_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -217,4 +220,79 @@ func BenchmarkSnapshot10k(b *testing.B) {
 	}
 	slices.Sort(times)
 	b.ReportMetric(float64(times[len(times)/2].Microseconds())/1000, "median-ms")
+}
+
+// BenchmarkRenewWaiter is one renewal of a waiter far back in a queue of
+// 200 (SLOTCTLTEST_BENCH_AHEAD another length), on a handle of its own (as
+// a waiting slotctl run is): the keep-alive and the read after it. With SLOTCTLTEST_BENCH_ETCD=HOST:PORT
+// it runs against that server (another process), so that the process's
+// CPU time is the client's alone; with SLOTCTLTEST_BENCH_ETCD_PID too, the
+// server's CPU time per renewal is reported beside it:
+//
+//	go test -run '^$' -bench RenewWaiter -benchtime 2000x ./store/etcdstore/
+//
+// System calls per renewal: run it under strace -f -c at two -benchtime
+// counts and divide the difference by the difference of the counts.
+func BenchmarkRenewWaiter(b *testing.B) {
+	endpoint := os.Getenv("SLOTCTLTEST_BENCH_ETCD")
+	if endpoint == "" {
+		endpoint = etcdtest.Start(b, etcdtest.Options{}).Endpoint
+	}
+	ctx := context.Background()
+	prefix := fmt.Sprintf("/bench/renew/%d", time.Now().UnixNano())
+	others, err := etcdstore.New(etcdstore.Options{Endpoints: []string{endpoint}, Prefix: prefix})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer others.Close()
+	ahead := 200
+	if n, err := strconv.Atoi(os.Getenv("SLOTCTLTEST_BENCH_AHEAD")); err == nil && n >= 2 {
+		ahead = n
+	}
+	for i := range ahead {
+		if _, err := others.Enqueue(ctx, req(fmt.Sprintf("q%05d", i), "renew", 1, time.Minute)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	st, err := etcdstore.New(etcdstore.Options{Endpoints: []string{endpoint}, Prefix: prefix})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	tk, err := st.Enqueue(ctx, req("last", "renew", 1, time.Minute))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := st.Renew(ctx, tk, time.Minute); err != nil {
+		b.Fatal(err)
+	}
+	pid, _ := strconv.Atoi(os.Getenv("SLOTCTLTEST_BENCH_ETCD_PID"))
+	self0, srv0 := cpuTime(os.Getpid()), cpuTime(pid)
+	b.ResetTimer()
+	for range b.N {
+		if _, err := st.Renew(ctx, tk, time.Minute); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(cpuTime(os.Getpid())-self0)/float64(b.N)/1e3, "process-µs-cpu/op")
+	if pid > 0 {
+		b.ReportMetric(float64(cpuTime(pid)-srv0)/float64(b.N)/1e3, "server-µs-cpu/op")
+	}
+}
+
+// cpuTime is a process's utime+stime (/proc/PID/stat), in ns; 0 if unknown.
+func cpuTime(pid int) time.Duration {
+	if pid <= 0 {
+		return 0
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(utime+stime) * 10 * time.Millisecond // USER_HZ 100
 }

@@ -150,6 +150,7 @@ type Store struct {
 	probe      string
 	leases     *leaseClock
 	fo         *failover     // the endpoints in use (failover.go)
+	ka         *kaStreams    // the keep-alive stream every renewal shares (keepalive.go)
 	term       atomic.Uint64 // the highest raft term of an answer (failover.go)
 
 	mu       sync.Mutex
@@ -284,6 +285,7 @@ func New(o Options) (*Store, error) {
 		return nil, s.unavailable(err, true)
 	}
 	s.c = c
+	s.ka = newKAStreams(s)
 	s.fo.mu.Lock()
 	s.fo.c = c
 	s.fo.mu.Unlock()

@@ -28,9 +28,10 @@ package etcdstore
 //     another member, each time an attempt's timeout passes unanswered
 //     (hedged: the earlier attempts go on, so that a member that is only
 //     slow still answers within the budget, as before), and the first
-//     answer wins; a keep-alive is tried again at its attempt's timeout; a
-//     write ends at it (its outcome is unknown: the caller reads and plans
-//     again, which its compares make safe: see unknownOutcome).
+//     answer wins; a keep-alive is tried again at its attempt's timeout,
+//     on a new stream (keepalive.go); a write ends at it (its outcome is
+//     unknown: the caller reads and plans again, which its compares make
+//     safe: see unknownOutcome).
 //
 // A stalled member thus costs one attempt (a third of a request's budget)
 // per quarantine, not every request's whole budget.
@@ -47,6 +48,7 @@ import (
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/peer"
@@ -341,7 +343,8 @@ func (s *Store) unaryHedged(ctx context.Context, method string, req, reply any, 
 // notes the stream's peer.
 type peerKey struct{}
 
-// stream notes the peer of a stream opened by an attempt (keepAliveOnce).
+// stream notes the peer of a stream opened by an attempt (the keep-alive
+// stream, keepalive.go).
 func (s *Store) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 	cs, err := streamer(ctx, desc, cc, method, opts...)
 	if err == nil {
@@ -354,41 +357,46 @@ func (s *Store) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Clie
 	return cs, err
 }
 
-// keepAliveOnce renews a lease once, in attempts within ctx's budget: a
-// keep-alive is safe to repeat (the server restarts the lease from the one
-// it gets last; the holder counts from its own send time, earlier). It
-// returns the send time of the attempt that was answered.
+// keepAliveOnce renews a lease once, in attempts within ctx's budget, on
+// the Store's keep-alive stream (keepalive.go): a keep-alive is safe to
+// repeat (the server restarts the lease from the one it gets last; the
+// holder counts from its own send time, earlier). It returns the send time
+// of the request that was answered.
 func (s *Store) keepAliveOnce(ctx context.Context, lease int64) (*clientv3.LeaseKeepAliveResponse, time.Duration, error) {
 	cctx, cancel := s.ctx(ctx)
 	defer cancel()
 	end := time.Now().Add(s.budget(cctx))
 	for i := 0; ; i++ {
-		var p peer.Peer
-		actx, acancel := context.WithTimeout(context.WithValue(cctx, peerKey{}, &p), attemptTimeout(time.Until(end), i))
-		sent := s.leases.now()
-		ka, err := s.c.KeepAliveOnce(actx, clientv3.LeaseID(lease))
+		actx, acancel := context.WithTimeout(cctx, attemptTimeout(time.Until(end), i))
+		resp, sent, st, err := s.ka.once(actx, lease)
 		timedOut := err != nil && errors.Is(actx.Err(), context.DeadlineExceeded) && cctx.Err() == nil
 		acancel()
-		if err == nil && s.staleTerm(ka.ResponseHeader) {
+		if err == nil && resp.TTL <= 0 {
+			return nil, sent, rpctypes.ErrLeaseNotFound // as clientv3's KeepAliveOnce
+		}
+		if err == nil && s.staleTerm(resp.Header) {
 			// A member behind the cluster's term answered: a leader that
 			// was paused (SIGSTOP) and has not yet heard of its successor
 			// renews the lease in its own lessor only, which the real
-			// leader never sees. Not an ack: set it aside, try another.
-			s.fo.stalled(s.fo.endpointOf(&p))
+			// leader never sees. Not an ack: set it aside, try another
+			// (on a new stream: this one goes to that member).
+			st.close()
+			s.fo.stalled(st.endpoint())
 			if time.Until(end) <= minAttempt {
-				return nil, sent, fmt.Errorf("keep-alive answered only by a member behind the cluster (raft term %d, the cluster's %d)", ka.ResponseHeader.GetRaftTerm(), s.term.Load())
+				return nil, sent, fmt.Errorf("keep-alive answered only by a member behind the cluster (raft term %d, the cluster's %d)", resp.Header.GetRaftTerm(), s.term.Load())
 			}
 			continue
 		}
 		if err == nil {
-			s.fo.answered(s.fo.endpointOf(&p))
-			s.sawHeader(ka.ResponseHeader)
-			return ka, sent, nil
+			s.fo.answered(st.endpoint())
+			s.sawHeader(resp.Header)
+			return &clientv3.LeaseKeepAliveResponse{ResponseHeader: resp.Header, ID: clientv3.LeaseID(resp.ID), TTL: resp.TTL}, sent, nil
 		}
 		if !timedOut || time.Until(end) <= 0 {
 			return nil, sent, err
 		}
-		s.fo.stalled(s.fo.endpointOf(&p))
+		st.close()
+		s.fo.stalled(st.endpoint())
 	}
 }
 

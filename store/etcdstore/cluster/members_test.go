@@ -46,10 +46,17 @@ func freePort(t *testing.T) string {
 // They are SIGKILLed when the test ends.
 func startCluster(t *testing.T) *cluster {
 	t.Helper()
+	return startClusterOf(t, 3)
+}
+
+// startClusterOf starts a cluster of n members (the scale test measures
+// one member too: the embedded server, in its own process).
+func startClusterOf(t *testing.T, n int) *cluster {
+	t.Helper()
 	c := &cluster{t: t}
 	var initial []string
 	dir := t.TempDir()
-	for i := range 3 {
+	for i := range n {
 		mc := memberConfig{Name: fmt.Sprintf("m%d", i), Client: freePort(t), Peer: freePort(t)}
 		mc.Dir = filepath.Join(dir, mc.Name)
 		initial = append(initial, mc.Name+"=http://"+mc.Peer)

@@ -33,17 +33,6 @@ func waitersSize() (n, cancelN int, label string) {
 	return n, cancelN, label
 }
 
-// memberCPU is the time the members' threads ran on a CPU (schedstat).
-func memberCPU(c *cluster) time.Duration {
-	var ms []*job
-	for _, m := range c.members {
-		if m.cmd != nil {
-			ms = append(ms, &job{cmd: m.cmd})
-		}
-	}
-	return runTime(ms)
-}
-
 // TestManyLockWaiters is TestManyWaiters' yardstick: the same queue of
 // waiters, in the same bursts of 100 behind one holder, as `etcdctl lock`
 // processes (etcd's own Mutex: a key per waiter under one prefix, ordered
@@ -91,7 +80,7 @@ func TestManyLockWaiters(t *testing.T) {
 		}
 	}
 
-	cpu0 := memberCPU(c)
+	cpu0 := c.runTime()
 	var waiters []*job
 	slowest := time.Duration(0)
 	for b := 0; b < n/100; b++ {
@@ -107,7 +96,7 @@ func TestManyLockWaiters(t *testing.T) {
 		}
 		slowest = max(slowest, time.Since(began))
 	}
-	enqueueCPU := memberCPU(c) - cpu0
+	enqueueCPU := c.runTime() - cpu0
 	failed := countExited(waiters)
 	shown := map[int]bool{}
 	for _, j := range waiters {
@@ -130,10 +119,10 @@ func TestManyLockWaiters(t *testing.T) {
 	}
 	time.Sleep(3 * time.Second)
 	before, wakes0 := schedstat(live)
-	m0 := memberCPU(c)
+	m0 := c.runTime()
 	time.Sleep(window)
 	after, wakes1 := schedstat(live)
-	members := memberCPU(c) - m0
+	members := c.runTime() - m0
 	core := float64(after-before) / float64(window) * 100
 	per200 := core * 200 / float64(len(live))
 	wakes := float64(wakes1-wakes0) / window.Seconds() / float64(len(live))

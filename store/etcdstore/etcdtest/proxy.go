@@ -96,6 +96,20 @@ func (p *Proxy) Stall(on bool) {
 	p.mu.Unlock()
 }
 
+// Cut closes the connections passing through now (resuming a stall), as a
+// network that drops them does; new ones are still accepted.
+func (p *Proxy) Cut() {
+	p.mu.Lock()
+	conns := p.conns
+	p.conns = nil
+	p.stalled = false
+	p.cond.Broadcast()
+	p.mu.Unlock()
+	for _, c := range conns {
+		c.Close()
+	}
+}
+
 // Close closes the proxy and its connections.
 func (p *Proxy) Close() {
 	p.l.Close()

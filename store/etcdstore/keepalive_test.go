@@ -1,0 +1,109 @@
+package etcdstore_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/slotctl/slotctl/store"
+	"github.com/slotctl/slotctl/store/etcdstore"
+	"github.com/slotctl/slotctl/store/etcdstore/etcdtest"
+)
+
+// TestRenewOfARevokedLeaseIsLost: a lease revoked on the server while the
+// handle's keep-alive stream is open (it renewed on it just before) is
+// reported lost at the next renewal, on that stream, not retried as a
+// failed request.
+func TestRenewOfARevokedLeaseIsLost(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	st := open(t, srv, etcdstore.Options{})
+	ctx := context.Background()
+	tk, err := st.Enqueue(ctx, req("r1", "revoked", 1, 30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keep, err := st.Enqueue(ctx, req("r2", "revoked", 1, 30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Renew(ctx, tk, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	c, err := clientv3.New(clientv3.Config{Endpoints: []string{srv.Endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	resp, err := c.Get(ctx, "/"+t.Name()+"/tickets/revoked/r1")
+	if err != nil || len(resp.Kvs) == 0 || resp.Kvs[0].Lease == 0 {
+		t.Fatalf("the ticket's key: %v, %v", resp, err)
+	}
+	if _, err := c.Revoke(ctx, clientv3.LeaseID(resp.Kvs[0].Lease)); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err = st.Renew(ctx, tk, 30*time.Second)
+	// The keep-alive's answer says so (TTL 0), before any read would find
+	// the ticket's key gone with its lease.
+	if !errors.Is(err, store.ErrLost) || !strings.Contains(err.Error(), "lease expired") {
+		t.Fatalf("renew of a revoked lease: %v, want lost: lease expired", err)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("lost after %v: want it at the first answer", took)
+	}
+	if _, err := st.Renew(ctx, keep, 30*time.Second); err != nil {
+		t.Errorf("another ticket's renewal after the loss: %v", err)
+	}
+}
+
+// TestRenewThroughABrokenStream: the connection under the keep-alive
+// stream is dropped while renewals wait on it (their requests held by a
+// stalled proxy): each sends again on a new stream and succeeds, well
+// within its budget. Many renewals of one handle wait on it at once.
+func TestRenewThroughABrokenStream(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	p := etcdtest.NewProxy(t, srv.Endpoint)
+	st := openAt(t, []*etcdtest.Proxy{p}, etcdstore.Options{})
+	ctx := context.Background()
+	var tks []store.Ticket
+	for _, id := range []string{"b1", "b2", "b3", "b4", "b5", "b6"} {
+		tk, err := st.Enqueue(ctx, req(id, "broken", 1, 30*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Renew(ctx, tk, 30*time.Second); err != nil { // the stream is open
+			t.Fatal(err)
+		}
+		tks = append(tks, tk)
+	}
+	p.Stall(true)
+	var wg sync.WaitGroup
+	errs := make([]error, len(tks))
+	took := make([]time.Duration, len(tks))
+	for i, tk := range tks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start := time.Now()
+			_, errs[i] = st.Renew(ctx, tk, 30*time.Second)
+			took[i] = time.Since(start)
+		}()
+	}
+	time.Sleep(300 * time.Millisecond) // sent, waiting on the stream
+	p.Cut()
+	wg.Wait()
+	attempt := etcdstore.AttemptTimeout(5 * time.Second)
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("renew %s through a dropped connection: %v", tks[i].ID, err)
+		} else if took[i] >= attempt {
+			t.Errorf("renew %s took %v: want it sent again when the stream broke, not at its attempt's timeout (%v)", tks[i].ID, took[i], attempt)
+		}
+	}
+}
