@@ -645,7 +645,15 @@ func (s *Store) takeHold(ctx context.Context, id string, k known) (nk known, hel
 		}
 	}
 	e := st.byID[id]
-	if e == nil || e.fence != k.fence || !e.live() || e.r.Lease == k.lease {
+	if e != nil && e.fence == k.fence && e.live() && e.r.Lease == k.lease {
+		// Its key is still under its lease, read linearizably after the
+		// answer that said the lease was gone: that answer came from a
+		// member behind the cluster (a resumed stale leader answers a
+		// keep-alive of a lease it revoked in its own view). Not a loss:
+		// the renewal fails, and the next one asks again.
+		return k, false, s.unavailable(fmt.Errorf("ticket %s: its lease was reported gone, but its key is still under it: an answer from a member behind the cluster", id), false)
+	}
+	if e == nil || e.fence != k.fence || !e.live() {
 		return k, false, nil
 	}
 	s.remember(e, e.tkv.ModRevision)
