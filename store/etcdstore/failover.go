@@ -371,9 +371,9 @@ func (s *Store) keepAliveOnce(ctx context.Context, lease int64) (*clientv3.Lease
 		resp, sent, st, err := s.ka.once(actx, lease)
 		timedOut := err != nil && errors.Is(actx.Err(), context.DeadlineExceeded) && cctx.Err() == nil
 		acancel()
-		if err == nil && resp.TTL <= 0 {
-			return nil, sent, rpctypes.ErrLeaseNotFound // as clientv3's KeepAliveOnce
-		}
+		// The term first: a member behind the cluster's says nothing of
+		// the lease, not even that it is gone (a resumed stale leader
+		// revoked it in its own lessor only).
 		if err == nil && s.staleTerm(resp.Header) {
 			// A member behind the cluster's term answered: a leader that
 			// was paused (SIGSTOP) and has not yet heard of its successor
@@ -386,6 +386,9 @@ func (s *Store) keepAliveOnce(ctx context.Context, lease int64) (*clientv3.Lease
 				return nil, sent, fmt.Errorf("keep-alive answered only by a member behind the cluster (raft term %d, the cluster's %d)", resp.Header.GetRaftTerm(), s.term.Load())
 			}
 			continue
+		}
+		if err == nil && resp.TTL <= 0 {
+			return nil, sent, rpctypes.ErrLeaseNotFound // as clientv3's KeepAliveOnce
 		}
 		if err == nil {
 			s.fo.answered(st.endpoint())

@@ -349,6 +349,80 @@ func staleKeepAlives(n int32) (grpc.DialOption, *atomic.Int32) {
 	}), &answers
 }
 
+// goneKeepAlives makes the next armed keep-alive answers (arm's count)
+// say the lease is gone (TTL 0), their raft term 1 when stale (as a
+// resumed stale leader answers for a lease it revoked in its own lessor
+// only), else as sent. It counts the answers received since.
+func goneKeepAlives(stale bool) (opt grpc.DialOption, arm, answers *atomic.Int32) {
+	arm, answers = new(atomic.Int32), new(atomic.Int32)
+	return grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		cs, err := streamer(ctx, desc, cc, method, opts...)
+		if err != nil || method != "/etcdserverpb.Lease/LeaseKeepAlive" {
+			return cs, err
+		}
+		return &answerStream{ClientStream: cs, answer: func(m any) {
+			r, ok := m.(*pb.LeaseKeepAliveResponse)
+			if !ok || r.Header == nil {
+				return
+			}
+			answers.Add(1)
+			if arm.Add(-1) >= 0 {
+				r.TTL = 0
+				if stale {
+					r.Header.RaftTerm = 1
+				}
+			} else {
+				arm.Store(0)
+			}
+		}}, nil
+	}), arm, answers
+}
+
+// TestStaleMembersLeaseGoneIsNoLoss: a keep-alive answered "lease gone"
+// by a member behind the cluster's term is set aside like its acks: the
+// renewal asks another and renews.
+func TestStaleMembersLeaseGoneIsNoLoss(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	gone, arm, answers := goneKeepAlives(true)
+	st := open(t, srv, etcdstore.Options{DialOptions: []grpc.DialOption{gone}})
+	ctx := context.Background()
+	tk, err := st.Enqueue(ctx, req("g1", "gone", 1, 6*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	answers.Store(0)
+	arm.Store(1)
+	if _, err := st.Renew(ctx, tk, 6*time.Second); err != nil {
+		t.Fatalf("renew through a stale member's \"lease gone\": %v", err)
+	}
+	if got := answers.Load(); got < 2 {
+		t.Errorf("renewed after %d keep-alive answers, want 2 or more: the first, from a member behind the cluster, is no answer", got)
+	}
+}
+
+// TestLeaseGoneWhileItsKeyLivesIsNoLoss: a "lease gone" answer that a
+// handle cannot tell by its term (it has not seen a newer one), while a
+// linearizable read still finds the ticket's key under that lease, is no
+// loss: the renewal renews that lease again.
+func TestLeaseGoneWhileItsKeyLivesIsNoLoss(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	gone, arm, answers := goneKeepAlives(false)
+	st := open(t, srv, etcdstore.Options{DialOptions: []grpc.DialOption{gone}})
+	ctx := context.Background()
+	tk, err := st.Enqueue(ctx, req("g2", "gone", 1, 6*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	answers.Store(0)
+	arm.Store(1)
+	if got, err := st.Renew(ctx, tk, 6*time.Second); err != nil || got.State != store.Held {
+		t.Fatalf("renew answered \"lease gone\" while its key lives: %+v, %v, want held", got, err)
+	}
+	if got := answers.Load(); got < 2 {
+		t.Errorf("renewed after %d keep-alive answers, want 2: the \"lease gone\", then a renewal", got)
+	}
+}
+
 // answerStream hands each message it receives to answer, which may
 // rewrite it.
 type answerStream struct {

@@ -526,7 +526,9 @@ func (s *Store) getLight(ctx context.Context, k known, id string) (store.Ticket,
 
 // Renew implements [store.Store] with one keep-alive of the ticket's lease:
 // the server, not this process, moves its deadline. A lease the server no
-// longer has (expired, revoked) is lost for good. The lease keeps the TTL it
+// longer has (expired, revoked) is lost for good, unless an election since
+// its grant let a settle keep the ticket under a hold, which the renewal
+// then takes over (takeHold, quarantine.go). The lease keeps the TTL it
 // was granted with; ttl is only checked. Renewing a waiting ticket also
 // settles its limit, so that a slot freed by an expired lease is handed on
 // within a renewal period even if nobody else writes.
@@ -617,14 +619,17 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 // its Renew decides whether a hold keeps it (takeHold).
 var errKeyGone = errors.New("the ticket's key is gone")
 
-// takeHold answers a renewal whose lease the server no longer has: after
-// an election, a settle keeps the ticket under a hold, a lease of its own
-// (quarantine.go). It reads the ticket's limits and, if no settle kept it
-// yet, settles them (which keeps it, or removes it as expired); when its
-// record, created at its fence, then names a live lease other than the
-// one gone, the renewal takes that lease over (held reports it, and nk is
-// the ticket as known with it). A read or write that fails is the
-// renewal's error: unavailable, not lost.
+// takeHold answers a renewal whose lease the server said it no longer
+// has: after an election, a settle keeps the ticket under a hold, a lease
+// of its own (quarantine.go). It reads the ticket's limits and, if no
+// settle kept it yet, settles them (which keeps it, or removes it as
+// expired); when its key, created at its fence or under a hold, is then
+// live, the renewal renews the lease its record names (held reports it,
+// and nk is the ticket as known with it): a hold's, taken over, or its
+// own, still there after all (the answer came from a member behind the
+// cluster, which a handle that has not seen a newer term cannot tell by
+// it). A read or write that fails is the renewal's error: unavailable,
+// not lost.
 func (s *Store) takeHold(ctx context.Context, id string, k known) (nk known, held bool, err error) {
 	names := k.r.names()
 	if len(names) == 0 || names[0] == "" {
@@ -645,14 +650,6 @@ func (s *Store) takeHold(ctx context.Context, id string, k known) (nk known, hel
 		}
 	}
 	e := st.byID[id]
-	if e != nil && e.fence == k.fence && e.live() && e.r.Lease == k.lease {
-		// Its key is still under its lease, read linearizably after the
-		// answer that said the lease was gone: that answer came from a
-		// member behind the cluster (a resumed stale leader answers a
-		// keep-alive of a lease it revoked in its own view). Not a loss:
-		// the renewal fails, and the next one asks again.
-		return k, false, s.unavailable(fmt.Errorf("ticket %s: its lease was reported gone, but its key is still under it: an answer from a member behind the cluster", id), false)
-	}
 	if e == nil || e.fence != k.fence || !e.live() {
 		return k, false, nil
 	}
