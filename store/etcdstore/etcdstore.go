@@ -261,10 +261,14 @@ func New(o Options) (*Store, error) {
 	cfg := clientv3.Config{
 		Endpoints:   o.Endpoints,
 		DialTimeout: o.DialTimeout,
-		// gRPC's keepalive, as short as gRPC allows (it raises a shorter
-		// period to 10s): the safety net under failover.go, which notices a
-		// stalled member at the first attempt that times out on it.
-		DialKeepAliveTime:    10 * time.Second,
+		// gRPC's keepalive: the safety net under failover.go, which
+		// notices a stalled member at the first request that times out on
+		// it. A ping goes only after this long without a read on the
+		// connection, and its timer wakes the process that often: at 30 s
+		// a waiter's renewals (every 15 s at the default TTL) leave it
+		// nothing to send, and an idle waiter wakes about 40% less often
+		// than at gRPC's shortest, 10 s.
+		DialKeepAliveTime:    30 * time.Second,
 		DialKeepAliveTimeout: 3 * time.Second,
 		TLS:                  o.TLS,
 		Username:             o.Username,

@@ -6,9 +6,9 @@ package etcdstore
 // The etcd client keeps a connection to every endpoint and spreads
 // requests over them (gRPC round robin). A member that stops answering
 // (SIGSTOP, a hung disk, a partition that keeps the TCP connection up)
-// keeps its connection READY until gRPC's keepalive gives up on it, which
-// gRPC will not make shorter than 10s + its timeout: longer than a short
-// lease. Every request sent there meanwhile would hang for its whole
+// keeps its connection READY until gRPC's keepalive gives up on it (30 s
+// + 3 s here; gRPC allows no less than 10 s + the timeout): longer than a
+// short lease. Every request sent there meanwhile would hang for its whole
 // budget, and a renewal's budget is what is left of the lease.
 //
 // So each request's budget (the caller's deadline, at most RequestTimeout)

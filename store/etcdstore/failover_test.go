@@ -73,7 +73,7 @@ func openAt(t *testing.T, ps []*etcdtest.Proxy, o etcdstore.Options) *etcdstore.
 // budget), the endpoint is set aside, and the requests after it do not
 // wait for it at all (docs/leases.md rule 15). Without failover.go every
 // third request would wait its whole budget (5s) for the stalled member,
-// until gRPC's keepalive gave up on it after 13s.
+// until gRPC's keepalive gave up on it after 33 s.
 func TestStalledMemberCostsOneAttempt(t *testing.T) {
 	srv := etcdtest.Start(t, etcdtest.Options{})
 	ps := threeEndpoints(t, srv)

@@ -118,6 +118,7 @@ var cases = []struct {
 	{"Pause", testPause, false},
 	{"RemoveLimit", testRemoveLimit, false},
 	{"Snapshot", testSnapshot, false},
+	{"Heads", testHeads, false},
 	{"GetTicket", testGet, false},
 	{"WatchRings", testWatch, false},
 	{"InvalidInput", testInvalid, false},

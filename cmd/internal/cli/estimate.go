@@ -92,12 +92,15 @@ func estimateWait(holds, elapsed []time.Duration, ahead []int, weight, slots int
 }
 
 // estimateIn is the estimate for ticket t in limit l of snap: the held
-// slots' elapsed times and the weights of the waiters ahead of t there.
+// slots' elapsed times and the weights of the waiters ahead of t there. A
+// snapshot of the heads only (store.Heads) lists no waiter but the first:
+// t's place is then its own Position, and a waiter ahead that snap does not
+// list is taken to weigh 1.
 func estimateIn(holds []time.Duration, snap store.Snapshot, l store.Limit, t store.Ticket) (time.Duration, bool) {
-	var elapsed []time.Duration
-	type waiter struct{ pos, weight int }
-	var ahead []waiter
 	pos := 0
+	if t.Limit == l.Name && t.State == store.Waiting {
+		pos = t.Position
+	}
 	for _, x := range snap.Tickets {
 		if x.Limit == l.Name && x.ID == t.ID && x.State == store.Waiting {
 			pos = x.Position
@@ -105,6 +108,11 @@ func estimateIn(holds []time.Duration, snap store.Snapshot, l store.Limit, t sto
 	}
 	if pos < 1 {
 		return 0, false
+	}
+	var elapsed []time.Duration
+	weights := make([]int, pos-1) // of the waiters ahead, by place
+	for i := range weights {
+		weights[i] = 1
 	}
 	for _, x := range snap.Tickets {
 		if x.Limit != l.Name {
@@ -120,13 +128,8 @@ func estimateIn(holds []time.Duration, snap store.Snapshot, l store.Limit, t sto
 				elapsed = append(elapsed, e)
 			}
 		case x.Position >= 1 && x.Position < pos:
-			ahead = append(ahead, waiter{x.Position, x.Weighs()})
+			weights[x.Position-1] = x.Weighs()
 		}
-	}
-	slices.SortFunc(ahead, func(a, b waiter) int { return a.pos - b.pos })
-	weights := make([]int, len(ahead))
-	for i, w := range ahead {
-		weights[i] = w.weight
 	}
 	return estimateWait(holds, elapsed, weights, t.Weighs(), l.Slots)
 }

@@ -76,7 +76,7 @@ func runMetrics(ctx context.Context, f *Factory, g *globalOptions, o *MetricsOpt
 		return err
 	}
 	defer st.Close()
-	snap, err := st.Snapshot(ctx, o.Limits...)
+	snap, err := store.Heads(ctx, st, o.Limits...) // its gauges need the heads only
 	if err != nil {
 		return err
 	}

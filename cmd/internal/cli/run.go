@@ -840,7 +840,7 @@ func replacedBy(s *store.Successor) string {
 // and the runs holding it (with their URLs, §2.1 item 11).
 func queueFullError(ctx context.Context, st store.Store, e *store.QueueFullError) error {
 	msg := fmt.Sprintf("limit %q already has %d waiting (--max-waiting %d): not queued", e.Limit, e.Waiting, e.Max)
-	if snap, err := st.Snapshot(ctx, e.Limit); err == nil {
+	if snap, err := store.Heads(ctx, st, e.Limit); err == nil {
 		if h := holdersPhrase(snap, e.Limit); h != "" {
 			msg += "; held by " + h
 		}
@@ -882,7 +882,7 @@ func short(id string) string {
 func busyError(ctx context.Context, st store.Store, limits []string, weight int, noWait bool) error {
 	if len(limits) == 1 && weight == 1 {
 		held, slots, urls := "?", "?", ""
-		if snap, err := st.Snapshot(ctx, limits[0]); err == nil && len(snap.Limits) == 1 {
+		if snap, err := store.Heads(ctx, st, limits[0]); err == nil && len(snap.Limits) == 1 {
 			held, slots = strconv.Itoa(snap.Limits[0].Held), strconv.Itoa(snap.Limits[0].Slots)
 			urls = heldByURLs(snap, limits)
 		}
@@ -896,7 +896,7 @@ func busyError(ctx context.Context, st store.Store, limits []string, weight int,
 		what += fmt.Sprintf(" (weight %d)", weight)
 	}
 	why := "?"
-	if snap, err := st.Snapshot(ctx, limits...); err == nil {
+	if snap, err := store.Heads(ctx, st, limits...); err == nil {
 		var blocked []string
 		for _, l := range snap.Limits {
 			if l.Slots-l.Held < weight || l.Waiting > 0 {

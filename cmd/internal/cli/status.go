@@ -94,7 +94,9 @@ func (s *statusLine) text(ctx context.Context, t store.Ticket, width int) string
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "waiting for limit %q", s.limits[0])
-	snap, err := s.st.Snapshot(ctx, s.limits[0])
+	// The heads only: every waiter draws this line, and a read of the
+	// whole queue by each would cost the store the square of the queue.
+	snap, err := store.Heads(ctx, s.st, s.limits[0])
 	if err == nil && len(snap.Limits) == 1 {
 		l := snap.Limits[0]
 		if l.Slots == 0 {

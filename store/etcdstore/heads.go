@@ -1,0 +1,196 @@
+package etcdstore
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/slotctl/slotctl/store"
+)
+
+// headScan is how many ticket keys, oldest first, Heads reads to find a
+// limit's first waiter past its holders; a limit with more holders among
+// its oldest tickets is read again with room for all of them.
+const headScan = 32
+
+// headsPerTxn is how many limits one Heads transaction reads (four reads
+// each, within etcd's default of 128 operations a transaction).
+const headsPerTxn = 25
+
+// Heads implements [store.HeadReader]: per limit, its key, its slot keys
+// (the holders' ids), a count of its live ticket keys and the oldest of
+// them (keys only), then the records of its holders and of its first
+// waiter at that revision. No waiting ticket but the first is decoded and
+// no lease is asked for its remaining time, so the cost is the limit's
+// size, not its queue's: a waiting run's status line reads this every time
+// it is drawn.
+func (s *Store) Heads(ctx context.Context, limits ...string) (store.Snapshot, error) {
+	if s.closed.Load() {
+		return store.Snapshot{}, s.errClosed()
+	}
+	for _, l := range limits {
+		if err := store.CheckLimitName(l); err != nil {
+			return store.Snapshot{}, err
+		}
+	}
+	named := len(limits) > 0
+	names := slices.Clone(limits)
+	slices.Sort(names)
+	names = slices.Compact(names)
+	if !named {
+		var err error
+		if names, err = s.limitNames(ctx, nil); err != nil {
+			return store.Snapshot{}, err
+		}
+	}
+	out := store.Snapshot{Now: time.Now(), Limits: []store.Limit{}, Tickets: []store.Ticket{}}
+	for chunk := range slices.Chunk(names, headsPerTxn) {
+		if err := s.headsOf(ctx, chunk, named, &out); err != nil {
+			return store.Snapshot{}, err
+		}
+	}
+	return out, nil
+}
+
+// headsOf adds the heads of names, read at one revision, to out. A limit
+// removed since it was listed is left out, unless the caller named it.
+func (s *Store) headsOf(ctx context.Context, names []string, named bool, out *store.Snapshot) error {
+	byFence := clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)
+	var ops []clientv3.Op
+	for _, n := range names {
+		ops = append(ops, clientv3.OpGet(s.k.limit(n)),
+			clientv3.OpGet(s.k.slots(n), clientv3.WithPrefix()),
+			clientv3.OpGet(s.k.tickets(n), clientv3.WithPrefix(), clientv3.WithCountOnly()),
+			clientv3.OpGet(s.k.tickets(n), clientv3.WithPrefix(), clientv3.WithKeysOnly(), byFence, clientv3.WithLimit(headScan)))
+	}
+	cctx, cancel := s.ctx(ctx)
+	resp, err := s.c.Txn(cctx).Then(ops...).Commit()
+	cancel()
+	if err != nil {
+		return s.unavailable(err, false)
+	}
+	s.answered()
+	rev := resp.Header.Revision
+	rs := getResponses(resp.Responses)
+	type head struct {
+		lim     *limitRec
+		held    []string // ids, in slot order, each once
+		first   string   // the oldest live ticket not held
+		waiting int
+	}
+	heads := make([]head, len(names))
+	var reads []clientv3.Op
+	for i, n := range names {
+		r := rs[4*i : 4*i+4]
+		h := &heads[i]
+		if len(r[0].Kvs) == 0 {
+			if named {
+				return fmt.Errorf("%w: %q", store.ErrLimitNotFound, n)
+			}
+			continue
+		}
+		var l limitRec
+		if err := decode("limit "+n, r[0].Kvs[0].Value, &l); err != nil {
+			return err
+		}
+		if err := store.CheckSlots(l.Slots); err != nil {
+			return fmt.Errorf("%w: limit %s: %v", store.ErrCorrupt, n, err)
+		}
+		h.lim = &l
+		seen := map[string]bool{}
+		for _, kv := range r[1].Kvs {
+			i, err := strconv.Atoi(last(kv.Key))
+			id := string(kv.Value)
+			if err != nil || i < 0 || i >= store.MaxSlots || store.CheckID(id) != nil {
+				return fmt.Errorf("%w: slot key %s", store.ErrCorrupt, kv.Key)
+			}
+			if !seen[id] {
+				seen[id] = true
+				h.held = append(h.held, id)
+			}
+		}
+		h.waiting = max(int(r[2].Count)-len(h.held), 0)
+		keys := r[3].Kvs
+		if h.waiting > 0 && len(keys) == headScan && len(h.held) >= headScan {
+			// Every key read is a holder's: read as many as there are
+			// holders, and one more.
+			cctx, cancel := s.ctx(ctx)
+			more, err := s.c.Get(cctx, s.k.tickets(n), clientv3.WithPrefix(), clientv3.WithKeysOnly(), byFence,
+				clientv3.WithLimit(int64(len(h.held)+1)), clientv3.WithRev(rev))
+			cancel()
+			if err != nil {
+				return s.unavailable(err, false)
+			}
+			keys = more.Kvs
+		}
+		for _, kv := range keys {
+			if id := last(kv.Key); !seen[id] {
+				h.first = id
+				break
+			}
+		}
+		for _, id := range h.held {
+			reads = append(reads, clientv3.OpGet(s.k.record(n, id)))
+		}
+		if h.first != "" {
+			reads = append(reads, clientv3.OpGet(s.k.record(n, h.first)))
+		}
+	}
+	var recs []*clientv3.GetResponse
+	if len(reads) > 0 {
+		// The records at the revision the keys were read at, in
+		// transactions within etcd's limit of operations.
+		for part := range slices.Chunk(reads, 4*headsPerTxn) {
+			cctx, cancel := s.ctx(ctx)
+			resp, err := s.c.Txn(cctx).Then(withRev(part, rev)...).Commit()
+			cancel()
+			if err != nil {
+				return s.unavailable(err, false)
+			}
+			recs = append(recs, getResponses(resp.Responses)...)
+		}
+	}
+	for i, n := range names {
+		h := heads[i]
+		if h.lim == nil {
+			continue
+		}
+		var ts []store.Ticket
+		ids := h.held
+		if h.first != "" {
+			ids = append(slices.Clip(ids), h.first)
+		}
+		for _, id := range ids {
+			got := recs[0]
+			recs = recs[1:]
+			if len(got.Kvs) == 0 {
+				continue // a ticket key without its record: Snapshot and reap name it
+			}
+			kv := got.Kvs[0]
+			r, err := decodeRec(kv.Key, n, id, kv.Value)
+			if err != nil {
+				return err
+			}
+			if (id == h.first) == (r.State == store.Held) {
+				continue // not what its keys say (both read at one revision): Snapshot and reap judge it
+			}
+			ts = append(ts, s.view(&entry{r: r, fence: kv.CreateRevision, rkv: kv}, 0, 0))
+		}
+		out.AddLimit(store.Limit{Name: n, Slots: h.lim.Slots, Created: h.lim.Created}, ts)
+		out.Limits[len(out.Limits)-1].Waiting = h.waiting
+	}
+	return nil
+}
+
+// withRev is ops (gets) read at revision rev.
+func withRev(ops []clientv3.Op, rev int64) []clientv3.Op {
+	out := make([]clientv3.Op, len(ops))
+	for i, op := range ops {
+		out[i] = clientv3.OpGet(string(op.KeyBytes()), clientv3.WithRev(rev))
+	}
+	return out
+}

@@ -1,0 +1,76 @@
+package storetest
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+
+	"github.com/slotctl/slotctl/store"
+)
+
+// Heads (store.Heads) is the Snapshot cut to its heads: each limit's counts,
+// its held tickets and its first waiter, whichever backend answers it —
+// with tickets of several limits and weights, a first waiter that is not
+// the oldest ticket, and more holders than a backend may read at once.
+func testHeads(s *suite) {
+	multi := func(name string, weight int, limits ...string) store.Ticket {
+		s.Helper()
+		r := s.req(name, "", 2)
+		r.Limits, r.Weight = limits, weight
+		return s.enqReq(r)
+	}
+	s.enq("A1", "a", 2)
+	a2 := s.enq("A2", "a", 2)
+	multi("AB1", 2, "a", "b") // waits in a (weight 2, one slot left)
+	s.enq("A3", "a", 2)
+	s.enq("B1", "b", 2) // held in b beside nobody: AB1 waits in a only
+	s.setLimit("c", 1)
+	for i := range 40 {
+		s.enq(fmt.Sprintf("D%d", i), "d", 40)
+	}
+	s.enq("D40", "d", 40)
+	s.enq("D41", "d", 40)
+
+	check := func(when string, limits ...string) {
+		s.Helper()
+		want := s.snap(limits...).Heads()
+		got, err := store.Heads(s.ctx, s.st, limits...)
+		if err != nil {
+			s.Fatalf("%s: Heads(%q): %v", when, limits, err)
+		}
+		if !reflect.DeepEqual(got.Limits, want.Limits) {
+			s.Errorf("%s: Heads(%q) limits %+v, want Snapshot's %+v", when, limits, got.Limits, want.Limits)
+		}
+		strip := func(ts []store.Ticket) []store.Ticket {
+			out := []store.Ticket{}
+			for _, t := range ts {
+				t.Remaining = 0 // Heads may leave it unread
+				out = append(out, t)
+			}
+			return out
+		}
+		if g, w := strip(got.Tickets), strip(want.Tickets); !reflect.DeepEqual(g, w) {
+			s.Errorf("%s: Heads(%q) tickets\n%s\nwant Snapshot's heads\n%s", when, limits, s.listed(g), s.listed(w))
+		}
+	}
+	check("queued")
+	check("queued", "a")
+	check("queued", "b", "c")
+	check("queued", "d")
+	s.release(a2, true) // AB1 is admitted in both limits
+	check("A2 released")
+	check("A2 released", "a", "b")
+
+	if _, err := store.Heads(s.ctx, s.st, "a", "nope"); !errors.Is(err, store.ErrLimitNotFound) {
+		s.Errorf("Heads of a limit that does not exist: %v, want ErrLimitNotFound", err)
+	}
+}
+
+// listed is one line per ticket: its name, limit, state and place.
+func (s *suite) listed(ts []store.Ticket) string {
+	out := ""
+	for _, t := range ts {
+		out += fmt.Sprintf("  %s in %s: %s, position %d, limits %q, weight %d\n", s.who(t.ID), t.Limit, t.State, t.Position, t.Limits, t.Weight)
+	}
+	return out
+}
