@@ -222,6 +222,41 @@ func BenchmarkSnapshot10k(b *testing.B) {
 	b.ReportMetric(float64(times[len(times)/2].Microseconds())/1000, "median-ms")
 }
 
+// BenchmarkHeads10k is what `slotctl metrics` and a waiting run's status
+// line ask of the store: the heads (store.Heads) of the 100 limits of
+// 10,000 live tickets, on a handle that granted none of their leases:
+//
+//	go test -run '^$' -bench Heads10k -count 10 ./store/etcdstore/
+func BenchmarkHeads10k(b *testing.B) {
+	srv := etcdtest.Start(b, etcdtest.Options{})
+	prefix := fmt.Sprintf("/heads10k/%d", time.Now().UnixNano())
+	build10k(b, srv, prefix)
+	st, err := etcdstore.New(etcdstore.Options{Endpoints: []string{srv.Endpoint}, Prefix: prefix})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	ctx := context.Background()
+	var times []time.Duration
+	for b.Loop() {
+		t0 := time.Now()
+		sn, err := store.Heads(ctx, st)
+		times = append(times, time.Since(t0))
+		if err != nil || len(sn.Limits) != 100 {
+			b.Fatalf("Heads: %d limits, %v; want 100", len(sn.Limits), err)
+		}
+		n := 0
+		for _, l := range sn.Limits {
+			n += l.Held + l.Waiting
+		}
+		if n != 10000 {
+			b.Fatalf("Heads: %d tickets counted, want 10000", n)
+		}
+	}
+	slices.Sort(times)
+	b.ReportMetric(float64(times[len(times)/2].Microseconds())/1000, "median-ms")
+}
+
 // BenchmarkRenewWaiter is one renewal of a waiter far back in a queue of
 // 200 (SLOTCTLTEST_BENCH_AHEAD another length), on a handle of its own (as
 // a waiting slotctl run is): the keep-alive and the read after it. With SLOTCTLTEST_BENCH_ETCD=HOST:PORT

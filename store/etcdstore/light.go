@@ -48,11 +48,30 @@ func (s *Store) releaseWaiting(ctx context.Context, k known, why store.Reason) (
 	if k.rev == 0 || k.r.State == store.Held || len(k.r.names()) > 1 {
 		return false, false, nil
 	}
+	// A crowd leaving at once (a mass cancel) keeps changing the key
+	// ahead of each of them: a try that lost only that race reads the new
+	// one and tries again, rather than every one of them settling the
+	// whole limit, each conflicting with all the others.
+	for range lightReleaseTries {
+		done, again, uncertain := s.releaseWaitingOnce(ctx, k, why)
+		if !again {
+			return done, uncertain, nil
+		}
+	}
+	return false, false, nil
+}
+
+// lightReleaseTries bounds releaseWaiting's tries.
+const lightReleaseTries = 8
+
+// releaseWaitingOnce is one try of releaseWaiting. again: its transaction
+// failed on the key ahead only (the ticket's own key is as known).
+func (s *Store) releaseWaitingOnce(ctx context.Context, k known, why store.Reason) (done, again, uncertain bool) {
 	// Behind a live waiter, which stays (compared): whoever is behind this
 	// ticket stays behind that one.
 	ahead, _, ok := s.aheadOf(ctx, k.r.ID)
 	if !ok {
-		return false, false, nil
+		return false, false, false
 	}
 	names := k.r.names()
 	st := newState(names, 0)
@@ -63,29 +82,32 @@ func (s *Store) releaseWaiting(ctx context.Context, k known, why store.Reason) (
 	p.light = true // its event is counted in a delta key (countsrec.go)
 	p.cmp(clientv3.Compare(clientv3.ModRevision(string(ahead.Key)), "=", ahead.ModRevision))
 	if !p.remove(e, why, "") {
-		return false, false, nil
+		return false, false, false
 	}
 	day, err := s.dayLease(ctx, s.dayKV(ctx))
 	if err != nil {
-		return false, false, nil
+		return false, false, false
 	}
 	cctx, cancel := s.ctx(ctx)
-	resp, err := s.c.Txn(cctx).If(p.cmps...).Then(p.ops(day)...).Commit()
+	own := s.k.ticket(k.r.Limit, k.r.ID)
+	resp, err := s.c.Txn(cctx).If(p.cmps...).Then(p.ops(day)...).Else(clientv3.OpGet(own)).Commit()
 	cancel()
 	switch {
 	case err != nil && isLeaseNotFound(err):
 		s.dropDay(day)
-		return false, false, nil
+		return false, false, false
 	case err != nil:
-		return false, unknownOutcome(s.unavailable(err, false)), nil
+		return false, false, unknownOutcome(s.unavailable(err, false))
 	}
 	s.answered()
 	if !resp.Succeeded {
-		return false, false, nil
+		rs := getResponses(resp.Responses)
+		mine := len(rs) == 1 && len(rs[0].Kvs) == 1 && rs[0].Kvs[0].ModRevision == k.rev
+		return false, mine, false
 	}
 	s.forget(k.r.ID)
 	s.afterCommit(p)
-	return true, false, nil
+	return true, false, false
 }
 
 // aheadOf reads, for a waiting ticket of one limit that this handle
