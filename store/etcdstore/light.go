@@ -18,9 +18,11 @@ package etcdstore
 //     (and of the waiter ahead unchanged), with its tombstone and event, no
 //     settle (releaseWaiting). That is correct: its removal frees no slot
 //     and unblocks nobody, since whoever is behind it is behind the waiter
-//     ahead too (strict FIFO). A waiter at the head of the queue (behind
-//     holders) may block a lighter ticket behind it, or one of several
-//     limits: those take the full path, which settles.
+//     ahead too (strict FIFO). When only the key ahead changed (it left
+//     too: a crowd cancelled at once), it reads the new one and tries
+//     again. A waiter at the head of the queue (behind holders) may block
+//     a lighter ticket behind it, or one of several limits: those take the
+//     full path, which settles.
 //
 // (The renewal of a waiter far back still lists the keys of the tickets
 // ahead of it, for its place in the queue: etcd counts a range before it
