@@ -28,6 +28,12 @@ const headsPerTxn = 25
 // no lease is asked for its remaining time, so the cost is the limit's
 // size, not its queue's: a waiting run's status line reads this every time
 // it is drawn.
+//
+// The first waiter is the oldest ticket key that is not a holder's. A
+// waiter kept under a hold after an election (quarantine.go) has a key
+// newer than its record, so until it is admitted a younger waiter may be
+// named first here: what Heads feeds (a gauge, an estimate) tolerates
+// that; Snapshot orders by the records.
 func (s *Store) Heads(ctx context.Context, limits ...string) (store.Snapshot, error) {
 	if s.closed.Load() {
 		return store.Snapshot{}, s.errClosed()
