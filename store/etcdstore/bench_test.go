@@ -151,6 +151,21 @@ func BenchmarkHandoff(b *testing.B) {
 	}
 }
 
+// reader10k is a handle on 10,000 tickets (build10k) that granted none of
+// their leases, as the ls or metrics process did not.
+func reader10k(b *testing.B) *etcdstore.Store {
+	b.Helper()
+	srv := etcdtest.Start(b, etcdtest.Options{})
+	prefix := fmt.Sprintf("/10k/%d", time.Now().UnixNano())
+	build10k(b, srv, prefix)
+	st, err := etcdstore.New(etcdstore.Options{Endpoints: []string{srv.Endpoint}, Prefix: prefix})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { st.Close() })
+	return st
+}
+
 // build10k enqueues 10,000 tickets across 100 limits of 2 slots (2 held
 // and 98 waiting each, a one-hour TTL) under prefix, from a handle that
 // stays open (its leases are its own; a reader must be another handle).
@@ -195,14 +210,7 @@ func build10k(b *testing.B, srv *etcdtest.Server, prefix string) {
 //
 //	go test -run '^$' -bench Snapshot10k -count 10 ./store/etcdstore/
 func BenchmarkSnapshot10k(b *testing.B) {
-	srv := etcdtest.Start(b, etcdtest.Options{})
-	prefix := fmt.Sprintf("/snap10k/%d", time.Now().UnixNano())
-	build10k(b, srv, prefix)
-	st, err := etcdstore.New(etcdstore.Options{Endpoints: []string{srv.Endpoint}, Prefix: prefix})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer st.Close()
+	st := reader10k(b)
 	ctx := context.Background()
 	var times []time.Duration
 	for b.Loop() {
@@ -228,14 +236,7 @@ func BenchmarkSnapshot10k(b *testing.B) {
 //
 //	go test -run '^$' -bench Heads10k -count 10 ./store/etcdstore/
 func BenchmarkHeads10k(b *testing.B) {
-	srv := etcdtest.Start(b, etcdtest.Options{})
-	prefix := fmt.Sprintf("/heads10k/%d", time.Now().UnixNano())
-	build10k(b, srv, prefix)
-	st, err := etcdstore.New(etcdstore.Options{Endpoints: []string{srv.Endpoint}, Prefix: prefix})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer st.Close()
+	st := reader10k(b)
 	ctx := context.Background()
 	var times []time.Duration
 	for b.Loop() {

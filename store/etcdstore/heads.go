@@ -140,10 +140,10 @@ func (s *Store) headsOf(ctx context.Context, names []string, named bool, out *st
 			}
 		}
 		for _, id := range h.held {
-			reads = append(reads, clientv3.OpGet(s.k.record(n, id)))
+			reads = append(reads, clientv3.OpGet(s.k.record(n, id), clientv3.WithRev(rev)))
 		}
 		if h.first != "" {
-			reads = append(reads, clientv3.OpGet(s.k.record(n, h.first)))
+			reads = append(reads, clientv3.OpGet(s.k.record(n, h.first), clientv3.WithRev(rev)))
 		}
 	}
 	var recs []*clientv3.GetResponse
@@ -152,7 +152,7 @@ func (s *Store) headsOf(ctx context.Context, names []string, named bool, out *st
 		// transactions within etcd's limit of operations.
 		for part := range slices.Chunk(reads, 4*headsPerTxn) {
 			cctx, cancel := s.ctx(ctx)
-			resp, err := s.c.Txn(cctx).Then(withRev(part, rev)...).Commit()
+			resp, err := s.c.Txn(cctx).Then(part...).Commit()
 			cancel()
 			if err != nil {
 				return s.unavailable(err, false)
@@ -190,13 +190,4 @@ func (s *Store) headsOf(ctx context.Context, names []string, named bool, out *st
 		out.Limits[len(out.Limits)-1].Waiting = h.waiting
 	}
 	return nil
-}
-
-// withRev is ops (gets) read at revision rev.
-func withRev(ops []clientv3.Op, rev int64) []clientv3.Op {
-	out := make([]clientv3.Op, len(ops))
-	for i, op := range ops {
-		out[i] = clientv3.OpGet(string(op.KeyBytes()), clientv3.WithRev(rev))
-	}
-	return out
 }

@@ -336,3 +336,41 @@ func TestStatusLineSeveralLimits(t *testing.T) {
 		t.Errorf("status after db shrank to 1:\n got %q\nwant it to contain %q", got, want)
 	}
 }
+
+// TestStatusLineFollowsTheQueue: redrawn on a terminal, the waiting line
+// shows the ticket's place as it is now, not as the waiter last heard it
+// (the heads it reads list no waiter but the first).
+func TestStatusLineFollowsTheQueue(t *testing.T) {
+	e := newLsEnv(t)
+	st, err := boltstore.New(e.store, boltstore.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	ctx := context.Background()
+	var tks []store.Ticket
+	for i := range 4 {
+		tk, err := st.Enqueue(ctx, store.EnqueueRequest{ID: fmt.Sprintf("b000000000000000000000000000000%d", i), Limit: "build", Slots: 1,
+			TTL: time.Hour, Holder: store.Holder{Host: "h", Pid: 7, Argv: []string{"make"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tks = append(tks, tk)
+	}
+	me := tks[3]
+	if me.Position != 3 {
+		t.Fatalf("the last ticket is %s at place %d, want waiting 3rd", me.State, me.Position)
+	}
+	if _, err := st.Cancel(ctx, tks[1]); err != nil {
+		t.Fatal(err)
+	}
+	f, _, errOut := lsFactory(e.env, nil, false, 0)
+	f.IO.ErrTTY = true
+	f.ErrWidth = func() int { return 200 }
+	s := newStatusLine(f, &logger{w: errOut}, st, []string{"build"})
+	s.t = me // as enqueued: 3rd
+	s.draw(ctx)
+	if got := errOut.String(); !strings.Contains(got, ", 2nd in queue") {
+		t.Errorf("status line after the waiter ahead left: %q, want it 2nd in queue", got)
+	}
+}

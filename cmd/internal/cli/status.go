@@ -104,8 +104,17 @@ func (s *statusLine) text(ctx context.Context, t store.Ticket, width int) string
 		} else {
 			fmt.Fprintf(&b, " (%d/%d held)", l.Held, l.Slots)
 		}
+		found := false
 		for _, x := range snap.Tickets {
 			if x.ID == t.ID {
+				t, found = x, true
+			}
+		}
+		if !found && s.live {
+			// The heads list no waiter but the first: redrawn every
+			// second, the line asks for the ticket's own place, which
+			// the waiter's renewals would bring only every period.
+			if x, err := s.st.Get(ctx, t.ID); err == nil && x.State == store.Waiting {
 				t = x
 			}
 		}
