@@ -1,0 +1,16 @@
+// Package pgstore keeps slotctl's limits and tickets in PostgreSQL, for
+// teams that run it already: every step is one transaction, leases run out
+// by the server's clock, waiters wake by LISTEN/NOTIFY, and fences come from
+// a sequence.
+//
+// The rules are the policy package's; this package supplies the step. A
+// step takes the store's one lock row (SELECT ... FOR UPDATE on
+// slotctl_meta) before it reads, so steps are serialised as on the embedded
+// store, and a transaction-scoped lock never outlives its transaction: the
+// store works behind a pooler in transaction mode, where a session's
+// advisory locks would not. Reads (ls, stats) take no lock: they read one
+// snapshot.
+//
+// Tables, all named slotctl_*, live in the schema the connection's
+// search_path names first; the first step creates them.
+package pgstore

@@ -1,0 +1,263 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/slotctl/slotctl/store"
+	"github.com/slotctl/slotctl/store/policy"
+)
+
+// Options configure a store.
+type Options struct {
+	// Judge proves holders dead (store.Judge); nil leaves them to the TTL.
+	Judge store.Judge
+	// Skew is test-only: the store's clock reads the server's plus what it
+	// returns, so that a test can move time without waiting.
+	Skew func() time.Duration
+}
+
+// Open connects to the database at url (postgres://USER@HOST/DB?..., in
+// libpq's form: PGPASSWORD, .pgpass and sslmode apply) and returns the
+// store kept there. It connects lazily: a server that is down fails the
+// first operation, not Open.
+func Open(ctx context.Context, rawURL string, o Options) (*policy.Store, error) {
+	cfg, err := pgxpool.ParseConfig(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("%w: store %s: %v", store.ErrInvalid, redact(rawURL), err)
+	}
+	cfg.MaxConns = 4
+	cfg.MinConns = 0
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%w: store %s: %v", store.ErrUnavailable, redact(rawURL), err)
+	}
+	b := &backend{pool: pool, name: redact(rawURL), skew: o.Skew, cfg: cfg.ConnConfig}
+	b.bells.m = map[string]map[*bell]bool{}
+	return policy.New(b, policy.Options{Judge: o.Judge}), nil
+}
+
+// redact is the URL without its password: the store's name in messages.
+func redact(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "postgres://"
+	}
+	if u.User != nil {
+		u.User = url.User(u.User.Username())
+	}
+	q := u.Query()
+	if q.Has("password") {
+		q.Del("password")
+		u.RawQuery = q.Encode()
+	}
+	return u.String()
+}
+
+// backend is the PostgreSQL step beneath the rules.
+type backend struct {
+	pool *pgxpool.Pool
+	cfg  *pgx.ConnConfig
+	name string
+	skew func() time.Duration
+
+	schemaOnce sync.Mutex
+	schemaOK   bool
+
+	closeMu sync.RWMutex
+	closed  bool
+
+	bells bells
+}
+
+var _ policy.Backend = (*backend)(nil)
+
+func (b *backend) String() string { return b.name }
+
+// Close implements policy.Backend.
+func (b *backend) Close() error {
+	b.closeMu.Lock()
+	if b.closed {
+		b.closeMu.Unlock()
+		return nil
+	}
+	b.closed = true
+	b.closeMu.Unlock()
+	b.bells.stop()
+	b.pool.Close()
+	return nil
+}
+
+// open holds off Close while a step runs.
+func (b *backend) open() (func(), error) {
+	b.closeMu.RLock()
+	if b.closed {
+		b.closeMu.RUnlock()
+		return nil, fmt.Errorf("%w: %s", store.ErrClosed, b.name)
+	}
+	return b.closeMu.RUnlock, nil
+}
+
+// Update implements policy.Backend: one READ COMMITTED transaction that
+// first takes the lock row, so every later statement of the step reads what
+// the steps before it committed.
+func (b *backend) Update(ctx context.Context, fn func(policy.Tx) error) error {
+	done, err := b.open()
+	if err != nil {
+		return err
+	}
+	defer done()
+	if err := b.ensureSchema(ctx); err != nil {
+		return err
+	}
+	tx, err := b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return b.unavailable(err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if _, err := tx.Exec(ctx, `SELECT v FROM slotctl_meta WHERE k = 'lock' FOR UPDATE`); err != nil {
+		return b.unavailable(err)
+	}
+	t, err := b.begin(ctx, tx, true)
+	if err != nil {
+		return err
+	}
+	if err := fn(t); err != nil {
+		return err
+	}
+	if t.err != nil {
+		return t.err
+	}
+	if err := t.finish(); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return b.unavailable(err)
+	}
+	return nil
+}
+
+// View implements policy.Backend: one read-only snapshot.
+func (b *backend) View(ctx context.Context, fn func(policy.Tx) error) error {
+	done, err := b.open()
+	if err != nil {
+		return err
+	}
+	defer done()
+	if err := b.ensureSchema(ctx); err != nil {
+		return err
+	}
+	tx, err := b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return b.unavailable(err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	t, err := b.begin(ctx, tx, false)
+	if err != nil {
+		return err
+	}
+	if err := fn(t); err != nil {
+		return err
+	}
+	return t.err
+}
+
+// begin reads the server's clock for a step.
+func (b *backend) begin(ctx context.Context, tx pgx.Tx, write bool) (*ptx, error) {
+	var now time.Time
+	if err := tx.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&now); err != nil {
+		return nil, b.unavailable(err)
+	}
+	if b.skew != nil {
+		now = now.Add(b.skew())
+	}
+	return &ptx{b: b, ctx: ctx, tx: tx, write: write,
+		now: policy.Instant{Boot: serverClock, Mono: time.Duration(now.UnixNano()), Wall: now}}, nil
+}
+
+// serverClock is the boot every deadline is on: the server's wall clock.
+const serverClock = "postgres"
+
+// unavailable is the error of a failed statement: the server is down,
+// unreachable or refused the step (a cancelled context among them).
+func (b *backend) unavailable(err error) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return fmt.Errorf("%w: %s: %s (SQLSTATE %s)", store.ErrUnavailable, b.name, pe.Message, pe.Code)
+	}
+	return fmt.Errorf("%w: %s: %v", store.ErrUnavailable, b.name, err)
+}
+
+// schema creates the tables of a new store. It runs under a
+// transaction-scoped advisory lock so that two first steps do not race.
+const schema = `
+SELECT pg_advisory_xact_lock(7216120611392094515);
+CREATE TABLE IF NOT EXISTS slotctl_meta (k text PRIMARY KEY, v bigint NOT NULL);
+INSERT INTO slotctl_meta (k, v) VALUES ('lock', 0), ('format', 1) ON CONFLICT (k) DO NOTHING;
+CREATE SEQUENCE IF NOT EXISTS slotctl_fence;
+CREATE TABLE IF NOT EXISTS slotctl_limits (name text PRIMARY KEY, rec jsonb NOT NULL);
+CREATE TABLE IF NOT EXISTS slotctl_counts (name text PRIMARY KEY, rec jsonb NOT NULL);
+CREATE TABLE IF NOT EXISTS slotctl_tickets (
+	fence bigint PRIMARY KEY,
+	id text NOT NULL UNIQUE,
+	limits text[] NOT NULL,
+	rec jsonb NOT NULL);
+CREATE INDEX IF NOT EXISTS slotctl_tickets_limits ON slotctl_tickets USING gin (limits);
+CREATE TABLE IF NOT EXISTS slotctl_tombs (
+	id text PRIMARY KEY,
+	seq bigserial NOT NULL,
+	at timestamptz NOT NULL,
+	rec jsonb NOT NULL);
+CREATE INDEX IF NOT EXISTS slotctl_tombs_seq ON slotctl_tombs (seq);
+CREATE TABLE IF NOT EXISTS slotctl_events (
+	seq bigserial PRIMARY KEY,
+	name text NOT NULL,
+	rec jsonb NOT NULL);
+CREATE INDEX IF NOT EXISTS slotctl_events_name ON slotctl_events (name, seq);
+`
+
+// ensureSchema creates the tables once per handle.
+func (b *backend) ensureSchema(ctx context.Context) error {
+	b.schemaOnce.Lock()
+	defer b.schemaOnce.Unlock()
+	if b.schemaOK {
+		return nil
+	}
+	var n int
+	err := b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE tablename = 'slotctl_events' AND schemaname = current_schema()`).Scan(&n)
+	if err != nil {
+		return b.unavailable(err)
+	}
+	if n == 0 {
+		tx, err := b.pool.Begin(ctx)
+		if err != nil {
+			return b.unavailable(err)
+		}
+		defer tx.Rollback(context.WithoutCancel(ctx))
+		if _, err := tx.Exec(ctx, schema); err != nil {
+			return b.unavailable(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return b.unavailable(err)
+		}
+	}
+	var format int64
+	if err := b.pool.QueryRow(ctx, `SELECT v FROM slotctl_meta WHERE k = 'format'`).Scan(&format); err != nil {
+		return b.unavailable(err)
+	}
+	if format != formatVersion {
+		return fmt.Errorf("%w: %s: store format %d: this slotctl reads format %d", store.ErrCorrupt, b.name, format, formatVersion)
+	}
+	b.schemaOK = true
+	return nil
+}
+
+const formatVersion = 1

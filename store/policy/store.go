@@ -1,0 +1,415 @@
+package policy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/slotctl/slotctl/store"
+)
+
+// Store is a [store.Store] made of the rules over a Backend.
+type Store struct {
+	b Backend
+	o Options
+}
+
+var _ store.Store = (*Store)(nil)
+
+// New returns the store that keeps its state in b.
+func New(b Backend, o Options) *Store { return &Store{b: b, o: o} }
+
+// Backend is the backend beneath the rules.
+func (s *Store) Backend() Backend { return s.b }
+
+func (s *Store) update(ctx context.Context, fn func(x *step) error) error {
+	return s.b.Update(ctx, func(tx Tx) error { return fn(newStep(tx, &s.o)) })
+}
+
+func (s *Store) view(ctx context.Context, fn func(x *step) error) error {
+	return s.b.View(ctx, func(tx Tx) error { return fn(newStep(tx, &s.o)) })
+}
+
+func (s *Store) String() string { return s.b.String() }
+func (s *Store) Close() error   { return s.b.Close() }
+
+// Watch implements [store.Store].
+func (s *Store) Watch(ctx context.Context, id string) (store.Bell, error) {
+	if err := store.CheckID(id); err != nil {
+		return nil, err
+	}
+	return s.b.Watch(ctx, id)
+}
+
+// Get implements [store.Store].
+func (s *Store) Get(ctx context.Context, id string) (store.Ticket, error) {
+	if err := store.CheckID(id); err != nil {
+		return store.Ticket{}, err
+	}
+	var out store.Ticket
+	err := s.view(ctx, func(x *step) error {
+		r, ok, err := x.tx.Lookup(id)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return x.notFound(id)
+		}
+		out, err = x.viewOf(r)
+		return err
+	})
+	return out, err
+}
+
+// lookupOwn finds t as its holder knows it: the live ticket of t's id and
+// fence, or (lost) why it is gone; err is the store's own failure.
+func (x *step) lookupOwn(t store.Ticket) (r Rec, lost, err error) {
+	r, ok, err := x.tx.Lookup(t.ID)
+	if err != nil {
+		return r, nil, err
+	}
+	if !ok {
+		err := x.notFound(t.ID)
+		if !errors.Is(err, store.ErrNotFound) {
+			return r, nil, err // a tombstone it cannot read: the store's error, not a lost lease
+		}
+		return r, fmt.Errorf("%w: %w", store.ErrLost, err), nil
+	}
+	if r.Fence != t.Fence {
+		return r, fmt.Errorf("%w: ticket %s has fence %d, not %d", store.ErrLost, t.ID, r.Fence, t.Fence), nil
+	}
+	return r, nil, nil
+}
+
+// Renew implements [store.Store]. A renewal of a waiting ticket also sweeps
+// its limits (and the limits their tickets reach), so that waiters free a
+// dead holder's slot within its TTL even when nobody runs reap.
+func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (store.Ticket, error) {
+	if err := store.CheckTTL(ttl); err != nil {
+		return store.Ticket{}, err
+	}
+	if err := store.CheckID(t.ID); err != nil {
+		return store.Ticket{}, err
+	}
+	var out store.Ticket
+	var lostErr error
+	err := s.update(ctx, func(x *step) error {
+		out, lostErr = store.Ticket{}, nil
+		r, lost, err := x.lookupOwn(t)
+		if err != nil || lost != nil {
+			lostErr = lost
+			return err
+		}
+		// The renewer is alive by definition: only the clock judges it
+		// here (and the judge only adds what it knows of an expired one).
+		// A waiter holds no slot: its late renewal is accepted while its
+		// ticket is still here.
+		if ev := x.expiry(r); ev != "" && r.State == store.Held {
+			ev, _ = store.Verdict(store.Queued{Ticket: x.view(r, 0), Expired: ev}, x.o.Judge, true)
+			if err := x.remove(r, store.Reaped, ev, nil); err != nil {
+				return err
+			}
+			lostErr = fmt.Errorf("%w: ticket %s %s", store.ErrLost, t.ID, ev)
+			_, _, err := x.settle(r.Names(), false)
+			return err
+		}
+		x.extend(&r, ttl)
+		r.TTL, r.Renewed = ttl, x.now.Wall
+		if err := x.put(r); err != nil {
+			return err
+		}
+		if r.State == store.Held {
+			out = x.view(r, 0)
+			return nil
+		}
+		recs, _, err := x.settle(r.Names(), false)
+		if err != nil {
+			return err
+		}
+		var found bool
+		if out, found = x.viewIn(recs, t.ID); !found {
+			// The sweep judged this very holder dead (a late request from
+			// a process that has since died): its removal stands.
+			lostErr = fmt.Errorf("%w: ticket %s was reaped: its holder is dead", store.ErrLost, t.ID)
+		}
+		return nil
+	})
+	if err == nil {
+		err = lostErr
+	}
+	return out, err
+}
+
+// Release implements [store.Store].
+func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (bool, error) {
+	if err := store.CheckID(t.ID); err != nil {
+		return false, err
+	}
+	var removed bool
+	err := s.update(ctx, func(x *step) error {
+		removed = false
+		r, ok, err := x.tx.Lookup(t.ID)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			if why == store.Lost && store.CheckLimits(t.Names()) == nil && store.CheckWeight(t.Weight) == nil {
+				// Reaped or released by someone else: log that its holder
+				// noticed, for "when did it go away".
+				if err := x.log(eventOf{kind: string(store.Lost), evidence: "holder presumed its lease lost"}, recOf(t)); err != nil {
+					return err
+				}
+			}
+			if _, dead, err := x.tx.Tomb(t.ID); err != nil || dead {
+				return err
+			}
+			return x.tombstone(t.ID, why, nil) // cancel before create: refuse the create when it lands
+		}
+		if t.Fence != 0 && r.Fence != t.Fence {
+			return nil
+		}
+		if err := x.remove(r, why, "", nil); err != nil {
+			return err
+		}
+		removed = true
+		_, _, err = x.settle(r.Names(), false)
+		return err
+	})
+	return removed, err
+}
+
+// recOf is the record form of a caller's ticket, for logging only.
+func recOf(t store.Ticket) Rec {
+	r := Rec{ID: t.ID, Limit: t.Names()[0], Limits: t.Names(), Weight: t.Weighs(), State: t.State, Fence: t.Fence, Slot: t.Slot, Holder: t.Holder}
+	if t.State == store.Held { // only indexes a record could hold: the event is read back as strictly
+		r.Indexes = map[string][]int{}
+		for _, name := range r.Limits {
+			ix := t.In(name)
+			if len(ix) != r.Weight || slices.ContainsFunc(ix, func(n int) bool { return n < 0 || n >= store.MaxSlots }) {
+				ix = nil
+			}
+			r.Indexes[name] = ix
+		}
+	}
+	return r
+}
+
+// Cancel implements [store.Store]: Release with store.Cancelled.
+func (s *Store) Cancel(ctx context.Context, t store.Ticket) (bool, error) {
+	return s.Release(ctx, t, store.Cancelled)
+}
+
+// SetChild implements [store.Store].
+func (s *Store) SetChild(ctx context.Context, t store.Ticket, pgid int, pgidStart uint64) (store.Ticket, error) {
+	if err := store.CheckID(t.ID); err != nil {
+		return store.Ticket{}, err
+	}
+	var out store.Ticket
+	var lostErr error
+	err := s.update(ctx, func(x *step) error {
+		out, lostErr = store.Ticket{}, nil
+		r, ok, err := x.tx.Lookup(t.ID)
+		if err != nil {
+			return err
+		}
+		if !ok || r.Fence != t.Fence {
+			lostErr = fmt.Errorf("%w: ticket %s is gone", store.ErrLost, t.ID)
+			return nil
+		}
+		if r.DeadlineBoot != x.now.Boot || x.now.Mono >= r.DeadlineMono {
+			lostErr = fmt.Errorf("%w: ticket %s expired", store.ErrLost, t.ID)
+			return nil
+		}
+		r.Holder.Pgid, r.Holder.PgidStart = pgid, pgidStart
+		if err := x.put(r); err != nil {
+			return err
+		}
+		out, err = x.viewOf(r)
+		return err
+	})
+	if err == nil {
+		err = lostErr
+	}
+	return out, err
+}
+
+// Events implements [store.Store].
+func (s *Store) Events(ctx context.Context, limit string, n int) ([]store.Event, error) {
+	if limit != "" {
+		if err := store.CheckLimitName(limit); err != nil {
+			return nil, err
+		}
+	}
+	r, ok := s.b.(EventReader)
+	if !ok {
+		return nil, fmt.Errorf("%w: %s keeps no events", store.ErrUnavailable, s.b)
+	}
+	out, err := r.Events(ctx, limit, n)
+	if out == nil && err == nil {
+		out = []store.Event{}
+	}
+	return out, err
+}
+
+// An EventReader reads a backend's event log: the newest n events (of one
+// limit, or of all when limit is ""), oldest first.
+type EventReader interface {
+	Events(ctx context.Context, limit string, n int) ([]store.Event, error)
+}
+
+// Snapshot implements [store.Store]: a ticket of several limits is listed
+// under each (store.Snapshot.AddLimit).
+func (s *Store) Snapshot(ctx context.Context, limits ...string) (store.Snapshot, error) {
+	for _, l := range limits {
+		if err := store.CheckLimitName(l); err != nil {
+			return store.Snapshot{}, err
+		}
+	}
+	var out store.Snapshot
+	err := s.view(ctx, func(x *step) error {
+		out = store.Snapshot{Now: x.now.Wall, Limits: []store.Limit{}, Tickets: []store.Ticket{}}
+		names, err := x.limitNames(limits)
+		if err != nil {
+			return err
+		}
+		for _, name := range names {
+			lim, ok, err := x.tx.Limit(name)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return fmt.Errorf("%w: %q", store.ErrLimitNotFound, name)
+			}
+			q, err := x.tx.Queue(name)
+			if err != nil {
+				return err
+			}
+			ts := make([]store.Ticket, len(q))
+			for i, r := range q {
+				ts[i] = x.view(r, 0)
+			}
+			out.AddLimit(store.Limit{Name: name, Slots: lim.Slots, Created: lim.Created}, ts)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// SetLimit implements [store.Store].
+func (s *Store) SetLimit(ctx context.Context, name string, slots int) (store.Limit, error) {
+	if err := store.CheckLimitName(name); err != nil {
+		return store.Limit{}, err
+	}
+	if err := store.CheckSlots(slots); err != nil {
+		return store.Limit{}, err
+	}
+	var out store.Limit
+	err := s.update(ctx, func(x *step) error {
+		lim, ok, err := x.tx.Limit(name)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			lim.Created = x.now.Wall
+			if err := x.tx.PutCounts(store.Counts{Limit: name}); err != nil { // a new limit counts from zero
+				return err
+			}
+		}
+		lim.Slots = slots
+		if err := x.tx.PutLimit(name, lim); err != nil {
+			return err
+		}
+		recs, _, err := x.settle([]string{name}, false)
+		if err != nil {
+			return err
+		}
+		out = store.Limit{Name: name, Slots: slots, Created: lim.Created}
+		for _, r := range recs {
+			switch {
+			case !r.Has(name):
+			case r.State == store.Held:
+				out.Held += r.Weighs() // slots, not tickets
+			default:
+				out.Waiting++
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
+// RemoveLimit implements [store.Store]. With force, every ticket naming
+// the limit is removed entirely, and the other limits they named are
+// settled: their slots there are free now.
+func (s *Store) RemoveLimit(ctx context.Context, name string, force bool) error {
+	if err := store.CheckLimitName(name); err != nil {
+		return err
+	}
+	return s.update(ctx, func(x *step) error {
+		if _, ok, err := x.tx.Limit(name); err != nil {
+			return err
+		} else if !ok {
+			return fmt.Errorf("%w: %q", store.ErrLimitNotFound, name)
+		}
+		recs, err := x.tx.Queue(name)
+		if err != nil {
+			return err
+		}
+		if len(recs) > 0 && !force {
+			return fmt.Errorf("%w: limit %q has %d tickets", store.ErrLimitInUse, name, len(recs))
+		}
+		var others []string
+		for _, r := range recs {
+			if err := x.remove(r, store.ForceReleased, "limit removed", nil); err != nil {
+				return err
+			}
+			for _, l := range r.Names() {
+				if l != name && !slices.Contains(others, l) {
+					others = append(others, l)
+				}
+			}
+		}
+		if err := x.tx.DeleteLimit(name); err != nil {
+			return err
+		}
+		if len(others) == 0 {
+			return nil
+		}
+		_, _, err = x.settle(others, false)
+		return err
+	})
+}
+
+// Counts implements [store.Store].
+func (s *Store) Counts(ctx context.Context, limits ...string) ([]store.Counts, error) {
+	for _, name := range limits {
+		if err := store.CheckLimitName(name); err != nil {
+			return nil, err
+		}
+	}
+	out := []store.Counts{}
+	err := s.view(ctx, func(x *step) error {
+		out = out[:0]
+		names, err := x.limitNames(limits)
+		if err != nil {
+			return err
+		}
+		for _, name := range names {
+			if _, ok, err := x.tx.Limit(name); err != nil {
+				return err
+			} else if !ok {
+				return fmt.Errorf("%w: %q", store.ErrLimitNotFound, name)
+			}
+			c, err := x.tx.Counts(name)
+			if err != nil {
+				return err
+			}
+			c.Limit = name
+			out = append(out, c)
+		}
+		return nil
+	})
+	return out, err
+}

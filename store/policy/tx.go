@@ -1,0 +1,87 @@
+package policy
+
+import (
+	"context"
+
+	"github.com/slotctl/slotctl/internal/mutation"
+	"github.com/slotctl/slotctl/store"
+)
+
+// A Tx is one atomic step over a backend's state: every read sees one
+// state, the step's own writes included, and the writes commit together or
+// not at all. The records it returns are checked (Rec.Check and the like);
+// one it cannot read wraps store.ErrCorrupt.
+type Tx interface {
+	// Now is the store's clock, read once for the step.
+	Now() Instant
+	// PreviousBoot reports whether boot is a boot of the store's clock that
+	// has ended (a host-local store after a reboot); a lease of an ended
+	// boot is over.
+	PreviousBoot(boot string) bool
+
+	// LimitNames is every limit's name, sorted.
+	LimitNames() ([]string, error)
+	Limit(name string) (LimitRec, bool, error)
+	PutLimit(name string, l LimitRec) error
+	// DeleteLimit removes a limit and its counters (its tickets are gone).
+	DeleteLimit(name string) error
+
+	// Queue is the tickets naming limit, in fence order.
+	Queue(limit string) ([]Rec, error)
+	// Lookup finds a live ticket by id.
+	Lookup(id string) (Rec, bool, error)
+	// Put writes a ticket, new or changed, under every limit it names.
+	Put(r Rec) error
+	// Delete removes a live ticket.
+	Delete(r Rec) error
+	// NextFence issues the next fence: greater than every one issued.
+	NextFence() (uint64, error)
+
+	Tomb(id string) (Tomb, bool, error)
+	// PutTomb remembers a removed id; the backend may forget old ones (a
+	// day, or past its bound).
+	PutTomb(id string, t Tomb) error
+
+	// Log appends an event (the backend numbers it and keeps the newest
+	// store.MaxEvents).
+	Log(e store.Event) error
+	// Counts reads a limit's counters (zero when none were written).
+	Counts(limit string) (store.Counts, error)
+	PutCounts(c store.Counts) error
+
+	// Ring asks the backend to wake r's waiter once the step commits.
+	Ring(r Rec)
+	// Gone tells the backend that r was removed: its bell rings after the
+	// commit and may then be dropped.
+	Gone(r Rec)
+}
+
+// A Backend is what a store supplies beneath the rules.
+type Backend interface {
+	// Update runs fn as one atomic step and commits what it wrote, or
+	// nothing if fn fails. A backend that retries a step on a conflict runs
+	// fn again from the start.
+	Update(ctx context.Context, fn func(Tx) error) error
+	// View runs fn on a consistent state, writing nothing.
+	View(ctx context.Context, fn func(Tx) error) error
+	// Watch is store.Store.Watch.
+	Watch(ctx context.Context, id string) (store.Bell, error)
+	String() string
+	Close() error
+}
+
+// Options are what a backend tells the rules about itself.
+type Options struct {
+	// Judge proves holders dead (store.Judge); nil judges by expiry only.
+	Judge store.Judge
+	// Keep vouches for an expired ticket whose job provably still runs
+	// (store.SettleInput.Keep); nil on a shared store.
+	Keep func(store.Ticket) bool
+	// Quiet: waiters renew nothing until they come into line, their
+	// liveness proven by the host (a host-local store).
+	Quiet bool
+	// BellUID is written into each new ticket (Rec.BellUID).
+	BellUID *uint32
+	// Mutations is test-only: planted bugs the simulation must catch.
+	Mutations mutation.Set
+}
