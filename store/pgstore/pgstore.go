@@ -20,6 +20,12 @@ import (
 type Options struct {
 	// Judge proves holders dead (store.Judge); nil leaves them to the TTL.
 	Judge store.Judge
+	// Timeout bounds the wait for the store's lock (another step holding
+	// it); 0 is DefaultTimeout. A step that waits longer fails with a
+	// *store.LockTimeoutError. A client paused in the middle of a step
+	// loses its transaction after half of it, so that it holds up the
+	// others for no longer.
+	Timeout time.Duration
 	// Skew is test-only: the store's clock reads the server's plus what it
 	// returns, so that a test can move time without waiting.
 	Skew func() time.Duration
@@ -36,14 +42,24 @@ func Open(ctx context.Context, rawURL string, o Options) (*policy.Store, error) 
 	}
 	cfg.MaxConns = 4
 	cfg.MinConns = 0
+	timeout := o.Timeout
+	if timeout <= 0 {
+		timeout = DefaultTimeout
+	}
+	idle := max(timeout/2, time.Second)
+	cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = fmt.Sprint(idle.Milliseconds())
+	cfg.ConnConfig.RuntimeParams["lock_timeout"] = fmt.Sprint(timeout.Milliseconds())
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("%w: store %s: %v", store.ErrUnavailable, redact(rawURL), err)
 	}
-	b := &backend{pool: pool, name: redact(rawURL), skew: o.Skew, cfg: cfg.ConnConfig}
+	b := &backend{pool: pool, name: redact(rawURL), skew: o.Skew, cfg: cfg.ConnConfig, timeout: timeout}
 	b.bells.m = map[string]map[*bell]bool{}
 	return policy.New(b, policy.Options{Judge: o.Judge}), nil
 }
+
+// DefaultTimeout is Options.Timeout's default.
+const DefaultTimeout = 10 * time.Second
 
 // redact is the URL without its password: the store's name in messages.
 func redact(raw string) string {
@@ -68,6 +84,11 @@ type backend struct {
 	cfg  *pgx.ConnConfig
 	name string
 	skew func() time.Duration
+	// timeout is the longest a step waits for the lock (lock_timeout).
+	timeout time.Duration
+	// afterLock is test-only: called once a step holds the lock, it
+	// stands for a client paused there.
+	afterLock func()
 
 	schemaOnce sync.Mutex
 	schemaOK   bool
@@ -124,7 +145,14 @@ func (b *backend) Update(ctx context.Context, fn func(policy.Tx) error) error {
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	if _, err := tx.Exec(ctx, `SELECT v FROM slotctl_meta WHERE k = 'lock' FOR UPDATE`); err != nil {
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == "55P03" { // lock_not_available: lock_timeout ran out
+			return &store.LockTimeoutError{Path: b.name, Waited: b.timeout}
+		}
 		return b.unavailable(err)
+	}
+	if b.afterLock != nil {
+		b.afterLock()
 	}
 	t, err := b.begin(ctx, tx, true)
 	if err != nil {

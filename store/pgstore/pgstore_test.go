@@ -1,0 +1,103 @@
+package pgstore_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/slotctl/slotctl/store"
+	"github.com/slotctl/slotctl/store/pgstore"
+)
+
+func open(t *testing.T, url string, o pgstore.Options) store.Store {
+	t.Helper()
+	st, err := pgstore.Open(context.Background(), url, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
+func req(id, limit string) store.EnqueueRequest {
+	return store.EnqueueRequest{ID: id, Limit: limit, Slots: 1, TTL: 10 * time.Second,
+		Holder: store.Holder{Host: "pgstore.invalid", Pid: 1, Label: "test"}}
+}
+
+// A client paused in the middle of a step, holding the lock (stopped,
+// swapped out, a paused VM), holds the others up for at most half the lock
+// timeout: the server ends its transaction (the session's
+// idle_in_transaction_session_timeout, which the store sets), and the next
+// step goes through. Without it the other step waits out its whole lock
+// timeout and fails.
+func TestPausedStepIsCutOff(t *testing.T) {
+	url := testURL(t)
+	ctx := context.Background()
+	o := pgstore.Options{Timeout: 4 * time.Second}
+	paused := open(t, url, o)
+	if _, err := paused.SetLimit(ctx, "p", 1); err != nil {
+		t.Fatal(err)
+	}
+	resume := make(chan struct{})
+	defer close(resume)
+	held := make(chan struct{})
+	pgstore.PauseAfterLock(paused, func() {
+		close(held)
+		<-resume
+	})
+	failed := make(chan error, 1)
+	go func() {
+		_, err := paused.Enqueue(ctx, req("paused", "p"))
+		failed <- err
+	}()
+	<-held
+	st := open(t, url, o)
+	tk, err := st.Enqueue(ctx, req("after-pause", "p"))
+	if err != nil {
+		t.Fatalf("Enqueue behind a paused step: %v, want it admitted once the pause is cut off", err)
+	}
+	if tk.State != store.Held {
+		t.Fatalf("Enqueue behind a paused step: %s, want held", tk.State)
+	}
+	resume <- struct{}{}
+	if err := <-failed; err == nil {
+		t.Fatal("the paused step committed after it was cut off")
+	}
+	if _, err := st.Get(ctx, "paused"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("Get of the paused step's ticket: %v, want not found (rolled back)", err)
+	}
+}
+
+// A step that cannot take the lock within Options.Timeout fails with a
+// *store.LockTimeoutError naming the store, and writes nothing.
+func TestLockTimeout(t *testing.T) {
+	url := testURL(t)
+	ctx := context.Background()
+	st := open(t, url, pgstore.Options{Timeout: 500 * time.Millisecond})
+	if _, err := st.SetLimit(ctx, "p", 1); err != nil {
+		t.Fatal(err)
+	}
+	conn := connect(t, url)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT v FROM slotctl_meta WHERE k = 'lock' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	_, err = st.Enqueue(ctx, req("locked-out", "p"))
+	var lt *store.LockTimeoutError
+	if !errors.As(err, &lt) || !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("Enqueue on a locked store: %v (%T), want a *store.LockTimeoutError", err, err)
+	}
+	if strings.Contains(err.Error(), "@") && strings.Contains(url, ":") && strings.Contains(err.Error(), "password") {
+		t.Fatalf("error names a password: %v", err)
+	}
+	tx.Rollback(ctx)
+	if _, err := st.Get(ctx, "locked-out"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("Get after a refused enqueue: %v, want not found", err)
+	}
+}
