@@ -9,6 +9,7 @@ import (
 
 	"github.com/slotctl/slotctl/cmd/internal/cli"
 	"github.com/slotctl/slotctl/cmd/internal/etcdcli"
+	"github.com/slotctl/slotctl/cmd/internal/pgcli"
 	"github.com/slotctl/slotctl/cmd/internal/promtext"
 	"github.com/slotctl/slotctl/internal/guard"
 )
@@ -25,6 +26,7 @@ func main() {
 	guard.Main() // started as the guard of a job: be that, and only that
 	cli.RegisterEtcd(etcdcli.Client)
 	cli.RegisterMetrics(promtext.Write)
+	cli.RegisterPostgres(pgcli.Open)
 	f := cli.NewFactory(version, commit, date)
 	f.ExitAfterMain = true
 	os.Exit(cli.Main(context.Background(), os.Args[1:], f))

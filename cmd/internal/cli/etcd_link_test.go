@@ -7,10 +7,12 @@ package cli_test
 import (
 	"github.com/slotctl/slotctl/cmd/internal/cli"
 	"github.com/slotctl/slotctl/cmd/internal/etcdcli"
+	"github.com/slotctl/slotctl/cmd/internal/pgcli"
 	"github.com/slotctl/slotctl/cmd/internal/promtext"
 )
 
 func init() {
 	cli.RegisterEtcd(etcdcli.Client)
 	cli.RegisterMetrics(promtext.Write)
+	cli.RegisterPostgres(pgcli.Open)
 }

@@ -54,14 +54,16 @@ func (f *Factory) openJudged(g *globalOptions, reaper bool) (store.Store, error)
 		path = strings.TrimPrefix(url, "bolt://")
 	case strings.HasPrefix(url, "etcd://"):
 		return f.openEtcd(g, url)
+	case isPostgresURL(url):
+		return f.openPostgres(g, url)
 	case strings.Contains(url, "://"):
 		scheme, _, _ := strings.Cut(url, "://")
-		return nil, usageError("store %q: unknown scheme %q: want PATH, bolt://PATH or etcd://HOST:PORT[/PREFIX]", url, scheme)
+		return nil, usageError("store %q: unknown scheme %q: want PATH, bolt://PATH, etcd://HOST:PORT[/PREFIX] or postgres://USER@HOST/DB", url, scheme)
 	default:
 		path = url
 	}
 	if path == "" {
-		return nil, usageError("store %q: empty path: want PATH, bolt://PATH or etcd://HOST:PORT[/PREFIX]", url)
+		return nil, usageError("store %q: empty path: want PATH, bolt://PATH, etcd://HOST:PORT[/PREFIX] or postgres://USER@HOST/DB", url)
 	}
 	if !reaper {
 		return boltstore.New(path, boltstore.Options{Timeout: g.StoreTimeout, Clock: f.StoreClock, Dead: proc.Dead, Keep: proc.JobRunning, Alive: proc.SupervisorAlive, MakeDir: dflt})
@@ -106,7 +108,7 @@ func addEtcdFlags(fs *pflag.FlagSet) {
 }
 
 // etcdStoreGiven reports whether the command line or the environment plainly
-// names an etcd store, before any parsing: --store etcd://... (or
+// names a store that slotctl-etcd serves (etcd or PostgreSQL), before any parsing: --store etcd://... (or
 // --store=etcd://...) before a "--", else SLOTCTL_STORE=etcd://... when no
 // --store is given. The config file is not read: false is "cannot tell yet".
 func etcdStoreGiven(args []string, getenv func(string) string) bool {
@@ -126,5 +128,5 @@ func etcdStoreGiven(args []string, getenv func(string) string) bool {
 	if !given {
 		store = getenv("SLOTCTL_STORE")
 	}
-	return strings.HasPrefix(store, "etcd://")
+	return strings.HasPrefix(store, "etcd://") || isPostgresURL(store)
 }

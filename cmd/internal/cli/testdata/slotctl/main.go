@@ -16,6 +16,7 @@ import (
 
 	"github.com/slotctl/slotctl/cmd/internal/cli"
 	"github.com/slotctl/slotctl/cmd/internal/etcdcli"
+	"github.com/slotctl/slotctl/cmd/internal/pgcli"
 	"github.com/slotctl/slotctl/cmd/internal/promtext"
 	"github.com/slotctl/slotctl/internal/guard"
 	"github.com/slotctl/slotctl/internal/proc"
@@ -27,6 +28,7 @@ func main() {
 	guard.Main()
 	cli.RegisterEtcd(etcdcli.Client)
 	cli.RegisterMetrics(promtext.Write)
+	cli.RegisterPostgres(pgcli.Open)
 	f := cli.NewFactory("v0.0.0-test", "testcommit", "2026-01-01T00:00:00Z")
 	if off, err := time.ParseDuration(os.Getenv("SLOTCTLTEST_CLOCK_OFFSET")); err == nil {
 		// The host's boot-time clock shifted, so that a script can make
