@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"context"
 	"fmt"
 	"path/filepath"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"github.com/slotctl/slotctl/internal/mutation"
 	"github.com/slotctl/slotctl/store"
 	"github.com/slotctl/slotctl/store/boltstore"
+	"github.com/slotctl/slotctl/store/pgstore"
 )
 
 // An Instant is a reading of the store's clock: the boot, the boot-time
@@ -88,3 +90,48 @@ func (b *Bolt) Reboot() bool {
 	b.clock.Set(boltstore.Instant{Boot: fmt.Sprintf("boot-%d", b.boots), Mono: 20 * time.Second, Wall: i.Wall.Add(30 * time.Second)})
 	return true
 }
+
+// Postgres is the PostgreSQL store on a real server, one new database per
+// run, its clock (which judges leases by the wall clock) the simulation's.
+type Postgres struct {
+	url   string
+	opts  pgstore.Options
+	clock *boltstore.FakeClock
+}
+
+// NewPostgres returns the NewBackend of the PostgreSQL store; newDB makes
+// an empty database for the run in dir and returns its URL.
+func NewPostgres(newDB func(dir string) (string, error)) NewBackend {
+	return func(dir string, judge store.Judge, mut mutation.Set) (Backend, error) {
+		url, err := newDB(dir)
+		if err != nil {
+			return nil, err
+		}
+		p := &Postgres{url: url, clock: boltstore.NewFakeClock(boltstore.Instant{Boot: "postgres", Wall: simEpoch})}
+		p.opts = pgstore.Options{Judge: judge, Mutations: mut, Timeout: 5 * time.Second,
+			Now: func() time.Time { return p.clock.Now().Wall }}
+		return p, nil
+	}
+}
+
+// Open implements Backend.
+func (p *Postgres) Open() (store.Store, error) {
+	return pgstore.Open(context.Background(), p.url, p.opts)
+}
+
+// Now implements Backend: the wall clock is the store's only clock.
+func (p *Postgres) Now() Instant {
+	w := p.clock.Now().Wall
+	return Instant{Boot: "postgres", Mono: time.Duration(w.UnixNano()), Wall: w}
+}
+
+// Advance implements Backend.
+func (p *Postgres) Advance(d time.Duration) { p.clock.Advance(d) }
+
+// StepWall implements Backend: the server judges leases by its wall clock,
+// so a step of it is a step of every lease (not modelled).
+func (p *Postgres) StepWall(time.Duration) bool { return false }
+
+// Reboot implements Backend: not modelled (leases run by the server's clock,
+// not a host's boot).
+func (p *Postgres) Reboot() bool { return false }

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/slotctl/slotctl/internal/mutation"
 	"github.com/slotctl/slotctl/store"
 	"github.com/slotctl/slotctl/store/policy"
 )
@@ -26,6 +27,11 @@ type Options struct {
 	// loses its transaction after half of it, so that it holds up the
 	// others for no longer.
 	Timeout time.Duration
+	// Mutations is test-only: planted bugs the simulation must catch.
+	Mutations mutation.Set
+	// Now is test-only: the store's clock reads it instead of the
+	// server's (the simulation's own clock).
+	Now func() time.Time
 	// Skew is test-only: the store's clock reads the server's plus what it
 	// returns, so that a test can move time without waiting.
 	Skew func() time.Duration
@@ -40,7 +46,7 @@ func Open(ctx context.Context, rawURL string, o Options) (*policy.Store, error) 
 	if err != nil {
 		return nil, fmt.Errorf("%w: store %s: %v", store.ErrInvalid, redact(rawURL), err)
 	}
-	cfg.MaxConns = 4
+	cfg.MaxConns = 2 // a step and a read; a handle's steps take turns
 	cfg.MinConns = 0
 	timeout := o.Timeout
 	if timeout <= 0 {
@@ -53,9 +59,9 @@ func Open(ctx context.Context, rawURL string, o Options) (*policy.Store, error) 
 	if err != nil {
 		return nil, fmt.Errorf("%w: store %s: %v", store.ErrUnavailable, redact(rawURL), err)
 	}
-	b := &backend{pool: pool, name: redact(rawURL), skew: o.Skew, cfg: cfg.ConnConfig, timeout: timeout}
+	b := &backend{pool: pool, name: redact(rawURL), skew: o.Skew, clock: o.Now, cfg: cfg.ConnConfig, timeout: timeout}
 	b.bells.m = map[string]map[*bell]bool{}
-	return policy.New(b, policy.Options{Judge: o.Judge}), nil
+	return policy.New(b, policy.Options{Judge: o.Judge, Mutations: o.Mutations}), nil
 }
 
 // DefaultTimeout is Options.Timeout's default.
@@ -80,10 +86,11 @@ func redact(raw string) string {
 
 // backend is the PostgreSQL step beneath the rules.
 type backend struct {
-	pool *pgxpool.Pool
-	cfg  *pgx.ConnConfig
-	name string
-	skew func() time.Duration
+	pool  *pgxpool.Pool
+	cfg   *pgx.ConnConfig
+	name  string
+	skew  func() time.Duration
+	clock func() time.Time
 	// timeout is the longest a step waits for the lock (lock_timeout).
 	timeout time.Duration
 	// afterLock is test-only: called once a step holds the lock, it
@@ -203,6 +210,9 @@ func (b *backend) begin(ctx context.Context, tx pgx.Tx, write bool) (*ptx, error
 	var now time.Time
 	if err := tx.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&now); err != nil {
 		return nil, b.unavailable(err)
+	}
+	if b.clock != nil {
+		now = b.clock()
 	}
 	if b.skew != nil {
 		now = now.Add(b.skew())

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/slotctl/slotctl/internal/mutation"
 	"github.com/slotctl/slotctl/store"
 )
 
@@ -20,8 +21,12 @@ func (s *Store) Reap(ctx context.Context, o store.ReapOptions) ([]store.Removal,
 	}
 	removed := []store.Removal{}
 	run := s.update
+	scan := s.o.Mutations.Has(mutation.BlindReap) || s.o.Mutations.Has(mutation.StaleVerdict) // mutation (test-only): remember the scan
 	if o.DryRun {
 		run = s.view
+		if scan {
+			s.scan.reset()
+		}
 	}
 	err := run(ctx, func(x *step) error {
 		removed = removed[:0]
@@ -31,14 +36,38 @@ func (s *Store) Reap(ctx context.Context, o store.ReapOptions) ([]store.Removal,
 		}
 		if o.DryRun {
 			in.DryRun = true
+			gone := make([]bool, len(recs))
 			for _, rm := range store.PlanSettle(in).Remove {
+				gone[rm.Index] = true
 				removed = append(removed, store.Removal{Ticket: in.Tickets[rm.Index].Ticket, Reason: store.Reaped, Evidence: rm.Evidence})
+			}
+			for i, r := range recs {
+				if scan {
+					s.scan.note(r, gone[i])
+				}
 			}
 			return nil
 		}
+		if x.o.Mutations.Has(mutation.StaleVerdict) { // mutation (test-only): judge on the deadlines an earlier scan read (A1)
+			x.mutStaleVerdict(&in)
+		}
 		_, rm, err := x.apply(recs, store.PlanSettle(in), "")
+		if err != nil {
+			return err
+		}
 		removed = append(removed, rm...)
-		return err
+		if x.o.Mutations.Has(mutation.BlindReap) { // mutation (test-only): free a slot per ticket the scan listed (A2)
+			names, err := x.limitNames(o.Limits)
+			if err != nil {
+				return err
+			}
+			for _, name := range names {
+				if err := x.mutBlindReap(name, rm); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, err // rolled back: nothing was removed

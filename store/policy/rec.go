@@ -74,6 +74,33 @@ const MaxReplaces = 256
 // successor its reader would refuse.
 const MaxHost = 255
 
+// View is the ticket as a caller sees it at now, under its first limit;
+// position is its 1-based place among that limit's waiters.
+func (r *Rec) View(now Instant, position int) store.Ticket {
+	t := store.Ticket{ID: r.ID, Limit: r.Limit, State: r.State, Fence: r.Fence, Slot: r.Slot,
+		TTL: r.TTL, Holder: r.Holder, Created: r.Created, Admitted: r.Admitted, Renewed: r.Renewed,
+		Key: r.Key, Replaces: slices.Clip(r.Replaces)}
+	if r.Stop != nil {
+		stop := *r.Stop
+		t.Stop = &stop
+	}
+	if len(r.Limits) > 1 {
+		t.Limits = r.Limits
+	}
+	if r.Weight > 1 {
+		t.Weight = r.Weight
+	}
+	if r.State == store.Waiting {
+		t.Slot, t.Position, t.Quiet = -1, position, r.Quiet
+	} else if t.Multi() {
+		t.Indexes = r.Indexes
+	}
+	if r.DeadlineBoot == now.Boot {
+		t.Remaining = r.DeadlineMono - now.Mono
+	}
+	return t
+}
+
 // Names is the ticket's limits: Limits, or Limit alone.
 func (r *Rec) Names() []string {
 	if len(r.Limits) == 0 {

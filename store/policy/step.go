@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/slotctl/slotctl/internal/mutation"
 	"github.com/slotctl/slotctl/store"
 )
 
@@ -13,11 +14,12 @@ import (
 // reading taken for it.
 type step struct {
 	tx  Tx
+	s   *Store
 	o   *Options
 	now Instant
 }
 
-func newStep(tx Tx, o *Options) *step { return &step{tx: tx, o: o, now: tx.Now()} }
+func newStep(tx Tx, s *Store) *step { return &step{tx: tx, s: s, o: &s.o, now: tx.Now()} }
 
 // expiry is the store's clock's verdict on a ticket: why its lease is
 // over, or "" while it runs.
@@ -51,36 +53,16 @@ func (x *step) extend(r *Rec, ttl time.Duration) {
 
 // view turns a record into the caller's Ticket, under its first limit;
 // position is 1-based among that limit's waiters.
-func (x *step) view(r Rec, position int) store.Ticket {
-	t := store.Ticket{ID: r.ID, Limit: r.Limit, State: r.State, Fence: r.Fence, Slot: r.Slot,
-		TTL: r.TTL, Holder: r.Holder, Created: r.Created, Admitted: r.Admitted, Renewed: r.Renewed,
-		Key: r.Key, Replaces: slices.Clip(r.Replaces)}
-	if r.Stop != nil {
-		stop := *r.Stop
-		t.Stop = &stop
-	}
-	if len(r.Limits) > 1 {
-		t.Limits = r.Limits
-	}
-	if r.Weight > 1 {
-		t.Weight = r.Weight
-	}
-	if r.State == store.Waiting {
-		t.Slot, t.Position, t.Quiet = -1, position, r.Quiet
-	} else if t.Multi() {
-		t.Indexes = r.Indexes
-	}
-	if r.DeadlineBoot == x.now.Boot {
-		t.Remaining = r.DeadlineMono - x.now.Mono
-	}
-	return t
-}
+func (x *step) view(r Rec, position int) store.Ticket { return r.View(x.now, position) }
 
 // position is a waiting ticket's 1-based place among its first limit's
 // waiters (0 for a held one).
 func (x *step) position(r Rec) (int, error) {
 	if r.State != store.Waiting {
 		return 0, nil
+	}
+	if p, ok := x.tx.(Positioner); ok {
+		return p.Position(r)
 	}
 	q, err := x.tx.Queue(r.Limit)
 	if err != nil {
@@ -172,6 +154,9 @@ func (x *step) remove(r Rec, why store.Reason, evidence string, by *store.Succes
 }
 
 func (x *step) tombstone(id string, why store.Reason, by *store.Successor) error {
+	if x.o.Mutations.Has(mutation.NoTombstone) { // mutation (test-only): forget removed ids (C5, S7)
+		return nil
+	}
 	return x.tx.PutTomb(id, Tomb{Reason: why, Wall: x.now.Wall, Boot: x.now.Boot, Mono: x.now.Mono, By: by})
 }
 
@@ -255,6 +240,9 @@ func (x *step) settleOn(recs []Rec, names []string, all bool, fresh string) ([]R
 	in.All = all
 	for i := range in.Tickets {
 		in.Tickets[i].Fresh = fresh != "" && in.Tickets[i].Ticket.ID == fresh
+	}
+	if x.o.Mutations.Has(mutation.StaleVerdict) { // mutation (test-only): judge on the deadlines an earlier scan read (A1)
+		x.mutStaleVerdict(&in)
 	}
 	return x.apply(recs, store.PlanSettle(in), fresh)
 }

@@ -7,13 +7,15 @@ import (
 	"slices"
 	"time"
 
+	"github.com/slotctl/slotctl/internal/mutation"
 	"github.com/slotctl/slotctl/store"
 )
 
 // Store is a [store.Store] made of the rules over a Backend.
 type Store struct {
-	b Backend
-	o Options
+	b    Backend
+	o    Options
+	scan mutScan // test-only: this handle's last dry-run reap (mutations)
 }
 
 var _ store.Store = (*Store)(nil)
@@ -25,11 +27,11 @@ func New(b Backend, o Options) *Store { return &Store{b: b, o: o} }
 func (s *Store) Backend() Backend { return s.b }
 
 func (s *Store) update(ctx context.Context, fn func(x *step) error) error {
-	return s.b.Update(ctx, func(tx Tx) error { return fn(newStep(tx, &s.o)) })
+	return s.b.Update(ctx, func(tx Tx) error { return fn(newStep(tx, s)) })
 }
 
 func (s *Store) view(ctx context.Context, fn func(x *step) error) error {
-	return s.b.View(ctx, func(tx Tx) error { return fn(newStep(tx, &s.o)) })
+	return s.b.View(ctx, func(tx Tx) error { return fn(newStep(tx, s)) })
 }
 
 func (s *Store) String() string { return s.b.String() }
@@ -106,7 +108,7 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 		// here (and the judge only adds what it knows of an expired one).
 		// A waiter holds no slot: its late renewal is accepted while its
 		// ticket is still here.
-		if ev := x.expiry(r); ev != "" && r.State == store.Held {
+		if ev := x.expiry(r); ev != "" && r.State == store.Held && !x.o.Mutations.Has(mutation.RenewExpired) { // mutation (test-only): renew an expired, unswept ticket (A7)
 			ev, _ = store.Verdict(store.Queued{Ticket: x.view(r, 0), Expired: ev}, x.o.Judge, true)
 			if err := x.remove(r, store.Reaped, ev, nil); err != nil {
 				return err
@@ -123,6 +125,14 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 		if r.State == store.Held {
 			out = x.view(r, 0)
 			return nil
+		}
+		if q, ok := x.tx.(Settler); ok {
+			if settled, err := q.Settled(r.Names()); err != nil || settled {
+				if err == nil {
+					out, err = x.viewOf(r)
+				}
+				return err
+			}
 		}
 		recs, _, err := x.settle(r.Names(), false)
 		if err != nil {
@@ -155,6 +165,16 @@ func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (
 			return err
 		}
 		if !ok {
+			if x.o.Mutations.Has(mutation.ReleaseCounter) { // mutation (test-only): a missing ticket still frees a slot (A4)
+				if err := x.mutFreeOne(t.Limit); err != nil {
+					return err
+				}
+			}
+			if x.o.Mutations.Has(mutation.ReleaseNoCompare) { // mutation (test-only): remove whoever holds t's slot now (A10)
+				if err := x.mutReleaseSlot(t, why); err != nil {
+					return err
+				}
+			}
 			if why == store.Lost && store.CheckLimits(t.Names()) == nil && store.CheckWeight(t.Weight) == nil {
 				// Reaped or released by someone else: log that its holder
 				// noticed, for "when did it go away".

@@ -56,6 +56,19 @@ type Tx interface {
 	Gone(r Rec)
 }
 
+// A Positioner is a Tx that counts a waiter's place in line (1-based,
+// among its first limit's waiters) without reading the whole queue.
+type Positioner interface {
+	Position(r Rec) (int, error)
+}
+
+// A Settler is a Tx that tells, more cheaply than a settle, that a settle
+// of limits would change nothing: a waiter's renewal asks it first, since
+// hundreds of waiters renew a full limit all the time.
+type Settler interface {
+	Settled(limits []string) (bool, error)
+}
+
 // A Backend is what a store supplies beneath the rules.
 type Backend interface {
 	// Update runs fn as one atomic step and commits what it wrote, or
