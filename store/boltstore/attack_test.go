@@ -34,6 +34,7 @@ import (
 	"github.com/slotctl/slotctl/internal/longtest"
 	"github.com/slotctl/slotctl/internal/testguard"
 	"github.com/slotctl/slotctl/store"
+	"github.com/slotctl/slotctl/store/policy"
 )
 
 // TestMain runs one store operation and exits when the test binary is run
@@ -188,8 +189,8 @@ func forge(o attackOp) error {
 	}
 	defer db.Close()
 	now := SystemClock{}.Now()
-	r := ticketRec{V: legacyVersion, ID: o.ID, Limit: o.Limit, State: store.Waiting, Fence: 1, Slot: -1, TTL: time.Hour,
-		DeadlineBoot: now.Boot, DeadlineMono: now.Mono + time.Hour, Created: now.Wall, Holder: store.Holder{Host: "h", Pid: 1}}
+	r := ticketRec{V: legacyVersion, Rec: policy.Rec{ID: o.ID, Limit: o.Limit, State: store.Waiting, Fence: 1, Slot: -1, TTL: time.Hour,
+		DeadlineBoot: now.Boot, DeadlineMono: now.Mono + time.Hour, Created: now.Wall, Holder: store.Holder{Host: "h", Pid: 1}}}
 	if o.Forge == "expired" {
 		r.DeadlineBoot = "an-earlier-boot"
 	}

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/slotctl/slotctl/store"
+	"github.com/slotctl/slotctl/store/policy"
 )
 
 // Bells are named pipes, one per ticket. The transaction that promotes a
@@ -52,7 +53,7 @@ type bellRef struct {
 	uid int
 }
 
-func refOf(r ticketRec) bellRef {
+func refOf(r policy.Rec) bellRef {
 	if r.BellUID == nil {
 		return bellRef{id: r.ID, uid: -1}
 	}

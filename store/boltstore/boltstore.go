@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/slotctl/slotctl/internal/mutation"
 	"github.com/slotctl/slotctl/store"
+	"github.com/slotctl/slotctl/store/policy"
 )
 
 // DefaultTimeout bounds how long an operation waits for the store's file lock.
@@ -65,6 +67,8 @@ type Options struct {
 // child never blocks others. Every file is reached from the directory's
 // descriptor (see dirfd.go).
 type Store struct {
+	*policy.Store // the rules, over this file's transactions (steps)
+
 	path    string // absolute
 	name    string // the store file's name in its directory
 	fds     *dirFDs
@@ -77,9 +81,7 @@ type Store struct {
 	loud    bool
 	noSync  bool
 
-	mut     mutation.Set // test-only: nil in production, empty without the tag
-	mutMu   sync.Mutex   // guards mutScan
-	mutScan mutScan      // what this handle's last dry-run reap read (mutations only)
+	mut mutation.Set // test-only: nil in production, empty without the tag
 }
 
 var _ store.Store = (*Store)(nil)
@@ -144,7 +146,47 @@ func New(path string, opts Options) (*Store, error) {
 	if s.timeout <= 0 {
 		s.timeout = DefaultTimeout
 	}
+	s.Store = policy.New(steps{s}, policy.Options{Judge: s.dead, Keep: s.keepTicket, Quiet: !s.loud, BellUID: ownUID(), Mutations: s.mut})
 	return s, nil
+}
+
+// steps is the file as the rules see it: a step is one transaction.
+type steps struct{ s *Store }
+
+func (b steps) Update(ctx context.Context, fn func(policy.Tx) error) error {
+	return b.s.update(ctx, func(x *txn) error { return fn(x) })
+}
+
+func (b steps) View(ctx context.Context, fn func(policy.Tx) error) error {
+	return b.s.view(ctx, func(x *txn) error { return fn(x) })
+}
+
+func (b steps) Watch(ctx context.Context, id string) (store.Bell, error) { return b.s.Watch(ctx, id) }
+func (b steps) String() string                                           { return b.s.String() }
+func (b steps) Close() error                                             { return b.s.Close() }
+
+// Events implements policy.EventReader.
+func (b steps) Events(ctx context.Context, limit string, n int) ([]store.Event, error) {
+	out := []store.Event{}
+	err := b.s.view(ctx, func(x *txn) error {
+		bk := x.bucket(bucketEvents)
+		if bk == nil || n <= 0 {
+			return nil
+		}
+		c := bk.Cursor()
+		for k, v := c.Last(); k != nil && len(out) < n; k, v = c.Prev() {
+			var e eventRec
+			if err := decode(v, &e); err != nil {
+				return fmt.Errorf("event %x: %w", k, err)
+			}
+			if limit == "" || e.Limit == limit {
+				out = append(out, e.Event)
+			}
+		}
+		slices.Reverse(out)
+		return nil
+	})
+	return out, err
 }
 
 // NetworkFSError refuses a store directory on a network filesystem, where

@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/slotctl/slotctl/store"
+	"github.com/slotctl/slotctl/store/policy"
 )
 
 // --- helpers ---
@@ -485,7 +486,7 @@ func TestCorruptRecords(t *testing.T) {
 		{"v2 replaces empty list", q, u64key(1), ticket(map[string]any{"v": 2, "replaces": []string{}}), all},
 		{"v2 replaces itself", q, u64key(1), ticket(map[string]any{"v": 2, "replaces": []string{"t0"}}), all},
 		{"v2 replaces twice", q, u64key(1), ticket(map[string]any{"v": 2, "replaces": []string{"a", "a"}}), all},
-		{"v2 replaces too many", q, u64key(1), ticket(map[string]any{"v": 2, "replaces": manyIDs(maxReplaces + 1)}), all},
+		{"v2 replaces too many", q, u64key(1), ticket(map[string]any{"v": 2, "replaces": manyIDs(policy.MaxReplaces + 1)}), all},
 		// Every text field has a bound, checked on decode as on a request;
 		// a value over store.MaxRecord is refused before it is read.
 		{"holder host too long", q, u64key(1), ticket(map[string]any{"holder": map[string]any{"host": strings.Repeat("h", store.MaxHost+1), "pid": 1}}), all},
@@ -1241,9 +1242,9 @@ func TestStringIsAbsoluteURL(t *testing.T) {
 // A decoded record is written back by promotions and renewals: encoding what
 // decode accepted must not fail.
 func TestRecordRoundTrip(t *testing.T) {
-	r := ticketRec{V: formatVersion, ID: "a", Limit: "x", Limits: []string{"x", "y"}, Weight: 2, State: store.Held, Fence: 7, Slot: 0,
+	r := ticketRec{V: formatVersion, Rec: policy.Rec{ID: "a", Limit: "x", Limits: []string{"x", "y"}, Weight: 2, State: store.Held, Fence: 7, Slot: 0,
 		Indexes: map[string][]int{"x": {0, 3}, "y": {1, 2}}, TTL: testTTL,
-		DeadlineBoot: "b1", DeadlineMono: time.Hour, Created: time.Now(), Holder: store.Holder{Host: "h", Pid: 1}}
+		DeadlineBoot: "b1", DeadlineMono: time.Hour, Created: time.Now(), Holder: store.Holder{Host: "h", Pid: 1}}}
 	var back ticketRec
 	if err := decode(encode(&r), &back); err != nil {
 		t.Fatal(err)

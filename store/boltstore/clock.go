@@ -5,16 +5,13 @@ import (
 	"time"
 
 	"github.com/slotctl/slotctl/internal/proc"
+	"github.com/slotctl/slotctl/store/policy"
 )
 
 // An Instant is a reading of the store's clock: the boot it was taken in, the
 // time since that boot (which keeps counting through suspend, and which
 // setting the date does not move), and the wall time for display.
-type Instant struct {
-	Boot string
-	Mono time.Duration
-	Wall time.Time
-}
+type Instant = policy.Instant
 
 // Clock reads the store's clock. Deadlines are judged only with it.
 type Clock interface {

@@ -11,6 +11,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/slotctl/slotctl/store"
+	"github.com/slotctl/slotctl/store/policy"
 )
 
 func mustCounts(t testing.TB, s *Store, limit string) store.Counts {
@@ -182,7 +183,7 @@ func TestCountsRolledBackWithEvent(t *testing.T) {
 		t.Fatalf("Release with a corrupt limit record: %v, want ErrCorrupt", err)
 	}
 	rawUpdate(t, path, func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketLimits).Put([]byte("x"), encode(&limitRec{V: formatVersion, Slots: 1}))
+		return tx.Bucket(bucketLimits).Put([]byte("x"), encode(&limitRec{V: formatVersion, LimitRec: policy.LimitRec{Slots: 1}}))
 	})
 	after := mustCounts(t, s, "x")
 	if after.Released != before.Released || after.Hold.Count != before.Hold.Count {

@@ -1,7 +1,6 @@
 package boltstore
 
 import (
-	"context"
 	"fmt"
 
 	"github.com/slotctl/slotctl/store"
@@ -42,10 +41,8 @@ func (r *countsRec) check() error {
 
 // loadCounts reads a limit's counts, zero when it has none yet. A record
 // stored under another limit's name is corrupt.
-func (x *txn) loadCounts(name string) (store.Counts, error) {
-	if c, ok := x.counted[name]; ok {
-		return *c, nil
-	}
+// Counts implements policy.Tx.
+func (x *txn) Counts(name string) (store.Counts, error) {
 	c := store.Counts{Limit: name}
 	b := x.bucket(bucketCounts)
 	if b == nil {
@@ -65,63 +62,7 @@ func (x *txn) loadCounts(name string) (store.Counts, error) {
 	return r.Counts, nil
 }
 
-// count adds one event of limit ev.Limit to its counts, in this
-// transaction: the step that logs the event (docs/leases.md §2.8). An event
-// of a limit that no longer exists (a holder's late "lost" after the limit
-// was removed) is logged but counted nowhere: the limit's counts went with it.
-func (x *txn) count(ev store.Event) error {
-	if x.bucket(bucketLimits).Get([]byte(ev.Limit)) == nil {
-		return nil
-	}
-	c, err := x.loadCounts(ev.Limit)
-	if err != nil {
-		return err
-	}
-	c.Add(ev)
-	if x.counted == nil {
-		x.counted = map[string]*store.Counts{}
-	}
-	x.counted[ev.Limit] = &c
-	return x.bucket(bucketCounts).Put([]byte(ev.Limit), encode(&countsRec{V: formatVersion, Counts: c}))
-}
-
-// dropCounts deletes the counts of a limit removed or made: a limit made
-// again under the same name counts from zero, whatever a record left behind
-// says.
-func (x *txn) dropCounts(name string) error {
-	delete(x.counted, name)
-	if b := x.bucket(bucketCounts); b != nil {
-		return b.Delete([]byte(name))
-	}
-	return nil
-}
-
-// counts is Counts: the named limits' counts (all limits when none), in name order.
-func (s *Store) counts(ctx context.Context, limits []string) ([]store.Counts, error) {
-	for _, name := range limits {
-		if err := store.CheckLimitName(name); err != nil {
-			return nil, err
-		}
-	}
-	out := []store.Counts{}
-	err := s.view(ctx, func(x *txn) error {
-		names, err := x.limitNames(limits)
-		if err != nil {
-			return err
-		}
-		for _, name := range names {
-			if _, ok, err := x.limit(name); err != nil {
-				return err
-			} else if !ok {
-				return fmt.Errorf("%w: %q", store.ErrLimitNotFound, name)
-			}
-			c, err := x.loadCounts(name)
-			if err != nil {
-				return err
-			}
-			out = append(out, c)
-		}
-		return nil
-	})
-	return out, err
+// PutCounts implements policy.Tx.
+func (x *txn) PutCounts(c store.Counts) error {
+	return x.bucket(bucketCounts).Put([]byte(c.Limit), encode(&countsRec{V: formatVersion, Counts: c}))
 }

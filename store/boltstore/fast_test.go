@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/slotctl/slotctl/store"
+	"github.com/slotctl/slotctl/store/policy"
 )
 
 // FuzzFastState: reading the state without decoding must agree with the
@@ -23,9 +24,9 @@ func FuzzFastState(f *testing.F) {
 		if store.CheckID(id) != nil || store.CheckLimits(limits) != nil || weight == 0 {
 			return // the store refuses these before writing anything
 		}
-		r := ticketRec{V: formatVersion, ID: id, Limit: limit, State: store.State(state), Slot: -1,
+		r := ticketRec{V: formatVersion, Rec: policy.Rec{ID: id, Limit: limit, State: store.State(state), Slot: -1,
 			DeadlineBoot: boot, DeadlineMono: time.Duration(mono),
-			Holder: store.Holder{Argv: []string{arg}, Label: label, Host: arg, User: label, BootID: boot}}
+			Holder: store.Holder{Argv: []string{arg}, Label: label, Host: arg, User: label, BootID: boot}}}
 		if len(limits) > 1 || weight > 1 { // else stored without them, as version 1 did
 			r.Limits, r.Weight = limits, int(weight)
 		}
@@ -52,8 +53,8 @@ func FuzzFastState(f *testing.F) {
 		}
 		// fastFields may decline (then the caller decodes), never misread.
 		fx, ok := fastFields(v)
-		if ok && (fx.state != r.State || fx.boot != r.DeadlineBoot || fx.deadline != r.DeadlineMono || fx.weight != r.weight()) {
-			t.Fatalf("fastFields(%s) = %+v, want %q %q %d weight %d", v, fx, r.State, r.DeadlineBoot, r.DeadlineMono, r.weight())
+		if ok && (fx.state != r.State || fx.boot != r.DeadlineBoot || fx.deadline != r.DeadlineMono || fx.weight != r.Weighs()) {
+			t.Fatalf("fastFields(%s) = %+v, want %q %q %d weight %d", v, fx, r.State, r.DeadlineBoot, r.DeadlineMono, r.Weighs())
 		}
 		if ok && len(limits) > 1 && !slices.Equal(fx.limits, limits) || ok && len(limits) == 1 && fx.limits != nil {
 			t.Fatalf("fastFields(%s) read limits %q, want %q", v, fx.limits, limits)

@@ -13,15 +13,16 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/slotctl/slotctl/store"
+	"github.com/slotctl/slotctl/store/policy"
 )
 
 var fuzzWall = time.Date(2025, 3, 1, 12, 0, 0, 123456789, time.UTC)
 
 func seedTicket() *ticketRec {
-	return &ticketRec{V: formatVersion, ID: "b", Limit: "x", State: store.Waiting, Fence: 2, Slot: -1, TTL: testTTL,
+	return &ticketRec{V: formatVersion, Rec: policy.Rec{ID: "b", Limit: "x", State: store.Waiting, Fence: 2, Slot: -1, TTL: testTTL,
 		DeadlineBoot: "b1", DeadlineMono: time.Hour + testTTL, Created: fuzzWall,
 		Holder: store.Holder{Host: "h", User: "u", BootID: "b1", PidNS: 4026531836, Pid: 42, PidStart: 99,
-			Argv: []string{"make", "-j", "it's"}, Label: "build"}}
+			Argv: []string{"make", "-j", "it's"}, Label: "build"}}}
 }
 
 func seedRecords() []record {
@@ -47,10 +48,10 @@ func seedRecords() []record {
 		legacy,
 		&stopped,
 		replacing,
-		&limitRec{V: formatVersion, Slots: 2, Created: fuzzWall},
+		&limitRec{V: formatVersion, LimitRec: policy.LimitRec{Slots: 2, Created: fuzzWall}},
 		&idRec{V: formatVersion, Limit: "x", Fence: 2},
-		&tombRec{V: formatVersion, Reason: store.Cancelled, Wall: fuzzWall, Boot: "b1", Mono: time.Hour},
-		&tombRec{V: formatVersion, Reason: store.Superseded, Wall: fuzzWall, Boot: "b1", Mono: time.Hour, By: &by},
+		&tombRec{V: formatVersion, Tomb: policy.Tomb{Reason: store.Cancelled, Wall: fuzzWall, Boot: "b1", Mono: time.Hour}},
+		&tombRec{V: formatVersion, Tomb: policy.Tomb{Reason: store.Superseded, Wall: fuzzWall, Boot: "b1", Mono: time.Hour, By: &by}},
 		&eventRec{V: formatVersion, Event: store.Event{Seq: 11, Time: fuzzWall, Kind: "superseded", Limit: "x", Ticket: "b", Fence: 2,
 			Slot: -1, By: "n", Host: "h", Pid: 42, Command: "make"}},
 		&eventRec{V: formatVersion, Event: store.Event{Seq: 12, Time: fuzzWall, Kind: "replaced", Limit: "x", Ticket: "b", Fence: 2,
@@ -128,7 +129,7 @@ func checkDecode(t *testing.T, b []byte, r record) {
 	if tr, ok := r.(*ticketRec); ok {
 		// Whatever its version, a decoded ticket is what a request could
 		// have made: 1..16 limits, the first Limit, a weight, and indexes iff held.
-		names, w := tr.names(), tr.weight()
+		names, w := tr.Names(), tr.Weighs()
 		if store.CheckLimits(names) != nil || names[0] != tr.Limit || w > store.MaxSlots {
 			t.Fatalf("decode(%q) accepted limits %q, weight %d", b, names, w)
 		}
@@ -136,7 +137,7 @@ func checkDecode(t *testing.T, b []byte, r record) {
 			t.Fatalf("decode(%q) accepted a %s ticket with indexes %v", b, tr.State, tr.Indexes)
 		}
 		for _, name := range names {
-			if ix := tr.in(name); tr.State == store.Held && (len(ix) != w || !slices.IsSorted(ix) || ix[0] < 0 || ix[len(ix)-1] >= store.MaxSlots) {
+			if ix := tr.In(name); tr.State == store.Held && (len(ix) != w || !slices.IsSorted(ix) || ix[0] < 0 || ix[len(ix)-1] >= store.MaxSlots) {
 				t.Fatalf("decode(%q) accepted indexes %v in %s of weight %d", b, ix, name, w)
 			}
 		}

@@ -17,6 +17,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/slotctl/slotctl/store"
+	"github.com/slotctl/slotctl/store/policy"
 )
 
 // mreq is a request for a ticket of several limits and a weight; limits
@@ -320,7 +321,7 @@ func TestMultiRenewSettles(t *testing.T) {
 		t.Fatalf("quiet(b) before = %v, %v; want true", q, err)
 	}
 	rawUpdate(t, path, func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketLimits).Put([]byte("a"), encode(&limitRec{V: formatVersion, Slots: 2}))
+		return tx.Bucket(bucketLimits).Put([]byte("a"), encode(&limitRec{V: formatVersion, LimitRec: policy.LimitRec{Slots: 2}}))
 	})
 	if q, err := quietOf(t, path, s, "b"); err != nil || q {
 		t.Errorf("quiet(b) with room in a = %v, %v; want false", q, err)
@@ -345,7 +346,7 @@ func quietOf(t *testing.T, path string, s *Store, limits ...string) (bool, error
 	var q bool
 	err = db.View(func(tx *bolt.Tx) error {
 		x := &txn{s: s, tx: tx, now: s.now()}
-		q, err = x.quiet(limits)
+		q, err = x.Settled(limits)
 		return err
 	})
 	return q, err

@@ -15,6 +15,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/slotctl/slotctl/store"
+	"github.com/slotctl/slotctl/store/policy"
 )
 
 // kreq is a request for a ticket of key in limit (one slot when it is made).
@@ -397,12 +398,12 @@ func TestSupersedeRefusesUnprintableHost(t *testing.T) {
 	}
 }
 
-// A replace asks at most maxReplaces held tickets to stop, the most a
+// A replace asks at most policy.MaxReplaces held tickets to stop, the most a
 // record lists: one that would ask more is refused and writes nothing,
 // rather than writing a record no reader accepts.
 func TestReplaceBounded(t *testing.T) {
 	ctx := context.Background()
-	for _, held := range []int{maxReplaces, maxReplaces + 1} {
+	for _, held := range []int{policy.MaxReplaces, policy.MaxReplaces + 1} {
 		s, _, _ := newTestStore(t, Options{NoSync: true})
 		if _, err := s.SetLimit(ctx, "x", held); err != nil {
 			t.Fatal(err)
@@ -412,7 +413,7 @@ func TestReplaceBounded(t *testing.T) {
 		}
 		mustEnqueue(t, s, kreq("w", "x", "k"))
 		n, err := s.Enqueue(ctx, replacing(kreq("n", "x", "k")))
-		if held > maxReplaces {
+		if held > policy.MaxReplaces {
 			if !errors.Is(err, store.ErrInvalid) {
 				t.Fatalf("a replace of %d held tickets = %v, want ErrInvalid", held, err)
 			}

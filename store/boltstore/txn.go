@@ -11,8 +11,8 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
-	"github.com/slotctl/slotctl/internal/mutation"
 	"github.com/slotctl/slotctl/store"
+	"github.com/slotctl/slotctl/store/policy"
 )
 
 // Retention of the bounded logs.
@@ -22,24 +22,31 @@ const (
 	pruneBatch    = 64 // at most this many old entries pruned per transaction
 )
 
-// txn is one transaction's view: the clock reading taken under the lock,
-// and what to do after the commit.
+// txn is one transaction: the step the rules (store/policy) run in, the
+// clock reading taken under the lock, and what to do after the commit.
 type txn struct {
 	s      *Store
 	tx     *bolt.Tx // nil when the store file does not exist yet (reads only)
 	now    Instant
 	rings  []bellRef // tickets promoted: wake their waiters after the commit
 	unbell []bellRef // tickets removed: delete their bells after the commit
-	// counted is the counts this transaction wrote, by limit (countsrec.go).
-	counted map[string]*store.Counts
+	// checked is the tickets of several limits whose copies were checked
+	// alike in all of their limits, by fence.
+	checked map[uint64]bool
 	// known is the boot ids recorded as this machine's (boots.go), read
 	// once; unlisted: none recorded yet.
 	known    map[string]bool
 	unlisted bool
 }
 
+var (
+	_ policy.Tx         = (*txn)(nil)
+	_ policy.Positioner = (*txn)(nil)
+	_ policy.Settler    = (*txn)(nil)
+)
+
 // formatMeta is the meta bucket's format this slotctl writes; it reads the
-// previous release's too (docs/leases.md §2.1 item 9).
+// previous release's too.
 var formatMeta, legacyMeta = []byte(strconv.Itoa(formatVersion)), []byte(strconv.Itoa(legacyVersion))
 
 // init creates the buckets of a new file and checks the format of an old
@@ -106,27 +113,65 @@ func (x *txn) next(key []byte) (uint64, error) {
 	return n, meta.Put(key, u64key(n))
 }
 
+// Now implements policy.Tx.
+func (x *txn) Now() Instant { return x.now }
+
+// PreviousBoot implements policy.Tx (boots.go).
+func (x *txn) PreviousBoot(boot string) bool { return x.previousBoot(boot) }
+
 // --- limits ---
 
-func (x *txn) limit(name string) (limitRec, bool, error) {
+// LimitNames implements policy.Tx.
+func (x *txn) LimitNames() ([]string, error) {
+	var names []string
+	if b := x.bucket(bucketLimits); b != nil {
+		err := b.ForEach(func(k, _ []byte) error {
+			if !store.ValidLimitName(string(k)) { // a name from the file, checked as a request's
+				return fmt.Errorf("%w: limit named %q", store.ErrCorrupt, k)
+			}
+			names = append(names, string(k))
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return names, nil
+}
+
+// Limit implements policy.Tx.
+func (x *txn) Limit(name string) (policy.LimitRec, bool, error) {
 	b := x.bucket(bucketLimits)
 	if b == nil {
-		return limitRec{}, false, nil
+		return policy.LimitRec{}, false, nil
 	}
 	v := b.Get([]byte(name))
 	if v == nil {
-		return limitRec{}, false, nil
+		return policy.LimitRec{}, false, nil
 	}
 	var r limitRec
 	if err := decode(v, &r); err != nil {
-		return r, false, fmt.Errorf("limit %q: %w", name, err)
+		return r.LimitRec, false, fmt.Errorf("limit %q: %w", name, err)
 	}
-	return r, true, nil
+	return r.LimitRec, true, nil
 }
 
-func (x *txn) putLimit(name string, r limitRec) error {
-	r.V = formatVersion
-	return x.bucket(bucketLimits).Put([]byte(name), encode(&r))
+// PutLimit implements policy.Tx.
+func (x *txn) PutLimit(name string, l policy.LimitRec) error {
+	return x.bucket(bucketLimits).Put([]byte(name), encode(&limitRec{V: formatVersion, LimitRec: l}))
+}
+
+// DeleteLimit implements policy.Tx.
+func (x *txn) DeleteLimit(name string) error {
+	if b, _ := x.queue(name, false); b != nil {
+		if err := x.bucket(bucketQueue).DeleteBucket([]byte(name)); err != nil {
+			return err
+		}
+	}
+	if err := x.bucket(bucketLimits).Delete([]byte(name)); err != nil {
+		return err
+	}
+	return x.bucket(bucketCounts).Delete([]byte(name))
 }
 
 // --- tickets ---
@@ -143,14 +188,17 @@ func (x *txn) queue(limit string, create bool) (*bolt.Bucket, error) {
 	return q.CreateBucket([]byte(limit))
 }
 
-// readQueue decodes a limit's queue in fence order. Each record must sit
-// under its own fence and name the limit whose queue holds it.
-func (x *txn) readQueue(limit string, fn func(r ticketRec, raw []byte) error) error {
+// Queue implements policy.Tx: the limit's queue, decoded in fence order.
+// Each record must sit under its own fence and name the limit whose queue
+// holds it; a ticket of several limits must be the same bytes in the queue
+// of each.
+func (x *txn) Queue(limit string) ([]policy.Rec, error) {
 	b, err := x.queue(limit, false)
 	if err != nil || b == nil {
-		return err
+		return nil, err
 	}
-	return b.ForEach(func(k, v []byte) error {
+	var out []policy.Rec
+	err = b.ForEach(func(k, v []byte) error {
 		fence, err := keyU64(k)
 		if err != nil {
 			return fmt.Errorf("ticket of limit %q: %w", limit, err)
@@ -159,108 +207,54 @@ func (x *txn) readQueue(limit string, fn func(r ticketRec, raw []byte) error) er
 		if err := decode(v, &r); err != nil {
 			return fmt.Errorf("ticket %x of limit %q: %w", k, limit, err)
 		}
-		if r.Fence != fence || !r.has(limit) {
-			return fmt.Errorf("%w: ticket %s of limits %q, fence %d, stored as ticket %d of limit %q", store.ErrCorrupt, r.ID, r.names(), r.Fence, fence, limit)
+		if r.Fence != fence || !r.Has(limit) {
+			return fmt.Errorf("%w: ticket %s of limits %q, fence %d, stored as ticket %d of limit %q", store.ErrCorrupt, r.ID, r.Names(), r.Fence, fence, limit)
 		}
-		return fn(r, v)
-	})
-}
-
-// tickets reads a limit's queue in order (fence order is FIFO order).
-func (x *txn) tickets(limit string) ([]ticketRec, error) {
-	var out []ticketRec
-	err := x.readQueue(limit, func(r ticketRec, _ []byte) error {
-		out = append(out, r)
+		if err := x.sameEverywhere(r, v, limit); err != nil {
+			return err
+		}
+		out = append(out, r.Rec)
 		return nil
 	})
 	return out, err
 }
 
-// copies remembers the first copy read of each ticket of several limits,
-// by fence: every other copy must be the same bytes.
-type copies map[uint64]*copyOf
-
-type copyOf struct {
-	raw   []byte
-	limit string // the limit it was first read in
-	n     int    // copies read
-	index int    // its place in the caller's list
-}
-
-// seen reports whether r was read before (in another limit), and checks
-// that this copy is the same.
-func (c copies) seen(r *ticketRec, raw []byte, limit string, index int) (*copyOf, error) {
-	first, ok := c[r.Fence]
-	if !ok {
-		c[r.Fence] = &copyOf{raw: raw, limit: limit, n: 1, index: index}
-		return nil, nil
+// sameEverywhere checks, once per transaction, that a ticket of several
+// limits read in limit is the same bytes in the queue of each of its limits.
+func (x *txn) sameEverywhere(r ticketRec, v []byte, limit string) error {
+	if len(r.Limits) < 2 || x.checked[r.Fence] {
+		return nil
 	}
-	if !bytes.Equal(first.raw, raw) {
-		return nil, fmt.Errorf("%w: ticket %s (fence %d) differs between limits %q and %q", store.ErrCorrupt, r.ID, r.Fence, first.limit, limit)
-	}
-	first.n++
-	return first, nil
-}
-
-// gather reads the tickets of limits and, transitively, of every limit they
-// name: the closure a settle works on (docs/leases.md §2.1 item 9), since
-// admitting a ticket of several limits can unblock tickets behind it in its
-// others. It returns each ticket once, in fence order (the one queue order
-// of every limit), and every limit it read. Each ticket must be in the queue
-// of every limit it names, the same bytes in each.
-func (x *txn) gather(limits []string) ([]ticketRec, []string, error) {
-	todo := slices.Clone(limits)
-	var recs []ticketRec
-	var multi copies // tickets of several limits, made when one is read
-	for i := 0; i < len(todo); i++ {
-		name := todo[i]
-		err := x.readQueue(name, func(r ticketRec, raw []byte) error {
-			if len(r.Limits) < 2 {
-				recs = append(recs, r)
-				return nil
-			}
-			if multi == nil {
-				multi = copies{}
-			}
-			if first, err := multi.seen(&r, raw, name, len(recs)); err != nil || first != nil {
-				return err
-			}
-			recs = append(recs, r)
-			for _, l := range r.Limits {
-				if !slices.Contains(todo, l) {
-					todo = append(todo, l)
-				}
-			}
-			return nil
-		})
+	key := u64key(r.Fence)
+	for _, name := range r.Limits {
+		if name == limit {
+			continue
+		}
+		b, err := x.queue(name, false)
 		if err != nil {
-			return nil, nil, err
+			return err
+		}
+		var o []byte
+		if b != nil {
+			o = b.Get(key)
+		}
+		if !bytes.Equal(o, v) {
+			return fmt.Errorf("%w: ticket %s (fence %d) differs between limits %q and %q", store.ErrCorrupt, r.ID, r.Fence, limit, name)
 		}
 	}
-	for _, c := range multi {
-		if r := recs[c.index]; c.n != len(r.Limits) {
-			return nil, nil, fmt.Errorf("%w: ticket %s of limits %q is in %d of their queues", store.ErrCorrupt, r.ID, r.Limits, c.n)
-		}
+	if x.checked == nil {
+		x.checked = map[uint64]bool{}
 	}
-	if len(todo) > 1 {
-		slices.SortFunc(recs, func(a, b ticketRec) int { return cmp.Compare(a.Fence, b.Fence) })
-	}
-	return recs, todo, nil
+	x.checked[r.Fence] = true
+	return nil
 }
 
-// putTicket writes the ticket into the queue of each of its limits: the
-// same bytes in every one.
-func (x *txn) putTicket(r ticketRec) error {
-	r.V = formatVersion
-	if len(r.Limits) <= 1 && r.weight() == 1 {
-		// One limit, weight 1: stored as before, its slot its index, so
-		// that the one-limit path decodes no more than it did.
-		r.Limits, r.Weight, r.Indexes = nil, 0, nil
-	} else if r.State != store.Held {
-		r.Indexes = nil
-	}
+// Put implements policy.Tx: the ticket goes into the queue of each of its
+// limits, the same bytes in every one, and a new one into the id index.
+func (x *txn) Put(p policy.Rec) error {
+	r := ticketRec{V: formatVersion, Rec: p}
 	v := encode(&r)
-	for _, name := range r.names() {
+	for _, name := range r.Names() {
 		b, err := x.queue(name, true)
 		if err != nil {
 			return err
@@ -269,103 +263,22 @@ func (x *txn) putTicket(r ticketRec) error {
 			return err
 		}
 	}
-	return nil
-}
-
-// lookup finds a live ticket by id: its copy in its first limit.
-func (x *txn) lookup(id string) (ticketRec, bool, error) {
+	if x.checked != nil {
+		delete(x.checked, r.Fence)
+	}
 	ids := x.bucket(bucketIDs)
-	if ids == nil {
-		return ticketRec{}, false, nil
+	if ids.Get([]byte(r.ID)) != nil {
+		return nil
 	}
-	v := ids.Get([]byte(id))
-	if v == nil {
-		return ticketRec{}, false, nil
-	}
-	var ir idRec
-	if err := decode(v, &ir); err != nil {
-		return ticketRec{}, false, fmt.Errorf("ticket id %s: %w", id, err)
-	}
-	b, err := x.queue(ir.Limit, false)
-	if err != nil {
-		return ticketRec{}, false, err
-	}
-	var tv []byte
-	if b != nil {
-		tv = b.Get(u64key(ir.Fence))
-	}
-	if tv == nil {
-		return ticketRec{}, false, fmt.Errorf("%w: ticket id %s points to missing ticket %d of limit %q", store.ErrCorrupt, id, ir.Fence, ir.Limit)
-	}
-	var r ticketRec
-	if err := decode(tv, &r); err != nil {
-		return r, false, fmt.Errorf("ticket %s: %w", id, err)
-	}
-	if r.ID != id || r.Fence != ir.Fence || r.Limit != ir.Limit {
-		return r, false, fmt.Errorf("%w: ticket id %s points to ticket %s (fence %d, first limit %q) as ticket %d of limit %q",
-			store.ErrCorrupt, id, r.ID, r.Fence, r.Limit, ir.Fence, ir.Limit)
-	}
-	return r, true, nil
+	return ids.Put([]byte(r.ID), encode(&idRec{V: formatVersion, Limit: r.Limit, Fence: r.Fence}))
 }
 
-// tombstone returns why a removed id was removed, if it was.
-func (x *txn) tombstone(id string) (tombRec, bool, error) {
-	b := x.bucket(bucketTombs)
-	if b == nil {
-		return tombRec{}, false, nil
-	}
-	v := b.Get([]byte(id))
-	if v == nil {
-		return tombRec{}, false, nil
-	}
-	var t tombRec
-	if err := decode(v, &t); err != nil {
-		return t, false, fmt.Errorf("tombstone %s: %w", id, err)
-	}
-	return t, true, nil
-}
-
-// expiry is the store's clock's verdict on a ticket: why its lease is
-// over, or "" while it runs.
-func (x *txn) expiry(r ticketRec) string {
-	if r.Quiet && r.State == store.Waiting && r.DeadlineBoot == x.now.Boot {
-		return "" // docs/leases.md rule 17: proven dead or lined, never late
-	}
-	if r.DeadlineBoot != x.now.Boot {
-		if x.previousBoot(r.DeadlineBoot) {
-			return "previous boot"
-		}
-		return "" // another machine's boot, or one forgotten: see boots.go
-	}
-	if late := x.now.Mono - r.DeadlineMono; late >= 0 {
-		return "expired " + roundAgo(late) + " ago"
-	}
-	return ""
-}
-
-func roundAgo(d time.Duration) string {
-	switch {
-	case d < time.Second:
-		return d.Round(time.Millisecond).String()
-	default:
-		return d.Round(time.Second).String()
-	}
-}
-
-// remove deletes a live ticket from every one of its limits, tombstones its
-// id once and logs why in each limit. It is the only way a ticket leaves
-// the store, and so the only thing that frees a slot.
-func (x *txn) remove(r ticketRec, why store.Reason, evidence string) error {
-	return x.removeBy(r, why, evidence, nil)
-}
-
-// removeBy is remove naming the newer run that superseded r (by, with
-// reason store.Superseded): its tombstone keeps it for Get and Renew of r's
-// id, and each limit's event names it (docs/leases.md §2.1 item 10).
-func (x *txn) removeBy(r ticketRec, why store.Reason, evidence string, by *store.Successor) error {
+// Delete implements policy.Tx: the ticket leaves the queue of each of its
+// limits (each copy the same bytes) and the id index.
+func (x *txn) Delete(r policy.Rec) error {
 	key := u64key(r.Fence)
 	var first []byte
-	for i, name := range r.names() {
+	for i, name := range r.Names() {
 		b, err := x.queue(name, false)
 		if err != nil {
 			return err
@@ -380,34 +293,76 @@ func (x *txn) removeBy(r ticketRec, why store.Reason, evidence string, by *store
 		if i == 0 {
 			first = bytes.Clone(v) // the page it is on may change with the deletion
 		} else if !bytes.Equal(v, first) {
-			return fmt.Errorf("%w: ticket %s (fence %d) differs between limits %q and %q", store.ErrCorrupt, r.ID, r.Fence, r.names()[0], name)
+			return fmt.Errorf("%w: ticket %s (fence %d) differs between limits %q and %q", store.ErrCorrupt, r.ID, r.Fence, r.Names()[0], name)
 		}
 		if err := b.Delete(key); err != nil {
 			return err
 		}
 	}
-	if err := x.bucket(bucketIDs).Delete([]byte(r.ID)); err != nil {
-		return err
-	}
-	if err := x.addTombstoneBy(r.ID, why, by); err != nil {
-		return err
-	}
-	x.unbell = append(x.unbell, refOf(r)) // rung, then deleted: its waiter learns at once
-	e := eventOf{kind: string(why), evidence: evidence, held: r.State == store.Held}
-	if by != nil {
-		e.by = by.Ticket
-	}
-	return x.eventBy(e, r)
+	return x.bucket(bucketIDs).Delete([]byte(r.ID))
 }
 
-func (x *txn) addTombstone(id string, why store.Reason) error { return x.addTombstoneBy(id, why, nil) }
+// NextFence implements policy.Tx.
+func (x *txn) NextFence() (uint64, error) { return x.next(keySeq) }
 
-func (x *txn) addTombstoneBy(id string, why store.Reason, by *store.Successor) error {
-	if x.s.mut.Has(mutation.NoTombstone) { // mutation (test-only): forget removed ids (C5, S7)
-		return nil
+// Lookup implements policy.Tx: a live ticket by id, its copy in its first limit.
+func (x *txn) Lookup(id string) (policy.Rec, bool, error) {
+	ids := x.bucket(bucketIDs)
+	if ids == nil {
+		return policy.Rec{}, false, nil
 	}
-	t := tombRec{V: formatVersion, Reason: why, Wall: x.now.Wall, Boot: x.now.Boot, Mono: x.now.Mono, By: by}
-	if err := x.bucket(bucketTombs).Put([]byte(id), encode(&t)); err != nil {
+	v := ids.Get([]byte(id))
+	if v == nil {
+		return policy.Rec{}, false, nil
+	}
+	var ir idRec
+	if err := decode(v, &ir); err != nil {
+		return policy.Rec{}, false, fmt.Errorf("ticket id %s: %w", id, err)
+	}
+	b, err := x.queue(ir.Limit, false)
+	if err != nil {
+		return policy.Rec{}, false, err
+	}
+	var tv []byte
+	if b != nil {
+		tv = b.Get(u64key(ir.Fence))
+	}
+	if tv == nil {
+		return policy.Rec{}, false, fmt.Errorf("%w: ticket id %s points to missing ticket %d of limit %q", store.ErrCorrupt, id, ir.Fence, ir.Limit)
+	}
+	var r ticketRec
+	if err := decode(tv, &r); err != nil {
+		return r.Rec, false, fmt.Errorf("ticket %s: %w", id, err)
+	}
+	if r.ID != id || r.Fence != ir.Fence || r.Limit != ir.Limit {
+		return r.Rec, false, fmt.Errorf("%w: ticket id %s points to ticket %s (fence %d, first limit %q) as ticket %d of limit %q",
+			store.ErrCorrupt, id, r.ID, r.Fence, r.Limit, ir.Fence, ir.Limit)
+	}
+	return r.Rec, true, nil
+}
+
+// --- tombstones, events, counts ---
+
+// Tomb implements policy.Tx.
+func (x *txn) Tomb(id string) (policy.Tomb, bool, error) {
+	b := x.bucket(bucketTombs)
+	if b == nil {
+		return policy.Tomb{}, false, nil
+	}
+	v := b.Get([]byte(id))
+	if v == nil {
+		return policy.Tomb{}, false, nil
+	}
+	var t tombRec
+	if err := decode(v, &t); err != nil {
+		return t.Tomb, false, fmt.Errorf("tombstone %s: %w", id, err)
+	}
+	return t.Tomb, true, nil
+}
+
+// PutTomb implements policy.Tx, and prunes the oldest tombstones.
+func (x *txn) PutTomb(id string, t policy.Tomb) error {
+	if err := x.bucket(bucketTombs).Put([]byte(id), encode(&tombRec{V: formatVersion, Tomb: t})); err != nil {
 		return err
 	}
 	n, err := x.next(keyTombSeq)
@@ -421,7 +376,8 @@ func (x *txn) addTombstoneBy(id string, why store.Reason, by *store.Successor) e
 }
 
 // pruneTombstones drops tombstones older than a day, or past the newest
-// maxTombstones. A late write is bounded by the lock timeout (Options.Timeout), so a day is ample.
+// maxTombstones. A late write is bounded by the lock timeout
+// (Options.Timeout), so a day is ample.
 func (x *txn) pruneTombstones(last uint64) error {
 	q, tombs := x.bucket(bucketTombQ), x.bucket(bucketTombs)
 	c := q.Cursor()
@@ -436,7 +392,7 @@ func (x *txn) pruneTombstones(last uint64) error {
 		}
 		old := last-n >= maxTombstones
 		if !old {
-			t, ok, err := x.tombstone(string(id))
+			t, ok, err := x.Tomb(string(id))
 			if err != nil {
 				return err
 			}
@@ -455,51 +411,9 @@ func (x *txn) pruneTombstones(last uint64) error {
 	return nil
 }
 
-// event logs one event in each of the ticket's limits (docs/leases.md §2.1
-// item 9), each with the ticket's lowest slot index there.
-func (x *txn) event(kind string, r ticketRec, evidence string) error {
-	return x.eventBy(eventOf{kind: kind, evidence: evidence}, r)
-}
-
-// eventOf is what an event says beside its ticket.
-type eventOf struct {
-	kind, evidence string
-	by             string // the newer run of a "superseded" or "replaced" event
-	held           bool   // the event removes r, which was held: it says for how long
-}
-
-func (x *txn) eventBy(o eventOf, r ticketRec) error {
-	for _, name := range r.names() {
-		e := store.Event{Time: x.now.Wall, Kind: o.kind, Limit: name, Ticket: r.ID,
-			Fence: r.Fence, Slot: -1, Host: r.Holder.Host, Pid: r.Holder.Pid, User: r.Holder.User,
-			Command: r.Holder.Command(), Evidence: o.evidence, By: o.by}
-		ix := r.in(name)
-		if len(ix) > 0 {
-			e.Slot = ix[0]
-		}
-		if len(r.Limits) > 1 {
-			e.Limits = r.Limits
-		}
-		if w := r.weight(); w > 1 {
-			e.Weight, e.Indexes = w, ix
-		}
-		if o.kind == "admitted" {
-			e.Waited = store.WaitedFor(r.Created, x.now.Wall)
-		}
-		if o.held {
-			e.Held = store.HeldFor(r.Admitted, x.now.Wall)
-		}
-		if err := x.event1(e); err != nil {
-			return err
-		}
-		if err := x.count(e); err != nil { // in the event's own step (docs/leases.md §2.8)
-			return err
-		}
-	}
-	return nil
-}
-
-func (x *txn) event1(ev store.Event) error {
+// Log implements policy.Tx: the event under the next number, and the
+// oldest pruned past store.MaxEvents.
+func (x *txn) Log(ev store.Event) error {
 	n, err := x.next(keyEventSeq)
 	if err != nil {
 		return err
@@ -530,157 +444,20 @@ func (x *txn) event1(ev store.Event) error {
 	return nil
 }
 
-// settle sweeps the limits a write touched and promotes their waiters: the
-// step every write that can free or add capacity ends with. It works on
-// the closure of those limits (gather): one store.PlanSettle over all their
-// tickets, each once, in fence order, on the records read in this
-// transaction (a list made earlier is never trusted); an expired ticket is
-// shown to the judge too, so that a job its dead supervisor left running is
-// stopped before its slot is handed on. all: judge every ticket (reap). It
-// returns the tickets that remain, in order, and the removals.
-func (x *txn) settle(limits []string, all bool) ([]ticketRec, []store.Removal, error) {
-	recs, names, err := x.gather(limits)
-	if err != nil {
-		return nil, nil, err
-	}
-	return x.settleOn(recs, names, all, "")
-}
+// Ring implements policy.Tx.
+func (x *txn) Ring(r policy.Rec) { x.rings = append(x.rings, refOf(r)) }
 
-// settleOn is settle on the closure recs of limits names that gather read
-// in this transaction (and the caller changed since, as an enqueue's
-// supersede does).
-func (x *txn) settleOn(recs []ticketRec, names []string, all bool, fresh string) ([]ticketRec, []store.Removal, error) {
-	in, err := x.planInput(recs, names)
-	if err != nil {
-		return nil, nil, err
-	}
-	in.All = all
-	for i := range in.Tickets {
-		// The ticket this very step writes is neither judged nor removed:
-		// its enqueuer is alive by definition, as a renewer is (a late
-		// duplicate of a request whose sender has died is not proof).
-		in.Tickets[i].Fresh = fresh != "" && in.Tickets[i].Ticket.ID == fresh
-	}
-	if x.s.mut.Has(mutation.StaleVerdict) { // mutation (test-only): judge on the deadlines an earlier scan read (A1)
-		x.mutStaleVerdict(&in)
-	}
-	return x.apply(recs, store.PlanSettle(in), fresh)
-}
+// Gone implements policy.Tx: rung, then deleted, so that its waiter learns at once.
+func (x *txn) Gone(r policy.Rec) { x.unbell = append(x.unbell, refOf(r)) }
 
-// settleInput reads the closure of limits (gather) and their sizes: the
-// planner's input, judged by the store's clock.
-func (x *txn) settleInput(limits []string) ([]ticketRec, store.SettleInput, error) {
-	recs, names, err := x.gather(limits)
-	if err != nil {
-		return nil, store.SettleInput{}, err
-	}
-	in, err := x.planInput(recs, names)
-	return recs, in, err
-}
+// view is r as a caller sees it now.
+func (x *txn) view(r ticketRec, position int) store.Ticket { return r.View(x.now, position) }
 
-// planInput is the planner's input on recs, the closure of names.
-func (x *txn) planInput(recs []ticketRec, names []string) (store.SettleInput, error) {
-	in := store.SettleInput{Slots: make(map[string]int, len(names)), Tickets: make([]store.Queued, len(recs)),
-		Judge: x.s.dead, JudgeExpired: true, Keep: x.s.keepTicket, Mutations: x.s.mut}
-	for _, name := range names {
-		lim, ok, err := x.limit(name)
-		if err != nil {
-			return in, err
-		}
-		if ok { // a ticket of a limit that is gone is never admitted
-			in.Slots[name] = lim.Slots
-		}
-	}
-	for i, r := range recs {
-		in.Tickets[i] = store.Queued{Ticket: x.view(r, 0), Expired: x.expiry(r), Quiet: r.Quiet && r.State == store.Waiting}
-	}
-	return in, nil
-}
-
-// apply carries out a settle's plan on recs (the planner's input): each
-// removal reaps its ticket, each admission takes its slot indexes in each of
-// its limits. It returns the tickets that remain, in order, with the
-// admitted ones held.
-func (x *txn) apply(recs []ticketRec, plan store.SettlePlan, fresh string) ([]ticketRec, []store.Removal, error) {
-	var removed []store.Removal
-	gone := make([]bool, len(recs))
-	for _, rm := range plan.Remove {
-		r := recs[rm.Index]
-		if err := x.remove(r, store.Reaped, rm.Evidence); err != nil {
-			return nil, nil, err
-		}
-		gone[rm.Index] = true
-		removed = append(removed, store.Removal{Ticket: x.view(r, 0), Reason: store.Reaped, Evidence: rm.Evidence})
-	}
-	for _, a := range plan.Admit {
-		r := &recs[a.Index]
-		r.State, r.Slot, r.Indexes, r.Admitted = store.Held, a.Slot, a.Indexes, x.now.Wall
-		// A whole lease from the admission: its waiter may have renewed
-		// nothing (quiet), or late (kept as alive), or be about to renew
-		// on a slow machine (docs/leases.md rule 17); it learns what is
-		// left when it reads the ticket.
-		r.Quiet, r.DeadlineBoot, r.DeadlineMono = false, x.now.Boot, x.now.Mono+r.TTL
-		if err := x.putTicket(*r); err != nil {
-			return nil, nil, err
-		}
-		if err := x.event("admitted", *r, ""); err != nil {
-			return nil, nil, err
-		}
-		x.rings = append(x.rings, refOf(*r)) // one bell per ticket, rung once it holds all its limits
-	}
-	for _, i := range plan.Line {
-		// Into line: renewing from now, with a whole lease to start it
-		// (docs/leases.md rule 17), and told so by its bell.
-		r := &recs[i]
-		r.Quiet, r.DeadlineBoot, r.DeadlineMono = false, x.now.Boot, x.now.Mono+r.TTL
-		if err := x.putTicket(*r); err != nil {
-			return nil, nil, err
-		}
-		if r.ID != fresh { // its enqueuer reads the answer
-			x.rings = append(x.rings, refOf(*r))
-		}
-	}
-	live := recs[:0:0]
-	for i, r := range recs {
-		if !gone[i] {
-			live = append(live, r)
-		}
-	}
-	return live, removed, nil
-}
-
-// view turns a record into the caller's Ticket, under its first limit;
-// position is 1-based among that limit's waiters.
-func (x *txn) view(r ticketRec, position int) store.Ticket {
-	t := store.Ticket{ID: r.ID, Limit: r.Limit, State: r.State, Fence: r.Fence, Slot: r.Slot,
-		TTL: r.TTL, Holder: r.Holder, Created: r.Created, Admitted: r.Admitted, Renewed: r.Renewed,
-		Key: r.Key, Replaces: slices.Clip(r.Replaces)}
-	if r.Stop != nil {
-		stop := *r.Stop
-		t.Stop = &stop
-	}
-	if len(r.Limits) > 1 {
-		t.Limits = r.Limits
-	}
-	if r.Weight > 1 {
-		t.Weight = r.Weight
-	}
-	if r.State == store.Waiting {
-		t.Slot, t.Position, t.Quiet = -1, position, r.Quiet
-	} else if t.Multi() {
-		t.Indexes = r.Indexes
-	}
-	if r.DeadlineBoot == x.now.Boot {
-		t.Remaining = r.DeadlineMono - x.now.Mono
-	}
-	return t
-}
-
-// position is a waiting ticket's 1-based place among its limit's waiters (0
+// Position implements policy.Positioner: a waiting ticket's 1-based place among its limit's waiters (0
 // for a held one). It counts the waiting tickets queued before it without
 // decoding them (see fastState): a waiter's poll must not cost a decode of the
 // whole queue, or a long queue polls in quadratic time.
-func (x *txn) position(r ticketRec) (int, error) {
+func (x *txn) Position(r policy.Rec) (int, error) {
 	if r.State != store.Waiting {
 		return 0, nil
 	}
@@ -730,21 +507,21 @@ func fastState(v []byte) (store.State, bool) {
 	return "", false
 }
 
-// quiet reports whether a settle of limits would change nothing: no ticket
+// Settled implements policy.Settler: whether a settle of limits would change nothing: no ticket
 // of their closure (see gather) has expired, and store.PlanSettle finds
 // nobody to admit or prove dead. It reads the queues' fixed fields without
 // decoding the records (see fastFields), and decodes only the few tickets
 // the planner shows the judge. A waiter's renewal asks it first: hundreds of
 // queued waiters renew a full limit all the time, and each full settle would
 // decode the whole queue.
-func (x *txn) quiet(limits []string) (bool, error) {
+func (x *txn) Settled(limits []string) (bool, error) {
 	in := store.SettleInput{Slots: make(map[string]int, len(limits)), Mutations: x.s.mut}
 	var raw [][]byte         // the records, by the index each Queued carries as its ID
 	var seen map[uint64]bool // tickets of several limits already read
 	todo := limits
 	for i := 0; i < len(todo); i++ {
 		name := todo[i]
-		lim, ok, err := x.limit(name)
+		lim, ok, err := x.Limit(name)
 		if err != nil || !ok {
 			return false, err
 		}
@@ -908,158 +685,4 @@ func fastInt(v []byte, key string) (int64, bool) {
 	}
 	n, err := strconv.ParseInt(string(rest[:j]), 10, 64)
 	return n, err == nil
-}
-
-// viewIn returns the ticket with its place among its first limit's waiters in recs.
-func (x *txn) viewIn(recs []ticketRec, id string) (store.Ticket, bool) {
-	for i, r := range recs {
-		if r.ID != id {
-			continue
-		}
-		pos := 0
-		if r.State == store.Waiting {
-			pos = 1
-			for _, o := range recs[:i] {
-				if o.State == store.Waiting && o.has(r.Limit) {
-					pos++
-				}
-			}
-		}
-		return x.view(r, pos), true
-	}
-	return store.Ticket{}, false
-}
-
-// --- Test-only mutations (internal/mutation). Each re-introduces a bug of
-// docs/leases.md so that internal/sim can prove it catches it; with a nil
-// Options.Mutations none of this runs, and without the build tag
-// slotctl_mutations none of it is linked in.
-
-// mutScan is what a store handle's last dry-run reap read: the tickets it
-// listed as removable (a reap "job queue") and every deadline it saw.
-type mutScan struct {
-	listed    map[string]string // ticket id -> limit
-	deadlines map[string]ticketRec
-}
-
-func (s *Store) mutResetScan() {
-	s.mutMu.Lock()
-	defer s.mutMu.Unlock()
-	s.mutScan = mutScan{listed: map[string]string{}, deadlines: map[string]ticketRec{}}
-}
-
-func (s *Store) mutNoteScan(r ticketRec, gone bool) {
-	s.mutMu.Lock()
-	defer s.mutMu.Unlock()
-	s.mutScan.deadlines[r.ID] = r
-	if gone {
-		s.mutScan.listed[r.ID] = r.Limit
-	}
-}
-
-// mutStaleVerdict (StaleVerdict) judges expiry on the deadline the last scan
-// read, when it read one, instead of on the record of this transaction; a
-// ticket the scan read is judged by that deadline alone.
-func (x *txn) mutStaleVerdict(in *store.SettleInput) {
-	x.s.mutMu.Lock()
-	defer x.s.mutMu.Unlock()
-	scanned := map[string]bool{}
-	for i := range in.Tickets {
-		q := &in.Tickets[i]
-		old, ok := x.s.mutScan.deadlines[q.Ticket.ID]
-		if !ok {
-			continue
-		}
-		scanned[q.Ticket.ID] = true
-		q.Expired = ""
-		if old.DeadlineBoot != x.now.Boot || x.now.Mono >= old.DeadlineMono {
-			q.Expired = "expired (as scanned)"
-		}
-	}
-	if judge := in.Judge; judge != nil {
-		in.Judge = func(t store.Ticket, act bool) (string, bool) {
-			if scanned[t.ID] {
-				return "", false
-			}
-			return judge(t, act)
-		}
-	}
-}
-
-// mutFreeOne (ReleaseCounter) admits one waiter beyond the held count of the
-// limit: what decrementing a counter for a ticket that is not there does.
-func (x *txn) mutFreeOne(limit string) error {
-	lim, ok, err := x.limit(limit)
-	if err != nil || !ok {
-		return err
-	}
-	recs, in, err := x.settleInput([]string{limit})
-	if err != nil {
-		return err
-	}
-	held := 0
-	for _, r := range recs {
-		if r.State == store.Held && r.has(limit) {
-			held += r.weight()
-		}
-	}
-	in.Slots[limit], in.Judge = max(held+1, lim.Slots), nil
-	for i := range in.Tickets {
-		in.Tickets[i].Expired = "" // no sweep: only the promotion
-	}
-	_, _, err = x.apply(recs, store.PlanSettle(in), "")
-	return err
-}
-
-// mutReleaseSlot (ReleaseNoCompare) removes whichever ticket holds the slot
-// t held: a release keyed by the slot, not by the caller's own ticket.
-func (x *txn) mutReleaseSlot(t store.Ticket, why store.Reason) error {
-	if t.State != store.Held || store.CheckLimitName(t.Limit) != nil {
-		return nil
-	}
-	recs, err := x.tickets(t.Limit)
-	if err != nil {
-		return err
-	}
-	for _, r := range recs {
-		if r.State == store.Held && slices.Contains(r.in(t.Limit), t.Slot) {
-			if err := x.remove(r, why, ""); err != nil {
-				return err
-			}
-			_, _, err := x.settle(r.names(), false)
-			return err
-		}
-	}
-	return nil
-}
-
-// mutBlindReap (BlindReap) frees one more slot for each ticket of limit that
-// the last scan listed and that this reap did not delete: another reaper or
-// its holder removed it already, and its slot is freed a second time.
-func (x *txn) mutBlindReap(limit string, removed []store.Removal) error {
-	x.s.mutMu.Lock()
-	var listed []string
-	for id, l := range x.s.mutScan.listed {
-		if l == limit {
-			listed = append(listed, id)
-			delete(x.s.mutScan.listed, id) // a reap job runs once
-		}
-	}
-	x.s.mutMu.Unlock()
-	slices.Sort(listed)
-	for _, id := range listed {
-		if slices.ContainsFunc(removed, func(r store.Removal) bool { return r.Ticket.ID == id }) {
-			continue
-		}
-		if _, live, err := x.lookup(id); err != nil || live {
-			if err != nil {
-				return err
-			}
-			continue
-		}
-		if err := x.mutFreeOne(limit); err != nil {
-			return err
-		}
-	}
-	return nil
 }

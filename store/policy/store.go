@@ -117,8 +117,9 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 			_, _, err := x.settle(r.Names(), false)
 			return err
 		}
-		x.extend(&r, ttl)
-		r.TTL, r.Renewed = ttl, x.now.Wall
+		// The deadline moves on the clock of the boot it was written in: a
+		// ticket of a previous boot stays one, and the settle below removes it.
+		r.DeadlineMono, r.TTL, r.Renewed = x.now.Mono+ttl, ttl, x.now.Wall
 		if err := x.put(r); err != nil {
 			return err
 		}
