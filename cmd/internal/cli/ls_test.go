@@ -2,7 +2,7 @@ package cli
 
 // Tests of slotctl ls (and limit ls, which shares its limits table):
 // golden files of the plain table and the JSON for a store built
-// deterministically with a fake clock, the JSON schema against the README,
+// deterministically with a fake clock, the JSON schema against docs/ls.md,
 // terminal rendering, --watch on a real terminal (tmux) and off one, and
 // the cost of ls on a large store.
 //
@@ -336,10 +336,11 @@ func TestLsGoldenDeterministic(t *testing.T) {
 	}
 }
 
-// TestLsJSONSchemaMatchesREADME checks that every field ls -o json emits is
-// in the README's schema table, and every field the table names is emitted.
-func TestLsJSONSchemaMatchesREADME(t *testing.T) {
-	documented := lsREADMEFields(t)
+// TestLsJSONSchemaMatchesDocs checks that every field ls -o json emits is
+// in the schema table of docs/ls.md, and every field the table names is
+// emitted.
+func TestLsJSONSchemaMatchesDocs(t *testing.T) {
+	documented := lsDocFields(t)
 	e := newLsEnv(t)
 	clock := lsGoldenStore(t, e)
 	f, out, errOut := lsFactory(e.env, clock, false, 0)
@@ -357,7 +358,7 @@ func TestLsJSONSchemaMatchesREADME(t *testing.T) {
 			emitted[k] = true
 			continue
 		}
-		emitted[k+"[]"] = true // the README names an array "limits[]"
+		emitted[k+"[]"] = true // the table names an array "limits[]"
 		{
 			if len(arr) == 0 {
 				t.Fatalf("%s is empty: the golden store should fill it", k)
@@ -375,12 +376,12 @@ func TestLsJSONSchemaMatchesREADME(t *testing.T) {
 	}
 	for _, k := range slices.Sorted(mapsKeys(emitted)) {
 		if !documented[k] {
-			t.Errorf("ls -o json emits %q, which the README's schema table does not describe", k)
+			t.Errorf("ls -o json emits %q, which the schema table of docs/ls.md does not describe", k)
 		}
 	}
 	for _, k := range slices.Sorted(mapsKeys(documented)) {
 		if !emitted[k] {
-			t.Errorf("the README documents %q, which ls -o json does not emit", k)
+			t.Errorf("docs/ls.md documents %q, which ls -o json does not emit", k)
 		}
 	}
 	if v, _ := doc["schema_version"].(float64); v != 1 {
@@ -453,21 +454,21 @@ func mapsKeys(m map[string]bool) func(func(string) bool) {
 	}
 }
 
-// lsREADMEFields reads the field names of the schema table in the README's
-// "Who holds what: slotctl ls" section. A row names one field or several
+// lsDocFields reads the field names of the schema table in the
+// "Who holds what: slotctl ls" section of docs/ls.md. A row names one field or several
 // ("`tickets[].host`, `pid`, `user`": the later ones share the first's
 // prefix); a row for an array ("`limits[]`") may list its members' fields in
 // its meaning column.
-func lsREADMEFields(t *testing.T) map[string]bool {
+func lsDocFields(t *testing.T) map[string]bool {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "..", "..", "README.md"))
+	b, err := os.ReadFile(filepath.Join("..", "..", "..", "docs", "ls.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	text := string(b)
 	start := strings.Index(text, "## Who holds what: `slotctl ls`")
 	if start < 0 {
-		t.Fatal("README: no section \"Who holds what: `slotctl ls`\"")
+		t.Fatal("docs/ls.md: no section \"Who holds what: `slotctl ls`\"")
 	}
 	section := text[start+3:]
 	if end := strings.Index(section, "\n## "); end >= 0 {
@@ -481,11 +482,11 @@ func lsREADMEFields(t *testing.T) map[string]bool {
 		}
 		cells := strings.Split(line, "|")
 		if len(cells) < 4 {
-			t.Fatalf("README schema row %q: want | field | meaning |", line)
+			t.Fatalf("docs/ls.md schema row %q: want | field | meaning |", line)
 		}
 		names := tick.FindAllStringSubmatch(cells[1], -1)
 		if len(names) == 0 {
-			t.Fatalf("README schema row %q: no field in backquotes", line)
+			t.Fatalf("docs/ls.md schema row %q: no field in backquotes", line)
 		}
 		first := names[0][1]
 		prefix := ""
@@ -506,7 +507,7 @@ func lsREADMEFields(t *testing.T) map[string]bool {
 		}
 	}
 	if len(fields) < 10 {
-		t.Fatalf("README schema table: found only %v", fields)
+		t.Fatalf("docs/ls.md schema table: found only %v", fields)
 	}
 	return fields
 }

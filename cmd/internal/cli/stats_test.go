@@ -292,20 +292,23 @@ func TestStatsTerminal(t *testing.T) {
 	}
 }
 
-// TestStatsJSONSchemaMatchesREADME: every field of stats -o json (to the
-// second level) is in the README's table, and every field there is emitted.
-func TestStatsJSONSchemaMatchesREADME(t *testing.T) {
-	b, err := os.ReadFile(filepath.Join("..", "..", "..", "README.md"))
+// TestStatsJSONSchemaMatchesDocs: every field of stats -o json (to the
+// second level) is in the table of docs/metrics.md, and every field there
+// is emitted.
+func TestStatsJSONSchemaMatchesDocs(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "..", "docs", "metrics.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	text := string(b)
 	start := strings.Index(text, "`slotctl stats -o json` (schema version 1")
 	if start < 0 {
-		t.Fatal("README: no schema of slotctl stats -o json")
+		t.Fatal("docs/metrics.md: no schema of slotctl stats -o json")
 	}
 	text = text[start:]
-	text = text[:strings.Index(text, "\n\n**")]
+	if end := strings.Index(text, "\n\n#"); end >= 0 { // the table ends at the next heading
+		text = text[:end]
+	}
 	tick := regexp.MustCompile("`([^`]+)`")
 	documented := map[string]bool{}
 	for line := range strings.SplitSeq(text, "\n") {
@@ -348,12 +351,12 @@ func TestStatsJSONSchemaMatchesREADME(t *testing.T) {
 	}
 	for k := range emitted {
 		if !documented[k] {
-			t.Errorf("stats -o json emits %q, which the README's table does not describe", k)
+			t.Errorf("stats -o json emits %q, which the table of docs/metrics.md does not describe", k)
 		}
 	}
 	for k := range documented {
 		if !emitted[k] {
-			t.Errorf("the README documents %q, which stats -o json does not emit", k)
+			t.Errorf("docs/metrics.md documents %q, which stats -o json does not emit", k)
 		}
 	}
 }
