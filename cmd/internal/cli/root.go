@@ -40,12 +40,31 @@ func mainWith(ctx context.Context, args []string, f *Factory, rf runFs) (code in
 	var ee *ExitError
 	if err != nil && !errors.As(err, &ee) && strings.HasPrefix(err.Error(), "unknown command ") {
 		// cobra's own argument errors: a typo in a cron line must not pass as success or as a bug.
-		err = &ExitError{Code: exitUsage, Err: err, Hint: "see 'slotctl --help'"}
+		err = &ExitError{Code: exitUsage, Err: unknownCommand(err), Hint: "see 'slotctl --help'"}
 	}
 	if err != nil {
 		printError(f.IO.ErrOut, err)
 	}
 	return exitCode(err)
+}
+
+// unknownCommand rewrites cobra's "unknown command" error as one line.
+// cobra lists its suggestions on lines of their own, each after a tab
+// ("...\n\nDid you mean this?\n\tls\n\tlog\n"), which the one-line error
+// would show as a literal \t: they become "...: did you mean ls or log?".
+func unknownCommand(err error) error {
+	first, rest, _ := strings.Cut(err.Error(), "\n")
+	var suggestions []string
+	for _, line := range strings.Split(rest, "\n") {
+		line = strings.TrimSpace(line)
+		if line != "" && !strings.HasSuffix(line, "?") { // not "Did you mean this?"
+			suggestions = append(suggestions, line)
+		}
+	}
+	if len(suggestions) == 0 {
+		return errors.New(first)
+	}
+	return fmt.Errorf("%s: did you mean %s?", first, orList(suggestions))
 }
 
 // runFs are the commands' run functions, replaced in tests that check
