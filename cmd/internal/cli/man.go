@@ -92,6 +92,12 @@ func genManPages(root *cobra.Command, dir string, date time.Time) error {
 // turns hyphenation back on in groff, sets groff's HY register so that the
 // end of an example (.EE) does not turn it on again, and adds ".ad l"
 // (ragged right): flag names and paths read badly when split or spread out.
+// It also drops the blank lines go-md2man leaves between paragraphs and
+// tagged paragraphs, except in examples: in roff a blank line is a break
+// and a blank line of its own, so that each .PP and .TP after one began
+// with two; and writes each non-ASCII character as a groff escape
+// (\[u00B1]), since man and groff read a page as Latin-1 unless told
+// otherwise: "±" would come out as "Â±".
 func fixManPage(path string) error {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -102,7 +108,33 @@ func fixManPage(path string) error {
 	if !ok || !strings.HasPrefix(th, ".TH ") {
 		return fmt.Errorf("%s: no .TH line where go-md2man puts it", path)
 	}
-	return os.WriteFile(path, []byte(th+"\n.nr HY 0\n.nh\n.ad l\n"+rest), 0o644)
+	out := []string{th, ".nr HY 0", ".nh", ".ad l"}
+	example := false
+	for _, line := range strings.Split(rest, "\n") {
+		switch {
+		case line == ".EX":
+			example = true
+		case line == ".EE":
+			example = false
+		case line == "" && !example:
+			continue
+		}
+		out = append(out, roffASCII(line))
+	}
+	return os.WriteFile(path, []byte(strings.Join(out, "\n")+"\n"), 0o644)
+}
+
+// roffASCII writes each non-ASCII character of s as groff's \[uXXXX].
+func roffASCII(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if r < 0x80 {
+			b.WriteRune(r)
+		} else {
+			fmt.Fprintf(&b, `\[u%04X]`, r)
+		}
+	}
+	return b.String()
 }
 
 // prepareForMan rewrites the tree's help for the man pages (the process
@@ -170,17 +202,31 @@ func splitExitStatus(long string) (desc, exit string) {
 var exitLine = regexp.MustCompile(`^\s*([0-9]+(?:\s*/\s*[0-9]+)?)\s{2,}(.*)$`)
 
 // manExitStatus turns the plain-text EXIT STATUS block of a Long into a
-// tagged paragraph per code; other lines are paragraphs.
+// tagged paragraph per code. A line indented further than the codes
+// ("       disagrees with the limit") goes on with the code above it; other
+// lines are paragraphs of their own.
 func manExitStatus(block string) string {
-	var b strings.Builder
+	type entry struct{ code, text string }
+	var entries []entry
 	for _, line := range strings.Split(block, "\n") {
-		if strings.TrimSpace(line) == "" {
-			continue
+		text := strings.TrimSpace(line)
+		last := len(entries) - 1
+		switch m := exitLine.FindStringSubmatch(line); {
+		case text == "":
+		case m != nil:
+			entries = append(entries, entry{strings.Join(strings.Fields(m[1]), " "), m[2]})
+		case last >= 0 && entries[last].code != "" && strings.HasPrefix(line, "    "):
+			entries[last].text += " " + text
+		default:
+			entries = append(entries, entry{"", text})
 		}
-		if m := exitLine.FindStringSubmatch(line); m != nil {
-			fmt.Fprintf(&b, "**%s**\n: %s\n\n", strings.Join(strings.Fields(m[1]), " "), mdEscape(m[2]))
+	}
+	var b strings.Builder
+	for _, e := range entries {
+		if e.code != "" {
+			fmt.Fprintf(&b, "**%s**\n: %s\n\n", e.code, mdEscape(e.text))
 		} else {
-			fmt.Fprintf(&b, "%s\n\n", mdEscape(strings.TrimSpace(line)))
+			fmt.Fprintf(&b, "%s\n\n", mdEscape(e.text))
 		}
 	}
 	return b.String()
