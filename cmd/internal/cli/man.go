@@ -165,8 +165,14 @@ func prepareForMan(root *cobra.Command) {
 		}
 		var b strings.Builder
 		b.WriteString(manText(desc))
-		writeManFlags(&b, "OPTIONS", c.NonInheritedFlags())
-		writeManFlags(&b, "GLOBAL OPTIONS", c.InheritedFlags())
+		// The --etcd-* flags are the root page's STORE OPTIONS only.
+		writeManFlags(&b, "OPTIONS", "", flagsWhere(c.NonInheritedFlags(), notStoreFlag))
+		if c.HasParent() {
+			writeManFlags(&b, "GLOBAL OPTIONS", "", flagsWhere(c.InheritedFlags(), notStoreFlag))
+			b.WriteString("\nThe etcd store's own options (**--etcd-**...): STORE OPTIONS in **slotctl**(1).\n")
+		} else if topic := storeTopicOf(c); topic != nil {
+			writeManFlags(&b, "STORE OPTIONS", manText(topic.Long), flagsWhere(c.NonInheritedFlags(), isStoreFlag))
+		}
 		if exit != "" {
 			b.WriteString("\n# EXIT STATUS\n" + manExitStatus(exit))
 		}
@@ -263,9 +269,33 @@ var manArgNames = map[string]string{
 	"on-lost": "kill|continue", "output": "FORMAT", "n": "N", "slots": "N", "weight": "N", "busy-exit-code": "CODE",
 }
 
+// storeTopicOf is root's help topic 'store' (help.go), nil if none.
+func storeTopicOf(root *cobra.Command) *cobra.Command {
+	for _, c := range root.Commands() {
+		if c.Name() == "store" && c.IsAdditionalHelpTopicCommand() {
+			return c
+		}
+	}
+	return nil
+}
+
+func notStoreFlag(fl *pflag.Flag) bool { return !isStoreFlag(fl) }
+
+// flagsWhere is the flags of fs that keep says to keep.
+func flagsWhere(fs *pflag.FlagSet, keep func(*pflag.Flag) bool) *pflag.FlagSet {
+	out := pflag.NewFlagSet(fs.Name(), pflag.ContinueOnError)
+	fs.VisitAll(func(fl *pflag.Flag) {
+		if keep(fl) {
+			out.AddFlag(fl)
+		}
+	})
+	return out
+}
+
 // writeManFlags writes flags as a titled section of tagged paragraphs:
 // "-l, --limit NAME" and the usage, with the default if it says something.
-func writeManFlags(b *strings.Builder, title string, flags *pflag.FlagSet) {
+// The section begins with intro, markdown, if not empty.
+func writeManFlags(b *strings.Builder, title, intro string, flags *pflag.FlagSet) {
 	var items []string
 	flags.VisitAll(func(fl *pflag.Flag) {
 		if fl.Hidden || fl.Deprecated != "" || fl.Name == "help" {
@@ -307,7 +337,11 @@ func writeManFlags(b *strings.Builder, title string, flags *pflag.FlagSet) {
 	if len(items) == 0 {
 		return
 	}
-	b.WriteString("\n# " + title + "\n" + strings.Join(items, "\n"))
+	b.WriteString("\n# " + title + "\n")
+	if intro != "" {
+		b.WriteString(intro + "\n")
+	}
+	b.WriteString(strings.Join(items, "\n"))
 }
 
 // orderedItem is the start of a line that markdown reads as a numbered list.

@@ -134,7 +134,7 @@ EXIT STATUS
 		return &ExitError{Code: exitUsage, Err: err, Hint: fmt.Sprintf("see '%s --help'", cmd.CommandPath())}
 	})
 	pf := root.PersistentFlags()
-	pf.StringVar(&g.Store, "store", "", "store URL: PATH, bolt://PATH or etcd://HOST:PORT[/PREFIX] (env SLOTCTL_STORE)")
+	pf.StringVar(&g.Store, "store", "", "store URL: PATH, bolt://PATH or etcd://HOST:PORT[/PREFIX] (env SLOTCTL_STORE; etcd's own flags: slotctl help store)")
 	pf.StringVar(&g.Config, "config", "", "config file (env SLOTCTL_CONFIG; default $XDG_CONFIG_HOME/slotctl/config.yaml, then /etc/slotctl/config.yaml)")
 	pf.DurationVar(&g.StoreTimeout, "store-timeout", 5*time.Second, "how long to wait for a locked or unreachable store (env SLOTCTL_STORE_TIMEOUT)")
 	pf.BoolVarP(&g.Quiet, "quiet", "q", false, "print only errors")
@@ -143,8 +143,9 @@ EXIT STATUS
 
 	root.AddCommand(newRunCmd(f, g, rf.run), newLsCmd(f, g, rf.ls), newLimitCmd(f, g, rf.limit), newReapCmd(f, g, rf.reap),
 		newReleaseCmd(f, g, rf.release), newLogCmd(f, g, rf.log), newVersionCmd(f, rf.version), newCompletionCmd(f, rf.completion),
-		newMetricsCmd(f, g, rf.metrics), newStatsCmd(f, g, rf.stats))
+		newMetricsCmd(f, g, rf.metrics), newStatsCmd(f, g, rf.stats), newStoreTopic())
 	root.AddCommand(extraCommands()...)
+	setHelp(root)
 	return root
 }
 
