@@ -1,14 +1,21 @@
 package cli
 
-// The help pages. Every command takes the --etcd-* flags (the root's
-// persistent flags), but they only matter for an etcd store: --help leaves
-// them out of its flag lists and 'slotctl help store' lists them, with the
-// other ways to set them. They are hidden only while a help page is
-// printed, so that they parse, complete and configure as any other flag.
+// The help pages. A command's --help fits a screen above its flags: a
+// short description (its Long), a pointer to its man page, the usage, a
+// few examples, the flags. What the man page says beyond that (the whole
+// description, the exit codes, more examples) is the command's man
+// annotation (manPage), which only the man page generator reads.
+//
+// Every command takes the --etcd-* flags (the root's persistent flags),
+// but they only matter for an etcd store: --help leaves them out of its
+// flag lists and 'slotctl help store' lists them, with the other ways to
+// set them. They are hidden only while a help page is printed, so that
+// they parse, complete and configure as any other flag.
 
 import (
 	"fmt"
 	"strings"
+	"unicode"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -40,10 +47,46 @@ func storeFlags(root *cobra.Command) *pflag.FlagSet {
 	return fs
 }
 
-// setHelp gives root's tree its help pages: cobra's, without the --etcd-*
-// flags, and the store topic's own.
+// manAnnotation is the key of a command's man annotation: the text its
+// man page has beyond its --help. It is plain text like a Long: the
+// description, if the page's is more than the Long's; then "EXIT STATUS"
+// and the exit codes, one a line ("  64   usage error"), a line indented
+// further going on with the code above it; then, optionally, "EXAMPLES"
+// and examples for the man page only, added to the command's Example.
+const manAnnotation = "slotctl_man"
+
+// manPage is the Annotations of a command whose man page says text beyond
+// its --help.
+func manPage(text string) map[string]string { return map[string]string{manAnnotation: text} }
+
+// manSections splits a command's man annotation: the page's description
+// (the Long when the annotation has none), its EXIT STATUS block and its
+// own examples.
+func manSections(c *cobra.Command) (desc, exit, examples string) {
+	desc, exit = cutSection(c.Annotations[manAnnotation], "EXIT STATUS")
+	exit, examples = cutSection(exit, "EXAMPLES")
+	if strings.TrimSpace(desc) == "" {
+		desc = c.Long
+	}
+	return desc, exit, examples
+}
+
+// cutSection cuts text at the line that is title alone.
+func cutSection(text, title string) (before, after string) {
+	if rest, ok := strings.CutPrefix(text, title+"\n"); ok {
+		return "", rest
+	}
+	before, after, _ = strings.Cut(text, "\n"+title+"\n")
+	return strings.TrimRight(before, "\n"), after
+}
+
+// manPageName is the name of c's man page: "slotctl-limit-set".
+func manPageName(c *cobra.Command) string { return strings.ReplaceAll(c.CommandPath(), " ", "-") }
+
+// setHelp gives root's tree its help pages: cobra's, with a pointer to the
+// man page after the description and without the --etcd-* flags, and the
+// store topic's own.
 func setHelp(root *cobra.Command) {
-	cobraHelp := root.HelpFunc()
 	root.SetHelpFunc(func(c *cobra.Command, args []string) {
 		var hidden []*pflag.Flag
 		root.PersistentFlags().VisitAll(func(fl *pflag.Flag) {
@@ -57,7 +100,19 @@ func setHelp(root *cobra.Command) {
 				fl.Hidden = false
 			}
 		}()
-		cobraHelp(c, args)
+		w := c.OutOrStdout()
+		desc := c.Long
+		if desc == "" {
+			desc = c.Short
+		}
+		fmt.Fprintln(w, strings.TrimRightFunc(desc, unicode.IsSpace))
+		if _, ok := c.Annotations[manAnnotation]; ok {
+			fmt.Fprintf(w, "Exit status and more: man %s\n", manPageName(c))
+		}
+		fmt.Fprintln(w)
+		if c.Runnable() || c.HasSubCommands() {
+			fmt.Fprint(w, c.UsageString())
+		}
 	})
 }
 

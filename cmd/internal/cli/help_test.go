@@ -106,3 +106,32 @@ func TestHelpHidesStoreFlagsOnlyForTheHelp(t *testing.T) {
 		t.Errorf("%d store flags, want the %d --etcd-* flags", n, len(etcdFlags))
 	}
 }
+
+// TestHelpFitsAboveFlags: every --help starts with a short description, so
+// that its usage line is on the first screen, then at most a handful of
+// examples before the flags; the rest is its man page's.
+func TestHelpFitsAboveFlags(t *testing.T) {
+	const usageBy, maxExamples = 12, 5
+	for _, path := range helpPaths(t) {
+		name := strings.Join(append([]string{"slotctl"}, path...), " ")
+		lines := strings.Split(helpOf(t, append(path, "--help")...), "\n")
+		usage := slices.Index(lines, "Usage:")
+		if usage < 0 || usage >= usageBy {
+			t.Errorf("%s --help: Usage: on line %d, want it within the first %d:\n%s", name, usage+1, usageBy, strings.Join(lines, "\n"))
+		}
+		examples, in := 0, false
+		for _, line := range lines {
+			switch {
+			case line == "Examples:":
+				in = true
+			case line != "" && line[0] != ' ': // the next section
+				in = false
+			case in && strings.TrimSpace(line) != "" && !strings.HasPrefix(strings.TrimSpace(line), "#"):
+				examples++
+			}
+		}
+		if examples > maxExamples {
+			t.Errorf("%s --help: %d examples, want at most %d (more go in its man annotation)", name, examples, maxExamples)
+		}
+	}
+}

@@ -27,6 +27,10 @@ func newLsCmd(f *Factory, g *globalOptions, runF func(*LsOptions) error) *cobra.
 		Use:   "ls [LIMIT...]",
 		Short: "Show limits, who holds their slots and who waits",
 		Long: `Show the limits (slots, held, waiting, paused) and their tickets: held first,
+then the waiters in queue order. -o wide shows whole commands and where each
+run comes from, -o json a stable schema for scripts; --watch redraws on every
+change.`,
+		Annotations: manPage(`Show the limits (slots, held, waiting, paused) and their tickets: held first,
 then the waiters in queue order. A ticket whose lease has expired but that no
 admission or reap has removed yet shows as expired.
 
@@ -41,7 +45,7 @@ time a ticket or limit changes.
 EXIT STATUS
   0    shown
   64   bad flag, or no such limit
-  69   the store cannot be opened or reached`,
+  69   the store cannot be opened or reached`),
 		Example: `  slotctl ls
   slotctl ls build -o wide
   slotctl ls --watch

@@ -140,10 +140,12 @@ func roffASCII(s string) string {
 // prepareForMan rewrites the tree's help for the man pages (the process
 // exits after writing them). cobra's pages put DESCRIPTION first and then
 // the flags as tab-indented paragraphs; here each page gets the sections of
-// man-pages(7) in their usual order, all in its Long: DESCRIPTION, OPTIONS
-// and GLOBAL OPTIONS as tagged paragraphs (with the argument's name and the
-// default), EXIT STATUS from the Long's plain-text block, then ENVIRONMENT
-// and FILES where the command has them. cobra adds EXAMPLE and SEE ALSO.
+// man-pages(7) in their usual order, all in its Long: DESCRIPTION (the man
+// annotation's, else the Long: help.go), OPTIONS and GLOBAL OPTIONS as
+// tagged paragraphs (with the argument's name and the default), the root's
+// STORE OPTIONS, EXIT STATUS from the annotation's plain-text block, then
+// ENVIRONMENT and FILES where the command has them. cobra adds EXAMPLE
+// (with the annotation's examples) and SEE ALSO.
 func prepareForMan(root *cobra.Command) {
 	var all []*cobra.Command
 	var walk func(*cobra.Command)
@@ -159,9 +161,12 @@ func prepareForMan(root *cobra.Command) {
 	longs := make([]string, len(all))
 	for i, c := range all {
 		c.InitDefaultHelpFlag()
-		desc, exit := splitExitStatus(c.Long)
+		desc, exit, examples := manSections(c)
 		if desc == "" {
 			desc = c.Short
+		}
+		if examples != "" {
+			c.Example = strings.TrimRight(c.Example, "\n") + "\n\n" + strings.TrimRight(examples, "\n")
 		}
 		var b strings.Builder
 		b.WriteString(manText(desc))
@@ -195,19 +200,10 @@ func prepareForMan(root *cobra.Command) {
 	}
 }
 
-// splitExitStatus cuts a Long at its "EXIT STATUS" line.
-func splitExitStatus(long string) (desc, exit string) {
-	before, after, ok := strings.Cut(long, "\nEXIT STATUS\n")
-	if !ok {
-		return long, ""
-	}
-	return strings.TrimRight(before, "\n"), after
-}
-
 // exitLine is one line of an EXIT STATUS block: "  64   usage error".
 var exitLine = regexp.MustCompile(`^\s*([0-9]+(?:\s*/\s*[0-9]+)?)\s{2,}(.*)$`)
 
-// manExitStatus turns the plain-text EXIT STATUS block of a Long into a
+// manExitStatus turns the plain-text EXIT STATUS block of a command into a
 // tagged paragraph per code. A line indented further than the codes
 // ("       disagrees with the limit") goes on with the code above it; other
 // lines are paragraphs of their own.

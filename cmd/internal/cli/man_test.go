@@ -45,7 +45,7 @@ func manCommands(t *testing.T) map[string]*cobra.Command {
 	pages := map[string]*cobra.Command{}
 	var walk func(*cobra.Command)
 	walk = func(c *cobra.Command) {
-		pages[strings.ReplaceAll(c.CommandPath(), " ", "-")+".1"] = c
+		pages[manPageName(c)+".1"] = c
 		for _, sub := range c.Commands() {
 			if sub.IsAvailableCommand() && !sub.IsAdditionalHelpTopicCommand() {
 				walk(sub)
@@ -74,7 +74,10 @@ func TestManPagesRender(t *testing.T) {
 	for _, file := range files {
 		names = append(names, filepath.Base(file))
 	}
-	for name := range cmds {
+	for name, c := range cmds {
+		if _, exit, _ := manSections(c); strings.TrimSpace(exit) == "" {
+			t.Errorf("%q has no EXIT STATUS (its man annotation: help.go)", c.CommandPath())
+		}
 		if !slices.Contains(names, name) {
 			t.Errorf("no man page %s for %q: run go generate ./...", name, cmds[name].CommandPath())
 		}
@@ -104,7 +107,8 @@ func TestManPagesRender(t *testing.T) {
 			if stderr.Len() != 0 {
 				t.Errorf("groff warns:\n%s", stderr.String())
 			}
-			want := exitEntriesOf(manSource(c))
+			_, exit, _ := manSections(c)
+			want := exitEntriesOf(exit)
 			got := renderedSection(stdout.String(), "EXIT STATUS")
 			if !slices.Equal(got, want) {
 				t.Errorf("EXIT STATUS renders as\n\t%s\nwant one entry per code (a code and all of its text) and per paragraph:\n\t%s",
@@ -114,20 +118,12 @@ func TestManPagesRender(t *testing.T) {
 	}
 }
 
-// manSource is the text a command's man page is made from beyond its
-// flags: its Long, EXIT STATUS included.
-func manSource(c *cobra.Command) string { return c.Long }
-
-// exitEntriesOf reads the EXIT STATUS block of a command's text as the man
-// page should render it, one string per entry, its words single-spaced: a
-// line that starts with a code starts an entry ("64 usage error: ..."), a
-// line indented further than the codes goes on with the entry above it,
-// and any other line is a paragraph of its own.
-func exitEntriesOf(text string) []string {
-	_, block, ok := strings.Cut(text, "\nEXIT STATUS\n")
-	if !ok {
-		return nil
-	}
+// exitEntriesOf reads a command's EXIT STATUS block as the man page
+// should render it, one string per entry, its words single-spaced: a line
+// that starts with a code starts an entry ("64 usage error: ..."), a line
+// indented further than the codes goes on with the entry above it, and any
+// other line is a paragraph of its own.
+func exitEntriesOf(block string) []string {
 	var entries []string
 	coded := false // the last entry has a code
 	for _, line := range strings.Split(block, "\n") {

@@ -91,9 +91,8 @@ func newRootCmdWith(f *Factory, rf runFs) *cobra.Command {
 		Long: `slotctl gates shell jobs, cron jobs and CI steps behind named concurrency limits.
 
 A job asks for a slot, waits its turn, runs, and gives the slot back. When the
-job, its wrapper or its whole machine dies, the slot still comes back.
-
-EXIT STATUS
+job, its wrapper or its whole machine dies, the slot still comes back.`,
+		Annotations: manPage(`EXIT STATUS
   0    success
   64   usage error: bad flag, bad limit name, --slots disagrees with the limit
   69   the store cannot be opened or reached
@@ -103,7 +102,7 @@ EXIT STATUS
   124  run: --max-hold ran out and COMMAND was stopped
   126  run: COMMAND is not executable
   127  run: COMMAND was not found
-  Otherwise run exits with COMMAND's exit status, or 128+N if it was killed by signal N.`,
+  Otherwise run exits with COMMAND's exit status, or 128+N if it was killed by signal N.`),
 		Example: `  slotctl run --limit build --slots 2 -- make -j8
   slotctl limit set backup 1
   slotctl limit ls`,

@@ -71,7 +71,14 @@ func newRunCmd(f *Factory, g *globalOptions, runF func(*RunOptions) error) *cobr
 	cmd := &cobra.Command{
 		Use:   "run --limit NAME [--limit NAME...] [flags] -- COMMAND [ARGS...]",
 		Short: "Run a command once a slot of a limit is free",
-		Long: `Run COMMAND once a slot of the limit is free, keeping the slot until it exits.
+		Long: `Run COMMAND once a slot of each --limit is free, and keep the slot until
+COMMAND exits. Runs wait their turn in arrival order. A limit that does not
+exist is created with --slots (else the config file's limits.NAME, else 1).
+Should the job or its machine die, the slot comes back within --ttl.
+
+Exits with COMMAND's status, else 75 when not admitted in time, 76 when the
+lease was lost, 124 when --max-hold ran out, 143 when replaced (--replace).`,
+		Annotations: manPage(`Run COMMAND once a slot of the limit is free, keeping the slot until it exits.
 
 slotctl writes a waiting ticket, waits its turn in arrival order, starts
 COMMAND with SLOTCTL_LIMIT, SLOTCTL_TICKET, SLOTCTL_FENCE, SLOTCTL_SLOT,
@@ -148,7 +155,15 @@ EXIT STATUS
   143  a newer run of the --key asked with --replace to stop COMMAND, and
        it was stopped
   126  COMMAND is not executable
-  127  COMMAND was not found`,
+  127  COMMAND was not found
+
+EXAMPLES
+  # a build slot and a database slot at once; a heavy job takes two of four
+  slotctl run --limit build --limit db -- ./integration-tests
+  slotctl run --limit build --slots 4 --weight 2 -- make -j16
+
+  # deploy: stop the running deploy of this environment and take its place
+  slotctl run --limit deploy --key prod --replace -- ./deploy.sh prod`),
 		Example: `  # at most two builds at once, in arrival order
   slotctl run --limit build --slots 2 -- make -j8
 
@@ -158,18 +173,11 @@ EXIT STATUS
   # CI: wait at most ten minutes for a deploy slot
   slotctl run --limit deploy --wait 10m -- ./deploy.sh
 
-  # a build slot and a database slot at once; a heavy job takes two of four
-  slotctl run --limit build --limit db -- ./integration-tests
-  slotctl run --limit build --slots 4 --weight 2 -- make -j16
-
   # one running, one pending per branch; a newer pending run wins
   slotctl run --limit ci --key "$GITHUB_REF_NAME" --supersede --max-waiting 1 -- make test
 
   # builds share 8 slots of the host's cpu budget: make without -j
-  slotctl run --limit cpu --slots 8 --jobserver -- make
-
-  # deploy: stop the running deploy of this environment and take its place
-  slotctl run --limit deploy --key prod --replace -- ./deploy.sh prod`,
+  slotctl run --limit cpu --slots 8 --jobserver -- make`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return errArgs(cmd, "missing COMMAND: want slotctl run --limit NAME -- COMMAND [ARGS...]")
@@ -202,7 +210,7 @@ EXIT STATUS
 	fl.SetInterspersed(false) // slotctl run --limit x make -j8: -j8 is make's
 	fl.StringArrayVarP(&opts.Limits, "limit", "l", nil, "name of the limit (required; repeat for several, admitted to all at once)")
 	fl.IntVar(&opts.Weight, "weight", 1, "slots the run takes in each of its limits")
-	fl.IntVar(&opts.Slots, "slots", 1, "size of each limit this run creates (default: config limits.NAME, else 1)")
+	fl.IntVar(&opts.Slots, "slots", 1, "size of each limit this run creates, unless the config file's limits.NAME sets it")
 	fl.StringVar(&wait, "wait", "", "give up if not admitted within this duration (default: wait without bound; 0 = do not wait)")
 	fl.BoolVar(&noWait, "no-wait", false, "do not wait: exit 75 at once if no slot is free")
 	fl.IntVar(&opts.BusyExitCode, "busy-exit-code", exitBusy, "exit status when not admitted in time (0 for cron)")
