@@ -183,10 +183,10 @@ func (r *ticketRec) check() error {
 	return store.CheckTTL(r.TTL)
 }
 
-// checkKeyed checks what docs/leases.md §2.1 items 10 and 11 add, as
-// strictly as a request: a key and a URL a request could carry, a stop
-// request only on a held ticket naming a successor, and at most maxReplaces
-// distinct ticket ids (never its own) in Replaces.
+// checkKeyed checks what newer runs first (docs/leases.md §2.1 item 10)
+// and the CI URL add, as strictly as a request: a key and a URL a request
+// could carry, a stop request only on a held ticket naming a successor,
+// and at most maxReplaces distinct ticket ids (never its own) in Replaces.
 func (r *ticketRec) checkKeyed() error {
 	if r.V == legacyVersion && (r.Key != "" || r.Stop != nil || r.Replaces != nil || r.Holder.URL != "") {
 		return fmt.Errorf("key, stop, replaces or url in a version %d record", legacyVersion)

@@ -14,7 +14,7 @@ import (
 // output must not depend on the machine's config file or environment.
 func noPreRun(*cobra.Command, []string) error { return nil }
 
-// CompletionOptions are slotctl completion's flags and argument (docs/leases.md §2.7).
+// CompletionOptions are slotctl completion's flags and argument.
 type CompletionOptions struct {
 	Shell          string // bash, zsh, fish or powershell
 	Output         string // "" or "-": standard output

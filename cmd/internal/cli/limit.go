@@ -10,7 +10,7 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-// LimitSetOptions are slotctl limit set's arguments (docs/leases.md §2.4).
+// LimitSetOptions are slotctl limit set's arguments.
 type LimitSetOptions struct {
 	Name  string
 	Slots int

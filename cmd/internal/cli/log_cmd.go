@@ -12,7 +12,7 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-// LogOptions are slotctl log's flags and argument (docs/leases.md §2.6).
+// LogOptions are slotctl log's flags and argument.
 type LogOptions struct {
 	N      int    // how many of the newest events
 	Output string // table or json

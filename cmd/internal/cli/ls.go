@@ -14,7 +14,7 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-// LsOptions are slotctl ls's flags and arguments (docs/leases.md §2.2).
+// LsOptions are slotctl ls's flags and arguments.
 type LsOptions struct {
 	Output string        // table, wide or json
 	Watch  time.Duration // 0: draw once
@@ -311,8 +311,8 @@ type ticketJSON struct {
 	// Quiet: a waiter of the bbolt store not yet in line, which renews
 	// nothing (its process is its proof of life), added to version 1.
 	Quiet bool `json:"quiet"`
-	// Newer runs first (docs/leases.md §2.1 items 10 and 11), added to
-	// version 1: "" for a run without --key or a URL.
+	// Newer runs first (docs/leases.md §2.1 item 10) and the CI URL, added
+	// to version 1: "" for a run without --key or a URL.
 	Key      string         `json:"key"`
 	URL      string         `json:"url"`
 	Stop     *successorJSON `json:"stop"`     // a held ticket a newer run asked to stop; else null

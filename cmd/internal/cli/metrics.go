@@ -10,7 +10,7 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-// MetricsOptions are slotctl metrics's flags and arguments (SPEC §2.8).
+// MetricsOptions are slotctl metrics's flags and arguments.
 type MetricsOptions struct {
 	Limits   []string
 	Textfile string // "": stdout

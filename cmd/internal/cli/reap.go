@@ -11,7 +11,7 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-// ReapOptions are slotctl reap's flags and arguments (docs/leases.md §2.3).
+// ReapOptions are slotctl reap's flags and arguments.
 type ReapOptions struct {
 	DryRun bool
 	Output string // table or json

@@ -12,7 +12,7 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-// ReleaseOptions are slotctl release's flags and arguments (docs/leases.md §2.5).
+// ReleaseOptions are slotctl release's flags and arguments.
 type ReleaseOptions struct {
 	Yes     bool // do not ask
 	Force   bool // release a holder alive on this host too

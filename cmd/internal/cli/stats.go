@@ -16,7 +16,7 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-// StatsOptions are slotctl stats's flags and arguments (SPEC §2.9).
+// StatsOptions are slotctl stats's flags and arguments.
 type StatsOptions struct {
 	Limits []string
 	Since  time.Duration

@@ -89,7 +89,7 @@ Go toolchain recorded.`,
 
 // pseudoVersionTail is the end of a Go pseudo-version: -/.yyyymmddhhmmss-rev.
 // Compiled on first use, not at start-up: every command computes the
-// version string, and a release build never needs it (issue 19).
+// version string, and a release build never needs it.
 var pseudoVersionTail = sync.OnceValue(func() *regexp.Regexp {
 	return regexp.MustCompile(`[-.](\d{14})-([0-9a-f]{12})(\+incompatible)?$`)
 })
