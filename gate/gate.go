@@ -100,7 +100,7 @@ func isRefusal(err error) bool {
 	var conflict *store.SlotsConflictError
 	var busy *store.LockTimeoutError // the lock was never taken: nothing written
 	return errors.As(err, &conflict) || errors.Is(err, store.ErrInvalid) || errors.Is(err, store.ErrRemoved) ||
-		errors.Is(err, store.ErrQueueFull) || // §2.1 item 10: a full queue writes nothing, so its id needs no tombstone
+		errors.Is(err, store.ErrQueueFull) || // --max-waiting: a full queue writes nothing, so its id needs no tombstone
 		errors.As(err, &busy)
 }
 

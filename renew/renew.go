@@ -115,7 +115,8 @@ func (o Options) Validate() error {
 // every every once held: half the TTL, at most TTL − 10s (so that, jittered
 // and less the margin, most of two request timeouts are left for retries),
 // and no less than every. With --ttl 30s a waiter renews every 15s, not
-// 10s: idle queues cost a third less (issue 17's 200 idle waiters).
+// 10s: idle queues cost a third less (200 idle waiters renew about 13
+// times a second instead of 20).
 func WaitPeriod(ttl, every time.Duration) time.Duration {
 	return max(every, min(ttl-10*time.Second, ttl/2))
 }

@@ -41,7 +41,8 @@ type Holder struct {
 	PgidStart uint64   `json:"pgid_start,omitempty"` // start time of the group leader
 	Argv      []string `json:"argv,omitempty"`
 	Label     string   `json:"label,omitempty"`
-	// URL is where the job comes from: its CI run (docs/leases.md §2.1 item 11).
+	// URL is where the job comes from: its CI run's page (slotctl run --url,
+	// else the CI's own variables), shown by ls -o wide.
 	URL string `json:"url,omitempty"`
 }
 
@@ -300,10 +301,10 @@ type Event struct {
 	Held   time.Duration `json:"held,omitempty"`
 }
 
-// Counts are a limit's counters since it was created (SPEC §2.8): kept in the
-// store beside its tickets and updated by Add in the same step as the event
-// they count, so they never go backwards and never depend on the event
-// log's pruning. Removing a limit removes its counts.
+// Counts are a limit's counters since it was created (docs/leases.md
+// §2.8): kept in the store beside its tickets and updated by Add in the
+// same step as the event they count, so they never go backwards and never
+// depend on the event log's pruning. Removing a limit removes its counts.
 type Counts struct {
 	Limit         string    `json:"limit"`
 	Admitted      uint64    `json:"admitted"`
@@ -440,8 +441,8 @@ type Store interface {
 	Counts(ctx context.Context, limits ...string) ([]Counts, error)
 
 	// Resize sets the weight of held ticket t (same id and fence) toward
-	// weight, in one step, and returns the ticket as it now is (SPEC §2.10,
-	// docs/leases.md §2.1 item 12). Shrinking always happens: it frees the
+	// weight, in one step, and returns the ticket as it now is
+	// (docs/leases.md §2.1 item 12). Shrinking always happens: it frees the
 	// ticket's highest indexes in each of its limits and promotes waiters.
 	// Growing takes only what is free in every one of its limits while no
 	// ticket waits in any of them (waiters go first), so the weight may end

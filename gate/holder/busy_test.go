@@ -13,7 +13,7 @@ import (
 
 // TestWaitRunOutLeavesBusy: a run not admitted within its --wait (or at
 // once, with --wait 0) leaves the queue as busy, not cancelled: the event
-// and the limit's counts tell "gave up" from "full" (SPEC §2.8).
+// and the limit's counters tell "gave up" from "full" (docs/leases.md §2.8).
 func TestWaitRunOutLeavesBusy(t *testing.T) {
 	for name, wait := range map[string]time.Duration{"no wait": 0, "wait runs out": 5 * time.Second} {
 		t.Run(name, func(t *testing.T) {

@@ -162,7 +162,7 @@ type runner struct {
 	// renewed is the newest answer of a renewal while the ticket waits:
 	// the wait takes it as its read of the ticket, so that a waiter's
 	// renewals are its polls too (one store operation per renewal period,
-	// not two; issue 19's idle waiters).
+	// not two: all an idle waiter costs is its renewals).
 	renewed atomic.Pointer[store.Ticket]
 	// seenAt is when the read of the entry's ticket that the wait holds
 	// began: its Remaining was read after it.
@@ -279,8 +279,8 @@ func Run(ctx context.Context, cfg Config) Outcome {
 			// ring, or supervise reads the ticket again for nothing (a whole
 			// store open). Taken after the start, so that the bell's reader
 			// has had time to pass it on. A stop request that shares the
-			// ring is heard at the next renewal at the latest, the bound of
-			// §2.1 item 10 (startLease's onRenew).
+			// ring is heard at the next renewal at the latest, the bound a
+			// --replace promises (startLease's onRenew).
 			select {
 			case <-r.entry.Bell():
 			default:
@@ -358,7 +358,8 @@ func (r *runner) startLease(ctx context.Context, t store.Ticket, sent time.Durat
 			r.renewed.Store(&nt)
 			r.entry.Nudge()
 		case nt.State == store.Held && nt.Stop != nil:
-			// Asked to stop (§2.1 item 10): heard at the next renewal at the latest.
+			// Asked to stop by a newer run of its key (--replace): heard
+			// at the next renewal at the latest.
 			r.entry.Nudge()
 		}
 		if c := r.child.Load(); c != nil {
@@ -547,7 +548,8 @@ func supersededBy(err error) (store.Successor, bool) {
 }
 
 // superseded ends a wait whose ticket a newer run took the place of: the
-// store removed it already, so there is nothing to leave (§2.1 item 10).
+// store removed it already, in the newer run's enqueue, so there is
+// nothing to leave.
 func (r *runner) superseded(t store.Ticket, by store.Successor, err error) Outcome {
 	if r.lease != nil {
 		r.lease.Stop()
@@ -557,9 +559,9 @@ func (r *runner) superseded(t store.Ticket, by store.Successor, err error) Outco
 }
 
 // leave removes a ticket that was never admitted, and returns out: as
-// cancelled, as busy when the wait ran out (store.Busy: Cancel that the
-// limit's counts tell apart, SPEC §2.8), or as lost when the wait ended in
-// a loss.
+// cancelled, as busy when the wait ran out (store.Busy: a Cancel that the
+// limit's counters count as busy, not as cancelled), or as lost when the
+// wait ended in a loss.
 func (r *runner) leave(ctx context.Context, out Outcome) Outcome {
 	if r.lease != nil {
 		r.lease.Stop()
@@ -655,7 +657,7 @@ func (r *runner) supervise(ctx context.Context, c Child, t store.Ticket, cancelJ
 	// endC is the command's exit, then the end of the whole job.
 	endC, draining := c.Exited(), false
 	// The bell stays open while the job runs: a newer run of the key that
-	// asks it to stop rings it (§2.1 item 10), and so do renewals that
+	// asks it to stop (--replace) rings it, and so do renewals that
 	// carry the request (a nudge).
 	var bellC, nudgeC <-chan struct{}
 	if r.entry != nil {

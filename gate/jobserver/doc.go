@@ -1,5 +1,5 @@
 // Package jobserver makes the slots of a job's ticket the tokens of a GNU
-// make jobserver (SPEC §2.10, docs/leases.md §2.1 item 12): a build gets one
+// make jobserver (docs/leases.md §2.1 item 12): a build gets one
 // token for each slot its ticket holds beyond the first, so several builds —
 // on one host, or on etcd across a farm — share one budget of parallel jobs.
 //

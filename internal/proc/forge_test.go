@@ -13,7 +13,7 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-// docs/leases.md §4.5, issue 12 item 6: a member edits another member's ticket so
+// docs/leases.md §4.5: a member edits another member's ticket so
 // that its supervisor pid names a pid not in use (and its group hints point
 // anywhere). The job still runs under its live supervisor, whose pid and
 // start time its own processes carry (SLOTCTL_SUPERVISOR): nothing is

@@ -267,8 +267,8 @@ func TestDeadNoChildStarted(t *testing.T) {
 	}
 	// Held without a recorded group (the supervisor died in the job's first
 	// 50ms): every process that could be the job's is read, and none
-	// carries the ticket, so it is dead at once (issue 13; before, the TTL
-	// decided).
+	// carries the ticket, so it is dead at once (not at the end of its
+	// TTL).
 	for _, act := range []bool{false, true} {
 		ev, dead := owner.Dead(ticket(store.Held, pid, start, 0, 0), act)
 		// Every process on the machine is read: one whose environment

@@ -20,7 +20,7 @@ import (
 )
 
 // The packaged reaper runs as a system user of the store's group with only
-// CAP_KILL, CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH (issue 12). These tests
+// CAP_KILL, CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH. These tests
 // run proc.Dead in such a process (this test binary, TestReaperHelper, under
 // setpriv as attacktest's Reaper) on the jobs of another member, Bob: proof
 // of death and the orphan kill must work with exactly those capabilities,
@@ -184,8 +184,7 @@ func TestNonRootReaperProvesDeathAndKillsOrphan(t *testing.T) {
 			t.Errorf("live job judged: %s", v)
 		}
 	}
-	// Alice forges Bob's ticket: its supervisor pid a gone one (issue 12
-	// item 6). The reaper with the packaged capabilities can read and kill
+	// Alice forges Bob's ticket: its supervisor pid a gone one. The reaper with the packaged capabilities can read and kill
 	// Bob's processes; it must not.
 	gone, goneStart := gonePid(t)
 	forged := b.ticket("bobs")

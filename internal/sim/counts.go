@@ -7,7 +7,7 @@ import (
 )
 
 // counted checks S22 after a step that called the store: no counter of any
-// limit went back (SPEC §2.8; the simulation never removes a limit).
+// limit went back (docs/leases.md §2.8; the simulation never removes a limit).
 func (m *model) counted() {
 	cs, err := m.s.checker.Counts(m.s.ctx)
 	if err != nil {

@@ -2,14 +2,13 @@
 
 package boltstore
 
-// The attack suite of docs/leases.md §4.5 for the files of a bbolt store (issue 12,
-// items 1, 2, 3, 4, 7 and 9): a member of the store's group (Alice) prepares
-// an attack in a 2770 and in a 3770 directory, and a victim uses the store
-// through this package's API: root (this test process), and Bob, another
-// member (this very test binary, run as Bob in its helper mode). Nothing
-// outside the store may be created, changed, chmodded or deleted, an
-// operation on a hostile store fails with exit 69 naming the file, and
-// nothing hangs.
+// The attack suite of docs/leases.md §4.5 for the files of a bbolt store:
+// a member of the store's group (Alice) prepares an attack in a 2770 and
+// in a 3770 directory, and a victim uses the store through this package's
+// API: root (this test process), and Bob, another member (this very test
+// binary, run as Bob in its helper mode). Nothing outside the store may
+// be created, changed, chmodded or deleted, an operation on a hostile
+// store fails with exit 69 naming the file, and nothing hangs.
 
 import (
 	"context"

@@ -27,8 +27,8 @@ func mustCounts(t testing.TB, s *Store, limit string) store.Counts {
 }
 
 // Past store.MaxEvents events the log forgets its oldest, and the counts
-// still count every run, never going back, through a reopen too (SPEC
-// §2.8). Real runs are logged first, then the log is filled up behind them
+// still count every run, never going back, through a reopen too
+// (docs/leases.md §2.8). Real runs are logged first, then the log is filled up behind them
 // straight in the file (5,000 real runs take ~15s), then more real runs
 // push the first ones out of the log. The conformance case
 // CountsSurvivePruning does it with real runs only on the stores that log

@@ -6,7 +6,7 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-// bucketCounts holds each limit's counters (SPEC §2.8, docs/leases.md §2.8):
+// bucketCounts holds each limit's counters (docs/leases.md §2.8):
 // limit name -> countsRec, written in the transaction of every event the
 // limit logs (txn.count) and deleted with the limit. A file without the
 // bucket (the previous format, or no event yet) reads as zero counts.

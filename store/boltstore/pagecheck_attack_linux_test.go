@@ -19,7 +19,7 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-// TestAttackHostilePages is issue 12's item 5 as an attack: Alice, a member
+// TestAttackHostilePages is a hostile store file as an attack: Alice, a member
 // of the store's group, rewrites the page structure of the shared store file
 // with her own write access; root (as the reaper, `ls` and completion run)
 // and Bob, another member, then use the store. Each of them must get

@@ -7,7 +7,8 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-// errTODO marks what issue 16 and issue 18 are building; nothing may land with it.
+// errTODO is the error of an operation not built yet: no code that returns
+// it may be merged.
 var errTODO = errors.New("not built yet")
 
 // Counts implements [store.Store].

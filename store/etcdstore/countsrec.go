@@ -13,7 +13,7 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-// Counters (SPEC §2.8, docs/leases.md §2.8): P/counts/<limit> holds the
+// Counters (docs/leases.md §2.8): P/counts/<limit> holds the
 // limit's store.Counts, without a lease (like its limit key). Every plan
 // that logs an event of the limit reads the key with the limit's state (at
 // the plan's revision), adds the event (plan.count) and writes it back in

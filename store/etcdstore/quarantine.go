@@ -25,11 +25,11 @@ package etcdstore
 //
 // Only an election makes a stale leader, so a lease that vanishes in the
 // term it was granted in is a real expiry: the slot comes back within the
-// TTL (SPEC §4.2). After an election, a crashed holder's slot on another
-// host comes back within two TTLs (one more for each election meanwhile);
-// so does one whose lease a member granted before it heard of the current
-// leader (it answers with its older term), which errs on the side of the
-// hold.
+// TTL, as a crashed holder's must. After an election, a crashed holder's
+// slot on another host comes back within two TTLs (one more for each
+// election meanwhile); so does one whose lease a member granted before it
+// heard of the current leader (it answers with its older term), which errs
+// on the side of the hold.
 //
 // A record that names a Hold was written by an earlier release, which kept
 // a held ticket's slot keys only, on a hold its holder could not take

@@ -62,7 +62,7 @@ func stateOf(t *testing.T, st *etcdstore.Store, id string) store.Ticket {
 // for as long as it renews, a waiter keeps its place, and a release (or
 // the hold's expiry, when nobody takes it over) hands the slot on. Without
 // an election, the same revoke is an expiry and frees the slot at once
-// (SPEC §4.2). Without the hold, the waiter was admitted at the first sweep
+// (docs/leases.md §4.2). Without the hold, the waiter was admitted at the first sweep
 // after the revoke: two jobs in one slot; without the takeover, the
 // holder's renewal was a loss, and the job was stopped (exit 76) though
 // its slot never left it.

@@ -11,7 +11,7 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-// The counters (SPEC §2.8, docs/leases.md §2.8): each limit's counts of
+// The counters (docs/leases.md §2.8): each limit's counts of
 // events by kind and its wait and hold histograms, kept beside its tickets
 // and updated in the step of every event it logs, so that they agree with
 // the log, never go backwards, survive a restart and the log's pruning,

@@ -1508,7 +1508,7 @@ var mutants = map[string][]string{
 	"cancel-as-released":       {"CancelWaiting", "CancelPromoted"},
 	"cancel-waiting-only":      {"CancelPromoted"},
 	"cancel-missing-frees":     {"CancelWaiting", "CancelPromoted"},
-	// Counters (SPEC §2.8): counts.go.
+	// Counters (docs/leases.md §2.8): counts.go.
 	"counts-admitted-twice":   {"CountsEachKindOnce"},
 	"counts-racy":             {"CountsConcurrent"},
 	"counts-first-limit-only": {"CountsEveryLimit"},

@@ -15,7 +15,7 @@ import (
 // max-waiting, and the stop request a replace leaves in the held ticket.
 
 // reqK is a request for a ticket of key in limits (created with slots),
-// whose holder has its own pid and a CI URL (§2.1 item 11), so that a
+// whose holder has its own pid and a CI URL (Holder.URL), so that a
 // successor naming the wrong run is seen.
 func (s *suite) reqK(name string, limits []string, slots int, key string) store.EnqueueRequest {
 	r := s.reqM(name, limits, 0, slots)

@@ -11,7 +11,7 @@ import (
 )
 
 // The cases of a held ticket whose weight changes (Store.Resize,
-// docs/leases.md §2.1 item 12, SPEC §2.10): a shrink frees its highest
+// docs/leases.md §2.1 item 12): a shrink frees its highest
 // indexes and promotes waiters in the same step; a growth takes the lowest
 // free indexes, only what is free in every one of its limits, never past a
 // limit's size and never while a ticket waits in one of them; the weight is

@@ -176,7 +176,7 @@ var cases = []struct {
 	{"ResizeKept", testResizeKept, false},
 	{"ResizeEvents", testResizeEvents, false},
 	{"ConcurrentResize", testConcurrentResize, false},
-	// Counters (SPEC §2.8) and store.Busy: counts.go.
+	// Counters (docs/leases.md §2.8) and store.Busy: counts.go.
 	{"CountsEachKindOnce", testCountsEachKind, false},
 	{"CountsEveryLimit", testCountsEveryLimit, false},
 	{"CountsSurviveRestart", testCountsSurviveRestart, false},

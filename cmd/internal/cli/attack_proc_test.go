@@ -2,7 +2,7 @@
 
 package cli
 
-// Attack tests of docs/leases.md §4.5 for the job a reaper may kill (issue 12 item 6):
+// Attack tests of docs/leases.md §4.5 for the job a reaper may kill:
 // real slotctl processes run as throwaway members of a shared store's group
 // (internal/attacktest), the attacker's part done by a process of the
 // attacker's own uid.

@@ -148,6 +148,10 @@ func TestCommandBadInput(t *testing.T) {
 		{"log a/b", `limit "a/b": ` + name},
 		{"completion tcsh", `shell "tcsh": want bash, zsh, fish or powershell; see 'slotctl completion --help'`},
 		{"frobnicate", `unknown command "frobnicate" for "slotctl"; see 'slotctl --help'`},
+		// cobra's suggestions come on lines of their own after a tab: words here, never a literal \t.
+		{"lss", `unknown command "lss" for "slotctl": did you mean ls or log?; see 'slotctl --help'`},
+		{"rn", `unknown command "rn" for "slotctl": did you mean run or ls?; see 'slotctl --help'`},
+		{"limits", `unknown command "limits" for "slotctl": did you mean limit?; see 'slotctl --help'`},
 		{"run --limit x --ttl soon -- true", `--ttl "soon": want a duration such as 30s, 5m or 1h30m; see 'slotctl run --help'`},
 		{"run --limit a --limit b --limit a -- true", `--limit "a" given twice: name each limit once`},
 		{"run --limit a -l b/c -- true", `--limit "b/c": ` + name},
@@ -172,6 +176,9 @@ func TestCommandBadInput(t *testing.T) {
 			}
 			if want := "slotctl: " + c.line + "\n"; errOut.String() != want {
 				t.Errorf("stderr:\n got %q\nwant %q", errOut, want)
+			}
+			if strings.Contains(errOut.String(), `\t`) || strings.Contains(errOut.String(), "\t") {
+				t.Errorf("stderr has a tab, escaped or not: %q", errOut)
 			}
 			if out.Len() != 0 {
 				t.Errorf("stdout: %q", out)

@@ -14,7 +14,7 @@ import (
 // output must not depend on the machine's config file or environment.
 func noPreRun(*cobra.Command, []string) error { return nil }
 
-// CompletionOptions are slotctl completion's flags and argument (docs/leases.md §2.7).
+// CompletionOptions are slotctl completion's flags and argument.
 type CompletionOptions struct {
 	Shell          string // bash, zsh, fish or powershell
 	Output         string // "" or "-": standard output
@@ -32,6 +32,10 @@ func newCompletionCmd(f *Factory, runF func(*CompletionOptions) error) *cobra.Co
 		Use:   "completion bash|zsh|fish|powershell",
 		Short: "Print the shell completion script for bash, zsh, fish or PowerShell",
 		Long: `Print the shell's completion script to standard output, or to FILE with -o.
+Completion covers commands, flags, limit names and ticket ids. The deb and
+rpm packages install the bash, zsh and fish scripts; with go install or an
+archive, put it where your shell looks for it (see the examples).`,
+		Annotations: manPage(`Print the shell's completion script to standard output, or to FILE with -o.
 Completion covers commands, flags, limit names (from the store and the config
 file) and ticket ids (from the store).
 
@@ -50,10 +54,11 @@ shells look for them; with go install or an archive, set it up yourself:
 EXIT STATUS
   0    written
   64   unknown shell or bad flag
-  73   FILE cannot be written`,
+  73   FILE cannot be written`),
 		Example: `  source <(slotctl completion bash)
   slotctl completion zsh -o "${fpath[1]}/_slotctl"
-  slotctl completion fish --no-descriptions -o ~/.config/fish/completions/slotctl.fish`,
+  slotctl completion fish --no-descriptions -o ~/.config/fish/completions/slotctl.fish
+  slotctl completion powershell | Out-String | Invoke-Expression`,
 		ValidArgs:         completionShells,
 		PersistentPreRunE: noPreRun,
 		Args: func(cmd *cobra.Command, args []string) error {

@@ -10,8 +10,8 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-// The admission estimate of run's waiting line ("3rd in queue, ~4m", SPEC
-// §2.9): from the limit's recent hold times, read once a waiting line is
+// The admission estimate of run's waiting line ("3rd in queue, ~4m"): from
+// the limit's recent hold times, read once a waiting line is
 // shown (never on the uncontended path) and again at most every
 // estimateRefresh while it is.
 const (

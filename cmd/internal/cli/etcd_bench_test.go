@@ -237,7 +237,7 @@ func handoff(t *testing.T, dir string, env []string, run func(string, ...string)
 	return time.Duration(ptReadInt(t, p("start")) - ptReadInt(t, p("end")))
 }
 
-// TestCompareEtcdLs is SPEC §8's inspection goal on etcd: the whole
+// TestCompareEtcdLs is docs/leases.md §8's inspection goal on etcd: the whole
 // `slotctl-etcd ls -o json` over 10,000 live tickets across 100 limits (2
 // held, 98 waiting each), whose leases another handle granted and keeps,
 // median of SLOTCTL_BENCH_RUNS (default 15) after one that warms up:

@@ -58,9 +58,8 @@ type Factory struct {
 	// ExitAfterMain: the process exits as soon as Main returns (the two
 	// mains), so run leaves its signal handlers in place rather than
 	// undoing them: signal.Stop hands each of its seven signals to the
-	// runtime's signal-mask thread and back, about 0.5 ms of a run -- true
-	// (issue 19). Tests that call Main many times in one process leave it
-	// false.
+	// runtime's signal-mask thread and back, about 0.5 ms of a run -- true.
+	// Tests that call Main many times in one process leave it false.
 	ExitAfterMain bool
 
 	viper *viper.Viper // made fresh for each Main

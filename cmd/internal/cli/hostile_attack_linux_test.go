@@ -14,7 +14,7 @@ import (
 	"github.com/slotctl/slotctl/internal/attacktest"
 )
 
-// TestAttackHostileCommandLine (issue 12 item 8), as a member does it: in a
+// TestAttackHostileCommandLine, as a member does it: in a
 // shared 2770 store, Alice runs a job whose command line clears the screen,
 // sets the terminal's title and carries a line of forged reaper output; her
 // slotctl dies. Root's reaper (its stdout is the journal) and root's ls and

@@ -1,6 +1,6 @@
 package cli
 
-// Hostile text in the store (issue 12 item 8, docs/leases.md §4.5): a member of a
+// Hostile text in the store (docs/leases.md §4.5): a member of a
 // shared store's group can write any label, host, user or command line into
 // a ticket, and an older or hostile writer any bytes into any record. None
 // of it may reach root's terminal or the reaper's journal as anything but

@@ -6,7 +6,7 @@ import (
 	"github.com/slotctl/slotctl/internal/proc"
 )
 
-// The child's environment (docs/leases.md §2.1 item 4, §4.5, §6).
+// The child's environment (docs/leases.md §2.1, §4.5, §6).
 //
 // slotctl run exports SLOTCTL_STORE, the store it runs under, to its child.
 // That variable also configures slotctl, and the exported value must not

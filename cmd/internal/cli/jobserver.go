@@ -12,8 +12,8 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-// defaultJobserverStyle is the pipe style, although SPEC §2.10 names the
-// fifo: GNU make 4.3 (Debian 12, Ubuntu 22.04 and 24.04) stops at once on a
+// defaultJobserverStyle is the pipe style, not the newer fifo style: GNU
+// make 4.3 (Debian 12, Ubuntu 22.04 and 24.04) stops at once on a
 // fifo ("invalid --jobserver-auth string"), while every make since 4.2 and
 // cargo's jobserver crate read the pipe style (README, "Jobserver").
 const defaultJobserverStyle = string(jobserver.Pipe)
@@ -94,7 +94,7 @@ func (c *jobservedChild) Close() {
 }
 
 // cpus is how many CPUs this process may run on: the bound of a build's
-// jobs unless --jobserver-max says otherwise (docs/leases.md §2.10).
+// jobs unless --jobserver-max says otherwise (docs/leases.md §2.1 item 12).
 func (f *Factory) cpus() int {
 	if f.CPUs != nil {
 		return f.CPUs()

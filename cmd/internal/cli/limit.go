@@ -10,7 +10,7 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-// LimitSetOptions are slotctl limit set's arguments (docs/leases.md §2.4).
+// LimitSetOptions are slotctl limit set's arguments.
 type LimitSetOptions struct {
 	Name  string
 	Slots int
@@ -41,12 +41,11 @@ func newLimitCmd(f *Factory, g *globalOptions, runFs limitRunFs) *cobra.Command 
 		Short: "Create, resize, list and remove limits",
 		Long: `Create, resize, list and remove limits. A limit is a named pool of slots;
 slotctl run also creates the limits it is asked for (with --slots, else the
-config file's limits.NAME, else 1 slot).
-
-EXIT STATUS
+config file's limits.NAME, else 1 slot).`,
+		Annotations: manPage(`EXIT STATUS
   0    done
   64   unknown subcommand, bad name or slot count, or no such limit
-  69   the store cannot be opened or reached`,
+  69   the store cannot be opened or reached`),
 		Example: `  slotctl limit set build 2
   slotctl limit ls
   slotctl limit rm old-build`,
@@ -71,12 +70,11 @@ func newLimitSetCmd(f *Factory, g *globalOptions, runF func(*LimitSetOptions) er
 
 0 slots pauses the limit: nobody new is admitted. Shrinking never evicts a
 holder: new admissions wait until fewer than SLOTS are held. Growing admits
-waiters at once.
-
-EXIT STATUS
+waiters at once.`,
+		Annotations: manPage(`EXIT STATUS
   0    the limit has SLOTS slots
   64   bad name or slot count
-  69   the store cannot be opened or reached`,
+  69   the store cannot be opened or reached`),
 		Example: `  slotctl limit set build 4
   slotctl limit set deploy 0   # pause deploys`,
 		Args: func(cmd *cobra.Command, args []string) error {
@@ -125,12 +123,11 @@ func newLimitLsCmd(f *Factory, g *globalOptions, runF func(*LimitLsOptions) erro
 	cmd := &cobra.Command{
 		Use:   "ls [NAME...]",
 		Short: "List limits: slots, held, waiting",
-		Long: `List limits with their slots and how many tickets hold and wait.
-
-EXIT STATUS
+		Long:  `List limits with their slots and how many tickets hold and wait.`,
+		Annotations: manPage(`EXIT STATUS
   0    listed
   64   bad flag, or no such limit
-  69   the store cannot be opened or reached`,
+  69   the store cannot be opened or reached`),
 		Example: `  slotctl limit ls
   slotctl limit ls -o json | jq '.limits[] | select(.waiting > 0) | .name'`,
 		ValidArgsFunction: f.completeLimits,
@@ -177,12 +174,11 @@ func newLimitRmCmd(f *Factory, g *globalOptions, runF func(*LimitRmOptions) erro
 		Long: `Remove a limit. A limit that still has tickets is refused unless --force,
 which removes its tickets too (their holders find out at their next renewal).
 Its counters (slotctl metrics) go with it: a limit made again under the same
-name counts from zero.
-
-EXIT STATUS
+name counts from zero.`,
+		Annotations: manPage(`EXIT STATUS
   0    removed
   64   no such limit, or it has tickets and --force was not given
-  69   the store cannot be opened or reached`,
+  69   the store cannot be opened or reached`),
 		Example: `  slotctl limit rm old-build`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) != 1 {

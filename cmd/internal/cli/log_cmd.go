@@ -12,7 +12,7 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-// LogOptions are slotctl log's flags and argument (docs/leases.md §2.6).
+// LogOptions are slotctl log's flags and argument.
 type LogOptions struct {
 	N      int    // how many of the newest events
 	Output string // table or json
@@ -25,6 +25,9 @@ func newLogCmd(f *Factory, g *globalOptions, runF func(*LogOptions) error) *cobr
 		Use:   "log [LIMIT]",
 		Short: "Show the store's event log: admitted, released, reaped, lost",
 		Long: `Show the newest events of the store's log, oldest first: admitted, released,
+cancelled, busy, reaped (with the evidence), force-released, lost and kept.
+The store keeps the newest 10,000 events.`,
+		Annotations: manPage(`Show the newest events of the store's log, oldest first: admitted, released,
 cancelled (gave up waiting), busy (not admitted before --wait ran out), reaped
 (with the evidence), force-released (by an operator), lost (a holder that
 presumed its lease lost) and, on etcd, kept (a ticket kept under a hold after
@@ -35,7 +38,7 @@ also gives how long each admitted ticket waited and each removed holder held
 EXIT STATUS
   0    shown
   64   bad flag or limit name
-  69   the store cannot be opened or reached`,
+  69   the store cannot be opened or reached`),
 		Example: `  # which job held backup all night, and when did it go away?
   slotctl log backup -n 50
   slotctl log -o json | jq -r 'select(.kind == "reaped") | .evidence'`,

@@ -14,7 +14,7 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-// LsOptions are slotctl ls's flags and arguments (docs/leases.md §2.2).
+// LsOptions are slotctl ls's flags and arguments.
 type LsOptions struct {
 	Output string        // table, wide or json
 	Watch  time.Duration // 0: draw once
@@ -27,6 +27,10 @@ func newLsCmd(f *Factory, g *globalOptions, runF func(*LsOptions) error) *cobra.
 		Use:   "ls [LIMIT...]",
 		Short: "Show limits, who holds their slots and who waits",
 		Long: `Show the limits (slots, held, waiting, paused) and their tickets: held first,
+then the waiters in queue order. -o wide shows whole commands and where each
+run comes from, -o json a stable schema for scripts; --watch redraws on every
+change.`,
+		Annotations: manPage(`Show the limits (slots, held, waiting, paused) and their tickets: held first,
 then the waiters in queue order. A ticket whose lease has expired but that no
 admission or reap has removed yet shows as expired.
 
@@ -41,7 +45,7 @@ time a ticket or limit changes.
 EXIT STATUS
   0    shown
   64   bad flag, or no such limit
-  69   the store cannot be opened or reached`,
+  69   the store cannot be opened or reached`),
 		Example: `  slotctl ls
   slotctl ls build -o wide
   slotctl ls --watch
@@ -307,8 +311,8 @@ type ticketJSON struct {
 	// Quiet: a waiter of the bbolt store not yet in line, which renews
 	// nothing (its process is its proof of life), added to version 1.
 	Quiet bool `json:"quiet"`
-	// Newer runs first (docs/leases.md §2.1 items 10 and 11), added to
-	// version 1: "" for a run without --key or a URL.
+	// Newer runs first (docs/leases.md §2.1 item 10) and the CI URL, added
+	// to version 1: "" for a run without --key or a URL.
 	Key      string         `json:"key"`
 	URL      string         `json:"url"`
 	Stop     *successorJSON `json:"stop"`     // a held ticket a newer run asked to stop; else null

@@ -92,6 +92,12 @@ func genManPages(root *cobra.Command, dir string, date time.Time) error {
 // turns hyphenation back on in groff, sets groff's HY register so that the
 // end of an example (.EE) does not turn it on again, and adds ".ad l"
 // (ragged right): flag names and paths read badly when split or spread out.
+// It also drops the blank lines go-md2man leaves between paragraphs and
+// tagged paragraphs, except in examples: in roff a blank line is a break
+// and a blank line of its own, so that each .PP and .TP after one began
+// with two; and writes each non-ASCII character as a groff escape
+// (\[u00B1]), since man and groff read a page as Latin-1 unless told
+// otherwise: "±" would come out as "Â±".
 func fixManPage(path string) error {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -102,16 +108,44 @@ func fixManPage(path string) error {
 	if !ok || !strings.HasPrefix(th, ".TH ") {
 		return fmt.Errorf("%s: no .TH line where go-md2man puts it", path)
 	}
-	return os.WriteFile(path, []byte(th+"\n.nr HY 0\n.nh\n.ad l\n"+rest), 0o644)
+	out := []string{th, ".nr HY 0", ".nh", ".ad l"}
+	example := false
+	for _, line := range strings.Split(rest, "\n") {
+		switch {
+		case line == ".EX":
+			example = true
+		case line == ".EE":
+			example = false
+		case line == "" && !example:
+			continue
+		}
+		out = append(out, roffASCII(line))
+	}
+	return os.WriteFile(path, []byte(strings.Join(out, "\n")+"\n"), 0o644)
+}
+
+// roffASCII writes each non-ASCII character of s as groff's \[uXXXX].
+func roffASCII(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if r < 0x80 {
+			b.WriteRune(r)
+		} else {
+			fmt.Fprintf(&b, `\[u%04X]`, r)
+		}
+	}
+	return b.String()
 }
 
 // prepareForMan rewrites the tree's help for the man pages (the process
 // exits after writing them). cobra's pages put DESCRIPTION first and then
 // the flags as tab-indented paragraphs; here each page gets the sections of
-// man-pages(7) in their usual order, all in its Long: DESCRIPTION, OPTIONS
-// and GLOBAL OPTIONS as tagged paragraphs (with the argument's name and the
-// default), EXIT STATUS from the Long's plain-text block, then ENVIRONMENT
-// and FILES where the command has them. cobra adds EXAMPLE and SEE ALSO.
+// man-pages(7) in their usual order, all in its Long: DESCRIPTION (the man
+// annotation's, else the Long: help.go), OPTIONS and GLOBAL OPTIONS as
+// tagged paragraphs (with the argument's name and the default), the root's
+// STORE OPTIONS, EXIT STATUS from the annotation's plain-text block, then
+// ENVIRONMENT and FILES where the command has them. cobra adds EXAMPLE
+// (with the annotation's examples) and SEE ALSO.
 func prepareForMan(root *cobra.Command) {
 	var all []*cobra.Command
 	var walk func(*cobra.Command)
@@ -127,14 +161,23 @@ func prepareForMan(root *cobra.Command) {
 	longs := make([]string, len(all))
 	for i, c := range all {
 		c.InitDefaultHelpFlag()
-		desc, exit := splitExitStatus(c.Long)
+		desc, exit, examples := manSections(c)
 		if desc == "" {
 			desc = c.Short
 		}
+		if examples != "" {
+			c.Example = strings.TrimRight(c.Example, "\n") + "\n\n" + strings.TrimRight(examples, "\n")
+		}
 		var b strings.Builder
 		b.WriteString(manText(desc))
-		writeManFlags(&b, "OPTIONS", c.NonInheritedFlags())
-		writeManFlags(&b, "GLOBAL OPTIONS", c.InheritedFlags())
+		// The --etcd-* flags are the root page's STORE OPTIONS only.
+		writeManFlags(&b, "OPTIONS", "", flagsWhere(c.NonInheritedFlags(), notStoreFlag))
+		if c.HasParent() {
+			writeManFlags(&b, "GLOBAL OPTIONS", "", flagsWhere(c.InheritedFlags(), notStoreFlag))
+			b.WriteString("\nThe etcd store's own options (**--etcd-**...): STORE OPTIONS in **slotctl**(1).\n")
+		} else if topic := storeTopicOf(c); topic != nil {
+			writeManFlags(&b, "STORE OPTIONS", manText(topic.Long), flagsWhere(c.NonInheritedFlags(), isStoreFlag))
+		}
 		if exit != "" {
 			b.WriteString("\n# EXIT STATUS\n" + manExitStatus(exit))
 		}
@@ -157,30 +200,35 @@ func prepareForMan(root *cobra.Command) {
 	}
 }
 
-// splitExitStatus cuts a Long at its "EXIT STATUS" line.
-func splitExitStatus(long string) (desc, exit string) {
-	before, after, ok := strings.Cut(long, "\nEXIT STATUS\n")
-	if !ok {
-		return long, ""
-	}
-	return strings.TrimRight(before, "\n"), after
-}
-
 // exitLine is one line of an EXIT STATUS block: "  64   usage error".
 var exitLine = regexp.MustCompile(`^\s*([0-9]+(?:\s*/\s*[0-9]+)?)\s{2,}(.*)$`)
 
-// manExitStatus turns the plain-text EXIT STATUS block of a Long into a
-// tagged paragraph per code; other lines are paragraphs.
+// manExitStatus turns the plain-text EXIT STATUS block of a command into a
+// tagged paragraph per code. A line indented further than the codes
+// ("       disagrees with the limit") goes on with the code above it; other
+// lines are paragraphs of their own.
 func manExitStatus(block string) string {
-	var b strings.Builder
+	type entry struct{ code, text string }
+	var entries []entry
 	for _, line := range strings.Split(block, "\n") {
-		if strings.TrimSpace(line) == "" {
-			continue
+		text := strings.TrimSpace(line)
+		last := len(entries) - 1
+		switch m := exitLine.FindStringSubmatch(line); {
+		case text == "":
+		case m != nil:
+			entries = append(entries, entry{strings.Join(strings.Fields(m[1]), " "), m[2]})
+		case last >= 0 && entries[last].code != "" && strings.HasPrefix(line, "    "):
+			entries[last].text += " " + text
+		default:
+			entries = append(entries, entry{"", text})
 		}
-		if m := exitLine.FindStringSubmatch(line); m != nil {
-			fmt.Fprintf(&b, "**%s**\n: %s\n\n", strings.Join(strings.Fields(m[1]), " "), mdEscape(m[2]))
+	}
+	var b strings.Builder
+	for _, e := range entries {
+		if e.code != "" {
+			fmt.Fprintf(&b, "**%s**\n: %s\n\n", e.code, mdEscape(e.text))
 		} else {
-			fmt.Fprintf(&b, "%s\n\n", mdEscape(strings.TrimSpace(line)))
+			fmt.Fprintf(&b, "%s\n\n", mdEscape(e.text))
 		}
 	}
 	return b.String()
@@ -217,9 +265,33 @@ var manArgNames = map[string]string{
 	"on-lost": "kill|continue", "output": "FORMAT", "n": "N", "slots": "N", "weight": "N", "busy-exit-code": "CODE",
 }
 
+// storeTopicOf is root's help topic 'store' (help.go), nil if none.
+func storeTopicOf(root *cobra.Command) *cobra.Command {
+	for _, c := range root.Commands() {
+		if c.Name() == "store" && c.IsAdditionalHelpTopicCommand() {
+			return c
+		}
+	}
+	return nil
+}
+
+func notStoreFlag(fl *pflag.Flag) bool { return !isStoreFlag(fl) }
+
+// flagsWhere is the flags of fs that keep says to keep.
+func flagsWhere(fs *pflag.FlagSet, keep func(*pflag.Flag) bool) *pflag.FlagSet {
+	out := pflag.NewFlagSet(fs.Name(), pflag.ContinueOnError)
+	fs.VisitAll(func(fl *pflag.Flag) {
+		if keep(fl) {
+			out.AddFlag(fl)
+		}
+	})
+	return out
+}
+
 // writeManFlags writes flags as a titled section of tagged paragraphs:
 // "-l, --limit NAME" and the usage, with the default if it says something.
-func writeManFlags(b *strings.Builder, title string, flags *pflag.FlagSet) {
+// The section begins with intro, markdown, if not empty.
+func writeManFlags(b *strings.Builder, title, intro string, flags *pflag.FlagSet) {
 	var items []string
 	flags.VisitAll(func(fl *pflag.Flag) {
 		if fl.Hidden || fl.Deprecated != "" || fl.Name == "help" {
@@ -261,7 +333,11 @@ func writeManFlags(b *strings.Builder, title string, flags *pflag.FlagSet) {
 	if len(items) == 0 {
 		return
 	}
-	b.WriteString("\n# " + title + "\n" + strings.Join(items, "\n"))
+	b.WriteString("\n# " + title + "\n")
+	if intro != "" {
+		b.WriteString(intro + "\n")
+	}
+	b.WriteString(strings.Join(items, "\n"))
 }
 
 // orderedItem is the start of a line that markdown reads as a numbered list.

@@ -10,7 +10,7 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-// MetricsOptions are slotctl metrics's flags and arguments (SPEC §2.8).
+// MetricsOptions are slotctl metrics's flags and arguments.
 type MetricsOptions struct {
 	Limits   []string
 	Textfile string // "": stdout
@@ -22,6 +22,10 @@ func newMetricsCmd(f *Factory, g *globalOptions, runF func(*MetricsOptions) erro
 		Use:   "metrics [LIMIT...]",
 		Short: "Print the limits' gauges, counters and histograms for Prometheus",
 		Long: `Print the store's state in the Prometheus text exposition format: per limit
+its gauges (slots, held, waiting, paused, oldest waiter and holder), counters
+of runs by outcome, and histograms of wait and hold times. --textfile writes
+it atomically, for node_exporter's textfile collector.`,
+		Annotations: manPage(`Print the store's state in the Prometheus text exposition format: per limit
 its slots, held slots, waiting tickets, whether it is paused, and the age of
 its oldest waiter and oldest holder (gauges); how many runs were admitted,
 released, cancelled, busy (not admitted within --wait), superseded, replaced,
@@ -41,7 +45,7 @@ The packaged slotctl-metrics.timer does that every minute.
 EXIT STATUS
   0    written
   64   bad flag or limit name, no such limit, or --textfile cannot be written
-  69   the store cannot be opened or reached`,
+  69   the store cannot be opened or reached`),
 		Example: `  slotctl metrics
   slotctl metrics build --textfile /var/lib/prometheus/node-exporter/slotctl.prom
   slotctl metrics | promtool check metrics`,

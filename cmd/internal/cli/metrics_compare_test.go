@@ -2,9 +2,9 @@
 
 package cli
 
-// The counters' cost on the uncontended run, before/after (issue 16's
-// goal: at most 5% on `run -- true`, median of 30 interleaved runs), on
-// the comparison harness's helpers (compare_test.go):
+// The counters' cost on the uncontended run, before/after (the goal: at
+// most 5% on `run -- true`, median of 30 interleaved runs), on the
+// comparison harness's helpers (compare_test.go):
 //
 //	SLOTCTL_BENCH=1 go test -tags bench ./cmd/internal/cli -run CountersCost -v
 //	SLOTCTL_BENCH_BEFORE=<git ref> SLOTCTL_BENCH_RUNS=30 ...  # default 1dcad69

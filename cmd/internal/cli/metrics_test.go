@@ -89,14 +89,7 @@ func promtoolCheck(t *testing.T, text []byte) {
 // needPromtool is promtool's path; without it the test skips, or fails under CI.
 func needPromtool(t *testing.T) string {
 	t.Helper()
-	path, err := exec.LookPath("promtool")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("promtool is not installed; .ci/run installs Debian's prometheus package for it")
-		}
-		t.Skip("promtool not installed (apt-get install prometheus); CI requires it")
-	}
-	return path
+	return needTool(t, "promtool", "prometheus")
 }
 
 func TestMetricsEncoding(t *testing.T) {

@@ -11,7 +11,7 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-// ReapOptions are slotctl reap's flags and arguments (docs/leases.md §2.3).
+// ReapOptions are slotctl reap's flags and arguments.
 type ReapOptions struct {
 	DryRun bool
 	Output string // table or json
@@ -24,6 +24,10 @@ func newReapCmd(f *Factory, g *globalOptions, runF func(*ReapOptions) error) *co
 		Use:   "reap [LIMIT...]",
 		Short: "Remove tickets whose lease expired or whose holder is proven dead",
 		Long: `Remove the tickets whose lease has expired, and those whose holder is proven
+dead on this host, then admit the waiters this frees. Prints one line per
+removed ticket with the evidence. Every admission reaps its limit already:
+reap is a safety net, safe to run from many places at once and from a timer.`,
+		Annotations: manPage(`Remove the tickets whose lease has expired, and those whose holder is proven
 dead on this host, then admit the waiters this frees. Prints one line per
 removed ticket with the evidence: "expired 41s ago", "supervisor 4242 gone,
 process group 4243 empty", "previous boot".
@@ -45,7 +49,7 @@ a ticket written back after its job ended kills nobody.
 EXIT STATUS
   0    reap ran (whatever it found)
   64   bad flag, or no such limit
-  69   the store cannot be opened or reached`,
+  69   the store cannot be opened or reached`),
 		Example: `  slotctl reap
   slotctl reap build --dry-run
   slotctl reap -o json | jq -r '.removed[] | "\(.limit) \(.evidence)"'`,

@@ -12,7 +12,7 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-// ReleaseOptions are slotctl release's flags and arguments (docs/leases.md §2.5).
+// ReleaseOptions are slotctl release's flags and arguments.
 type ReleaseOptions struct {
 	Yes     bool // do not ask
 	Force   bool // release a holder alive on this host too
@@ -25,6 +25,10 @@ func newReleaseCmd(f *Factory, g *globalOptions, runF func(*ReleaseOptions) erro
 		Use:   "release TICKET...",
 		Short: "Release a ticket by hand (operator's override)",
 		Long: `Remove a ticket by hand and admit the next waiters. TICKET is a full ticket id
+or a unique prefix of one (slotctl ls shows them). A holder still alive on
+this host is refused unless --force. A dead holder's ticket needs no release:
+slotctl reap removes it, and so does every admission.`,
+		Annotations: manPage(`Remove a ticket by hand and admit the next waiters. TICKET is a full ticket id
 or a unique prefix of one (slotctl ls shows them).
 
 On a terminal slotctl asks first, unless --yes. A holder that is provably
@@ -38,7 +42,7 @@ EXIT STATUS
   0    released (or already gone)
   1    not confirmed at the prompt
   64   no ticket matches, a prefix matches several, or the holder is alive and --force was not given
-  69   the store cannot be opened or reached`,
+  69   the store cannot be opened or reached`),
 		Example: `  slotctl release 3f2a9c1e
   slotctl release --yes 3f2a 77b0`,
 		ValidArgsFunction: f.completeTickets,

@@ -40,12 +40,31 @@ func mainWith(ctx context.Context, args []string, f *Factory, rf runFs) (code in
 	var ee *ExitError
 	if err != nil && !errors.As(err, &ee) && strings.HasPrefix(err.Error(), "unknown command ") {
 		// cobra's own argument errors: a typo in a cron line must not pass as success or as a bug.
-		err = &ExitError{Code: exitUsage, Err: err, Hint: "see 'slotctl --help'"}
+		err = &ExitError{Code: exitUsage, Err: unknownCommand(err), Hint: "see 'slotctl --help'"}
 	}
 	if err != nil {
 		printError(f.IO.ErrOut, err)
 	}
 	return exitCode(err)
+}
+
+// unknownCommand rewrites cobra's "unknown command" error as one line.
+// cobra lists its suggestions on lines of their own, each after a tab
+// ("...\n\nDid you mean this?\n\tls\n\tlog\n"), which the one-line error
+// would show as a literal \t: they become "...: did you mean ls or log?".
+func unknownCommand(err error) error {
+	first, rest, _ := strings.Cut(err.Error(), "\n")
+	var suggestions []string
+	for _, line := range strings.Split(rest, "\n") {
+		line = strings.TrimSpace(line)
+		if line != "" && !strings.HasSuffix(line, "?") { // not "Did you mean this?"
+			suggestions = append(suggestions, line)
+		}
+	}
+	if len(suggestions) == 0 {
+		return errors.New(first)
+	}
+	return fmt.Errorf("%s: did you mean %s?", first, orList(suggestions))
 }
 
 // runFs are the commands' run functions, replaced in tests that check
@@ -72,9 +91,8 @@ func newRootCmdWith(f *Factory, rf runFs) *cobra.Command {
 		Long: `slotctl gates shell jobs, cron jobs and CI steps behind named concurrency limits.
 
 A job asks for a slot, waits its turn, runs, and gives the slot back. When the
-job, its wrapper or its whole machine dies, the slot still comes back.
-
-EXIT STATUS
+job, its wrapper or its whole machine dies, the slot still comes back.`,
+		Annotations: manPage(`EXIT STATUS
   0    success
   64   usage error: bad flag, bad limit name, --slots disagrees with the limit
   69   the store cannot be opened or reached
@@ -84,7 +102,7 @@ EXIT STATUS
   124  run: --max-hold ran out and COMMAND was stopped
   126  run: COMMAND is not executable
   127  run: COMMAND was not found
-  Otherwise run exits with COMMAND's exit status, or 128+N if it was killed by signal N.`,
+  Otherwise run exits with COMMAND's exit status, or 128+N if it was killed by signal N.`),
 		Example: `  slotctl run --limit build --slots 2 -- make -j8
   slotctl limit set backup 1
   slotctl limit ls`,
@@ -115,7 +133,7 @@ EXIT STATUS
 		return &ExitError{Code: exitUsage, Err: err, Hint: fmt.Sprintf("see '%s --help'", cmd.CommandPath())}
 	})
 	pf := root.PersistentFlags()
-	pf.StringVar(&g.Store, "store", "", "store URL: PATH, bolt://PATH or etcd://HOST:PORT[/PREFIX] (env SLOTCTL_STORE)")
+	pf.StringVar(&g.Store, "store", "", "store URL: PATH, bolt://PATH or etcd://HOST:PORT[/PREFIX] (env SLOTCTL_STORE; etcd's own flags: slotctl help store)")
 	pf.StringVar(&g.Config, "config", "", "config file (env SLOTCTL_CONFIG; default $XDG_CONFIG_HOME/slotctl/config.yaml, then /etc/slotctl/config.yaml)")
 	pf.DurationVar(&g.StoreTimeout, "store-timeout", 5*time.Second, "how long to wait for a locked or unreachable store (env SLOTCTL_STORE_TIMEOUT)")
 	pf.BoolVarP(&g.Quiet, "quiet", "q", false, "print only errors")
@@ -124,8 +142,9 @@ EXIT STATUS
 
 	root.AddCommand(newRunCmd(f, g, rf.run), newLsCmd(f, g, rf.ls), newLimitCmd(f, g, rf.limit), newReapCmd(f, g, rf.reap),
 		newReleaseCmd(f, g, rf.release), newLogCmd(f, g, rf.log), newVersionCmd(f, rf.version), newCompletionCmd(f, rf.completion),
-		newMetricsCmd(f, g, rf.metrics), newStatsCmd(f, g, rf.stats))
+		newMetricsCmd(f, g, rf.metrics), newStatsCmd(f, g, rf.stats), newStoreTopic())
 	root.AddCommand(extraCommands()...)
+	setHelp(root)
 	return root
 }
 

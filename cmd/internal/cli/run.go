@@ -42,7 +42,7 @@ type RunOptions struct {
 	Supersede  bool
 	Replace    bool
 	MaxWaiting int
-	// URL is the job's CI run (§2.1 item 11): --url, else the CI's variables.
+	// URL is the job's CI run: --url, else the CI's variables.
 	URL string
 	// Jobserver makes slotctl the child's GNU make jobserver, its tokens
 	// the ticket's extra slots (docs/leases.md §2.1 item 12): in JobserverStyle,
@@ -71,7 +71,14 @@ func newRunCmd(f *Factory, g *globalOptions, runF func(*RunOptions) error) *cobr
 	cmd := &cobra.Command{
 		Use:   "run --limit NAME [--limit NAME...] [flags] -- COMMAND [ARGS...]",
 		Short: "Run a command once a slot of a limit is free",
-		Long: `Run COMMAND once a slot of the limit is free, keeping the slot until it exits.
+		Long: `Run COMMAND once a slot of each --limit is free, and keep the slot until
+COMMAND exits. Runs wait their turn in arrival order. A limit that does not
+exist is created with --slots (else the config file's limits.NAME, else 1).
+Should the job or its machine die, the slot comes back within --ttl.
+
+Exits with COMMAND's status, else 75 when not admitted in time, 76 when the
+lease was lost, 124 when --max-hold ran out, 143 when replaced (--replace).`,
+		Annotations: manPage(`Run COMMAND once a slot of the limit is free, keeping the slot until it exits.
 
 slotctl writes a waiting ticket, waits its turn in arrival order, starts
 COMMAND with SLOTCTL_LIMIT, SLOTCTL_TICKET, SLOTCTL_FENCE, SLOTCTL_SLOT,
@@ -148,7 +155,15 @@ EXIT STATUS
   143  a newer run of the --key asked with --replace to stop COMMAND, and
        it was stopped
   126  COMMAND is not executable
-  127  COMMAND was not found`,
+  127  COMMAND was not found
+
+EXAMPLES
+  # a build slot and a database slot at once; a heavy job takes two of four
+  slotctl run --limit build --limit db -- ./integration-tests
+  slotctl run --limit build --slots 4 --weight 2 -- make -j16
+
+  # deploy: stop the running deploy of this environment and take its place
+  slotctl run --limit deploy --key prod --replace -- ./deploy.sh prod`),
 		Example: `  # at most two builds at once, in arrival order
   slotctl run --limit build --slots 2 -- make -j8
 
@@ -158,18 +173,11 @@ EXIT STATUS
   # CI: wait at most ten minutes for a deploy slot
   slotctl run --limit deploy --wait 10m -- ./deploy.sh
 
-  # a build slot and a database slot at once; a heavy job takes two of four
-  slotctl run --limit build --limit db -- ./integration-tests
-  slotctl run --limit build --slots 4 --weight 2 -- make -j16
-
   # one running, one pending per branch; a newer pending run wins
   slotctl run --limit ci --key "$GITHUB_REF_NAME" --supersede --max-waiting 1 -- make test
 
   # builds share 8 slots of the host's cpu budget: make without -j
-  slotctl run --limit cpu --slots 8 --jobserver -- make
-
-  # deploy: stop the running deploy of this environment and take its place
-  slotctl run --limit deploy --key prod --replace -- ./deploy.sh prod`,
+  slotctl run --limit cpu --slots 8 --jobserver -- make`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return errArgs(cmd, "missing COMMAND: want slotctl run --limit NAME -- COMMAND [ARGS...]")
@@ -202,7 +210,7 @@ EXIT STATUS
 	fl.SetInterspersed(false) // slotctl run --limit x make -j8: -j8 is make's
 	fl.StringArrayVarP(&opts.Limits, "limit", "l", nil, "name of the limit (required; repeat for several, admitted to all at once)")
 	fl.IntVar(&opts.Weight, "weight", 1, "slots the run takes in each of its limits")
-	fl.IntVar(&opts.Slots, "slots", 1, "size of each limit this run creates (default: config limits.NAME, else 1)")
+	fl.IntVar(&opts.Slots, "slots", 1, "size of each limit this run creates, unless the config file's limits.NAME sets it")
 	fl.StringVar(&wait, "wait", "", "give up if not admitted within this duration (default: wait without bound; 0 = do not wait)")
 	fl.BoolVar(&noWait, "no-wait", false, "do not wait: exit 75 at once if no slot is free")
 	fl.IntVar(&opts.BusyExitCode, "busy-exit-code", exitBusy, "exit status when not admitted in time (0 for cron)")
@@ -309,7 +317,7 @@ func (o *RunOptions) resolve(f *Factory, cmd *cobra.Command, wait string, noWait
 
 // resolveNewer checks --key, --supersede, --replace, --max-waiting and
 // --url (docs/leases.md §7: one line naming the input), and fills URL from
-// the CI's variables when --url is not given (§2.1 item 11).
+// the CI's variables when --url is not given.
 func (o *RunOptions) resolveNewer(f *Factory, keySet, urlSet bool) error {
 	if keySet {
 		if o.Key == "" {
@@ -347,9 +355,10 @@ func quoteInput(s string) string {
 	return strconv.Quote(s)
 }
 
-// ciURL is the job's CI run from the CI's own variables, in the order of
-// docs/leases.md §2.1 item 11; "" when there is none or it is not a URL
-// slotctl can record (too long, control characters).
+// ciURL is the job's CI run from the CI's own variables: GitHub Actions',
+// else GitLab's CI_JOB_URL, Buildkite's BUILDKITE_BUILD_URL, Jenkins'
+// BUILD_URL; "" when there is none or it is not a URL slotctl can record
+// (too long, control characters).
 func ciURL(getenv func(string) string) string {
 	url := ""
 	switch {
@@ -477,7 +486,7 @@ func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) er
 }
 
 // jobVars are the SLOTCTL_* variables of a child running under ticket t
-// (docs/leases.md §2.1 items 4 and 9). A nested run that waited only for
+// (docs/leases.md §2.1 and its item 9). A nested run that waited only for
 // some of its limits (held: those its ancestor's ticket anc holds) shows
 // its own ticket, and the ancestor's indexes in the limits it shares.
 func jobVars(limits []string, t, anc store.Ticket, held []string, storeURL string, f *Factory) []string {
@@ -612,7 +621,7 @@ func runNotes(ctx context.Context, f *Factory, log *logger, st store.Store, o *R
 			status.start(sctx, n.Ticket)
 			// A run that waits gives back the memory its start-up used: a
 			// queue of hundreds of waiters costs each one's private pages
-			// (issue 17's 10 MB a waiter).
+			// (the goal is 10 MB a waiter at most, docs/leases.md §8).
 			trim = time.AfterFunc(waitTrimAfter, debug.FreeOSMemory)
 			// One P while it waits: a renewal's goroutines then run on
 			// the thread that woke, not handed to another (about a fifth
@@ -664,7 +673,7 @@ func runNotes(ctx context.Context, f *Factory, log *logger, st store.Store, o *R
 		case holder.ReleaseFailed:
 			log.warn("could not release ticket %s: %v (the slot comes back when its lease expires, within %s)", id, n.Err, o.TTL)
 		case holder.Replaced:
-			log.verbose("%s: stopping %s", replacedBy(n.Ticket.Stop), o.Argv[0]) // the exit says it once (§7: one line)
+			log.verbose("%s: stopping %s", replacedBy(n.Ticket.Stop), o.Argv[0]) // the exit says it once (an error is one line)
 		case holder.AlreadyGone:
 			log.warn("ticket %s was already gone (reaped or released by an operator): this run was not protected by the limit for part of its life", id)
 		}
@@ -721,7 +730,7 @@ func outcomeErr(ctx context.Context, st store.Store, o *RunOptions, limits []str
 }
 
 // nestedTicket finds an ancestor's ticket on some of the run's limits in
-// the same store (docs/leases.md §2.1 items 8 and 9): a nested run must not
+// the same store (docs/leases.md §2.1 and its item 9): a nested run must not
 // wait for its own ancestor. held are the run's limits that ticket holds, in
 // the run's order; the run waits only for the others. The environment only
 // names the ticket — any process can set SLOTCTL_TICKET — so the ticket must
@@ -837,7 +846,7 @@ func replacedBy(s *store.Successor) string {
 }
 
 // queueFullError is a --max-waiting refusal: the limit, its waiting count
-// and the runs holding it (with their URLs, §2.1 item 11).
+// and the runs holding it (with their CI URLs).
 func queueFullError(ctx context.Context, st store.Store, e *store.QueueFullError) error {
 	msg := fmt.Sprintf("limit %q already has %d waiting (--max-waiting %d): not queued", e.Limit, e.Waiting, e.Max)
 	if snap, err := store.Heads(ctx, st, e.Limit); err == nil {
@@ -921,7 +930,7 @@ func multiBusy(what, why string, noWait bool) error {
 }
 
 // heldByURLs is "; held by ID (host H, pid P, URL), ..." for the holders of
-// limits in snap that come from a CI run (docs/leases.md §2.1 item 11), or
+// limits in snap that come from a CI run (Holder.URL), or
 // "" when none does: the busy message points at the run to look at.
 func heldByURLs(snap store.Snapshot, limits []string) string {
 	seen := map[string]bool{}

@@ -16,7 +16,7 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-// StatsOptions are slotctl stats's flags and arguments (SPEC §2.9).
+// StatsOptions are slotctl stats's flags and arguments.
 type StatsOptions struct {
 	Limits []string
 	Since  time.Duration
@@ -32,6 +32,10 @@ func newStatsCmd(f *Factory, g *globalOptions, runF func(*StatsOptions) error) *
 		Use:   "stats [LIMIT...]",
 		Short: "Show how each limit has been used: runs, waits, holds, utilization",
 		Long: `Show what the event log says about each limit over the last --since (24h by
+default): runs admitted; wait and hold times (p50, p95, max); utilization;
+and the runs that did not end as usual. On a terminal a utilization timeline
+per limit follows the table.`,
+		Annotations: manPage(`Show what the event log says about each limit over the last --since (24h by
 default): runs admitted; wait and hold times (p50, p95, max); utilization,
 the slot-seconds held over the slot-seconds available (slots × the window;
 a ticket of weight N holds N slots); and the runs that did not end as
@@ -50,7 +54,7 @@ creation. The utilization uses the limit's size now.
 EXIT STATUS
   0    shown
   64   bad flag or limit name, or no such limit
-  69   the store cannot be opened or reached`,
+  69   the store cannot be opened or reached`),
 		Example: `  slotctl stats
   slotctl stats build --since 7d
   slotctl stats -o json | jq '.limits[] | select(.utilization > 0.9) | .limit'`,

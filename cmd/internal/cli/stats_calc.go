@@ -9,7 +9,7 @@ import (
 )
 
 // limitStats is what the event log says about one limit over a window
-// (SPEC §2.9): its runs, their wait and hold times, how much of its
+// (slotctl stats): its runs, their wait and hold times, how much of its
 // capacity was held, and the runs that did not end normally.
 type limitStats struct {
 	Limit string

@@ -192,7 +192,7 @@ func holders(snap store.Snapshot, pick func(limit string) bool) string {
 		if x.State == store.Held && pick(x.Limit) && !seen[x.ID] {
 			seen[x.ID] = true
 			url := ""
-			if x.Holder.URL != "" { // the CI run behind it (docs/leases.md §2.1 item 11)
+			if x.Holder.URL != "" { // the CI run behind it (run --url, else the CI's variables)
 				url = ", " + store.Printable(x.Holder.URL)
 			}
 			out = append(out, fmt.Sprintf("%s (pid %d on %s, %s%s)", store.Printable(x.Holder.Command()), x.Holder.Pid,

@@ -96,7 +96,8 @@ var etcdFlags = []struct {
 
 // addEtcdFlags registers the --etcd-* flags on a command's flag set (the
 // root's persistent flags). loadConfig gives them precedence over the
-// config file and environment.
+// config file and environment. They are store flags: 'slotctl help store'
+// lists them, the other help pages leave them out (help.go).
 func addEtcdFlags(fs *pflag.FlagSet) {
 	for _, fl := range etcdFlags {
 		if fl.isBool {
@@ -104,6 +105,7 @@ func addEtcdFlags(fs *pflag.FlagSet) {
 		} else {
 			fs.String("etcd-"+fl.name, "", fl.usage)
 		}
+		_ = fs.SetAnnotation("etcd-"+fl.name, storeFlagAnnotation, []string{"etcd"})
 	}
 }
 

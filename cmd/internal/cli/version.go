@@ -70,10 +70,9 @@ func newVersionCmd(f *Factory, runF func(*VersionOptions) error) *cobra.Command 
 		Long: `Print slotctl's version, the commit it was built from, the build date and
 the Go version, as slotctl --version does. A release build has them stamped
 in; a binary built with go install reports the module version and what the
-Go toolchain recorded.
-
-EXIT STATUS
-  0    printed`,
+Go toolchain recorded.`,
+		Annotations: manPage(`EXIT STATUS
+  0    printed`),
 		Example: `  slotctl version
   slotctl --version`,
 		Args: cobra.NoArgs,
@@ -90,7 +89,7 @@ EXIT STATUS
 
 // pseudoVersionTail is the end of a Go pseudo-version: -/.yyyymmddhhmmss-rev.
 // Compiled on first use, not at start-up: every command computes the
-// version string, and a release build never needs it (issue 19).
+// version string, and a release build never needs it.
 var pseudoVersionTail = sync.OnceValue(func() *regexp.Regexp {
 	return regexp.MustCompile(`[-.](\d{14})-([0-9a-f]{12})(\+incompatible)?$`)
 })

@@ -1,10 +1,10 @@
-// Package promtext writes slotctl's metrics (SPEC §2.8) in the Prometheus
+// Package promtext writes slotctl's metrics (slotctl metrics) in the Prometheus
 // text exposition format.
 //
 // It is linked into slotctl-etcd only, never into slotctl (cmd/slotctl),
 // which hands `slotctl metrics` to slotctl-etcd: protobuf's init, which
 // client_model brings, would cost every run about 0.25 ms of start-up
-// (issue 19; README "Metrics and stats").
+// (README "Metrics and stats").
 package promtext
 
 import (

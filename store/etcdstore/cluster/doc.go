@@ -1,5 +1,5 @@
 // Package cluster is slotctl's robustness suite on a real three-member etcd
-// cluster (issue 17): its tests start three etcd members on loopback as
+// cluster: its tests start three etcd members on loopback as
 // separate processes (the test binary re-executed as an embedded member, so
 // that SIGSTOP and SIGKILL hit one member only), run real slotctl-etcd jobs
 // through faults (a member paused past the TTL, the leader killed and
