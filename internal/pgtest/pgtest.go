@@ -89,9 +89,16 @@ var mainCalled atomic.Bool
 // outlive the tests, testguard would kill it and fail the run. The directory of a killed binary's server (data, socket)
 // is removed by the next server start (sweep), with its System V shared
 // memory segment.
-func Main(m *testing.M) {
+func Main(m *testing.M) { os.Exit(testguard.Main(Run(m))) }
+
+// Run is Main for a TestMain that calls testguard.Main itself:
+//
+//	code := testguard.Main(pgtest.Run(m))
+//
+// The server URL started is stopped when m's tests are done.
+func Run(m *testing.M) testguard.M {
 	mainCalled.Store(true)
-	os.Exit(testguard.Main(runThenStop{m}))
+	return runThenStop{m}
 }
 
 // runThenStop stops the server inside testguard's Run: testguard then
@@ -444,7 +451,7 @@ func start(initdb, postgres string) (_ *server, err error) {
 		"-c", "fsync=off",
 		"-c", "synchronous_commit=off",
 		"-c", "full_page_writes=off",
-		"-c", "max_connections=300", // stores under test may hold a connection per waiter
+		"-c", "max_connections=1000", // every slotctl process holds two: a step's and its LISTEN
 	)
 	cmd.Dir, cmd.Env, cmd.Stdout, cmd.Stderr = dir, env, log, log
 	cmd.SysProcAttr = procAttr(cred)

@@ -46,7 +46,7 @@ func Open(ctx context.Context, rawURL string, o Options) (*policy.Store, error) 
 	if err != nil {
 		return nil, fmt.Errorf("%w: store %s: %v", store.ErrInvalid, redact(rawURL), err)
 	}
-	cfg.MaxConns = 2 // a step and a read; a handle's steps take turns
+	cfg.MaxConns = 1 // with the listener, two per process: a handle's steps take turns
 	cfg.MinConns = 0
 	timeout := o.Timeout
 	if timeout <= 0 {

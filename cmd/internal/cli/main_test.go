@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/slotctl/slotctl/internal/guard"
+	"github.com/slotctl/slotctl/internal/pgtest"
 	"github.com/slotctl/slotctl/internal/testguard"
 )
 
@@ -35,7 +36,7 @@ func TestMain(m *testing.M) {
 	}
 	testSlotctl.dir = dir
 	os.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
-	code := testguard.Main(m)
+	code := testguard.Main(pgtest.Run(m)) // pgtest: the PostgreSQL scripts' server, stopped after the tests
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
