@@ -15,17 +15,20 @@ import (
 )
 
 // newBackend opens a store on a new database whose clock the test moves:
-// every handle reads the server's clock plus the shared offset (and its
-// own skew), so that leases run out without waiting.
+// every handle reads a clock that stands still but for Advance (plus its
+// own skew), so that what a case asserts about leases does not depend on
+// how fast a loaded machine runs it. TestServerClockJudges checks the
+// server's own clock.
 func newBackend(t *testing.T, judge store.Judge) storetest.Backend {
 	return newBackendAt(t, judge, testURL(t))
 }
 
 func newBackendAt(t *testing.T, judge store.Judge, url string) storetest.Backend {
 	var offset atomic.Int64
+	base := time.Now()
 	open := func(skew time.Duration) store.Store {
 		st, err := pgstore.Open(context.Background(), url, pgstore.Options{Judge: judge,
-			Skew: func() time.Duration { return time.Duration(offset.Load()) + skew }})
+			Now: func() time.Time { return base.Add(time.Duration(offset.Load()) + skew) }})
 		if err != nil {
 			t.Fatalf("pgstore.Open: %v", err)
 		}
@@ -62,10 +65,11 @@ func newLegacy(t *testing.T) storetest.Backend {
 		t.Fatal(err)
 	}
 	conn := connect(t, be.Store.String())
-	var now time.Time
-	if err := conn.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&now); err != nil {
+	snap, err := be.Store.Snapshot(ctx)
+	if err != nil {
 		t.Fatal(err)
 	}
+	now := snap.Now // the store's clock
 	for i, id := range storetest.LegacyIDs {
 		r := policy.Rec{ID: id, Limit: storetest.LegacyLimit, State: store.Held, Fence: uint64(i + 1), Slot: i,
 			TTL: 10 * time.Second, DeadlineBoot: "postgres", DeadlineMono: time.Duration(now.UnixNano()) + 10*time.Second,

@@ -101,3 +101,54 @@ func TestLockTimeout(t *testing.T) {
 		t.Fatalf("Get after a refused enqueue: %v, want not found", err)
 	}
 }
+
+// The server's clock judges leases, not the client's: a store opened
+// without a test clock reads the server's clock_timestamp(), and a lease
+// runs out by it.
+func TestServerClockJudges(t *testing.T) {
+	url := testURL(t)
+	ctx := context.Background()
+	st := open(t, url, pgstore.Options{})
+	conn := connect(t, url)
+	var before, after time.Time
+	if err := conn.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := st.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&after); err != nil {
+		t.Fatal(err)
+	}
+	if snap.Now.Before(before) || snap.Now.After(after) {
+		t.Fatalf("the store's clock read %v, outside the server's %v .. %v", snap.Now, before, after)
+	}
+	r := req("short", "c")
+	r.TTL = time.Second
+	tk, err := st.Enqueue(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tk.State != store.Held || tk.Remaining <= 0 || tk.Remaining > time.Second {
+		t.Fatalf("Enqueue: %s with %v left, want held with at most 1s", tk.State, tk.Remaining)
+	}
+	// Wait until the server's clock is past the deadline, by its own reading.
+	for {
+		var now time.Time
+		if err := conn.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&now); err != nil {
+			t.Fatal(err)
+		}
+		if now.After(after.Add(1100 * time.Millisecond)) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	rm, err := st.Reap(ctx, store.ReapOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rm) != 1 || rm[0].Ticket.ID != "short" {
+		t.Fatalf("Reap after the lease ran out by the server's clock: %v, want ticket short removed", rm)
+	}
+}
