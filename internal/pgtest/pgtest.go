@@ -638,3 +638,38 @@ func startChild(cmd *exec.Cmd) (done <-chan error, err error) {
 	}
 	return waited, nil
 }
+
+// NewDB is URL for goroutines other than the test's (a test's workers): it
+// returns an error rather than failing the test, and needs the server up
+// already (a URL call on the test's goroutine starts it, or skips the test
+// when there is none). The database is dropped at t's cleanup.
+func NewDB(t testing.TB) (string, error) {
+	s := theSrvIfUp()
+	if s == nil {
+		return "", errors.New("pgtest: NewDB before the server was started by URL")
+	}
+	name := dbName(t.Name())
+	ctx, cancel := context.WithTimeout(context.Background(), opWithin)
+	defer cancel()
+	if err := s.exec(ctx, s.createSQL(name)); err != nil {
+		return "", fmt.Errorf("pgtest: creating database %s: %v%s", name, err, s.diagnosis())
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), opWithin)
+		defer cancel()
+		if err := s.drop(ctx, name); err != nil {
+			t.Errorf("pgtest: dropping database %s: %v%s", name, err, s.diagnosis())
+		}
+	})
+	return s.dbURL(name), nil
+}
+
+// theSrvIfUp is the server once the first URL call started it, else nil.
+func theSrvIfUp() *server {
+	var s *server
+	once.Do(func() {}) // waits for a start in progress; starts nothing
+	if startErr == nil {
+		s = theSrv
+	}
+	return s
+}

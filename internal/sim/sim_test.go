@@ -14,6 +14,7 @@ import (
 
 	"github.com/slotctl/slotctl/internal/longtest"
 	"github.com/slotctl/slotctl/internal/mutation"
+	"github.com/slotctl/slotctl/internal/pgtest"
 	"github.com/slotctl/slotctl/internal/sim"
 	"github.com/slotctl/slotctl/renew"
 	"github.com/slotctl/slotctl/store"
@@ -27,7 +28,10 @@ var (
 	flagFaults = flag.String("faults", "all", "TestSim: fault kinds, comma-separated, or all or none")
 	flagMut    = flag.String("mutations", "", "TestSim: bugs to switch on, comma-separated (see internal/mutation)")
 	flagTrace  = flag.Bool("simtrace", false, "TestSim: print every step of a -seed run")
+	flagStore  = flag.String("store", "", "TestSim: the store, bolt or postgres (default bolt; env SLOTCTL_SIM_STORE)")
 )
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // Defaults: go test ./... runs 24 seeds (about 12,000 steps, seconds); the
 // long suite (SLOTCTL_LONG=1, .ci/run) runs longSeeds, at least 100,000
@@ -64,7 +68,25 @@ func config(t *testing.T) sim.Config {
 	if steps == 0 {
 		steps = envInt(t, "SLOTCTL_SIM_STEPS", defaultSteps)
 	}
-	return sim.Config{Steps: steps, Faults: faults, Mutations: muts}
+	return sim.Config{Steps: steps, Faults: faults, Mutations: muts, Backend: simStore(t)}
+}
+
+// simStore is the store the runs use: -store or SLOTCTL_SIM_STORE, bolt
+// (nil: the default) or postgres (a new database per run).
+func simStore(t *testing.T) sim.NewBackend {
+	kind := *flagStore
+	if kind == "" {
+		kind = os.Getenv("SLOTCTL_SIM_STORE")
+	}
+	switch kind {
+	case "", "bolt":
+		return nil
+	case "postgres":
+		pgtest.URL(t) // starts the server on the test's goroutine, or skips
+		return sim.NewPostgres(func(string) (string, error) { return pgtest.NewDB(t) })
+	}
+	t.Fatalf("store %q: want bolt or postgres", kind)
+	return nil
 }
 
 // dirs hands out store directories under one temp dir: t.TempDir per run
