@@ -121,12 +121,15 @@ func setHelp(root *cobra.Command) {
 func newStoreTopic() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "store",
-		Short: "Where the leases are kept; the flags for an etcd store's TLS, credentials and timeouts",
+		Short: "Where the leases are kept (a file, etcd, PostgreSQL); the flags for an etcd store's TLS, credentials and timeouts",
 		Long: `The store holds the limits and their tickets. --store names it, else
 SLOTCTL_STORE, else the config file's store:
   PATH, bolt://PATH    a bbolt file, for the jobs of one host
   etcd://HOST:PORT[,HOST:PORT...][/PREFIX]
                        an etcd cluster, for the jobs of many hosts
+  postgres://USER@HOST/DB[?sslmode=...]
+                       a PostgreSQL database, for the jobs of many hosts;
+                       the password from PGPASSWORD or ~/.pgpass
 The default is /var/lib/slotctl/slots.db if /var/lib/slotctl exists, else
 $XDG_STATE_HOME/slotctl/slots.db.
 

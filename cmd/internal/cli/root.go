@@ -133,7 +133,7 @@ job, its wrapper or its whole machine dies, the slot still comes back.`,
 		return &ExitError{Code: exitUsage, Err: err, Hint: fmt.Sprintf("see '%s --help'", cmd.CommandPath())}
 	})
 	pf := root.PersistentFlags()
-	pf.StringVar(&g.Store, "store", "", "store URL: PATH, bolt://PATH or etcd://HOST:PORT[/PREFIX] (env SLOTCTL_STORE; etcd's own flags: slotctl help store)")
+	pf.StringVar(&g.Store, "store", "", "store URL: PATH, bolt://PATH, etcd://HOST:PORT[/PREFIX] or postgres://USER@HOST/DB (env SLOTCTL_STORE; more: slotctl help store)")
 	pf.StringVar(&g.Config, "config", "", "config file (env SLOTCTL_CONFIG; default $XDG_CONFIG_HOME/slotctl/config.yaml, then /etc/slotctl/config.yaml)")
 	pf.DurationVar(&g.StoreTimeout, "store-timeout", 5*time.Second, "how long to wait for a locked or unreachable store (env SLOTCTL_STORE_TIMEOUT)")
 	pf.BoolVarP(&g.Quiet, "quiet", "q", false, "print only errors")
