@@ -46,6 +46,10 @@ func Open(ctx context.Context, rawURL string, o Options) (*policy.Store, error) 
 	if err != nil {
 		return nil, fmt.Errorf("%w: store %s: %v", store.ErrInvalid, redact(rawURL), err)
 	}
+	// A slotctl process sends each statement a few times at most: one
+	// round trip each (parameters typed by their Go types) rather than a
+	// prepare first.
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
 	cfg.MaxConns = 1 // with the listener, two per process: a handle's steps take turns
 	cfg.MinConns = 0
 	timeout := o.Timeout
@@ -269,26 +273,16 @@ func (b *backend) ensureSchema(ctx context.Context) error {
 	if b.schemaOK {
 		return nil
 	}
-	var n int
-	err := b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE tablename = 'slotctl_events' AND schemaname = current_schema()`).Scan(&n)
-	if err != nil {
-		return b.unavailable(err)
-	}
-	if n == 0 {
-		tx, err := b.pool.Begin(ctx)
-		if err != nil {
-			return b.unavailable(err)
-		}
-		defer tx.Rollback(context.WithoutCancel(ctx))
-		if _, err := tx.Exec(ctx, schema); err != nil {
-			return b.unavailable(err)
-		}
-		if err := tx.Commit(ctx); err != nil {
-			return b.unavailable(err)
-		}
-	}
 	var format int64
-	if err := b.pool.QueryRow(ctx, `SELECT v FROM slotctl_meta WHERE k = 'format'`).Scan(&format); err != nil {
+	err := b.pool.QueryRow(ctx, `SELECT v FROM slotctl_meta WHERE k = 'format'`).Scan(&format)
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "42P01" { // undefined_table: a new store
+		err = b.create(ctx)
+		if err == nil {
+			err = b.pool.QueryRow(ctx, `SELECT v FROM slotctl_meta WHERE k = 'format'`).Scan(&format)
+		}
+	}
+	if err != nil {
 		return b.unavailable(err)
 	}
 	if format != formatVersion {
@@ -299,3 +293,16 @@ func (b *backend) ensureSchema(ctx context.Context) error {
 }
 
 const formatVersion = 1
+
+// create makes the tables of a new store.
+func (b *backend) create(ctx context.Context) error {
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if _, err := tx.Exec(ctx, schema); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}

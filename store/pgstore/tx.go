@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -31,10 +32,17 @@ type ptx struct {
 	now   policy.Instant
 	err   error // a failure where the interface has no error to return
 
-	rings  []string
-	logged bool
-	tombed bool
+	rings []string
+	// prune: a log passed a multiple of pruneEvery, so the step trims it.
+	pruneEvents, pruneTombs bool
+	// limits and counts read or written in this step (nil: absent).
+	limits map[string]*policy.LimitRec
+	counts map[string]store.Counts
+	dirty  map[string]bool // counts to write at the end
 }
+
+// pruneEvery is how often (in log entries) a step trims a log to its bound.
+const pruneEvery = 64
 
 var _ policy.Tx = (*ptx)(nil)
 
@@ -96,9 +104,16 @@ func (t *ptx) LimitNames() ([]string, error) {
 }
 
 func (t *ptx) Limit(name string) (policy.LimitRec, bool, error) {
+	if l, ok := t.limits[name]; ok {
+		if l == nil {
+			return policy.LimitRec{}, false, nil
+		}
+		return *l, true, nil
+	}
 	var raw []byte
 	err := t.tx.QueryRow(t.ctx, `SELECT rec FROM slotctl_limits WHERE name = $1`, name).Scan(&raw)
 	if errors.Is(err, pgx.ErrNoRows) {
+		t.cacheLimit(name, nil)
 		return policy.LimitRec{}, false, nil
 	}
 	if err != nil {
@@ -112,7 +127,17 @@ func (t *ptx) Limit(name string) (policy.LimitRec, bool, error) {
 	if err := l.Check(); err != nil {
 		return l, false, corrupt(what, err)
 	}
+	t.cacheLimit(name, &l)
 	return l, true, nil
+}
+
+// cacheLimit remembers what this step read or wrote of a limit: the lock
+// row keeps every other step from changing it meanwhile.
+func (t *ptx) cacheLimit(name string, l *policy.LimitRec) {
+	if t.limits == nil {
+		t.limits = map[string]*policy.LimitRec{}
+	}
+	t.limits[name] = l
 }
 
 func (t *ptx) PutLimit(name string, l policy.LimitRec) error {
@@ -121,6 +146,7 @@ func (t *ptx) PutLimit(name string, l policy.LimitRec) error {
 	}
 	_, err := t.tx.Exec(t.ctx, `INSERT INTO slotctl_limits (name, rec) VALUES ($1, $2::jsonb)
 		ON CONFLICT (name) DO UPDATE SET rec = EXCLUDED.rec`, name, encode(l))
+	t.cacheLimit(name, &l)
 	return t.failed(err)
 }
 
@@ -131,6 +157,9 @@ func (t *ptx) DeleteLimit(name string) error {
 	if _, err := t.tx.Exec(t.ctx, `DELETE FROM slotctl_limits WHERE name = $1`, name); err != nil {
 		return t.fail(err)
 	}
+	t.cacheLimit(name, nil)
+	delete(t.counts, name)
+	delete(t.dirty, name)
 	_, err := t.tx.Exec(t.ctx, `DELETE FROM slotctl_counts WHERE name = $1`, name)
 	return t.failed(err)
 }
@@ -265,9 +294,10 @@ func (t *ptx) PutTomb(id string, tb policy.Tomb) error {
 	if err := t.readOnly(); err != nil {
 		return err
 	}
-	t.tombed = true
-	_, err := t.tx.Exec(t.ctx, `INSERT INTO slotctl_tombs (id, at, rec) VALUES ($1, $2, $3::jsonb)
-		ON CONFLICT (id) DO UPDATE SET rec = EXCLUDED.rec, at = EXCLUDED.at`, id, tb.Wall, encode(tb))
+	var seq int64
+	err := t.tx.QueryRow(t.ctx, `INSERT INTO slotctl_tombs (id, at, rec) VALUES ($1, $2, $3::jsonb)
+		ON CONFLICT (id) DO UPDATE SET rec = EXCLUDED.rec, at = EXCLUDED.at RETURNING seq`, id, tb.Wall, encode(tb)).Scan(&seq)
+	t.pruneTombs = t.pruneTombs || seq%pruneEvery == 0
 	return t.failed(err)
 }
 
@@ -275,15 +305,27 @@ func (t *ptx) Log(e store.Event) error {
 	if err := t.readOnly(); err != nil {
 		return err
 	}
-	t.logged = true
 	// The record carries the row's sequence number.
-	_, err := t.tx.Exec(t.ctx, `WITH s AS (SELECT nextval(pg_get_serial_sequence('slotctl_events', 'seq')) AS n)
-		INSERT INTO slotctl_events (seq, name, rec) SELECT n, $1, jsonb_set($2::jsonb, '{seq}', to_jsonb(n)) FROM s`,
-		e.Limit, encode(e))
+	var seq int64
+	err := t.tx.QueryRow(t.ctx, `WITH s AS (SELECT nextval(pg_get_serial_sequence('slotctl_events', 'seq')) AS n)
+		INSERT INTO slotctl_events (seq, name, rec) SELECT n, $1, jsonb_set($2::jsonb, '{seq}', to_jsonb(n)) FROM s RETURNING seq`,
+		e.Limit, encode(e)).Scan(&seq)
+	t.pruneEvents = t.pruneEvents || seq%pruneEvery == 0
 	return t.failed(err)
 }
 
 func (t *ptx) Counts(limit string) (store.Counts, error) {
+	if c, ok := t.counts[limit]; ok {
+		return c, nil
+	}
+	c, err := t.readCounts(limit)
+	if err == nil {
+		t.cacheCounts(c)
+	}
+	return c, err
+}
+
+func (t *ptx) readCounts(limit string) (store.Counts, error) {
 	var raw []byte
 	err := t.tx.QueryRow(t.ctx, `SELECT rec FROM slotctl_counts WHERE name = $1`, limit).Scan(&raw)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -306,13 +348,25 @@ func (t *ptx) Counts(limit string) (store.Counts, error) {
 	return c, nil
 }
 
+func (t *ptx) cacheCounts(c store.Counts) {
+	if t.counts == nil {
+		t.counts = map[string]store.Counts{}
+	}
+	t.counts[c.Limit] = c
+}
+
+// PutCounts implements policy.Tx. The counters are written once, when the
+// step ends: a step that logs several events of a limit counts each.
 func (t *ptx) PutCounts(c store.Counts) error {
 	if err := t.readOnly(); err != nil {
 		return err
 	}
-	_, err := t.tx.Exec(t.ctx, `INSERT INTO slotctl_counts (name, rec) VALUES ($1, $2::jsonb)
-		ON CONFLICT (name) DO UPDATE SET rec = EXCLUDED.rec`, c.Limit, encode(c))
-	return t.failed(err)
+	t.cacheCounts(c)
+	if t.dirty == nil {
+		t.dirty = map[string]bool{}
+	}
+	t.dirty[c.Limit] = true
+	return nil
 }
 
 func (t *ptx) Ring(r policy.Rec) { t.rings = append(t.rings, r.ID) }
@@ -321,6 +375,13 @@ func (t *ptx) Gone(r policy.Rec) { t.rings = append(t.rings, r.ID) }
 // finish ends a writing step: the wake-ups, delivered by the server only if
 // it commits, and the logs pruned to their bounds.
 func (t *ptx) finish() error {
+	for _, name := range slices.Sorted(maps.Keys(t.dirty)) {
+		c := t.counts[name]
+		if _, err := t.tx.Exec(t.ctx, `INSERT INTO slotctl_counts (name, rec) VALUES ($1, $2::jsonb)
+			ON CONFLICT (name) DO UPDATE SET rec = EXCLUDED.rec`, c.Limit, encode(c)); err != nil {
+			return t.fail(err)
+		}
+	}
 	if len(t.rings) > 0 {
 		slices.Sort(t.rings)
 		ids := slices.Compact(t.rings)
@@ -328,12 +389,12 @@ func (t *ptx) finish() error {
 			return t.fail(err)
 		}
 	}
-	if t.logged {
+	if t.pruneEvents {
 		if _, err := t.tx.Exec(t.ctx, `DELETE FROM slotctl_events WHERE seq <= (SELECT max(seq) FROM slotctl_events) - $1`, store.MaxEvents); err != nil {
 			return t.fail(err)
 		}
 	}
-	if t.tombed {
+	if t.pruneTombs {
 		if _, err := t.tx.Exec(t.ctx, `DELETE FROM slotctl_tombs WHERE at < $1 OR seq <= (SELECT max(seq) FROM slotctl_tombs) - $2`,
 			t.now.Wall.Add(-tombstoneAge), maxTombstones); err != nil {
 			return t.fail(err)
