@@ -155,10 +155,16 @@ func (b *backend) Update(ctx context.Context, fn func(policy.Tx) error) error {
 		return b.unavailable(err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	if _, err := tx.Exec(ctx, `SELECT v FROM slotctl_meta WHERE k = 'lock' FOR UPDATE`); err != nil {
+	var v int64
+	if err := tx.QueryRow(ctx, `SELECT v FROM slotctl_meta WHERE k = 'lock' FOR UPDATE`).Scan(&v); err != nil {
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) && pe.Code == "55P03" { // lock_not_available: lock_timeout ran out
 			return &store.LockTimeoutError{Path: b.name, Waited: b.timeout}
+		}
+		if errors.Is(err, pgx.ErrNoRows) {
+			// Without its lock row no step would exclude another: refuse
+			// every write rather than admit two jobs to one slot.
+			return fmt.Errorf("%w: %s: the lock row of slotctl_meta is missing", store.ErrCorrupt, b.name)
 		}
 		return b.unavailable(err)
 	}

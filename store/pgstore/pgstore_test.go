@@ -152,3 +152,46 @@ func TestServerClockJudges(t *testing.T) {
 		t.Fatalf("Reap after the lease ran out by the server's clock: %v, want ticket short removed", rm)
 	}
 }
+
+// Whoever shares the store may delete the lock row: no step may then go
+// ahead unexcluded. Every write is refused as a corrupt store, naming it.
+func TestMissingLockRowRefusesWrites(t *testing.T) {
+	url := testURL(t)
+	ctx := context.Background()
+	st := open(t, url, pgstore.Options{})
+	if _, err := st.SetLimit(ctx, "p", 1); err != nil {
+		t.Fatal(err)
+	}
+	conn := connect(t, url)
+	if _, err := conn.Exec(ctx, `DELETE FROM slotctl_meta WHERE k = 'lock'`); err != nil {
+		t.Fatal(err)
+	}
+	_, err := st.Enqueue(ctx, req("unlocked", "p"))
+	if !errors.Is(err, store.ErrCorrupt) || !strings.Contains(err.Error(), "lock row") {
+		t.Fatalf("Enqueue without the lock row: %v, want ErrCorrupt naming the lock row", err)
+	}
+}
+
+// A row whose columns and record disagree (a ticket listed under a limit
+// its record does not name) is refused as corrupt, never acted on.
+func TestForgedTicketRowRefused(t *testing.T) {
+	url := testURL(t)
+	ctx := context.Background()
+	st := open(t, url, pgstore.Options{})
+	if _, err := st.Enqueue(ctx, req("real", "p")); err != nil {
+		t.Fatal(err)
+	}
+	conn := connect(t, url)
+	if _, err := conn.Exec(ctx, `UPDATE slotctl_tickets SET limits = ARRAY['p', 'q'] WHERE id = 'real'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Snapshot(ctx, "p"); !errors.Is(err, store.ErrCorrupt) {
+		t.Fatalf("Snapshot with a forged row: %v, want ErrCorrupt", err)
+	}
+	if _, err := conn.Exec(ctx, `UPDATE slotctl_tickets SET limits = ARRAY['p'], rec = jsonb_set(rec, '{holder,pid}', '-5') WHERE id = 'real'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Get(ctx, "real"); !errors.Is(err, store.ErrCorrupt) {
+		t.Fatalf("Get of a ticket with a negative pid: %v, want ErrCorrupt", err)
+	}
+}
