@@ -36,7 +36,7 @@ admission or reap has removed yet shows as expired.
 
 On a terminal the tables are coloured and fit its width (long commands are
 cut with an ellipsis; -o wide shows them whole); piped, or with NO_COLOR, they
-are plain aligned text. -o json is a stable schema for scripts (see README).
+are plain aligned text. -o json is a stable schema for scripts (docs/ls.md).
 
 --watch redraws whenever the store changes, and at least every INTERVAL
 (default 1s), until interrupted. Off a terminal it prints a new snapshot each
@@ -277,7 +277,7 @@ func human(d time.Duration) string {
 	return s
 }
 
-// lsJSON is the schema of ls -o json, version 1 (documented in the README).
+// lsJSON is the schema of ls -o json, version 1 (documented in docs/ls.md).
 type lsJSON struct {
 	SchemaVersion int          `json:"schema_version"`
 	Store         string       `json:"store"`

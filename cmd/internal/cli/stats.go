@@ -45,7 +45,7 @@ On a terminal a utilization timeline per limit follows the table, one cell
 per interval of the window, scaled to the terminal's width, from ▁ (a few
 slots held) to █ (every slot held): a glance shows when a limit is the
 bottleneck. Piped, the table alone, as plain aligned text. -o json is a
-stable schema for scripts (see README).
+stable schema for scripts (docs/metrics.md).
 
 The store keeps the newest 10,000 events: when the log is full, a window
 starts at its oldest event; a limit's window starts no earlier than its
@@ -233,7 +233,7 @@ func drawTimeline(w io.Writer, stats []limitStats, from, to time.Time, width int
 	return nil
 }
 
-// statsJSON is the schema of stats -o json, version 1 (documented in the README).
+// statsJSON is the schema of stats -o json, version 1 (documented in docs/metrics.md).
 type statsJSON struct {
 	SchemaVersion int              `json:"schema_version"`
 	Store         string           `json:"store"`
