@@ -11,7 +11,7 @@ type view struct {
 	// when one is full, paused or shrunk below its holders).
 	free int
 	// waiting: a ticket waits in one of the limits. Nobody grows then
-	// (store.PlanResize: waiters go first).
+	// (policy.PlanResize: waiters go first).
 	waiting bool
 	// need is how many slots the head waiter of one of the limits still
 	// lacks there (its weight less the free slots): what to give back for

@@ -301,7 +301,7 @@ func TestMapCheckCatchesFakes(t *testing.T) {
 			t.Errorf("`%s` passes the map check", fake)
 		}
 	}
-	for _, real := range []string{"step.settle", "store.PlanSettle", "gate/holder.Run", "store/boltstore", "store/boltstore/txn.go", "txn.go", "--limit", "slotctl run"} {
+	for _, real := range []string{"step.settle", "policy.PlanSettle", "gate/holder.Run", "store/boltstore", "store/boltstore/txn.go", "txn.go", "--limit", "slotctl run"} {
 		if why := checkMapRef(root, g, real); why != "" {
 			t.Errorf("`%s` fails the map check: %s", real, why)
 		}

@@ -14,11 +14,12 @@
 // The package is internal, so no other module can use it.
 package mutation
 
-// The store-side bugs live at their real location in store/boltstore, or
-// in store.PlanSettle, the planner every backend calls
-// (SettleInput.Mutations); the supervisor-side ones in gate/holder
-// (Config.Mutations), the protocol that slotctl run and the simulation both
-// run.
+// The store-side bugs live at their real location in store/policy: in the
+// rules (policy.Options.Mutations) or in the planners every backend calls,
+// policy.PlanSettle and policy.PlanResize (SettleInput.Mutations,
+// ResizeInput.Mutations); only wall-clock is in store/boltstore's clock.
+// The supervisor-side ones are in gate/holder (Config.Mutations), the
+// protocol that slotctl run and the simulation both run.
 const (
 	// BlindReap: a reaper frees a slot for every ticket its earlier scan
 	// listed, whether or not this reap deleted it, so two reapers free one
@@ -44,18 +45,18 @@ const (
 	// WallClock: deadlines are written and judged on the wall clock, not on
 	// the boot-time clock (D2).
 	WallClock Bug = "wall-clock"
-	// WeightIgnored: the planner (store.PlanSettle) counts every ticket as
+	// WeightIgnored: the planner (policy.PlanSettle) counts every ticket as
 	// one slot, held or asking, so heavy tickets over-admit (H2).
 	WeightIgnored Bug = "weight-ignored"
 	// BargePastHead: the planner does not block the limits of a waiter that
 	// is not admitted for want of room, so a lighter or younger ticket is
 	// admitted past the older head it shares a limit with (H3).
 	BargePastHead Bug = "barge-past-head"
-	// ReplaceBeside: the planner (store.PlanSettle) admits a replacing
+	// ReplaceBeside: the planner (policy.PlanSettle) admits a replacing
 	// ticket while the holder it replaces still holds its slot, so the new
 	// job runs beside the one it replaces (R1).
 	ReplaceBeside Bug = "replace-beside"
-	// ResizePastWaiter: the resize planner (store.PlanResize) grows a held
+	// ResizePastWaiter: the resize planner (policy.PlanResize) grows a held
 	// ticket while tickets wait in its limits, so the growth overtakes the
 	// queue and the waiters' head starves (H4).
 	ResizePastWaiter Bug = "resize-past-waiter"
@@ -63,11 +64,11 @@ const (
 	// asks for, whether or not its limits have the room, so more slots are
 	// held than the limit has (H5).
 	ResizeOverSize Bug = "resize-over-size"
-	// ResizeNoSettle: a shrink (store/boltstore's Resize) frees the
+	// ResizeNoSettle: a shrink (policy.Store.Resize) frees the
 	// ticket's slots but settles nothing, so the waiters it made room for
 	// wait for some later write (L3).
 	ResizeNoSettle Bug = "resize-no-settle"
-	// SupersedeHeld: a superseding enqueue (store/boltstore's) removes
+	// SupersedeHeld: a superseding enqueue (policy.Store.Enqueue) removes
 	// older tickets of its key whether they wait or hold, so a running job
 	// loses its slot (R2).
 	SupersedeHeld Bug = "supersede-held"

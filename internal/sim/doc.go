@@ -158,18 +158,19 @@
 //
 // # Mutations
 //
-// Each bug class of docs/leases.md that the design prevents can be switched back
-// on (internal/mutation; store-side ones in store/boltstore or in
-// store.PlanSettle, the planner, at their real location; holder-side ones in
-// gate/holder). TestMutationsCaught asserts that the simulation finds each
-// within a bounded budget of seeds and steps: replace-beside (R1, the
-// planner) as S19, supersede-held (R2, the bbolt store's enqueue) as S17,
-// and with S17 ignored as the child it leaves running unleased (S2);
-// resize-past-waiter (H4, store.PlanResize) as S21, resize-over-size (H5)
-// as S1, resize-no-settle (a shrink that admits nobody) as L3. The
-// switches exist only in a
-// build with the tag slotctl_mutations, so those tests (and TestReduce,
-// which needs a failing run) run only with it:
+// Each bug class of docs/leases.md that the design prevents can be switched
+// back on (internal/mutation; store-side ones at their real location in
+// store/policy, the rules and the planners policy.PlanSettle and
+// policy.PlanResize, but for wall-clock in store/boltstore's clock;
+// holder-side ones in gate/holder). TestMutationsCaught asserts that the
+// simulation finds each within a bounded budget of seeds and steps:
+// replace-beside (R1, the planner) as S19, supersede-held (R2, the rules'
+// enqueue) as S17, and with S17 ignored as the child it leaves running
+// unleased (S2); resize-past-waiter (H4, policy.PlanResize) as S21,
+// resize-over-size (H5) as S1, resize-no-settle (a shrink that admits
+// nobody) as L3. The switches exist only in a build with the tag
+// slotctl_mutations, so those tests (and TestReduce, which needs a failing
+// run) run only with it:
 //
 //	go test -tags slotctl_mutations ./internal/sim -run 'TestMutations|TestReduce'
 //

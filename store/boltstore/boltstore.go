@@ -37,7 +37,7 @@ type Options struct {
 	// judged without it.
 	Dead store.Judge
 	// Keep, if set, keeps an expired ticket that Dead did not prove dead
-	// (store.SettleInput.Keep): one whose orphaned job provably runs.
+	// (policy.SettleInput.Keep): one whose orphaned job provably runs.
 	Keep func(store.Ticket) bool
 	// Alive, if set, proves a waiting ticket's supervisor alive on this host
 	// (same boot and pid namespace, same pid and start time): a settle keeps
@@ -518,7 +518,7 @@ func (s *Store) guard(fn func() error) (err error) {
 }
 
 // keepTicket vouches for an expired ticket that the judge did not prove dead
-// (store.SettleInput.Keep): a waiter whose supervisor provably lives, late
+// (policy.SettleInput.Keep): a waiter whose supervisor provably lives, late
 // only because the machine or the store is busy (docs/leases.md rule 17),
 // or a ticket whose orphaned job runs on.
 func (s *Store) keepTicket(t store.Ticket) bool {

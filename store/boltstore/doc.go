@@ -75,7 +75,7 @@
 // same transaction: it reads the queues of the limits it touched and,
 // transitively, of every other limit their tickets name (the closure: an
 // admission of a ticket of several limits can unblock tickets behind it in
-// its others), asks the one planner both stores share (store.PlanSettle),
+// its others), asks the one planner both stores share (policy.PlanSettle),
 // once over all those tickets in fence order, which expired or proven-dead
 // tickets to remove (judged on the records as they are in this transaction,
 // never on an earlier list) and which waiters to admit, all of a ticket's

@@ -9,7 +9,7 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-// The resize mutations are in store.PlanResize, which this store calls:
+// The resize mutations are in policy.PlanResize, which this store calls:
 // with ResizePastWaiter a growth takes a free slot a waiter is waiting
 // for; with ResizeOverSize it takes slots the limit does not have; without
 // either it takes nothing.

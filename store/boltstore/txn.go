@@ -508,14 +508,14 @@ func fastState(v []byte) (store.State, bool) {
 }
 
 // Settled implements policy.Settler: whether a settle of limits would change nothing: no ticket
-// of their closure (see gather) has expired, and store.PlanSettle finds
+// of their closure (see gather) has expired, and policy.PlanSettle finds
 // nobody to admit or prove dead. It reads the queues' fixed fields without
 // decoding the records (see fastFields), and decodes only the few tickets
 // the planner shows the judge. A waiter's renewal asks it first: hundreds of
 // queued waiters renew a full limit all the time, and each full settle would
 // decode the whole queue.
 func (x *txn) Settled(limits []string) (bool, error) {
-	in := store.SettleInput{Slots: make(map[string]int, len(limits)), Mutations: x.s.mut}
+	in := policy.SettleInput{Slots: make(map[string]int, len(limits)), Mutations: x.s.mut}
 	var raw [][]byte         // the records, by the index each Queued carries as its ID
 	var seen map[uint64]bool // tickets of several limits already read
 	todo := limits
@@ -555,7 +555,7 @@ func (x *txn) Settled(limits []string) (bool, error) {
 					}
 				}
 			}
-			in.Tickets = append(in.Tickets, store.Queued{Ticket: t, Quiet: f.quiet})
+			in.Tickets = append(in.Tickets, policy.Queued{Ticket: t, Quiet: f.quiet})
 			raw = append(raw, v)
 			return nil
 		})
@@ -567,7 +567,7 @@ func (x *txn) Settled(limits []string) (bool, error) {
 		}
 	}
 	if len(todo) > 1 {
-		slices.SortFunc(in.Tickets, func(a, b store.Queued) int { return cmp.Compare(a.Ticket.Fence, b.Ticket.Fence) })
+		slices.SortFunc(in.Tickets, func(a, b policy.Queued) int { return cmp.Compare(a.Ticket.Fence, b.Ticket.Fence) })
 	}
 	if x.s.dead != nil {
 		in.Judge = func(t store.Ticket, act bool) (string, bool) {
@@ -579,7 +579,7 @@ func (x *txn) Settled(limits []string) (bool, error) {
 			return x.s.dead(x.view(r, 0), act)
 		}
 	}
-	return store.PlanSettle(in).Empty(), nil
+	return policy.PlanSettle(in).Empty(), nil
 }
 
 var errNotQuiet = fmt.Errorf("not quiet")

@@ -10,6 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/slotctl/slotctl/store"
+	"github.com/slotctl/slotctl/store/policy"
 )
 
 // bell rings for one ticket. Its goroutine learns the ticket's limit from
@@ -363,7 +364,7 @@ func (s *Store) admissible(st *lstate, e *entry) bool {
 	p := s.newPlan(st)
 	in := p.input()
 	es := p.queued(&in, time.Millisecond, nil)
-	for _, a := range store.PlanSettle(in).Admit {
+	for _, a := range policy.PlanSettle(in).Admit {
 		if es[a.Index] == e {
 			return true
 		}

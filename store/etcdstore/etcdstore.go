@@ -42,7 +42,7 @@
 // lease, or nothing. A settle reads the limits it touches and, at the same
 // revision, every limit their tickets name, until no ticket names a limit
 // it has not read (the closure), and plans them all with one
-// store.PlanSettle. One ticket's admission or removal must fit in one
+// policy.PlanSettle. One ticket's admission or removal must fit in one
 // transaction, which etcd bounds (--max-txn-ops, 128 by default): a ticket
 // of k limits and weight w writes k*(w+3) keys, at most 64 (so 16 limits of
 // weight 1, or one limit of weight 61); Enqueue refuses more.

@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/slotctl/slotctl/store"
+	"github.com/slotctl/slotctl/store/policy"
 )
 
 // unknownOutcome reports whether a failed write may have committed (its
@@ -344,7 +345,7 @@ func keyed(st *lstate, req store.EnqueueRequest) (sup, held []*entry, err error)
 // settle sp does not admit it and one of its limits already has max
 // waiting tickets, counted as the step leaves them: without the superseded
 // ones (not in es), the ones it removes and the ones it admits.
-func queueFull(sp store.SettlePlan, es []*entry, e *entry, names []string, max int) error {
+func queueFull(sp policy.SettlePlan, es []*entry, e *entry, names []string, max int) error {
 	out := map[*entry]bool{}
 	for _, a := range sp.Admit {
 		if es[a.Index] == e {
@@ -1378,7 +1379,7 @@ func (s *Store) reapDry(ctx context.Context, name string, listed []store.Removal
 			!slices.ContainsFunc(listed, func(r store.Removal) bool { return r.Ticket.ID == e.r.ID })
 	})
 	gone := map[int]string{}
-	for _, rm := range store.PlanSettle(in).Remove {
+	for _, rm := range policy.PlanSettle(in).Remove {
 		gone[rm.Index] = rm.Evidence
 	}
 	var out []store.Removal

@@ -14,6 +14,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/slotctl/slotctl/store"
+	"github.com/slotctl/slotctl/store/policy"
 )
 
 // Room in one transaction: etcd refuses more than 128 compares or
@@ -280,7 +281,7 @@ func (p *plan) stop(e *entry, by store.Successor) bool {
 }
 
 // settle sweeps the limits read and promotes their waiters, the step every
-// write that can free or add capacity ends with: one store.PlanSettle over
+// write that can free or add capacity ends with: one policy.PlanSettle over
 // every ticket of the closure (docs/leases.md §2.1 item 9), each once, in
 // fence order. Expired tickets (records whose lease the server revoked)
 // are removed, and so are holders proven dead, probed as the bbolt store
@@ -302,7 +303,7 @@ func (p *plan) settle(all bool) {
 }
 
 // removes is the entries a settle's plan removes.
-func removes(plan store.SettlePlan, es []*entry) map[*entry]bool {
+func removes(plan policy.SettlePlan, es []*entry) map[*entry]bool {
 	out := map[*entry]bool{}
 	for _, rm := range plan.Remove {
 		out[es[rm.Index]] = true
@@ -413,19 +414,19 @@ func (p *plan) unmark(m *entry) bool {
 // planSettle plans the settle of the limits read, as settle does, over the
 // entries the plan keeps and keep accepts (all when nil), and returns the
 // plan and those entries, without applying it.
-func (p *plan) planSettle(all bool, keep func(*entry) bool) (store.SettlePlan, []*entry) {
+func (p *plan) planSettle(all bool, keep func(*entry) bool) (policy.SettlePlan, []*entry) {
 	in := p.input()
 	if len(in.Slots) == 0 {
-		return store.SettlePlan{}, nil
+		return policy.SettlePlan{}, nil
 	}
 	in.Judge, in.All = p.s.dead, all
 	es := p.queued(&in, time.Millisecond, keep)
-	return store.PlanSettle(in), es
+	return policy.PlanSettle(in), es
 }
 
 // input is a settle's sizes: every limit read that exists.
-func (p *plan) input() store.SettleInput {
-	in := store.SettleInput{Slots: map[string]int{}}
+func (p *plan) input() policy.SettleInput {
+	in := policy.SettleInput{Slots: map[string]int{}}
 	for _, n := range p.st.order {
 		if l := p.st.lim(n); l != nil {
 			in.Slots[n] = l.Slots
@@ -440,7 +441,7 @@ func (p *plan) reap(limit string) {
 	in := p.input()
 	in.Judge, in.All = p.s.dead, true
 	es := p.queued(&in, time.Millisecond, func(e *entry) bool { return slices.Contains(e.r.names(), limit) })
-	if !p.apply(store.PlanSettle(in), es, false) {
+	if !p.apply(policy.PlanSettle(in), es, false) {
 		return
 	}
 	p.settle(false)
@@ -448,7 +449,7 @@ func (p *plan) reap(limit string) {
 
 // apply applies a settle's plan: its removals, then (with admit) its
 // admissions. It reports false when out of room.
-func (p *plan) apply(plan store.SettlePlan, es []*entry, admit bool) bool {
+func (p *plan) apply(plan policy.SettlePlan, es []*entry, admit bool) bool {
 	for _, rm := range plan.Remove {
 		e := es[rm.Index]
 		if !p.remove(e, store.Reaped, rm.Evidence) {
@@ -472,14 +473,14 @@ func (p *plan) apply(plan store.SettlePlan, es []*entry, admit bool) bool {
 // returns those entries.
 // A live ticket is shown to the judge with remaining left (its lease is
 // the server's to tell).
-func (p *plan) queued(in *store.SettleInput, remaining time.Duration, keep func(*entry) bool) []*entry {
+func (p *plan) queued(in *policy.SettleInput, remaining time.Duration, keep func(*entry) bool) []*entry {
 	var es []*entry
 	doomed := p.doomed()
 	for _, e := range p.st.entries {
 		if p.gone[e] || doomed[e] || keep != nil && !keep(e) {
 			continue
 		}
-		q := store.Queued{Fresh: e.isNew, Ticket: p.s.view(e, 0, remaining)}
+		q := policy.Queued{Fresh: e.isNew, Ticket: p.s.view(e, 0, remaining)}
 		if !e.live() && !p.holds(e) {
 			q.Expired = expiredEvidence
 		}
@@ -494,7 +495,7 @@ func (p *plan) queued(in *store.SettleInput, remaining time.Duration, keep func(
 // (the indexes absent, or freed in this plan by a removal whose compare
 // covers them), rewrite its keys in every limit held and put its slot keys
 // under its lease. It reports false when out of room.
-func (p *plan) admit(e *entry, a store.Admit) bool {
+func (p *plan) admit(e *entry, a policy.Admit) bool {
 	names := e.r.names()
 	// A waiter this plan keeps under a hold (quarantine.go) is admitted
 	// under the hold, which it writes; one whose hold did not fit waits.

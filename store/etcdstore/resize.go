@@ -10,6 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/slotctl/slotctl/store"
+	"github.com/slotctl/slotctl/store/policy"
 )
 
 // Resize implements [store.Store] in one transaction, compared at the
@@ -18,7 +19,7 @@ import (
 // lease), and its slot keys follow its indexes: a shrink deletes the freed
 // ones and settles the closure of its limits as a release does, so the
 // waiters it makes room for are admitted in the same transaction; a growth
-// puts the slot keys of what store.PlanResize finds free (a ticket whose
+// puts the slot keys of what policy.PlanResize finds free (a ticket whose
 // lease the server expired waits for nothing), under the ticket's lease,
 // with compares that no slot key was written, no ticket joined and no size
 // changed in its limits since the read. A growth stops at MaxTicketKeys: a
@@ -89,7 +90,7 @@ func (s *Store) resize(ctx context.Context, t store.Ticket, weight int) (store.T
 		cur := e.r.weighs()
 		switch {
 		case weight < cur:
-			w, ix := store.PlanResize(store.ResizeInput{Ticket: s.view(e, 0, 0), Weight: weight})
+			w, ix := policy.PlanResize(policy.ResizeInput{Ticket: s.view(e, 0, 0), Weight: weight})
 			p.resized(e, w, ix)
 			p.settle(false)
 		case weight > cur:
@@ -124,7 +125,7 @@ func (s *Store) resize(ctx context.Context, t store.Ticket, weight int) (store.T
 // grow plans the growth of held ticket e toward weight on the state read,
 // and reports whether it takes anything.
 func (p *plan) grow(e *entry, weight int) bool {
-	in := store.ResizeInput{Ticket: p.s.view(e, 0, 0), Weight: weight, Slots: map[string]int{},
+	in := policy.ResizeInput{Ticket: p.s.view(e, 0, 0), Weight: weight, Slots: map[string]int{},
 		MaxWeight: MaxTicketKeys/len(e.r.names()) - 3}
 	for _, n := range e.r.names() {
 		if l := p.st.lim(n); l != nil {
@@ -133,14 +134,14 @@ func (p *plan) grow(e *entry, weight int) bool {
 	}
 	for _, o := range p.st.entries {
 		if o != e {
-			q := store.Queued{Ticket: p.s.view(o, 0, 0)}
+			q := policy.Queued{Ticket: p.s.view(o, 0, 0)}
 			if !o.live() {
 				q.Expired = expiredEvidence
 			}
 			in.Tickets = append(in.Tickets, q)
 		}
 	}
-	w, ix := store.PlanResize(in)
+	w, ix := policy.PlanResize(in)
 	if w <= e.r.weighs() {
 		return false
 	}

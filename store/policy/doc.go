@@ -6,6 +6,20 @@
 // consistent read ([Backend.View]), wake-ups ([Backend.Watch], [Tx.Ring])
 // and its clock; [New] turns it into a [store.Store]. Every rule runs inside
 // the step on what the step read, so no decision rests on a read made
-// outside it. Which tickets a settle removes and which waiters it admits is
-// store.PlanSettle's, and a resize's store.PlanResize's.
+// outside it.
+//
+// The planners are here too, beside the rules that call them: which tickets
+// a settle removes and which waiters it admits is [PlanSettle]'s (plan.go),
+// and how a held ticket's weight changes is [PlanResize]'s (planresize.go).
+// They are pure functions of what a step read, so a backend with its own
+// transactions (store/etcdstore) calls them as well. Their inputs and
+// answers ([SettleInput], [Queued], [SettlePlan], [Remove], [Admit],
+// [ResizeInput]) and [Verdict], the judging of one ticket that the renewal
+// rule shares with the settle, are the planner's own and live with it.
+// Package store keeps only the vocabulary that the Store contract itself
+// speaks: tickets, limits, events and errors, their checks and bounds,
+// Snapshot and Heads, and [store.Judge], which a backend is given to prove
+// holders dead. So the test-only mutation switches of the store side
+// (internal/mutation) are all in this package, but for wall-clock, which is
+// a backend's clock (store/boltstore); package store has none.
 package policy

@@ -41,7 +41,7 @@ func (m *mutScan) note(r Rec, gone bool) {
 // mutStaleVerdict (StaleVerdict) judges expiry on the deadline the last scan
 // read, when it read one, instead of on the record of this step; a ticket
 // the scan read is judged by that deadline alone.
-func (x *step) mutStaleVerdict(in *store.SettleInput) {
+func (x *step) mutStaleVerdict(in *SettleInput) {
 	m := &x.s.scan
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -93,7 +93,7 @@ func (x *step) mutFreeOne(limit string) error {
 	for i := range in.Tickets {
 		in.Tickets[i].Expired = "" // no sweep: only the promotion
 	}
-	_, _, err = x.apply(recs, store.PlanSettle(in), "")
+	_, _, err = x.apply(recs, PlanSettle(in), "")
 	return err
 }
 

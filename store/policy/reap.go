@@ -37,7 +37,7 @@ func (s *Store) Reap(ctx context.Context, o store.ReapOptions) ([]store.Removal,
 		if o.DryRun {
 			in.DryRun = true
 			gone := make([]bool, len(recs))
-			for _, rm := range store.PlanSettle(in).Remove {
+			for _, rm := range PlanSettle(in).Remove {
 				gone[rm.Index] = true
 				removed = append(removed, store.Removal{Ticket: in.Tickets[rm.Index].Ticket, Reason: store.Reaped, Evidence: rm.Evidence})
 			}
@@ -51,7 +51,7 @@ func (s *Store) Reap(ctx context.Context, o store.ReapOptions) ([]store.Removal,
 		if x.o.Mutations.Has(mutation.StaleVerdict) { // mutation (test-only): judge on the deadlines an earlier scan read (A1)
 			x.mutStaleVerdict(&in)
 		}
-		_, rm, err := x.apply(recs, store.PlanSettle(in), "")
+		_, rm, err := x.apply(recs, PlanSettle(in), "")
 		if err != nil {
 			return err
 		}
@@ -78,21 +78,21 @@ func (s *Store) Reap(ctx context.Context, o store.ReapOptions) ([]store.Removal,
 // reapInput is the planner's input of a reap of limits (all when none): the
 // closure of the swept limits, every swept ticket judged (All), the others
 // left alone.
-func (x *step) reapInput(limits []string) ([]Rec, store.SettleInput, error) {
+func (x *step) reapInput(limits []string) ([]Rec, SettleInput, error) {
 	names, err := x.limitNames(limits)
 	if err != nil {
-		return nil, store.SettleInput{}, err
+		return nil, SettleInput{}, err
 	}
 	for _, name := range names {
 		if _, ok, err := x.tx.Limit(name); err != nil {
-			return nil, store.SettleInput{}, err
+			return nil, SettleInput{}, err
 		} else if !ok {
-			return nil, store.SettleInput{}, fmt.Errorf("%w: %q", store.ErrLimitNotFound, name)
+			return nil, SettleInput{}, fmt.Errorf("%w: %q", store.ErrLimitNotFound, name)
 		}
 	}
 	recs, lnames, err := x.gather(names)
 	if err != nil {
-		return nil, store.SettleInput{}, err
+		return nil, SettleInput{}, err
 	}
 	in, err := x.planInput(recs, lnames)
 	if err != nil {

@@ -65,7 +65,7 @@ func (x *step) resize(t store.Ticket, weight int, write bool) (resizeAnswer, err
 	case weight < r.Weighs():
 		return x.shrink(r, weight)
 	}
-	in := store.ResizeInput{Ticket: x.view(r, 0), Weight: weight, Slots: map[string]int{}, Mutations: x.o.Mutations,
+	in := ResizeInput{Ticket: x.view(r, 0), Weight: weight, Slots: map[string]int{}, Mutations: x.o.Mutations,
 		MaxWeight: store.MaxTicketSlots / len(r.Names())}
 	seen := map[uint64]bool{}
 	for _, name := range r.Names() {
@@ -81,11 +81,11 @@ func (x *step) resize(t store.Ticket, weight int, write bool) (resizeAnswer, err
 		for _, o := range q {
 			if !seen[o.Fence] {
 				seen[o.Fence] = true
-				in.Tickets = append(in.Tickets, store.Queued{Ticket: x.view(o, 0), Expired: x.expiry(o)})
+				in.Tickets = append(in.Tickets, Queued{Ticket: x.view(o, 0), Expired: x.expiry(o)})
 			}
 		}
 	}
-	w, ix := store.PlanResize(in)
+	w, ix := PlanResize(in)
 	if w == r.Weighs() {
 		return resizeAnswer{t: x.view(r, 0)}, nil
 	}
@@ -104,7 +104,7 @@ func (x *step) shrink(r Rec, weight int) (resizeAnswer, error) {
 	if err != nil {
 		return resizeAnswer{}, err
 	}
-	w, ix := store.PlanResize(store.ResizeInput{Ticket: x.view(r, 0), Weight: weight, Mutations: x.o.Mutations})
+	w, ix := PlanResize(ResizeInput{Ticket: x.view(r, 0), Weight: weight, Mutations: x.o.Mutations})
 	if err := x.resized(&r, w, ix); err != nil {
 		return resizeAnswer{}, err
 	}

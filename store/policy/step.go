@@ -216,7 +216,7 @@ func (x *step) count(e store.Event) error {
 
 // settle sweeps the limits a write touched and promotes their waiters: the
 // step every write that can free or add capacity ends with. It works on
-// the closure of those limits (gather): one store.PlanSettle over all their
+// the closure of those limits (gather): one PlanSettle over all their
 // tickets, each once, in fence order, on the records read in this step. all
 // judges every ticket (reap). It returns the tickets that remain, in order,
 // and the removals.
@@ -244,13 +244,13 @@ func (x *step) settleOn(recs []Rec, names []string, all bool, fresh string) ([]R
 	if x.o.Mutations.Has(mutation.StaleVerdict) { // mutation (test-only): judge on the deadlines an earlier scan read (A1)
 		x.mutStaleVerdict(&in)
 	}
-	return x.apply(recs, store.PlanSettle(in), fresh)
+	return x.apply(recs, PlanSettle(in), fresh)
 }
 
 // planInput is the planner's input on recs, the closure of names, judged by
 // the store's clock.
-func (x *step) planInput(recs []Rec, names []string) (store.SettleInput, error) {
-	in := store.SettleInput{Slots: make(map[string]int, len(names)), Tickets: make([]store.Queued, len(recs)),
+func (x *step) planInput(recs []Rec, names []string) (SettleInput, error) {
+	in := SettleInput{Slots: make(map[string]int, len(names)), Tickets: make([]Queued, len(recs)),
 		Judge: x.o.Judge, JudgeExpired: true, Keep: x.o.Keep, Mutations: x.o.Mutations}
 	for _, name := range names {
 		lim, ok, err := x.tx.Limit(name)
@@ -262,7 +262,7 @@ func (x *step) planInput(recs []Rec, names []string) (store.SettleInput, error) 
 		}
 	}
 	for i, r := range recs {
-		in.Tickets[i] = store.Queued{Ticket: x.view(r, 0), Expired: x.expiry(r), Quiet: r.Quiet && r.State == store.Waiting}
+		in.Tickets[i] = Queued{Ticket: x.view(r, 0), Expired: x.expiry(r), Quiet: r.Quiet && r.State == store.Waiting}
 	}
 	return in, nil
 }
@@ -271,7 +271,7 @@ func (x *step) planInput(recs []Rec, names []string) (store.SettleInput, error) 
 // removal reaps its ticket, each admission takes its slot indexes in each of
 // its limits. It returns the tickets that remain, in order, with the
 // admitted ones held.
-func (x *step) apply(recs []Rec, plan store.SettlePlan, fresh string) ([]Rec, []store.Removal, error) {
+func (x *step) apply(recs []Rec, plan SettlePlan, fresh string) ([]Rec, []store.Removal, error) {
 	var removed []store.Removal
 	gone := make([]bool, len(recs))
 	for _, rm := range plan.Remove {

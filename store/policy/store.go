@@ -109,7 +109,7 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 		// A waiter holds no slot: its late renewal is accepted while its
 		// ticket is still here.
 		if ev := x.expiry(r); ev != "" && r.State == store.Held && !x.o.Mutations.Has(mutation.RenewExpired) { // mutation (test-only): renew an expired, unswept ticket (A7)
-			ev, _ = store.Verdict(store.Queued{Ticket: x.view(r, 0), Expired: ev}, x.o.Judge, true)
+			ev, _ = Verdict(Queued{Ticket: x.view(r, 0), Expired: ev}, x.o.Judge, true)
 			if err := x.remove(r, store.Reaped, ev, nil); err != nil {
 				return err
 			}

@@ -88,7 +88,7 @@ type Options struct {
 	// Judge proves holders dead (store.Judge); nil judges by expiry only.
 	Judge store.Judge
 	// Keep vouches for an expired ticket whose job provably still runs
-	// (store.SettleInput.Keep); nil on a shared store.
+	// (SettleInput.Keep); nil on a shared store.
 	Keep func(store.Ticket) bool
 	// Quiet: waiters renew nothing until they come into line, their
 	// liveness proven by the host (a host-local store).

@@ -113,7 +113,7 @@
 // that writes, a stop request lost on reopen, a resize that grows past a
 // waiter or a limit's size or shrinks without promoting, ...),
 // each of which must fail its case. Its admission is written by hand, not
-// with store.PlanSettle, so that the planner is checked against an
+// with policy.PlanSettle, so that the planner is checked against an
 // independent reference.
 //
 // The tickets the suite writes name a holder on another host

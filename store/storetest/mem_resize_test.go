@@ -10,7 +10,7 @@ import (
 )
 
 // Resize implements store.Store (docs/leases.md §2.1 item 12), written by
-// hand rather than with store.PlanResize, so that the reference checks the
+// hand rather than with policy.PlanResize, so that the reference checks the
 // planner: a shrink keeps the lowest indexes and settles; a growth takes the
 // lowest free indexes, as many as every one of its limits has free (an
 // expired holder's are not: only its removal frees them), and none while a

@@ -342,7 +342,7 @@ func (d *memData) byFence() []*memTicket {
 	return all
 }
 
-// settle admits waiters, written by hand rather than with store.PlanSettle
+// settle admits waiters, written by hand rather than with policy.PlanSettle
 // so that the reference is independent of the planner it checks. It walks
 // every waiting ticket in fence order: one is admitted, to all of its limits
 // at once, when each has its weight of free slots and no older ticket still

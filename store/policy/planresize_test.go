@@ -1,4 +1,4 @@
-package store
+package policy
 
 import (
 	"fmt"
@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"pgregory.net/rapid"
+
+	"github.com/slotctl/slotctl/store"
 )
 
 // TestPlanResizeProperties checks the resize planner's promises on random
@@ -45,20 +47,20 @@ func TestPlanResizeProperties(t *testing.T) {
 		}
 		myLimits := rapid.SliceOfNDistinct(rapid.SampledFrom(names), 1, 3, rapid.ID).Draw(t, "my limits")
 		myW := rapid.IntRange(1, 3).Draw(t, "my weight")
-		me := Ticket{ID: "me", Limit: myLimits[0], Limits: myLimits, Weight: myW, State: Held, Indexes: take(myLimits, myW)}
+		me := store.Ticket{ID: "me", Limit: myLimits[0], Limits: myLimits, Weight: myW, State: store.Held, Indexes: take(myLimits, myW)}
 		me.Slot = me.Indexes[myLimits[0]][0]
 		var others []Queued
 		waiters := map[string]bool{}
 		for i := range rapid.IntRange(0, 5).Draw(t, "others") {
 			ls := rapid.SliceOfNDistinct(rapid.SampledFrom(names), 1, 3, rapid.ID).Draw(t, "limits")
 			w := rapid.IntRange(1, 2).Draw(t, "weight")
-			o := Ticket{ID: fmt.Sprint(i), Limit: ls[0], Limits: ls, Weight: w, State: Waiting, Slot: -1}
+			o := store.Ticket{ID: fmt.Sprint(i), Limit: ls[0], Limits: ls, Weight: w, State: store.Waiting, Slot: -1}
 			q := Queued{Ticket: o}
 			if rapid.IntRange(0, 3).Draw(t, "expired") == 0 {
 				q.Expired = "expired" // holds what it holds; waits for nothing
 			}
 			if rapid.Bool().Draw(t, "held") {
-				q.Ticket.State, q.Ticket.Indexes = Held, take(ls, w)
+				q.Ticket.State, q.Ticket.Indexes = store.Held, take(ls, w)
 				q.Ticket.Slot = q.Ticket.Indexes[ls[0]][0]
 			} else if q.Expired == "" {
 				for _, l := range ls {

@@ -1,9 +1,10 @@
-package store
+package policy
 
 import (
 	"slices"
 
 	"github.com/slotctl/slotctl/internal/mutation"
+	"github.com/slotctl/slotctl/store"
 )
 
 // The resize policy, once for every backend (docs/leases.md §2.1 item 12): a
@@ -14,7 +15,7 @@ import (
 // ResizeInput is what a resize decides on.
 type ResizeInput struct {
 	// Ticket is the held ticket as stored: its limits, weight and indexes.
-	Ticket Ticket
+	Ticket store.Ticket
 	// Weight is the weight asked for (at least 1).
 	Weight int
 	// Slots is the size of each of the ticket's limits, by name; a limit
@@ -75,7 +76,7 @@ func PlanResize(in ResizeInput) (int, map[string][]int) {
 			if !slices.Contains(o.Names(), name) {
 				continue
 			}
-			if o.State != Held {
+			if o.State != store.Held {
 				if o.ID != t.ID && q.Expired == "" && !in.Mutations.Has(mutation.ResizePastWaiter) { // mutation (test-only): a growth overtakes the queue (docs/leases.md H4)
 					room = 0
 				}

@@ -1,17 +1,19 @@
-package store
+package policy
 
 import (
 	"fmt"
 	"reflect"
 	"testing"
+
+	"github.com/slotctl/slotctl/store"
 )
 
 func TestPlanSettle(t *testing.T) {
 	held := func(id string, slot int) Queued {
-		return Queued{Ticket: Ticket{ID: id, Limit: "l", State: Held, Slot: slot}}
+		return Queued{Ticket: store.Ticket{ID: id, Limit: "l", State: store.Held, Slot: slot}}
 	}
 	waiting := func(id string) Queued {
-		return Queued{Ticket: Ticket{ID: id, Limit: "l", State: Waiting, Slot: -1}}
+		return Queued{Ticket: store.Ticket{ID: id, Limit: "l", State: store.Waiting, Slot: -1}}
 	}
 	expired := func(q Queued, why string) Queued { q.Expired = why; return q }
 	in := func(limit string, q Queued) Queued { q.Ticket.Limit = limit; return q }
@@ -185,7 +187,7 @@ func TestPlanSettle(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			asked := []string{}
-			judge := func(tk Ticket, act bool) (string, bool) {
+			judge := func(tk store.Ticket, act bool) (string, bool) {
 				if act == tc.dry {
 					t.Errorf("judge asked about %s with act=%v in a dry run=%v", tk.ID, act, tc.dry)
 				}
@@ -219,8 +221,8 @@ func TestPlanSettle(t *testing.T) {
 // Without a judge only expiry removes.
 func TestPlanSettleNoJudge(t *testing.T) {
 	got := PlanSettle(SettleInput{Slots: map[string]int{"l": 1}, All: true, JudgeExpired: true, Tickets: []Queued{
-		{Ticket: Ticket{ID: "a", Limit: "l", State: Held}},
-		{Ticket: Ticket{ID: "b", Limit: "l", State: Waiting, Slot: -1}, Expired: "gone"},
+		{Ticket: store.Ticket{ID: "a", Limit: "l", State: store.Held}},
+		{Ticket: store.Ticket{ID: "b", Limit: "l", State: store.Waiting, Slot: -1}, Expired: "gone"},
 	}})
 	want := SettlePlan{Remove: []Remove{{1, "gone"}}}
 	if !reflect.DeepEqual(got, want) {
@@ -237,18 +239,18 @@ func TestPlanSettleNoJudge(t *testing.T) {
 // expired ticket Keep does not vouch for goes as before.
 func TestPlanSettleKeep(t *testing.T) {
 	tickets := []Queued{
-		{Ticket: Ticket{ID: "orphan", Limit: "l", State: Held}, Expired: "expired 1s ago"},
-		{Ticket: Ticket{ID: "late", Limit: "m", State: Held}, Expired: "expired 2s ago"},
-		{Ticket: Ticket{ID: "w", Limit: "l", State: Waiting, Slot: -1}},
+		{Ticket: store.Ticket{ID: "orphan", Limit: "l", State: store.Held}, Expired: "expired 1s ago"},
+		{Ticket: store.Ticket{ID: "late", Limit: "m", State: store.Held}, Expired: "expired 2s ago"},
+		{Ticket: store.Ticket{ID: "w", Limit: "l", State: store.Waiting, Slot: -1}},
 	}
-	keep := func(t Ticket) bool { return t.ID == "orphan" }
+	keep := func(t store.Ticket) bool { return t.ID == "orphan" }
 	for _, tc := range []struct {
 		name  string
-		judge Judge
+		judge store.Judge
 		want  SettlePlan
 	}{
 		{"kept", nil, SettlePlan{Remove: []Remove{{1, "expired 2s ago"}}}},
-		{"killed by a reap", func(t Ticket, act bool) (string, bool) { return "orphaned job killed", t.ID == "orphan" && act },
+		{"killed by a reap", func(t store.Ticket, act bool) (string, bool) { return "orphaned job killed", t.ID == "orphan" && act },
 			SettlePlan{Remove: []Remove{{0, "expired 1s ago; orphaned job killed"}, {1, "expired 2s ago"}}, Admit: []Admit{{Index: 2, Slot: 0, Indexes: map[string][]int{"l": {0}}}}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -263,12 +265,12 @@ func TestPlanSettleKeep(t *testing.T) {
 func show(p SettlePlan) string { return fmt.Sprintf("remove %v admit %v", p.Remove, p.Admit) }
 
 func TestPlanSettleSeveralLimits(t *testing.T) {
-	tk := func(id string, state State, w int, limits ...string) Queued {
-		q := Queued{Ticket: Ticket{ID: id, Limit: limits[0], Limits: limits, Weight: w, State: state, Slot: -1}}
+	tk := func(id string, state store.State, w int, limits ...string) Queued {
+		q := Queued{Ticket: store.Ticket{ID: id, Limit: limits[0], Limits: limits, Weight: w, State: state, Slot: -1}}
 		return q
 	}
 	held := func(q Queued, ix map[string][]int) Queued {
-		q.Ticket.State, q.Ticket.Indexes = Held, ix
+		q.Ticket.State, q.Ticket.Indexes = store.Held, ix
 		q.Ticket.Slot = ix[q.Ticket.Limit][0]
 		return q
 	}
@@ -280,47 +282,47 @@ func TestPlanSettleSeveralLimits(t *testing.T) {
 	}{{
 		name:    "atomic: room in one limit is not enough",
 		slots:   map[string]int{"a": 1, "b": 1},
-		tickets: []Queued{held(tk("x", Held, 1, "b"), map[string][]int{"b": {0}}), tk("t", Waiting, 1, "a", "b"), tk("u", Waiting, 1, "a")},
+		tickets: []Queued{held(tk("x", store.Held, 1, "b"), map[string][]int{"b": {0}}), tk("t", store.Waiting, 1, "a", "b"), tk("u", store.Waiting, 1, "a")},
 		want:    nil, // t waits for b, and u is behind t in a
 	}, {
 		name:    "both limits free: one admission takes both",
 		slots:   map[string]int{"a": 1, "b": 2},
-		tickets: []Queued{tk("t", Waiting, 1, "a", "b"), tk("u", Waiting, 1, "b")},
+		tickets: []Queued{tk("t", store.Waiting, 1, "a", "b"), tk("u", store.Waiting, 1, "b")},
 		want:    []Admit{{Index: 0, Slot: 0, Indexes: map[string][]int{"a": {0}, "b": {0}}}, {Index: 1, Slot: 1, Indexes: map[string][]int{"b": {1}}}},
 	}, {
 		name:    "a heavy head is not overtaken",
 		slots:   map[string]int{"a": 4},
-		tickets: []Queued{held(tk("h", Held, 3, "a"), map[string][]int{"a": {0, 1, 2}}), tk("heavy", Waiting, 2, "a"), tk("light", Waiting, 1, "a")},
+		tickets: []Queued{held(tk("h", store.Held, 3, "a"), map[string][]int{"a": {0, 1, 2}}), tk("heavy", store.Waiting, 2, "a"), tk("light", store.Waiting, 1, "a")},
 		want:    nil,
 	}, {
 		name:    "weights take the lowest free indexes",
 		slots:   map[string]int{"a": 4},
-		tickets: []Queued{held(tk("h", Held, 1, "a"), map[string][]int{"a": {0}}), held(tk("i", Held, 1, "a"), map[string][]int{"a": {2}}), tk("w", Waiting, 2, "a")},
+		tickets: []Queued{held(tk("h", store.Held, 1, "a"), map[string][]int{"a": {0}}), held(tk("i", store.Held, 1, "a"), map[string][]int{"a": {2}}), tk("w", store.Waiting, 2, "a")},
 		want:    []Admit{{Index: 2, Slot: 1, Indexes: map[string][]int{"a": {1, 3}}}},
 	}, {
 		name:    "weight above a shrunk limit waits and blocks",
 		slots:   map[string]int{"a": 1},
-		tickets: []Queued{tk("w", Waiting, 2, "a"), tk("v", Waiting, 1, "a")},
+		tickets: []Queued{tk("w", store.Waiting, 2, "a"), tk("v", store.Waiting, 1, "a")},
 		want:    nil,
 	}, {
 		name:  "a blocked ticket blocks only its own limits",
 		slots: map[string]int{"a": 1, "b": 2, "c": 1},
-		tickets: []Queued{held(tk("x", Held, 1, "a"), map[string][]int{"a": {0}}), tk("t", Waiting, 1, "a", "b"), tk("u", Waiting, 1, "b"),
-			tk("v", Waiting, 1, "c")},
+		tickets: []Queued{held(tk("x", store.Held, 1, "a"), map[string][]int{"a": {0}}), tk("t", store.Waiting, 1, "a", "b"), tk("u", store.Waiting, 1, "b"),
+			tk("v", store.Waiting, 1, "c")},
 		want: []Admit{{Index: 3, Slot: 0, Indexes: map[string][]int{"c": {0}}}},
 	}, {
 		name:    "a limit the input does not size: never admitted, blocks the others",
 		slots:   map[string]int{"a": 2},
-		tickets: []Queued{tk("t", Waiting, 1, "a", "zz"), tk("u", Waiting, 1, "a")},
+		tickets: []Queued{tk("t", store.Waiting, 1, "a", "zz"), tk("u", store.Waiting, 1, "a")},
 		want:    nil,
 	}, {
 		name:  "a removal of a ticket of two limits frees both",
 		slots: map[string]int{"a": 1, "b": 1},
 		tickets: []Queued{func() Queued {
-			q := held(tk("x", Held, 1, "a", "b"), map[string][]int{"a": {0}, "b": {0}})
+			q := held(tk("x", store.Held, 1, "a", "b"), map[string][]int{"a": {0}, "b": {0}})
 			q.Expired = "expired 1s ago"
 			return q
-		}(), tk("t", Waiting, 1, "a"), tk("u", Waiting, 1, "b")},
+		}(), tk("t", store.Waiting, 1, "a"), tk("u", store.Waiting, 1, "b")},
 		want: []Admit{{Index: 1, Slot: 0, Indexes: map[string][]int{"a": {0}}}, {Index: 2, Slot: 0, Indexes: map[string][]int{"b": {0}}}},
 	}}
 	for _, tc := range tests {
@@ -336,9 +338,9 @@ func TestPlanSettleSeveralLimits(t *testing.T) {
 // A replacing ticket waits for the tickets it replaces, however much room
 // there is, and blocks the tickets behind it meanwhile.
 func TestPlanSettleReplaces(t *testing.T) {
-	old := Queued{Ticket: Ticket{ID: "old", Limit: "l", State: Held, Slot: 0, Key: "main"}}
-	repl := Queued{Ticket: Ticket{ID: "new", Limit: "l", State: Waiting, Slot: -1, Key: "main", Replaces: []string{"old"}}}
-	other := Queued{Ticket: Ticket{ID: "other", Limit: "l", State: Waiting, Slot: -1}}
+	old := Queued{Ticket: store.Ticket{ID: "old", Limit: "l", State: store.Held, Slot: 0, Key: "main"}}
+	repl := Queued{Ticket: store.Ticket{ID: "new", Limit: "l", State: store.Waiting, Slot: -1, Key: "main", Replaces: []string{"old"}}}
+	other := Queued{Ticket: store.Ticket{ID: "other", Limit: "l", State: store.Waiting, Slot: -1}}
 	got := PlanSettle(SettleInput{Slots: map[string]int{"l": 3}, Tickets: []Queued{old, repl, other}})
 	if !got.Empty() {
 		t.Errorf("with the replaced holder live: plan %s, want nothing", show(got))
@@ -360,13 +362,13 @@ func TestPlanSettleReplaces(t *testing.T) {
 // limit's size) are listed, once, and no others.
 func TestPlanSettleLine(t *testing.T) {
 	held := func(id string, ix int) Queued {
-		return Queued{Ticket: Ticket{ID: id, Limit: "l", State: Held, Slot: ix}}
+		return Queued{Ticket: store.Ticket{ID: id, Limit: "l", State: store.Held, Slot: ix}}
 	}
 	quiet := func(id string, w int) Queued {
-		return Queued{Ticket: Ticket{ID: id, Limit: "l", State: Waiting, Slot: -1, Weight: w, Quiet: true}, Quiet: true}
+		return Queued{Ticket: store.Ticket{ID: id, Limit: "l", State: store.Waiting, Slot: -1, Weight: w, Quiet: true}, Quiet: true}
 	}
 	lined := func(id string) Queued {
-		return Queued{Ticket: Ticket{ID: id, Limit: "l", State: Waiting, Slot: -1}}
+		return Queued{Ticket: store.Ticket{ID: id, Limit: "l", State: store.Waiting, Slot: -1}}
 	}
 	for _, tc := range []struct {
 		name    string
@@ -379,7 +381,7 @@ func TestPlanSettleLine(t *testing.T) {
 		{"lined already: not again", 2, []Queued{held("h1", 0), held("h2", 1), lined("w1"), quiet("w2", 1), quiet("w3", 1)}, []int{3}, 0},
 		{"a heavy waiter fills the line", 2, []Queued{held("h1", 0), held("h2", 1), quiet("w1", 2), quiet("w2", 1)}, []int{2}, 0},
 		{"after an admission the line moves up", 2, []Queued{held("h1", 0), quiet("w1", 1), quiet("w2", 1), quiet("w3", 1), quiet("w4", 1)}, []int{2, 3}, 1},
-		{"a dead holder's removal", 1, []Queued{{Ticket: Ticket{ID: "h", Limit: "l", State: Held}, Expired: "expired 1s ago"}, quiet("w1", 1), quiet("w2", 1)}, []int{2}, 1},
+		{"a dead holder's removal", 1, []Queued{{Ticket: store.Ticket{ID: "h", Limit: "l", State: store.Held}, Expired: "expired 1s ago"}, quiet("w1", 1), quiet("w2", 1)}, []int{2}, 1},
 		{"paused: nobody is in line", 0, []Queued{quiet("w1", 1)}, nil, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

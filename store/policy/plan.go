@@ -1,6 +1,9 @@
-package store
+package policy
 
-import "github.com/slotctl/slotctl/internal/mutation"
+import (
+	"github.com/slotctl/slotctl/internal/mutation"
+	"github.com/slotctl/slotctl/store"
+)
 
 // The settle policy, once for every backend: which tickets a settle removes
 // and which waiters it admits. A backend reads its state, hands it to
@@ -13,7 +16,7 @@ type Queued struct {
 	// Ticket is the ticket as the judge is shown it. The planner reads its
 	// Names, Weighs, State and (when held) its indexes (In); the order is
 	// the input's.
-	Ticket Ticket
+	Ticket store.Ticket
 	// Expired is the store's verdict by its own clock: why the lease is
 	// over ("expired 3s ago", "previous boot"), or "" while it runs.
 	Expired string
@@ -21,7 +24,7 @@ type Queued struct {
 	// not in the store yet, so it is neither judged nor removed, only admitted.
 	Fresh bool
 	// Quiet marks a waiting ticket that renews nothing until it comes into
-	// line (Ticket.Quiet): the backend passes it unexpired, and the plan
+	// line (store.Ticket.Quiet): the backend passes it unexpired, and the plan
 	// lists it in Line once it is in line.
 	Quiet bool
 }
@@ -38,7 +41,7 @@ type SettleInput struct {
 	Tickets []Queued
 	// Judge proves holders dead; nil judges by expiry only. It is called
 	// with act set (it may stop an orphaned job) unless DryRun.
-	Judge Judge
+	Judge store.Judge
 	// DryRun asks the judge without act: the plan is only a list of what a
 	// settle would remove (a dry-run reap, with All).
 	DryRun bool
@@ -57,7 +60,7 @@ type SettleInput struct {
 	// a ticket whose job provably still runs after its supervisor died (an
 	// orphan that only a reap with its owner's authority may stop): freeing
 	// its slot would admit a job beside it.
-	Keep func(Ticket) bool
+	Keep func(store.Ticket) bool
 	// Mutations is test-only (internal/mutation): planner bugs that the
 	// simulation must catch. Nil in every real settle.
 	Mutations mutation.Set
@@ -118,7 +121,7 @@ type count struct {
 // head is not overtaken by lighter tickets, and since the oldest waiter is
 // only ever blocked by holders, no set of tickets can deadlock. A limit
 // shrunk below its held slots admits nobody until they are fewer than its
-// slots. A ticket that replaces others (Ticket.Replaces) is not admitted
+// slots. A ticket that replaces others (store.Ticket.Replaces) is not admitted
 // while one of them is still live, and blocks its limits meanwhile, as a
 // ticket that does not fit (docs/leases.md §2.1 item 10). Holders are never
 // moved or evicted.
@@ -128,7 +131,7 @@ func PlanSettle(in SettleInput) SettlePlan {
 		per[name] = &count{size: size}
 	}
 	// known is the ticket's limits that the input sizes; ok false when none is.
-	known := func(t Ticket) (cs []*count, all, ok bool) {
+	known := func(t store.Ticket) (cs []*count, all, ok bool) {
 		all = true
 		for _, name := range t.Names() {
 			if c := per[name]; c != nil {
@@ -147,7 +150,7 @@ func PlanSettle(in SettleInput) SettlePlan {
 		}
 		w := q.Ticket.Weighs()
 		for _, c := range cs {
-			if q.Ticket.State == Held {
+			if q.Ticket.State == store.Held {
 				c.held += w
 			} else {
 				if c.waiting == 0 {
@@ -169,7 +172,7 @@ func PlanSettle(in SettleInput) SettlePlan {
 		}
 		contended, inLine := false, false
 		for _, c := range cs {
-			if c.contended && (q.Ticket.State == Held || c.ahead < c.size) {
+			if c.contended && (q.Ticket.State == store.Held || c.ahead < c.size) {
 				contended, inLine = true, true
 			}
 		}
@@ -178,7 +181,7 @@ func PlanSettle(in SettleInput) SettlePlan {
 			plan.Remove = append(plan.Remove, Remove{Index: i, Evidence: ev})
 			continue
 		}
-		if q.Ticket.State != Held {
+		if q.Ticket.State != store.Held {
 			for _, c := range cs {
 				c.ahead += q.Ticket.Weighs()
 			}
@@ -189,7 +192,7 @@ func PlanSettle(in SettleInput) SettlePlan {
 		c.held, c.used = 0, map[int]bool{}
 	}
 	for i, q := range in.Tickets {
-		if gone[i] || q.Ticket.State != Held {
+		if gone[i] || q.Ticket.State != store.Held {
 			continue
 		}
 		for _, name := range q.Ticket.Names() {
@@ -211,7 +214,7 @@ func PlanSettle(in SettleInput) SettlePlan {
 		}
 	}
 	for i, q := range in.Tickets {
-		if gone[i] || q.Ticket.State == Held {
+		if gone[i] || q.Ticket.State == store.Held {
 			continue
 		}
 		cs, all, ok := known(q.Ticket)
@@ -275,14 +278,14 @@ func PlanSettle(in SettleInput) SettlePlan {
 // line finds the quiet waiters in line once the plan is applied: those
 // whose weight of waiters ahead, in one of their limits, is under its size.
 // gone marks the tickets the plan removes or admits.
-func (in SettleInput) line(per map[string]*count, gone []bool, known func(Ticket) ([]*count, bool, bool)) []int {
+func (in SettleInput) line(per map[string]*count, gone []bool, known func(store.Ticket) ([]*count, bool, bool)) []int {
 	for _, c := range per {
 		c.ahead = 0
 	}
 	var lined []int
 	for i, q := range in.Tickets {
 		cs, _, ok := known(q.Ticket)
-		if gone[i] || !ok || q.Ticket.State == Held {
+		if gone[i] || !ok || q.Ticket.State == store.Held {
 			continue
 		}
 		in := false
@@ -315,7 +318,7 @@ func (in SettleInput) verdict(q Queued, contended, inLine bool) (string, bool) {
 // Verdict judges one ticket as a settle does when it asks the judge: gone
 // when expired or proven dead (judge nil: expiry only), with the evidence
 // of both when both hold.
-func Verdict(q Queued, judge Judge, act bool) (evidence string, gone bool) {
+func Verdict(q Queued, judge store.Judge, act bool) (evidence string, gone bool) {
 	if judge != nil {
 		if ev, dead := judge(q.Ticket, act); dead {
 			if q.Expired != "" && q.Expired != ev {

@@ -1,4 +1,4 @@
-package store
+package policy
 
 import (
 	"fmt"
@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"pgregory.net/rapid"
+
+	"github.com/slotctl/slotctl/store"
 )
 
 // TestPlanSettleProperties checks the planner's promises on random queues of
@@ -29,7 +31,7 @@ func TestPlanSettleProperties(t *testing.T) {
 		for i := range count {
 			ls := rapid.SliceOfNDistinct(rapid.SampledFrom(names), 1, 3, rapid.ID).Draw(t, "limits")
 			w := rapid.IntRange(1, 3).Draw(t, "weight")
-			q := Queued{Ticket: Ticket{ID: fmt.Sprint(i), Limit: ls[0], Limits: ls, Weight: w, State: Waiting, Slot: -1}}
+			q := Queued{Ticket: store.Ticket{ID: fmt.Sprint(i), Limit: ls[0], Limits: ls, Weight: w, State: store.Waiting, Slot: -1}}
 			if rapid.Bool().Draw(t, "held") {
 				// A holder that fitted when it was admitted.
 				ix := map[string][]int{}
@@ -49,7 +51,7 @@ func TestPlanSettleProperties(t *testing.T) {
 						}
 						heldSlots[l] += w
 					}
-					q.Ticket.State, q.Ticket.Indexes, q.Ticket.Slot = Held, ix, ix[ls[0]][0]
+					q.Ticket.State, q.Ticket.Indexes, q.Ticket.Slot = store.Held, ix, ix[ls[0]][0]
 				}
 			}
 			if rapid.IntRange(0, 5).Draw(t, "expired") == 0 {
@@ -96,7 +98,7 @@ func TestPlanSettleProperties(t *testing.T) {
 			if gone[i] {
 				continue
 			}
-			if q.Ticket.State == Held {
+			if q.Ticket.State == store.Held {
 				for _, l := range q.Ticket.Names() {
 					take(i, l, q.Ticket.In(l), q.Ticket.Weighs())
 				}
@@ -120,7 +122,7 @@ func TestPlanSettleProperties(t *testing.T) {
 		// FIFO and liveness, in queue order.
 		waitingIn := map[string]bool{} // an older waiter (not admitted) waits here
 		for i, q := range in {
-			if gone[i] || q.Ticket.State == Held {
+			if gone[i] || q.Ticket.State == store.Held {
 				continue
 			}
 			_, ok := admitted[i]
