@@ -101,14 +101,26 @@ func (p SettlePlan) Empty() bool { return len(p.Remove) == 0 && len(p.Admit) == 
 // count is one limit as PlanSettle goes through its tickets.
 type count struct {
 	size      int
-	held      int // slots held by live holders
+	held      int // slots held: by live holders (census), then by those that stay and the admitted
 	waiting   int // live waiters
 	head      int // weight of the oldest live waiter
 	ahead     int // slots weighed by the waiters kept so far
 	used      map[int]bool
 	next      int  // lowest slot index not yet known to be used
 	blocked   bool // a waiter was not admitted: nobody behind it is
-	contended bool
+	contended bool // somebody waits and the oldest waiter does not fit beside the live holders
+}
+
+// A settling is one PlanSettle under way. PlanSettle goes through the
+// queue once per phase (census, judge, seatHolders, admit, line), each
+// phase a method, and what one phase hands the next lives here: each sized
+// limit's count, which tickets the plan removes or admits (gone), and the
+// plan so far.
+type settling struct {
+	in   SettleInput
+	per  map[string]*count
+	gone []bool
+	plan SettlePlan
 }
 
 // PlanSettle decides a settle: it removes every expired ticket and every
@@ -126,25 +138,42 @@ type count struct {
 // ticket that does not fit (docs/leases.md §2.1 item 10). Holders are never
 // moved or evicted.
 func PlanSettle(in SettleInput) SettlePlan {
-	per := map[string]*count{}
+	s := &settling{in: in, per: map[string]*count{}, gone: make([]bool, len(in.Tickets))}
 	for name, size := range in.Slots {
-		per[name] = &count{size: size}
+		s.per[name] = &count{size: size}
 	}
-	// known is the ticket's limits that the input sizes; ok false when none is.
-	known := func(t store.Ticket) (cs []*count, all, ok bool) {
-		all = true
-		for _, name := range t.Names() {
-			if c := per[name]; c != nil {
-				cs = append(cs, c)
-			} else {
-				all = false
-			}
+	s.census()
+	s.judge()
+	s.seatHolders()
+	s.admit()
+	s.plan.Line = s.line()
+	return s.plan
+}
+
+// known is the counts of t's limits that the input sizes; all is false
+// when t names a limit it does not size (t is then never admitted), ok is
+// false when it sizes none (t is then left alone).
+func (s *settling) known(t store.Ticket) (cs []*count, all, ok bool) {
+	all = true
+	for _, name := range t.Names() {
+		if c := s.per[name]; c != nil {
+			cs = append(cs, c)
+		} else {
+			all = false
 		}
-		return cs, all, len(cs) > 0
 	}
-	// Who waits for a full limit, counting only tickets whose lease runs.
-	for _, q := range in.Tickets {
-		cs, _, ok := known(q.Ticket)
+	return cs, all, len(cs) > 0
+}
+
+// census counts, before anything is judged, who waits for a full limit:
+// in each limit the slots its live holders hold and its live waiters, and
+// so whether it is contended (somebody waits and the oldest waiter does not
+// fit beside the holders). Only a contended limit has tickets whose lease
+// runs shown to the judge (unless SettleInput.All). Tickets whose lease is
+// over do not count; a Fresh one does.
+func (s *settling) census() {
+	for _, q := range s.in.Tickets {
+		cs, _, ok := s.known(q.Ticket)
 		if !ok || q.Expired != "" {
 			continue
 		}
@@ -160,25 +189,25 @@ func PlanSettle(in SettleInput) SettlePlan {
 			}
 		}
 	}
-	for _, c := range per {
+	for _, c := range s.per {
 		c.contended = c.waiting > 0 && c.held+c.head > c.size
 	}
-	var plan SettlePlan
-	gone := make([]bool, len(in.Tickets))
-	for i, q := range in.Tickets {
-		cs, _, ok := known(q.Ticket)
+}
+
+// judge decides the removals, in queue order and before any admission (the
+// admissions rest on them): each ticket but a Fresh one gets its verdict.
+// A waiter that stays adds its weight to the waiters ahead in each of its
+// limits, so that the ones behind it know whether they are next in line,
+// which is when a contended limit needs them judged (inContention).
+func (s *settling) judge() {
+	for i, q := range s.in.Tickets {
+		cs, _, ok := s.known(q.Ticket)
 		if !ok || q.Fresh {
 			continue
 		}
-		contended, inLine := false, false
-		for _, c := range cs {
-			if c.contended && (q.Ticket.State == store.Held || c.ahead < c.size) {
-				contended, inLine = true, true
-			}
-		}
-		if ev, dead := in.verdict(q, contended, inLine); dead {
-			gone[i] = true
-			plan.Remove = append(plan.Remove, Remove{Index: i, Evidence: ev})
+		if ev, dead := s.in.verdict(q, inContention(q, cs)); dead {
+			s.gone[i] = true
+			s.plan.Remove = append(s.plan.Remove, Remove{Index: i, Evidence: ev})
 			continue
 		}
 		if q.Ticket.State != store.Held {
@@ -187,18 +216,38 @@ func PlanSettle(in SettleInput) SettlePlan {
 			}
 		}
 	}
-	// Admit: the holders that stay keep their slots.
-	for _, c := range per {
+}
+
+// inContention reports whether a contended limit needs q judged although its
+// lease runs: q holds slots of one, or waits in one with fewer slots of
+// waiters ahead of it than the limit has. A dead ticket further back blocks
+// nobody, and its TTL or a reap will take it.
+func inContention(q Queued, cs []*count) bool {
+	for _, c := range cs {
+		if c.contended && (q.Ticket.State == store.Held || c.ahead < c.size) {
+			return true
+		}
+	}
+	return false
+}
+
+// seatHolders starts each limit's held slots over from the holders that
+// stay, once the removals are known: their weight and their indexes, which
+// no admission may take. The census counted the holders whose lease runs;
+// the judge may have removed some, and kept an expired one (Keep) that
+// still holds its slots.
+func (s *settling) seatHolders() {
+	for _, c := range s.per {
 		c.held, c.used = 0, map[int]bool{}
 	}
-	for i, q := range in.Tickets {
-		if gone[i] || q.Ticket.State != store.Held {
+	for i, q := range s.in.Tickets {
+		if s.gone[i] || q.Ticket.State != store.Held {
 			continue
 		}
 		for _, name := range q.Ticket.Names() {
-			if c := per[name]; c != nil {
+			if c := s.per[name]; c != nil {
 				c.held += q.Ticket.Weighs()
-				if in.Mutations.Has(mutation.WeightIgnored) { // mutation (test-only): a holder counts as one slot (docs/leases.md H2)
+				if s.in.Mutations.Has(mutation.WeightIgnored) { // mutation (test-only): a holder counts as one slot (docs/leases.md H2)
 					c.held -= q.Ticket.Weighs() - 1
 				}
 				for _, ix := range q.Ticket.In(name) {
@@ -207,93 +256,138 @@ func PlanSettle(in SettleInput) SettlePlan {
 			}
 		}
 	}
-	live := map[string]bool{} // tickets that stay: a replacing ticket waits for those it replaces
-	for i, q := range in.Tickets {
-		if !gone[i] {
-			live[q.Ticket.ID] = true
-		}
-	}
-	for i, q := range in.Tickets {
-		if gone[i] || q.Ticket.State == store.Held {
+}
+
+// admit decides the admissions: the waiters that stay, in queue order, each
+// admitted to all of its limits at once (take) when it fits, and otherwise
+// blocking every one of its limits for everyone behind it (strict FIFO
+// across limits: a heavy head is not overtaken by lighter tickets).
+func (s *settling) admit() {
+	live := s.live()
+	for i, q := range s.in.Tickets {
+		if s.gone[i] || q.Ticket.State == store.Held {
 			continue
 		}
-		cs, all, ok := known(q.Ticket)
+		cs, all, ok := s.known(q.Ticket)
 		if !ok {
 			continue
 		}
-		w := q.Ticket.Weighs()
-		fits := all
-		for _, id := range q.Ticket.Replaces {
-			fits = fits && (!live[id] || in.Mutations.Has(mutation.ReplaceBeside))
-		}
-		for _, c := range cs {
-			fits = fits && !c.blocked && c.held+w <= c.size
-		}
-		if in.Mutations.Has(mutation.WeightIgnored) { // mutation (test-only): a waiter asks for one slot (docs/leases.md H2)
-			fits = all
-			for _, c := range cs {
-				fits = fits && !c.blocked && c.held+1 <= c.size
-			}
-		}
-		if !fits && in.Mutations.Has(mutation.BargePastHead) { // mutation (test-only): want of room blocks nobody behind (docs/leases.md H3)
-			room := all
-			for _, c := range cs {
-				room = room && !c.blocked
-			}
-			if room {
+		if !s.fits(q, cs, all, live) {
+			if s.in.Mutations.Has(mutation.BargePastHead) && all && !blocked(cs) { // mutation (test-only): want of room blocks nobody behind (docs/leases.md H3)
 				continue
 			}
-		}
-		if !fits {
 			for _, c := range cs {
 				c.blocked = true // strict FIFO: nobody behind it in any of its limits
 			}
 			continue
 		}
-		a := Admit{Index: i, Indexes: map[string][]int{}}
-		for _, name := range q.Ticket.Names() {
-			c := per[name]
-			ix := make([]int, 0, w)
-			for len(ix) < w {
-				for c.used[c.next] {
-					c.next++
-				}
-				ix = append(ix, c.next)
-				c.used[c.next] = true
-			}
-			c.held += w
-			if in.Mutations.Has(mutation.WeightIgnored) { // mutation (test-only): an admission counts as one slot (docs/leases.md H2)
-				c.held -= w - 1
-			}
-			a.Indexes[name] = ix
-		}
-		a.Slot = a.Indexes[q.Ticket.Names()[0]][0]
-		plan.Admit = append(plan.Admit, a)
-		gone[i] = true // for the line below: it waits no more
+		s.plan.Admit = append(s.plan.Admit, s.take(i, q))
+		s.gone[i] = true // for the line below: it waits no more
 	}
-	plan.Line = in.line(per, gone, known)
-	return plan
+}
+
+// live is the ids of the tickets that the plan does not remove, read before
+// any admission: a ticket that replaces one of them waits until it is gone.
+func (s *settling) live() map[string]bool {
+	live := map[string]bool{}
+	for i, q := range s.in.Tickets {
+		if !s.gone[i] {
+			live[q.Ticket.ID] = true
+		}
+	}
+	return live
+}
+
+// fits reports whether the waiter q, of limits cs (all: every one of its
+// limits sized), may be admitted now: no older waiter blocks any of its
+// limits, each has room for its weight beside what is held, and no ticket
+// it replaces is live (docs/leases.md §2.1 item 10).
+func (s *settling) fits(q Queued, cs []*count, all bool, live map[string]bool) bool {
+	if s.in.Mutations.Has(mutation.WeightIgnored) { // mutation (test-only): a waiter asks for one slot (docs/leases.md H2)
+		return all && room(cs, 1)
+	}
+	if !all || !room(cs, q.Ticket.Weighs()) {
+		return false
+	}
+	for _, id := range q.Ticket.Replaces {
+		if live[id] && !s.in.Mutations.Has(mutation.ReplaceBeside) { // mutation (test-only): admitted beside the ticket it replaces (docs/leases.md R1)
+			return false
+		}
+	}
+	return true
+}
+
+// room reports whether each of cs has n slots free and no older waiter
+// blocking it.
+func room(cs []*count, n int) bool {
+	for _, c := range cs {
+		if c.blocked || c.held+n > c.size {
+			return false
+		}
+	}
+	return true
+}
+
+// blocked reports whether an older waiter blocks one of cs.
+func blocked(cs []*count) bool {
+	for _, c := range cs {
+		if c.blocked {
+			return true
+		}
+	}
+	return false
+}
+
+// take admits the waiter q, Index i, that fits: in each of its limits the
+// lowest Weighs indexes nobody uses, held from now on, so that the waiters
+// behind it fit beside it or not at all.
+func (s *settling) take(i int, q Queued) Admit {
+	w := q.Ticket.Weighs()
+	a := Admit{Index: i, Indexes: map[string][]int{}}
+	for _, name := range q.Ticket.Names() {
+		c := s.per[name]
+		a.Indexes[name] = c.lowest(w)
+		c.held += w
+		if s.in.Mutations.Has(mutation.WeightIgnored) { // mutation (test-only): an admission counts as one slot (docs/leases.md H2)
+			c.held -= w - 1
+		}
+	}
+	a.Slot = a.Indexes[q.Ticket.Names()[0]][0]
+	return a
+}
+
+// lowest takes the n lowest slot indexes of c that nobody uses, ascending.
+func (c *count) lowest(n int) []int {
+	ix := make([]int, 0, n)
+	for len(ix) < n {
+		for c.used[c.next] {
+			c.next++
+		}
+		ix = append(ix, c.next)
+		c.used[c.next] = true
+	}
+	return ix
 }
 
 // line finds the quiet waiters in line once the plan is applied: those
 // whose weight of waiters ahead, in one of their limits, is under its size.
-// gone marks the tickets the plan removes or admits.
-func (in SettleInput) line(per map[string]*count, gone []bool, known func(store.Ticket) ([]*count, bool, bool)) []int {
-	for _, c := range per {
+// It runs last, when gone marks every ticket the plan removes or admits.
+func (s *settling) line() []int {
+	for _, c := range s.per {
 		c.ahead = 0
 	}
 	var lined []int
-	for i, q := range in.Tickets {
-		cs, _, ok := known(q.Ticket)
-		if gone[i] || !ok || q.Ticket.State == store.Held {
+	for i, q := range s.in.Tickets {
+		cs, _, ok := s.known(q.Ticket)
+		if s.gone[i] || !ok || q.Ticket.State == store.Held {
 			continue
 		}
-		in := false
+		inLine := false
 		for _, c := range cs {
-			in = in || c.ahead < c.size
+			inLine = inLine || c.ahead < c.size
 			c.ahead += q.Ticket.Weighs()
 		}
-		if in && q.Quiet {
+		if inLine && q.Quiet {
 			lined = append(lined, i)
 		}
 	}
@@ -301,12 +395,13 @@ func (in SettleInput) line(per map[string]*count, gone []bool, known func(store.
 }
 
 // verdict judges one ticket: expired by the store's clock, or proven dead by
-// the judge when it is asked (every ticket with All; else a holder or a
-// waiter next in line of a contended limit; an expired one with JudgeExpired).
-func (in SettleInput) verdict(q Queued, contended, inLine bool) (string, bool) {
+// the judge when it is asked (every ticket with All; else one whose lease
+// runs where a contended limit needs it judged, see inContention; an expired
+// one with JudgeExpired).
+func (in SettleInput) verdict(q Queued, contended bool) (string, bool) {
 	expired := q.Expired != ""
 	ev, gone := q.Expired, expired
-	if in.All || (!expired && contended && inLine) || (expired && in.JudgeExpired) {
+	if in.All || (!expired && contended) || (expired && in.JudgeExpired) {
 		ev, gone = Verdict(q, in.Judge, !in.DryRun)
 	}
 	if gone && ev == q.Expired && in.Keep != nil && in.Keep(q.Ticket) {
