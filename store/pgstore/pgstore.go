@@ -155,8 +155,10 @@ func (b *backend) Update(ctx context.Context, fn func(policy.Tx) error) error {
 		return b.unavailable(err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	var v int64
-	if err := tx.QueryRow(ctx, `SELECT v FROM slotctl_meta WHERE k = 'lock' FOR UPDATE`).Scan(&v); err != nil {
+	// The lock, then the clock: read once the lock is held, in the same
+	// round trip.
+	var now time.Time
+	if err := tx.QueryRow(ctx, `SELECT clock_timestamp() FROM (SELECT v FROM slotctl_meta WHERE k = 'lock' FOR UPDATE) AS l`).Scan(&now); err != nil {
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) && pe.Code == "55P03" { // lock_not_available: lock_timeout ran out
 			return &store.LockTimeoutError{Path: b.name, Waited: b.timeout}
@@ -171,10 +173,7 @@ func (b *backend) Update(ctx context.Context, fn func(policy.Tx) error) error {
 	if b.afterLock != nil {
 		b.afterLock()
 	}
-	t, err := b.begin(ctx, tx, true)
-	if err != nil {
-		return err
-	}
+	t := b.step(ctx, tx, true, now)
 	if err := fn(t); err != nil {
 		return err
 	}
@@ -215,20 +214,25 @@ func (b *backend) View(ctx context.Context, fn func(policy.Tx) error) error {
 	return t.err
 }
 
-// begin reads the server's clock for a step.
+// begin reads the server's clock for a step that takes no lock.
 func (b *backend) begin(ctx context.Context, tx pgx.Tx, write bool) (*ptx, error) {
 	var now time.Time
 	if err := tx.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&now); err != nil {
 		return nil, b.unavailable(err)
 	}
+	return b.step(ctx, tx, write, now), nil
+}
+
+// step is a step at the server's clock reading now (or the test's clock).
+func (b *backend) step(ctx context.Context, tx pgx.Tx, write bool, now time.Time) *ptx {
 	if b.clock != nil {
 		now = b.clock()
 	}
 	if b.skew != nil {
 		now = now.Add(b.skew())
 	}
-	return &ptx{b: b, ctx: ctx, tx: tx, write: write,
-		now: policy.Instant{Boot: serverClock, Mono: time.Duration(now.UnixNano()), Wall: now}}, nil
+	return &ptx{b: b, ctx: ctx, tx: tx, rw: write,
+		now: policy.Instant{Boot: serverClock, Mono: time.Duration(now.UnixNano()), Wall: now}}
 }
 
 // serverClock is the boot every deadline is on: the server's wall clock.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/slotctl/slotctl/store"
 	"github.com/slotctl/slotctl/store/policy"
@@ -25,14 +26,15 @@ const (
 // ptx is one step: a transaction, the clock reading taken in it, and the
 // tickets to wake once it commits.
 type ptx struct {
-	b     *backend
-	ctx   context.Context
-	tx    pgx.Tx
-	write bool
-	now   policy.Instant
-	err   error // a failure where the interface has no error to return
+	b   *backend
+	ctx context.Context
+	tx  pgx.Tx
+	rw  bool // a writing step (Update)
+	now policy.Instant
+	err error // a failure where the interface has no error to return
 
-	rings []string
+	rings  []string
+	writes []write // queued: sent with the next read, or at the end
 	// prune: a log passed a multiple of pruneEvery, so the step trims it.
 	pruneEvents, pruneTombs bool
 	// limits and counts read or written in this step (nil: absent).
@@ -53,7 +55,7 @@ func (t *ptx) PreviousBoot(boot string) bool { return false } // one clock: the 
 func (t *ptx) fail(err error) error { return t.b.unavailable(err) }
 
 func (t *ptx) readOnly() error {
-	if !t.write {
+	if !t.rw {
 		return fmt.Errorf("pgstore: a write in a read-only step")
 	}
 	return nil
@@ -85,14 +87,95 @@ func encode(v any) string {
 	return string(b)
 }
 
-func (t *ptx) LimitNames() ([]string, error) {
-	rows, err := t.tx.Query(t.ctx, `SELECT name FROM slotctl_limits ORDER BY name`)
-	if err != nil {
-		return nil, t.fail(err)
+// A write is a statement queued until the step's next read or its end,
+// and sent with it in one round trip: a step holds the store's lock for
+// as few round trips as its reads need.
+type write struct {
+	sql  string
+	args []any
+	row  func(pgx.Row) error           // reads what the statement returns, or nil
+	tag  func(pgconn.CommandTag) error // checks what it did, or nil
+}
+
+// write queues a statement.
+func (t *ptx) write(w write) { t.writes = append(t.writes, w) }
+
+// stepError is an error of the step's own (a check that failed), not of
+// the server's: it passes through as it is.
+type stepError struct{ err error }
+
+func (e stepError) Error() string { return e.err.Error() }
+
+// batch sends the queued writes and then read (nil for none) in one round
+// trip, each in order.
+func (t *ptx) batch(read func(b *pgx.Batch)) error {
+	b := &pgx.Batch{}
+	for _, w := range t.writes {
+		q := b.Queue(w.sql, w.args...)
+		switch {
+		case w.row != nil:
+			q.QueryRow(func(r pgx.Row) error { return wrap(w.row(r)) })
+		case w.tag != nil:
+			q.Exec(func(ct pgconn.CommandTag) error { return wrap(w.tag(ct)) })
+		}
 	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	t.writes = t.writes[:0]
+	if read != nil {
+		read(b)
+	}
+	if b.Len() == 0 {
+		return nil
+	}
+	err := t.tx.SendBatch(t.ctx, b).Close()
+	var se stepError
+	if errors.As(err, &se) {
+		return se.err
+	}
 	if err != nil {
-		return nil, t.fail(err)
+		return t.fail(err)
+	}
+	return nil
+}
+
+func wrap(err error) error {
+	if err != nil {
+		return stepError{err}
+	}
+	return nil
+}
+
+// query runs a read after the queued writes; fn reads its rows.
+func (t *ptx) query(fn func(pgx.Rows) error, sql string, args ...any) error {
+	return t.batch(func(b *pgx.Batch) {
+		b.Queue(sql, args...).Query(func(rows pgx.Rows) error { return wrap(fn(rows)) })
+	})
+}
+
+// queryRow runs a read of one row after the queued writes: found is false
+// when there is none.
+func (t *ptx) queryRow(sql string, args []any, dest ...any) (found bool, err error) {
+	err = t.batch(func(b *pgx.Batch) {
+		b.Queue(sql, args...).QueryRow(func(r pgx.Row) error {
+			err := r.Scan(dest...)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil
+			}
+			found = err == nil
+			return err
+		})
+	})
+	return found, err
+}
+
+func (t *ptx) LimitNames() ([]string, error) {
+	var names []string
+	err := t.query(func(rows pgx.Rows) error {
+		var err error
+		names, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err
+	}, `SELECT name FROM slotctl_limits ORDER BY name`)
+	if err != nil {
+		return nil, err
 	}
 	for _, n := range names {
 		if !store.ValidLimitName(n) {
@@ -111,13 +194,13 @@ func (t *ptx) Limit(name string) (policy.LimitRec, bool, error) {
 		return *l, true, nil
 	}
 	var raw []byte
-	err := t.tx.QueryRow(t.ctx, `SELECT rec FROM slotctl_limits WHERE name = $1`, name).Scan(&raw)
-	if errors.Is(err, pgx.ErrNoRows) {
+	found, err := t.queryRow(`SELECT rec FROM slotctl_limits WHERE name = $1`, []any{name}, &raw)
+	if err != nil {
+		return policy.LimitRec{}, false, err
+	}
+	if !found {
 		t.cacheLimit(name, nil)
 		return policy.LimitRec{}, false, nil
-	}
-	if err != nil {
-		return policy.LimitRec{}, false, t.fail(err)
 	}
 	var l policy.LimitRec
 	what := fmt.Sprintf("limit %q", name)
@@ -144,30 +227,21 @@ func (t *ptx) PutLimit(name string, l policy.LimitRec) error {
 	if err := t.readOnly(); err != nil {
 		return err
 	}
-	_, err := t.tx.Exec(t.ctx, `INSERT INTO slotctl_limits (name, rec) VALUES ($1, $2::jsonb)
-		ON CONFLICT (name) DO UPDATE SET rec = EXCLUDED.rec`, name, encode(l))
+	t.write(write{sql: `INSERT INTO slotctl_limits (name, rec) VALUES ($1, $2::jsonb)
+		ON CONFLICT (name) DO UPDATE SET rec = EXCLUDED.rec`, args: []any{name, encode(l)}})
 	t.cacheLimit(name, &l)
-	return t.failed(err)
+	return nil
 }
 
 func (t *ptx) DeleteLimit(name string) error {
 	if err := t.readOnly(); err != nil {
 		return err
 	}
-	if _, err := t.tx.Exec(t.ctx, `DELETE FROM slotctl_limits WHERE name = $1`, name); err != nil {
-		return t.fail(err)
-	}
+	t.write(write{sql: `DELETE FROM slotctl_limits WHERE name = $1`, args: []any{name}})
+	t.write(write{sql: `DELETE FROM slotctl_counts WHERE name = $1`, args: []any{name}})
 	t.cacheLimit(name, nil)
 	delete(t.counts, name)
 	delete(t.dirty, name)
-	_, err := t.tx.Exec(t.ctx, `DELETE FROM slotctl_counts WHERE name = $1`, name)
-	return t.failed(err)
-}
-
-func (t *ptx) failed(err error) error {
-	if err != nil {
-		return t.fail(err)
-	}
 	return nil
 }
 
@@ -190,32 +264,27 @@ func ticket(fence int64, id string, limits []string, raw []byte) (policy.Rec, er
 }
 
 func (t *ptx) Queue(limit string) ([]policy.Rec, error) {
-	rows, err := t.tx.Query(t.ctx, `SELECT fence, id, limits, rec FROM slotctl_tickets WHERE limits @> ARRAY[$1::text] ORDER BY fence`, limit)
-	if err != nil {
-		return nil, t.fail(err)
-	}
-	defer rows.Close()
 	var out []policy.Rec
-	for rows.Next() {
-		var (
-			fence  int64
-			id     string
-			limits []string
-			raw    []byte
-		)
-		if err := rows.Scan(&fence, &id, &limits, &raw); err != nil {
-			return nil, t.fail(err)
+	err := t.query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			var (
+				fence  int64
+				id     string
+				limits []string
+				raw    []byte
+			)
+			if err := rows.Scan(&fence, &id, &limits, &raw); err != nil {
+				return err
+			}
+			r, err := ticket(fence, id, limits, raw)
+			if err != nil {
+				return err
+			}
+			out = append(out, r)
 		}
-		r, err := ticket(fence, id, limits, raw)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, t.fail(err)
-	}
-	return out, nil
+		return rows.Err()
+	}, `SELECT fence, id, limits, rec FROM slotctl_tickets WHERE limits @> ARRAY[$1::text] ORDER BY fence`, limit)
+	return out, err
 }
 
 func (t *ptx) Lookup(id string) (policy.Rec, bool, error) {
@@ -224,12 +293,9 @@ func (t *ptx) Lookup(id string) (policy.Rec, bool, error) {
 		limits []string
 		raw    []byte
 	)
-	err := t.tx.QueryRow(t.ctx, `SELECT fence, limits, rec FROM slotctl_tickets WHERE id = $1`, id).Scan(&fence, &limits, &raw)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return policy.Rec{}, false, nil
-	}
-	if err != nil {
-		return policy.Rec{}, false, t.fail(err)
+	found, err := t.queryRow(`SELECT fence, limits, rec FROM slotctl_tickets WHERE id = $1`, []any{id}, &fence, &limits, &raw)
+	if err != nil || !found {
+		return policy.Rec{}, false, err
 	}
 	r, err := ticket(fence, id, limits, raw)
 	return r, err == nil, err
@@ -239,23 +305,23 @@ func (t *ptx) Put(r policy.Rec) error {
 	if err := t.readOnly(); err != nil {
 		return err
 	}
-	_, err := t.tx.Exec(t.ctx, `INSERT INTO slotctl_tickets (fence, id, limits, rec) VALUES ($1, $2, $3, $4::jsonb)
+	t.write(write{sql: `INSERT INTO slotctl_tickets (fence, id, limits, rec) VALUES ($1, $2, $3, $4::jsonb)
 		ON CONFLICT (fence) DO UPDATE SET rec = EXCLUDED.rec, limits = EXCLUDED.limits`,
-		int64(r.Fence), r.ID, r.Names(), encode(r))
-	return t.failed(err)
+		args: []any{int64(r.Fence), r.ID, r.Names(), encode(r)}})
+	return nil
 }
 
 func (t *ptx) Delete(r policy.Rec) error {
 	if err := t.readOnly(); err != nil {
 		return err
 	}
-	tag, err := t.tx.Exec(t.ctx, `DELETE FROM slotctl_tickets WHERE fence = $1 AND id = $2`, int64(r.Fence), r.ID)
-	if err != nil {
-		return t.fail(err)
-	}
-	if tag.RowsAffected() != 1 {
-		return fmt.Errorf("%w: removing ticket %s (fence %d) that is not stored", store.ErrCorrupt, r.ID, r.Fence)
-	}
+	t.write(write{sql: `DELETE FROM slotctl_tickets WHERE fence = $1 AND id = $2`, args: []any{int64(r.Fence), r.ID},
+		tag: func(tag pgconn.CommandTag) error {
+			if tag.RowsAffected() != 1 {
+				return fmt.Errorf("%w: removing ticket %s (fence %d) that is not stored", store.ErrCorrupt, r.ID, r.Fence)
+			}
+			return nil
+		}})
 	return nil
 }
 
@@ -264,20 +330,17 @@ func (t *ptx) NextFence() (uint64, error) {
 		return 0, err
 	}
 	var n int64
-	if err := t.tx.QueryRow(t.ctx, `SELECT nextval('slotctl_fence')`).Scan(&n); err != nil {
-		return 0, t.fail(err)
+	if _, err := t.queryRow(`SELECT nextval('slotctl_fence')`, nil, &n); err != nil {
+		return 0, err
 	}
 	return uint64(n), nil
 }
 
 func (t *ptx) Tomb(id string) (policy.Tomb, bool, error) {
 	var raw []byte
-	err := t.tx.QueryRow(t.ctx, `SELECT rec FROM slotctl_tombs WHERE id = $1`, id).Scan(&raw)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return policy.Tomb{}, false, nil
-	}
-	if err != nil {
-		return policy.Tomb{}, false, t.fail(err)
+	found, err := t.queryRow(`SELECT rec FROM slotctl_tombs WHERE id = $1`, []any{id}, &raw)
+	if err != nil || !found {
+		return policy.Tomb{}, false, err
 	}
 	var tb policy.Tomb
 	what := fmt.Sprintf("tombstone %q", id)
@@ -294,11 +357,15 @@ func (t *ptx) PutTomb(id string, tb policy.Tomb) error {
 	if err := t.readOnly(); err != nil {
 		return err
 	}
-	var seq int64
-	err := t.tx.QueryRow(t.ctx, `INSERT INTO slotctl_tombs (id, at, rec) VALUES ($1, $2, $3::jsonb)
-		ON CONFLICT (id) DO UPDATE SET rec = EXCLUDED.rec, at = EXCLUDED.at RETURNING seq`, id, tb.Wall, encode(tb)).Scan(&seq)
-	t.pruneTombs = t.pruneTombs || seq%pruneEvery == 0
-	return t.failed(err)
+	t.write(write{sql: `INSERT INTO slotctl_tombs (id, at, rec) VALUES ($1, $2, $3::jsonb)
+		ON CONFLICT (id) DO UPDATE SET rec = EXCLUDED.rec, at = EXCLUDED.at RETURNING seq`, args: []any{id, tb.Wall, encode(tb)},
+		row: func(r pgx.Row) error {
+			var seq int64
+			err := r.Scan(&seq)
+			t.pruneTombs = t.pruneTombs || seq%pruneEvery == 0
+			return err
+		}})
+	return nil
 }
 
 func (t *ptx) Log(e store.Event) error {
@@ -306,12 +373,16 @@ func (t *ptx) Log(e store.Event) error {
 		return err
 	}
 	// The record carries the row's sequence number.
-	var seq int64
-	err := t.tx.QueryRow(t.ctx, `WITH s AS (SELECT nextval(pg_get_serial_sequence('slotctl_events', 'seq')) AS n)
+	t.write(write{sql: `WITH s AS (SELECT nextval(pg_get_serial_sequence('slotctl_events', 'seq')) AS n)
 		INSERT INTO slotctl_events (seq, name, rec) SELECT n, $1, jsonb_set($2::jsonb, '{seq}', to_jsonb(n)) FROM s RETURNING seq`,
-		e.Limit, encode(e)).Scan(&seq)
-	t.pruneEvents = t.pruneEvents || seq%pruneEvery == 0
-	return t.failed(err)
+		args: []any{e.Limit, encode(e)},
+		row: func(r pgx.Row) error {
+			var seq int64
+			err := r.Scan(&seq)
+			t.pruneEvents = t.pruneEvents || seq%pruneEvery == 0
+			return err
+		}})
+	return nil
 }
 
 func (t *ptx) Counts(limit string) (store.Counts, error) {
@@ -327,12 +398,12 @@ func (t *ptx) Counts(limit string) (store.Counts, error) {
 
 func (t *ptx) readCounts(limit string) (store.Counts, error) {
 	var raw []byte
-	err := t.tx.QueryRow(t.ctx, `SELECT rec FROM slotctl_counts WHERE name = $1`, limit).Scan(&raw)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return store.Counts{Limit: limit}, nil
-	}
+	found, err := t.queryRow(`SELECT rec FROM slotctl_counts WHERE name = $1`, []any{limit}, &raw)
 	if err != nil {
-		return store.Counts{}, t.fail(err)
+		return store.Counts{}, err
+	}
+	if !found {
+		return store.Counts{Limit: limit}, nil
 	}
 	var c store.Counts
 	what := fmt.Sprintf("counts of limit %q", limit)
@@ -377,28 +448,25 @@ func (t *ptx) Gone(r policy.Rec) { t.rings = append(t.rings, r.ID) }
 func (t *ptx) finish() error {
 	for _, name := range slices.Sorted(maps.Keys(t.dirty)) {
 		c := t.counts[name]
-		if _, err := t.tx.Exec(t.ctx, `INSERT INTO slotctl_counts (name, rec) VALUES ($1, $2::jsonb)
-			ON CONFLICT (name) DO UPDATE SET rec = EXCLUDED.rec`, c.Limit, encode(c)); err != nil {
-			return t.fail(err)
-		}
+		t.write(write{sql: `INSERT INTO slotctl_counts (name, rec) VALUES ($1, $2::jsonb)
+			ON CONFLICT (name) DO UPDATE SET rec = EXCLUDED.rec`, args: []any{c.Limit, encode(c)}})
 	}
 	if len(t.rings) > 0 {
 		slices.Sort(t.rings)
 		ids := slices.Compact(t.rings)
-		if _, err := t.tx.Exec(t.ctx, `SELECT pg_notify($1, id) FROM unnest($2::text[]) AS id`, channel, ids); err != nil {
-			return t.fail(err)
-		}
+		t.write(write{sql: `SELECT pg_notify($1, id) FROM unnest($2::text[]) AS id`, args: []any{channel, ids}})
+	}
+	// The writes so far may trim a log (their RETURNING says): trims go in
+	// a second batch only then, every pruneEvery entries.
+	if err := t.batch(nil); err != nil {
+		return err
 	}
 	if t.pruneEvents {
-		if _, err := t.tx.Exec(t.ctx, `DELETE FROM slotctl_events WHERE seq <= (SELECT max(seq) FROM slotctl_events) - $1`, store.MaxEvents); err != nil {
-			return t.fail(err)
-		}
+		t.write(write{sql: `DELETE FROM slotctl_events WHERE seq <= (SELECT max(seq) FROM slotctl_events) - $1`, args: []any{store.MaxEvents}})
 	}
 	if t.pruneTombs {
-		if _, err := t.tx.Exec(t.ctx, `DELETE FROM slotctl_tombs WHERE at < $1 OR seq <= (SELECT max(seq) FROM slotctl_tombs) - $2`,
-			t.now.Wall.Add(-tombstoneAge), maxTombstones); err != nil {
-			return t.fail(err)
-		}
+		t.write(write{sql: `DELETE FROM slotctl_tombs WHERE at < $1 OR seq <= (SELECT max(seq) FROM slotctl_tombs) - $2`,
+			args: []any{t.now.Wall.Add(-tombstoneAge), maxTombstones}})
 	}
-	return nil
+	return t.batch(nil)
 }
