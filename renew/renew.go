@@ -348,34 +348,21 @@ type result struct {
 func (k *Keeper) run(ctx context.Context) {
 	defer close(k.done)
 
-	results := make(chan result, 1)
-	inflight := false
-	cancelCall := context.CancelFunc(func() {})
-	defer func() {
-		cancelCall()
-		if inflight {
-			<-results // drain before release: Stop returns only after the call does
-		}
-	}()
+	l := &renewLoop{k: k, ctx: ctx, results: make(chan result, 1), cancelCall: func() {}}
+	defer l.drain()
 
 	now := k.o.Now()
 	k.mu.Lock()
-	every := k.o.WaitEvery // until Hold
-	first, deadline := k.lease.Sent()+k.jitter(every), k.lease.Deadline()
+	l.every = k.o.WaitEvery // until Hold
+	first, deadline := k.lease.Sent()+k.jitter(l.every), k.lease.Deadline()
 	k.mu.Unlock()
-	next := time.NewTimer(max(first-now, 0))
-	defer next.Stop()
-	deadT := time.NewTimer(max(deadline-now, 0))
-	defer deadT.Stop()
-	var watchC <-chan time.Time // nil until the watchdog runs
-	holdC := k.hold
-	startWatch := func() {
-		w := time.NewTicker(k.o.Watchdog)
-		watchC = w.C
-		k.stopWatch = w.Stop
-	}
+	l.next = time.NewTimer(max(first-now, 0))
+	defer l.next.Stop()
+	l.deadT = time.NewTimer(max(deadline-now, 0))
+	defer l.deadT.Stop()
+	l.holdC = k.hold
 	if !k.o.WatchdogOnHold {
-		startWatch()
+		l.startWatch()
 	}
 	defer func() {
 		if k.stopWatch != nil {
@@ -383,96 +370,31 @@ func (k *Keeper) run(ctx context.Context) {
 		}
 	}()
 
-	ctxDone := ctx.Done() // nil once cancelled, and for a context that never is
-	renewing := true
-	failures := 0
+	l.ctxDone = ctx.Done() // nil once cancelled, and for a context that never is
+	l.renewing = true
 	for {
 		select {
 		case <-k.stop:
 			return
 		case <-k.lost: // Check found it lost
 			return
-		case <-ctxDone:
-			ctxDone, renewing = nil, false
-			next.Stop() // renew no more; keep watching the deadline
+		case <-l.ctxDone:
+			l.ctxDone, l.renewing = nil, false
+			l.next.Stop() // renew no more; keep watching the deadline
 			continue
-		case <-holdC:
-			holdC = nil
-			if k.o.WatchdogOnHold {
-				startWatch()
-			}
-			if every != k.o.Every {
-				every = k.o.Every
-				if renewing && !inflight {
-					k.mu.Lock()
-					due := k.lease.Sent() + k.jitter(every)
-					k.mu.Unlock()
-					next.Reset(max(due-k.o.Now(), 0))
-				}
-			}
+		case <-l.holdC:
+			l.held()
 			continue
-		case <-watchC:
-		case <-deadT.C:
-		case <-next.C:
-			sent := k.o.Now()
-			if k.expired(sent) {
+		case <-l.watchC:
+		case <-l.deadT.C:
+		case <-l.next.C:
+			if l.send() {
 				return
 			}
-			select {
-			case <-k.stop:
-				return
-			default:
-			}
-			if ctx.Err() != nil {
-				continue // the ctxDone case stops renewing
-			}
-			k.mu.Lock()
-			t, left := k.ticket, k.lease.Deadline()-sent
-			k.mu.Unlock()
-			callCtx, cancel := context.WithTimeout(ctx, left)
-			cancelCall, inflight = cancel, true
-			go func() {
-				nt, err := k.r.Renew(callCtx, t, k.o.TTL)
-				results <- result{nt, err, sent}
-			}()
 			continue
-		case res := <-results:
-			inflight = false
-			cancelCall()
-			now := k.o.Now()
-			switch {
-			case res.err == nil:
-				if !k.ack(res.t, res.sent, now) {
-					return
-				}
-				failures = 0
-				if k.o.OnRenew != nil {
-					k.o.OnRenew(res.t)
-				}
-				now = k.o.Now()
-				if renewing {
-					next.Reset(max(res.sent+k.jitter(every)-now, 0))
-				}
-				deadT.Reset(max(k.Deadline()-now, 0))
-			case errors.Is(res.err, store.ErrLost):
-				k.lose(fmt.Errorf("store refused the renewal: %w", res.err))
+		case res := <-l.results:
+			if l.answered(res) {
 				return
-			default:
-				if k.expired(now) {
-					return
-				}
-				if !renewing || ctx.Err() != nil {
-					continue // ctx cancelled: the failure is ours, not the store's
-				}
-				failures++
-				k.mu.Lock()
-				k.lastErr = res.err
-				left := k.lease.Deadline() - now
-				k.mu.Unlock()
-				d := k.backoff(failures)
-				k.o.Logf("renew: ticket %s: %v; retry %d in %v (lease presumed lost in %v)",
-					k.Ticket().ID, res.err, failures, d.Round(time.Millisecond), left.Round(time.Millisecond))
-				next.Reset(d)
 			}
 			continue
 		}
@@ -482,6 +404,155 @@ func (k *Keeper) run(ctx context.Context) {
 		if k.expired(now) {
 			return
 		}
-		deadT.Reset(max(k.Deadline()-now, 0))
+		l.deadT.Reset(max(k.Deadline()-now, 0))
 	}
+}
+
+// renewLoop is the state of the renewing goroutine's loop: its timers, the
+// store call in flight and what it still watches. Its own type so that
+// each case of the loop's select is a method of its own.
+type renewLoop struct {
+	k   *Keeper
+	ctx context.Context
+	// results carries the answer of the call in flight (inflight), whose
+	// context cancelCall cancels.
+	results    chan result
+	inflight   bool
+	cancelCall context.CancelFunc
+	every      time.Duration    // the renewal period: WaitEvery until Hold, then Every
+	next       *time.Timer      // the next renewal, or retry
+	deadT      *time.Timer      // the local deadline
+	watchC     <-chan time.Time // the watchdog: nil until it runs
+	holdC      <-chan struct{}  // Hold: nil once it came
+	ctxDone    <-chan struct{}  // nil once cancelled, and for a context that never is
+	renewing   bool             // false once ctx is cancelled: the deadline is still watched
+	failures   int              // failed renewals since the last ack
+}
+
+// drain cancels the call in flight and waits for it: drain before
+// release, Stop returns only after the call does.
+func (l *renewLoop) drain() {
+	l.cancelCall()
+	if l.inflight {
+		<-l.results
+	}
+}
+
+// startWatch starts the watchdog, which checks the deadline between
+// renewals (Go timers stop during suspend).
+func (l *renewLoop) startWatch() {
+	w := time.NewTicker(l.k.o.Watchdog)
+	l.watchC = w.C
+	l.k.stopWatch = w.Stop
+}
+
+// held switches to the held ticket's watch and period on Hold: the
+// watchdog starts (WatchdogOnHold), and the next renewal is due Every
+// after the last acknowledged one.
+func (l *renewLoop) held() {
+	k := l.k
+	l.holdC = nil
+	if k.o.WatchdogOnHold {
+		l.startWatch()
+	}
+	if l.every != k.o.Every {
+		l.every = k.o.Every
+		if l.renewing && !l.inflight {
+			k.mu.Lock()
+			due := k.lease.Sent() + k.jitter(l.every)
+			k.mu.Unlock()
+			l.next.Reset(max(due-k.o.Now(), 0))
+		}
+	}
+}
+
+// send sends a renewal that came due, bounded by what is left of the
+// lease, unless the lease is lost or the Keeper stopped. It reports
+// whether the goroutine ends.
+func (l *renewLoop) send() bool {
+	k := l.k
+	sent := k.o.Now()
+	if k.expired(sent) {
+		return true
+	}
+	select {
+	case <-k.stop:
+		return true
+	default:
+	}
+	if l.ctx.Err() != nil {
+		return false // the ctxDone case stops renewing
+	}
+	k.mu.Lock()
+	t, left := k.ticket, k.lease.Deadline()-sent
+	k.mu.Unlock()
+	callCtx, cancel := context.WithTimeout(l.ctx, left)
+	l.cancelCall, l.inflight = cancel, true
+	go func() {
+		nt, err := k.r.Renew(callCtx, t, k.o.TTL)
+		l.results <- result{nt, err, sent}
+	}()
+	return false
+}
+
+// answered acts on the store's answer to a renewal: an ack moves the
+// deadline on, a refusal loses the lease, any other failure is retried.
+// It reports whether the goroutine ends.
+func (l *renewLoop) answered(res result) bool {
+	k := l.k
+	l.inflight = false
+	l.cancelCall()
+	now := k.o.Now()
+	switch {
+	case res.err == nil:
+		return l.acked(res, now)
+	case errors.Is(res.err, store.ErrLost):
+		k.lose(fmt.Errorf("store refused the renewal: %w", res.err))
+		return true
+	default:
+		return l.failed(res.err, now)
+	}
+}
+
+// acked records an acknowledged renewal, received at now, and sets the
+// next renewal and the deadline timer from it. It reports whether the
+// goroutine ends: an ack past the deadline does not revive the lease.
+func (l *renewLoop) acked(res result, now time.Duration) bool {
+	k := l.k
+	if !k.ack(res.t, res.sent, now) {
+		return true
+	}
+	l.failures = 0
+	if k.o.OnRenew != nil {
+		k.o.OnRenew(res.t)
+	}
+	now = k.o.Now()
+	if l.renewing {
+		l.next.Reset(max(res.sent+k.jitter(l.every)-now, 0))
+	}
+	l.deadT.Reset(max(k.Deadline()-now, 0))
+	return false
+}
+
+// failed handles a transient failure of a renewal, answered at now: it is
+// retried after a backoff while the lease lasts. It reports whether the
+// goroutine ends.
+func (l *renewLoop) failed(err error, now time.Duration) bool {
+	k := l.k
+	if k.expired(now) {
+		return true
+	}
+	if !l.renewing || l.ctx.Err() != nil {
+		return false // ctx cancelled: the failure is ours, not the store's
+	}
+	l.failures++
+	k.mu.Lock()
+	k.lastErr = err
+	left := k.lease.Deadline() - now
+	k.mu.Unlock()
+	d := k.backoff(l.failures)
+	k.o.Logf("renew: ticket %s: %v; retry %d in %v (lease presumed lost in %v)",
+		k.Ticket().ID, err, l.failures, d.Round(time.Millisecond), left.Round(time.Millisecond))
+	l.next.Reset(d)
+	return false
 }

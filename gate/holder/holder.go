@@ -202,26 +202,9 @@ func Run(ctx context.Context, cfg Config) Outcome {
 		return holdAndWait(ctx, cfg)
 	}
 	r := newRunner(cfg)
-	g := cfg.Gate
-	g.Store = cfg.Store
-	first := r.now()
-	sent := first
-	entry, err := g.Join(ctx, cfg.Request)
-	var busy *store.LockTimeoutError
-	for errors.As(err, &busy) && cfg.Wait != 0 && (cfg.Wait < 0 || r.now()-first < cfg.Wait) && ctx.Err() == nil {
-		// A store locked by others all along wrote nothing: a run that may
-		// wait keeps trying, as it would wait for a slot (docs/leases.md
-		// rule 17); only one that may not wait says the store is busy.
-		r.note(Note{Kind: StoreBusy, Err: err})
-		if s, ok := r.terminated(); ok {
-			return Outcome{Result: Signalled, Signal: s} // nothing was written: nothing to leave
-		}
-		sent = r.now()
-		entry, err = g.Join(ctx, cfg.Request)
-		busy = nil
-	}
-	if err != nil {
-		return Outcome{Result: Failed, Err: err}
+	entry, sent, out, ok := r.join(ctx)
+	if !ok {
+		return out
 	}
 	defer entry.Close()
 	r.entry = entry
@@ -234,60 +217,22 @@ func Run(ctx context.Context, cfg Config) Outcome {
 		// (docs/leases.md rule 17).
 		r.lease = r.startLease(ctx, t, sent)
 	}
-	t, out, ok := r.wait(ctx)
+	t, out, ok = r.wait(ctx)
 	if !ok {
 		return out
 	}
-	if r.bug(mutation.WaiterNotRenewed) {
-		r.lease = r.startLease(ctx, t, r.now()) // counts from the admission it observed
-	} else if r.lease == nil || r.lease.Err() == nil && r.lease.Deadline() <= r.now() || errors.Is(r.lease.Err(), renew.ErrDeadline) {
-		// Admitted while quiet, or with its own deadline past (a slow
-		// machine): the lease the admission gave it, as read after seenAt
-		// (docs/leases.md rule 17).
-		if r.lease != nil {
-			r.lease.Stop()
-		}
-		if err := r.adopt(ctx, t); err != nil {
-			r.release(ctx, store.Lost, false)
-			return Outcome{Result: LostBeforeStart, Ticket: t, Err: err}
-		}
+	if out, ok := r.admittedLease(ctx, t); !ok {
+		return out
 	}
-	// Start the job only with a lease that has time left; else give the
-	// slot back now, as lost, rather than at expiry.
-	if left := r.lease.Deadline() - r.now(); left <= 0 || r.lease.Err() != nil {
-		r.lease.Stop()
-		err := r.lease.Err()
-		if err == nil {
-			err = renew.ErrDeadline
-		}
-		r.release(ctx, store.Lost, false)
-		return Outcome{Result: LostBeforeStart, Ticket: t, Err: err}
+	if out, ok := r.leaseLeft(ctx, t); !ok {
+		return out
 	}
 	r.lease.Hold() // a job runs from now on: check the lease every second too (suspend)
 	r.note(Note{Kind: Admitted, Ticket: t})
 
 	jobCtx, cancelJob := context.WithCancelCause(ctx)
 	defer cancelJob(nil)
-	c, err := cfg.Start(jobCtx, t)
-	if err != nil {
-		out = Outcome{Result: Failed, Ticket: t, Err: err}
-	} else {
-		r.note(Note{Kind: Started, Ticket: t})
-		r.holding.Store(true)
-		if r.admittedByJoin && r.entry != nil {
-			// The enqueue that admitted the ticket rang its bell: take that
-			// ring, or supervise reads the ticket again for nothing (a whole
-			// store open). Taken after the start, so that the bell's reader
-			// has had time to pass it on. A stop request that shares the
-			// ring is heard at the next renewal at the latest, the bound a
-			// --replace promises (startLease's onRenew).
-			select {
-			case <-r.entry.Bell():
-			default:
-			}
-		}
-		out = r.supervise(ctx, c, t, cancelJob)
-	}
+	out = r.runJob(ctx, jobCtx, t, cancelJob)
 	// Drain before release: the job and its group are gone; no renewal is
 	// in flight after Stop.
 	r.lease.Stop()
@@ -299,6 +244,97 @@ func Run(ctx context.Context, cfg Config) Outcome {
 		r.release(ctx, why, true)
 	}
 	return out
+}
+
+// join writes the ticket. It is Run's first phase of its own because a
+// store locked by others all along wrote nothing: a run that may wait
+// keeps trying, as it would wait for a slot (docs/leases.md rule 17); only
+// one that may not wait says the store is busy. sent is when the write
+// that succeeded was sent; not ok, out is how the run ended.
+func (r *runner) join(ctx context.Context) (entry *gate.Entry, sent time.Duration, out Outcome, ok bool) {
+	cfg := r.cfg
+	g := cfg.Gate
+	g.Store = cfg.Store
+	first := r.now()
+	sent = first
+	entry, err := g.Join(ctx, cfg.Request)
+	var busy *store.LockTimeoutError
+	for errors.As(err, &busy) && cfg.Wait != 0 && (cfg.Wait < 0 || r.now()-first < cfg.Wait) && ctx.Err() == nil {
+		r.note(Note{Kind: StoreBusy, Err: err})
+		if s, ok := r.terminated(); ok {
+			return nil, 0, Outcome{Result: Signalled, Signal: s}, false // nothing was written: nothing to leave
+		}
+		sent = r.now()
+		entry, err = g.Join(ctx, cfg.Request)
+		busy = nil
+	}
+	if err != nil {
+		return nil, 0, Outcome{Result: Failed, Err: err}, false
+	}
+	return entry, sent, Outcome{}, true
+}
+
+// admittedLease makes sure the admitted ticket t has a lease of its own
+// running: the lease decides whether the job may start, and a waiter may
+// have come through the wait without one. Not ok, the slot is given back
+// as lost and out is how the run ended.
+func (r *runner) admittedLease(ctx context.Context, t store.Ticket) (Outcome, bool) {
+	if r.bug(mutation.WaiterNotRenewed) {
+		r.lease = r.startLease(ctx, t, r.now()) // counts from the admission it observed
+	} else if r.lease == nil || r.lease.Err() == nil && r.lease.Deadline() <= r.now() || errors.Is(r.lease.Err(), renew.ErrDeadline) {
+		// Admitted while quiet, or with its own deadline past (a slow
+		// machine): the lease the admission gave it, as read after seenAt
+		// (docs/leases.md rule 17).
+		if r.lease != nil {
+			r.lease.Stop()
+		}
+		if err := r.adopt(ctx, t); err != nil {
+			r.release(ctx, store.Lost, false)
+			return Outcome{Result: LostBeforeStart, Ticket: t, Err: err}, false
+		}
+	}
+	return Outcome{}, true
+}
+
+// leaseLeft lets the job start only with a lease that has time left; else
+// it gives the slot back now, as lost, rather than at expiry, and out (not
+// ok) is how the run ended.
+func (r *runner) leaseLeft(ctx context.Context, t store.Ticket) (Outcome, bool) {
+	if left := r.lease.Deadline() - r.now(); left <= 0 || r.lease.Err() != nil {
+		r.lease.Stop()
+		err := r.lease.Err()
+		if err == nil {
+			err = renew.ErrDeadline
+		}
+		r.release(ctx, store.Lost, false)
+		return Outcome{Result: LostBeforeStart, Ticket: t, Err: err}, false
+	}
+	return Outcome{}, true
+}
+
+// runJob starts the job of ticket t under jobCtx and supervises it to its
+// end. It is the part of Run that a job that never started skips;
+// cancelJob stays Run's, so that the job's context outlives the release.
+func (r *runner) runJob(ctx, jobCtx context.Context, t store.Ticket, cancelJob context.CancelCauseFunc) Outcome {
+	c, err := r.cfg.Start(jobCtx, t)
+	if err != nil {
+		return Outcome{Result: Failed, Ticket: t, Err: err}
+	}
+	r.note(Note{Kind: Started, Ticket: t})
+	r.holding.Store(true)
+	if r.admittedByJoin && r.entry != nil {
+		// The enqueue that admitted the ticket rang its bell: take that
+		// ring, or supervise reads the ticket again for nothing (a whole
+		// store open). Taken after the start, so that the bell's reader
+		// has had time to pass it on. A stop request that shares the
+		// ring is heard at the next renewal at the latest, the bound a
+		// --replace promises (startLease's onRenew).
+		select {
+		case <-r.entry.Bell():
+		default:
+		}
+	}
+	return r.supervise(ctx, c, t, cancelJob)
 }
 
 // Supervise watches a job that runs without a ticket of its own (a nested
@@ -391,133 +427,226 @@ func (r *runner) wait(ctx context.Context) (store.Ticket, Outcome, bool) {
 	if r.cfg.Wait == 0 {
 		return t, r.leave(ctx, Outcome{Result: Busy, Ticket: t, Err: gate.ErrBusy}), false
 	}
-	now := r.now()
-	deadline := never
-	if r.cfg.Wait > 0 {
-		deadline = now + r.cfg.Wait
-	}
-	nextPoll := now + e.PollPeriod()
-	expiryAt := never
-	var lostC <-chan struct{}
-	if r.lease != nil {
-		lostC = r.lease.Lost()
-		// The renewals read the ticket (renewed): no poll beside them.
-		nextPoll = never
-	}
-	done := ctx.Done()
-	armExpiry := func() {
-		if d, ok := e.Expiry(ctx); ok {
-			expiryAt = r.now() + d
-		}
-	}
-	armExpiry()
+	w := r.newWaiting(ctx, t)
 	// Noted after the first read, so that what a caller does on it (a
 	// test that then cuts the store off) meets the loop, not a read.
 	r.note(Note{Kind: WaitStart, Ticket: t})
 	defer r.note(Note{Kind: WaitEnd})
-	for t.State != store.Held {
-		ev := r.w.Wait(Wake{At: at(deadline, nextPoll, expiryAt), Done: done, Lost: lostC, Bell: e.Bell(), Nudge: e.Nudged()})
+	for w.t.State != store.Held {
+		ev := r.w.Wait(Wake{At: at(w.deadline, w.nextPoll, w.expiryAt), Done: w.done, Lost: w.lostC, Bell: e.Bell(), Nudge: e.Nudged()})
+		next := readTicket // a bell, and what the cases below leave to a read
 		switch ev.Kind {
 		case Done:
-			return t, r.leave(ctx, Outcome{Result: Failed, Ticket: t, Err: context.Cause(ctx)}), false
+			next = w.over(w.t, r.leave(ctx, Outcome{Result: Failed, Ticket: w.t, Err: context.Cause(ctx)}), false)
 		case Lost:
-			if by, ok := supersededBy(r.lease.Err()); ok {
-				return t, r.superseded(t, by, r.lease.Err()), false
-			}
-			if errors.Is(r.lease.Err(), renew.ErrDeadline) {
-				// Its own deadline passed, not the store's word: a waiter
-				// holds no slot, so it reads its ticket and, still there,
-				// renews and waits on (docs/leases.md rule 17).
-				r.lease.Stop()
-				r.lease, lostC = nil, nil
-				break
-			}
-			err := fmt.Errorf("%w while waiting: %w", store.ErrLost, r.lease.Err())
-			return t, r.leave(ctx, Outcome{Result: LostWaiting, Ticket: t, Err: err}), false
+			next = w.lost(ctx)
 		case Signal:
-			if ev.Signal == syscall.SIGCONT {
-				if r.lease != nil {
-					r.lease.Check()
-				}
-			} else if Terminating(ev.Signal) {
-				return t, r.leave(ctx, Outcome{Result: Signalled, Ticket: t, Signal: ev.Signal}), false
-			}
-			continue
+			next = w.signal(ctx, ev.Signal)
 		case Timer:
-			now := r.now()
-			switch {
-			case now >= deadline:
-				r.seenAt = now
-				lt, err := e.LastLook(ctx)
-				if err == nil {
-					return lt, Outcome{}, true
-				}
-				return lt, r.leave(ctx, Outcome{Result: Busy, Ticket: lt, Err: err}), false
-			case now >= expiryAt:
-				// A holder's lease ran out, as last read: sweep now rather
-				// than at the next write. Read first: a holder that renewed
-				// since (the usual case) costs a read, not a sweep's write.
-				expiryAt = never
-				if d, ok := e.Expiry(ctx); ok && d > sweepSlack {
-					expiryAt = r.now() + d
-					continue
-				}
-				e.Sweep(ctx)
-			case now >= nextPoll:
-				nextPoll = now + e.PollPeriod()
-			default:
-				continue // early: nothing is due yet
-			}
+			next = w.timer(ctx)
 		case Nudge:
-			if p := r.renewed.Swap(nil); p != nil && p.State == store.Waiting && p.ID == t.ID && p.Fence == t.Fence {
-				// A renewal's answer: still waiting, at this place. Only a
-				// new place may make it the head, which watches the
-				// holders' expiry (a read): most renewals cost the wait
-				// no store operation at all.
-				moved := p.Position != t.Position
-				t = e.Saw(*p)
-				r.note(Note{Kind: WaitUpdate, Ticket: t})
-				if moved || len(t.Limits) > 1 {
-					armExpiry()
-				}
-				continue
-			}
+			next = w.nudged(ctx)
 		}
-		r.seenAt = r.now()
-		nt, err := e.Refresh(ctx)
-		if out, ok := r.ended(ctx, t, err); ok {
-			return t, out, false
+		if next == readTicket {
+			next = w.read(ctx)
 		}
-		if err != nil {
-			if r.lease == nil {
-				nextPoll = r.now() + e.PollPeriod()
-			}
-			continue // transient: the next poll tries again; the renewer judges the lease
-		}
-		t = nt
-		r.note(Note{Kind: WaitUpdate, Ticket: t})
-		if t.State == store.Held {
-			break
-		}
-		armExpiry()
-		switch {
-		case r.lease != nil || r.bug(mutation.WaiterNotRenewed):
-		case t.Quiet:
-			nextPoll = r.now() + e.PollPeriod()
-		default:
-			// In line: renew from now on (docs/leases.md rule 17).
-			err := r.adopt(ctx, t)
-			if out, ok := r.ended(ctx, t, err); ok {
-				return t, out, false
-			}
-			if err != nil {
-				nextPoll = r.now() + e.PollPeriod()
-			} else {
-				lostC, nextPoll = r.lease.Lost(), never
-			}
+		if next == waitOver {
+			return w.endT, w.out, w.ok
 		}
 	}
-	return t, Outcome{}, true
+	return w.t, Outcome{}, true
+}
+
+// waiting is the state of wait's loop: the ticket as last read, the
+// moments it wakes at and the lease it watches. Its own type so that each
+// event's handling is a method of its own.
+type waiting struct {
+	r *runner
+	e *gate.Entry
+	t store.Ticket
+	// deadline is the end of Config.Wait, nextPoll the next fallback poll
+	// (never while renewals read the ticket), expiryAt when a holder's
+	// lease runs out, as last read.
+	deadline, nextPoll, expiryAt time.Duration
+	lostC, done                  <-chan struct{}
+	// How the wait ended, once a step is waitOver.
+	endT store.Ticket
+	out  Outcome
+	ok   bool
+}
+
+// waitStep is what the wait does after an event.
+type waitStep int
+
+const (
+	readTicket waitStep = iota // read the ticket from the store, then wait again
+	waitAgain                  // wait for the next event
+	waitOver                   // return endT, out and ok
+)
+
+// newWaiting sets the wait's moments up from the ticket t that the join
+// read: the wait's end, its first poll (none beside renewals) and the
+// holders' expiry.
+func (r *runner) newWaiting(ctx context.Context, t store.Ticket) *waiting {
+	e := r.entry
+	now := r.now()
+	w := &waiting{r: r, e: e, t: t, deadline: never, expiryAt: never}
+	if r.cfg.Wait > 0 {
+		w.deadline = now + r.cfg.Wait
+	}
+	w.nextPoll = now + e.PollPeriod()
+	if r.lease != nil {
+		w.lostC = r.lease.Lost()
+		// The renewals read the ticket (renewed): no poll beside them.
+		w.nextPoll = never
+	}
+	w.done = ctx.Done()
+	w.armExpiry(ctx)
+	return w
+}
+
+// over records how the wait ended, for the loop to return.
+func (w *waiting) over(t store.Ticket, out Outcome, ok bool) waitStep {
+	w.endT, w.out, w.ok = t, out, ok
+	return waitOver
+}
+
+// armExpiry reads when a holder's lease runs out, for the wait to sweep
+// then rather than at the next write.
+func (w *waiting) armExpiry(ctx context.Context) {
+	if d, ok := w.e.Expiry(ctx); ok {
+		w.expiryAt = w.r.now() + d
+	}
+}
+
+// lost handles the renewer's verdict on the waiting ticket's lease.
+func (w *waiting) lost(ctx context.Context) waitStep {
+	r := w.r
+	if by, ok := supersededBy(r.lease.Err()); ok {
+		return w.over(w.t, r.superseded(w.t, by, r.lease.Err()), false)
+	}
+	if errors.Is(r.lease.Err(), renew.ErrDeadline) {
+		// Its own deadline passed, not the store's word: a waiter
+		// holds no slot, so it reads its ticket and, still there,
+		// renews and waits on (docs/leases.md rule 17).
+		r.lease.Stop()
+		r.lease, w.lostC = nil, nil
+		return readTicket
+	}
+	err := fmt.Errorf("%w while waiting: %w", store.ErrLost, r.lease.Err())
+	return w.over(w.t, r.leave(ctx, Outcome{Result: LostWaiting, Ticket: w.t, Err: err}), false)
+}
+
+// signal handles a signal while waiting: SIGCONT checks the lease (the
+// process may have been stopped past it), a terminating one leaves the
+// queue, others are dropped.
+func (w *waiting) signal(ctx context.Context, s os.Signal) waitStep {
+	r := w.r
+	if s == syscall.SIGCONT {
+		if r.lease != nil {
+			r.lease.Check()
+		}
+	} else if Terminating(s) {
+		return w.over(w.t, r.leave(ctx, Outcome{Result: Signalled, Ticket: w.t, Signal: s}), false)
+	}
+	return waitAgain
+}
+
+// timer handles the moment that came due: the end of the wait (a last
+// look), a holder's expiry (a sweep) or the fallback poll.
+func (w *waiting) timer(ctx context.Context) waitStep {
+	r, e := w.r, w.e
+	now := r.now()
+	switch {
+	case now >= w.deadline:
+		r.seenAt = now
+		lt, err := e.LastLook(ctx)
+		if err == nil {
+			return w.over(lt, Outcome{}, true)
+		}
+		return w.over(lt, r.leave(ctx, Outcome{Result: Busy, Ticket: lt, Err: err}), false)
+	case now >= w.expiryAt:
+		// A holder's lease ran out, as last read: sweep now rather
+		// than at the next write. Read first: a holder that renewed
+		// since (the usual case) costs a read, not a sweep's write.
+		w.expiryAt = never
+		if d, ok := e.Expiry(ctx); ok && d > sweepSlack {
+			w.expiryAt = r.now() + d
+			return waitAgain
+		}
+		e.Sweep(ctx)
+	case now >= w.nextPoll:
+		w.nextPoll = now + e.PollPeriod()
+	default:
+		return waitAgain // early: nothing is due yet
+	}
+	return readTicket
+}
+
+// nudged takes a renewal's answer as the wait's read of the ticket, when
+// there is one: a waiter's renewals are its polls too.
+func (w *waiting) nudged(ctx context.Context) waitStep {
+	if p := w.r.renewed.Swap(nil); p != nil && p.State == store.Waiting && p.ID == w.t.ID && p.Fence == w.t.Fence {
+		// A renewal's answer: still waiting, at this place. Only a
+		// new place may make it the head, which watches the
+		// holders' expiry (a read): most renewals cost the wait
+		// no store operation at all.
+		moved := p.Position != w.t.Position
+		w.t = w.e.Saw(*p)
+		w.r.note(Note{Kind: WaitUpdate, Ticket: w.t})
+		if moved || len(w.t.Limits) > 1 {
+			w.armExpiry(ctx)
+		}
+		return waitAgain
+	}
+	return readTicket
+}
+
+// read reads the ticket from the store: held, the wait is over; still
+// waiting, it may have come into line and start renewing.
+func (w *waiting) read(ctx context.Context) waitStep {
+	r, e := w.r, w.e
+	r.seenAt = r.now()
+	nt, err := e.Refresh(ctx)
+	if out, ok := r.ended(ctx, w.t, err); ok {
+		return w.over(w.t, out, false)
+	}
+	if err != nil {
+		if r.lease == nil {
+			w.nextPoll = r.now() + e.PollPeriod()
+		}
+		return waitAgain // transient: the next poll tries again; the renewer judges the lease
+	}
+	w.t = nt
+	r.note(Note{Kind: WaitUpdate, Ticket: w.t})
+	if w.t.State == store.Held {
+		return waitAgain // the loop ends: admitted
+	}
+	w.armExpiry(ctx)
+	return w.inLine(ctx)
+}
+
+// inLine starts renewing a ticket that the read shows in line (not
+// quiet), or sets the next poll of a quiet one (docs/leases.md rule 17).
+func (w *waiting) inLine(ctx context.Context) waitStep {
+	r := w.r
+	switch {
+	case r.lease != nil || r.bug(mutation.WaiterNotRenewed):
+	case w.t.Quiet:
+		w.nextPoll = r.now() + w.e.PollPeriod()
+	default:
+		// In line: renew from now on (docs/leases.md rule 17).
+		err := r.adopt(ctx, w.t)
+		if out, ok := r.ended(ctx, w.t, err); ok {
+			return w.over(w.t, out, false)
+		}
+		if err != nil {
+			w.nextPoll = r.now() + w.e.PollPeriod()
+		} else {
+			w.lostC, w.nextPoll = r.lease.Lost(), never
+		}
+	}
+	return waitAgain
 }
 
 // ended turns an error of a read or a renewal of the waiting ticket t into
@@ -632,151 +761,217 @@ func (r *runner) supervise(ctx context.Context, c Child, t store.Ticket, cancelJ
 		defer r.child.Store(nil)
 		r.tellLease(c)
 	}
-	out := Outcome{Result: Ran, Ticket: t}
-	now := r.now()
-	var lostC <-chan struct{}
-	recordAt, maxHoldAt, killAt, giveUpAt := never, never, never, never
-	if r.lease != nil {
-		lostC = r.lease.Lost()
-		recordAt = now + r.cfg.RecordDelay
-	}
-	if r.cfg.MaxHold > 0 {
-		maxHoldAt = now + r.cfg.MaxHold
-	}
-	stopAt, killed := never, false
-	killBy := never // on a lost lease: SIGKILL no later than this
-	stop := func(s syscall.Signal) {
-		c.Signal(s)
-		if !killed && killAt == never {
-			stopAt = r.now()
-			killAt = stopAt + r.cfg.KillAfter
+	s := r.newSupervision(ctx, c, t, cancelJob)
+	for {
+		if r.released {
+			s.bellC, s.nudgeC = nil, nil // mutation.ReleaseBeforeExit: the bell is closed
 		}
-		killAt = min(killAt, killBy)
+		ev := r.w.Wait(Wake{At: at(s.recordAt, s.maxHoldAt, s.killAt, s.giveUpAt), Done: s.done, Lost: s.lostC, Exited: s.endC, Bell: s.bellC, Nudge: s.nudgeC})
+		switch ev.Kind {
+		case Bell, Nudge:
+			s.stopRequest(ctx)
+		case Exited:
+			if s.exited() {
+				return s.out
+			}
+		case Signal:
+			s.signal(ctx, ev.Signal)
+		case Lost:
+			if s.leaseLost() {
+				s.stop(syscall.SIGTERM)
+			}
+		case Done:
+			s.done = nil
+			s.stop(syscall.SIGTERM)
+		case Timer:
+			if s.timer(ctx) {
+				return s.out
+			}
+		}
 	}
-	done := ctx.Done()
-	// endC is the command's exit, then the end of the whole job.
-	endC, draining := c.Exited(), false
+}
+
+// supervision is the state of supervise's loop: the job, the outcome so
+// far, the moments it wakes at and the channels it still watches. Its own
+// type so that each event's handling is a method of its own.
+type supervision struct {
+	r         *runner
+	c         Child
+	t         store.Ticket // the ticket as last read
+	cancelJob context.CancelCauseFunc
+	out       Outcome
+	// recordAt: record the job's group; maxHoldAt: MaxHold runs out;
+	// killAt: SIGKILL (again); giveUpAt: stop waiting for the job to go.
+	recordAt, maxHoldAt, killAt, giveUpAt time.Duration
+	stopAt                                time.Duration // when the job was first stopped
+	killed                                bool          // SIGKILL was sent
+	killBy                                time.Duration // on a lost lease: SIGKILL no later than this
+	lostC, done                           <-chan struct{}
+	// endC is the command's exit, then (draining) the end of the whole job.
+	endC     <-chan struct{}
+	draining bool
 	// The bell stays open while the job runs: a newer run of the key that
 	// asks it to stop (--replace) rings it, and so do renewals that
 	// carry the request (a nudge).
-	var bellC, nudgeC <-chan struct{}
+	bellC, nudgeC <-chan struct{}
+}
+
+// newSupervision sets up the watch of job c from now: its record, MaxHold
+// and the channels it waits on.
+func (r *runner) newSupervision(ctx context.Context, c Child, t store.Ticket, cancelJob context.CancelCauseFunc) *supervision {
+	s := &supervision{r: r, c: c, t: t, cancelJob: cancelJob, out: Outcome{Result: Ran, Ticket: t}}
+	now := r.now()
+	s.recordAt, s.maxHoldAt, s.killAt, s.giveUpAt = never, never, never, never
+	if r.lease != nil {
+		s.lostC = r.lease.Lost()
+		s.recordAt = now + r.cfg.RecordDelay
+	}
+	if r.cfg.MaxHold > 0 {
+		s.maxHoldAt = now + r.cfg.MaxHold
+	}
+	s.stopAt, s.killed = never, false
+	s.killBy = never
+	s.done = ctx.Done()
+	s.endC, s.draining = c.Exited(), false
 	if r.entry != nil {
-		bellC, nudgeC = r.entry.Bell(), r.entry.Nudged()
+		s.bellC, s.nudgeC = r.entry.Bell(), r.entry.Nudged()
 	}
-	for {
-		if r.released {
-			bellC, nudgeC = nil, nil // mutation.ReleaseBeforeExit: the bell is closed
-		}
-		ev := r.w.Wait(Wake{At: at(recordAt, maxHoldAt, killAt, giveUpAt), Done: done, Lost: lostC, Exited: endC, Bell: bellC, Nudge: nudgeC})
-		switch ev.Kind {
-		case Bell, Nudge:
-			nt, err := r.entry.Refresh(ctx)
-			if err != nil || nt.Stop == nil {
-				continue // gone or unreadable: the lease judges that
-			}
-			bellC, nudgeC = nil, nil
-			t = nt
-			by := *nt.Stop
-			out.Replaced = &by
-			r.note(Note{Kind: Replaced, Ticket: t})
-			stop(syscall.SIGTERM)
-		case Exited:
-			if draining {
-				return out
-			}
-			out.Exit, out.ExitErr = c.Exit()
-			if lostC != nil {
-				// The job may have ended at its lease's end, stopped by its
-				// guard while this process was stopped: the lease first.
-				r.lease.Check()
-				select {
-				case <-lostC:
-					lostC = nil
-					err := r.lease.Err()
-					cancelJob(fmt.Errorf("%w: %w", store.ErrLost, err))
-					r.note(Note{Kind: LeaseLost, Ticket: t, Err: err})
-					if !r.cfg.Continue {
-						out.Lost = true
-						killBy = r.killBy()
-					}
-				default:
-				}
-			}
-			draining, endC = true, c.Gone()
-			select {
-			case <-endC:
-				return out
-			default:
-			}
-			// Drain before release: what the command left is the job too.
-			// SIGTERM, then SIGKILL after KillAfter — sooner on a lost
-			// lease, which the loop still watches.
-			r.note(Note{Kind: Leftover, Ticket: t})
-			stop(syscall.SIGTERM)
-		case Signal:
-			s, ok := ev.Signal.(syscall.Signal)
-			switch {
-			case !ok:
-			case s == syscall.SIGCONT:
-				if r.lease != nil {
-					r.lease.Check()
-				}
-			case c.Foreground() && !draining && (s == syscall.SIGINT || s == syscall.SIGQUIT):
-				// A terminal sends Ctrl-C and Ctrl-\ to the whole foreground
-				// group, the job included: do not deliver them twice.
-			case Terminating(s):
-				if r.bug(mutation.ReleaseBeforeExit) && r.lease != nil && !r.released {
-					r.lease.Stop()
-					r.release(ctx, store.Released, true)
-					r.released = true
-				}
-				stop(s)
-			default:
-				c.Signal(s)
-			}
-		case Lost:
-			lostC = nil
-			err := r.lease.Err()
-			cancelJob(fmt.Errorf("%w: %w", store.ErrLost, err))
-			r.note(Note{Kind: LeaseLost, Ticket: t, Err: err})
-			if !r.cfg.Continue {
-				out.Lost = true
-				killBy = r.killBy()
-				stop(syscall.SIGTERM)
-			}
-		case Done:
-			done = nil
-			stop(syscall.SIGTERM)
-		case Timer:
-			now := r.now()
-			if now >= recordAt {
-				recordAt = never
-				r.record(ctx, c, t)
-			}
-			if now >= maxHoldAt {
-				maxHoldAt = never
-				r.note(Note{Kind: MaxHoldOut, Ticket: t})
-				out.MaxHold = true
-				stop(syscall.SIGTERM)
-			}
-			if now >= giveUpAt {
-				r.note(Note{Kind: NotGone, Ticket: t, After: now - stopAt})
-				return out
-			}
-			if now >= killAt {
-				if !killed {
-					r.note(Note{Kind: Kill, Ticket: t, After: killAt - stopAt})
-				}
-				c.Signal(syscall.SIGKILL)
-				// Again and again: a process forked while the job was being
-				// killed was not there to be signalled.
-				killAt, killed = now+killRepeat, true
-				if giveUpAt == never {
-					giveUpAt = now + notGoneWait
-				}
-			}
+	return s
+}
+
+// stop signals the job to stop and, the first time, sets when SIGKILL
+// follows: KillAfter later, and no later than killBy.
+func (s *supervision) stop(sig syscall.Signal) {
+	s.c.Signal(sig)
+	if !s.killed && s.killAt == never {
+		s.stopAt = s.r.now()
+		s.killAt = s.stopAt + s.r.cfg.KillAfter
+	}
+	s.killAt = min(s.killAt, s.killBy)
+}
+
+// stopRequest reads the ticket on a ring of its bell: a newer run of the
+// key that asks the job to stop (--replace) has it stopped.
+func (s *supervision) stopRequest(ctx context.Context) {
+	nt, err := s.r.entry.Refresh(ctx)
+	if err != nil || nt.Stop == nil {
+		return // gone or unreadable: the lease judges that
+	}
+	s.bellC, s.nudgeC = nil, nil
+	s.t = nt
+	by := *nt.Stop
+	s.out.Replaced = &by
+	s.r.note(Note{Kind: Replaced, Ticket: s.t})
+	s.stop(syscall.SIGTERM)
+}
+
+// leaseLost acts on the lost lease: the job's context is cancelled and,
+// unless Continue, the job is to be stopped within the lease's margin. It
+// reports whether the job is to be stopped.
+func (s *supervision) leaseLost() bool {
+	s.lostC = nil
+	err := s.r.lease.Err()
+	s.cancelJob(fmt.Errorf("%w: %w", store.ErrLost, err))
+	s.r.note(Note{Kind: LeaseLost, Ticket: s.t, Err: err})
+	if s.r.cfg.Continue {
+		return false
+	}
+	s.out.Lost = true
+	s.killBy = s.r.killBy()
+	return true
+}
+
+// exited handles the end of the command, then the end of the whole job:
+// the command's status is kept, and what it left of the job is stopped
+// and drained. It reports whether the whole job is gone.
+func (s *supervision) exited() bool {
+	if s.draining {
+		return true
+	}
+	s.out.Exit, s.out.ExitErr = s.c.Exit()
+	if s.lostC != nil {
+		// The job may have ended at its lease's end, stopped by its
+		// guard while this process was stopped: the lease first.
+		s.r.lease.Check()
+		select {
+		case <-s.lostC:
+			s.leaseLost()
+		default:
 		}
 	}
+	s.draining, s.endC = true, s.c.Gone()
+	select {
+	case <-s.endC:
+		return true
+	default:
+	}
+	// Drain before release: what the command left is the job too.
+	// SIGTERM, then SIGKILL after KillAfter — sooner on a lost
+	// lease, which the loop still watches.
+	s.r.note(Note{Kind: Leftover, Ticket: s.t})
+	s.stop(syscall.SIGTERM)
+	return false
+}
+
+// signal handles a signal that reached the supervisor: forwarded to the
+// job, or stopping it.
+func (s *supervision) signal(ctx context.Context, sig os.Signal) {
+	r := s.r
+	sg, ok := sig.(syscall.Signal)
+	switch {
+	case !ok:
+	case sg == syscall.SIGCONT:
+		if r.lease != nil {
+			r.lease.Check()
+		}
+	case s.c.Foreground() && !s.draining && (sg == syscall.SIGINT || sg == syscall.SIGQUIT):
+		// A terminal sends Ctrl-C and Ctrl-\ to the whole foreground
+		// group, the job included: do not deliver them twice.
+	case Terminating(sg):
+		if r.bug(mutation.ReleaseBeforeExit) && r.lease != nil && !r.released {
+			r.lease.Stop()
+			r.release(ctx, store.Released, true)
+			r.released = true
+		}
+		s.stop(sg)
+	default:
+		s.c.Signal(sg)
+	}
+}
+
+// timer handles the moments that came due: the record of the job's
+// group, MaxHold, giving up on a job that does not go, and SIGKILL. It
+// reports whether supervise gives up on the job.
+func (s *supervision) timer(ctx context.Context) bool {
+	r := s.r
+	now := r.now()
+	if now >= s.recordAt {
+		s.recordAt = never
+		r.record(ctx, s.c, s.t)
+	}
+	if now >= s.maxHoldAt {
+		s.maxHoldAt = never
+		r.note(Note{Kind: MaxHoldOut, Ticket: s.t})
+		s.out.MaxHold = true
+		s.stop(syscall.SIGTERM)
+	}
+	if now >= s.giveUpAt {
+		r.note(Note{Kind: NotGone, Ticket: s.t, After: now - s.stopAt})
+		return true
+	}
+	if now >= s.killAt {
+		if !s.killed {
+			r.note(Note{Kind: Kill, Ticket: s.t, After: s.killAt - s.stopAt})
+		}
+		s.c.Signal(syscall.SIGKILL)
+		// Again and again: a process forked while the job was being
+		// killed was not there to be signalled.
+		s.killAt, s.killed = now+killRepeat, true
+		if s.giveUpAt == never {
+			s.giveUpAt = now + notGoneWait
+		}
+	}
+	return false
 }
 
 // After SIGKILL the job is signalled again every killRepeat, and given up

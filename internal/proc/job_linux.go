@@ -59,50 +59,83 @@ func findJob(id string, pgid int) (job, error) {
 	if err != nil {
 		return j, errNotTheJob{err.Error()}
 	}
-	self := os.Getpid()
-	seen := false
+	s := jobScan{id: id, pgid: pgid, self: os.Getpid()}
 	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid <= 0 {
-			continue
+		if err := s.visit(e.Name()); err != nil {
+			return s.j, err
 		}
-		st, err := readStat(pid)
-		if err != nil || dying(pid, st) {
-			continue
-		}
-		inGroup := pgid > 0 && st.Pgrp == pgid
-		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
-		if err != nil {
-			if inGroup && !goneSince(pid, st) {
-				return j, errNotTheJob{fmt.Sprintf("member %d of process group %d cannot be read: %v", pid, pgid, unwrap(err))}
-			}
-			if st.Flags&pfKthread == 0 && !IsAncestor(pid, st.Start) && !goneSince(pid, st) {
-				j.unread++
-			}
-			continue
-		}
-		ticket, ok := getenv(env, TicketVar)
-		if !ok || ticket != id {
-			if inGroup && !goneSince(pid, st) {
-				return j, errNotTheJob{fmt.Sprintf("member %d of process group %d is not the job of ticket %s", pid, pgid, id)}
-			}
-			continue
-		}
-		raw, _ := getenv(env, SupervisorVar)
-		m, err := ParseMarker(raw)
-		if err != nil {
-			return j, errNotTheJob{fmt.Sprintf("process %d carries ticket %s but %s %q: %v", pid, id, SupervisorVar, raw, err)}
-		}
-		if seen && m != j.marker {
-			return j, errNotTheJob{fmt.Sprintf("the processes of ticket %s name different supervisors (%s, %s)", id, j.marker, m)}
-		}
-		if pid == self {
-			return j, errNotTheJob{"this process belongs to the job"}
-		}
-		j.marker, seen = m, true
-		j.procs = append(j.procs, jobProc{pid: pid, start: st.Start, pgrp: st.Pgrp, uid: procUID(pid)})
 	}
-	return j, nil
+	return s.j, nil
+}
+
+// jobScan is findJob's state while it reads /proc: the job found so far.
+// Its own type so that each process's judgement is a method of its own.
+type jobScan struct {
+	id   string // the ticket
+	pgid int    // the recorded process group, 0 if none
+	self int    // this process, which must not be the job's
+	seen bool   // a process of the job was found: j.marker is set
+	j    job
+}
+
+// visit reads the process /proc/<name> (any other entry is skipped): one
+// of the job's processes is added to it, one in the way fails the scan.
+func (s *jobScan) visit(name string) error {
+	pid, err := strconv.Atoi(name)
+	if err != nil || pid <= 0 {
+		return nil
+	}
+	st, err := readStat(pid)
+	if err != nil || dying(pid, st) {
+		return nil
+	}
+	inGroup := s.pgid > 0 && st.Pgrp == s.pgid
+	env, err := os.ReadFile("/proc/" + name + "/environ")
+	if err != nil {
+		return s.unreadable(pid, st, inGroup, err)
+	}
+	ticket, ok := getenv(env, TicketVar)
+	if !ok || ticket != s.id {
+		if inGroup && !goneSince(pid, st) {
+			return errNotTheJob{fmt.Sprintf("member %d of process group %d is not the job of ticket %s", pid, s.pgid, s.id)}
+		}
+		return nil
+	}
+	return s.carrier(pid, st, env)
+}
+
+// unreadable judges a running process whose environment could not be read
+// (err): in the group it fails the scan; elsewhere it is counted, as one
+// that might be the job's, unless it cannot be (a kernel thread, an
+// ancestor of this process) or has gone since.
+func (s *jobScan) unreadable(pid int, st stat, inGroup bool, err error) error {
+	if inGroup && !goneSince(pid, st) {
+		return errNotTheJob{fmt.Sprintf("member %d of process group %d cannot be read: %v", pid, s.pgid, unwrap(err))}
+	}
+	if st.Flags&pfKthread == 0 && !IsAncestor(pid, st.Start) && !goneSince(pid, st) {
+		s.j.unread++
+	}
+	return nil
+}
+
+// carrier adds process pid, which carries the ticket (env), to the job,
+// unless it shows the processes are not provably one job: a malformed
+// marker, another supervisor than the others name, or this very process.
+func (s *jobScan) carrier(pid int, st stat, env []byte) error {
+	raw, _ := getenv(env, SupervisorVar)
+	m, err := ParseMarker(raw)
+	if err != nil {
+		return errNotTheJob{fmt.Sprintf("process %d carries ticket %s but %s %q: %v", pid, s.id, SupervisorVar, raw, err)}
+	}
+	if s.seen && m != s.j.marker {
+		return errNotTheJob{fmt.Sprintf("the processes of ticket %s name different supervisors (%s, %s)", s.id, s.j.marker, m)}
+	}
+	if pid == s.self {
+		return errNotTheJob{"this process belongs to the job"}
+	}
+	s.j.marker, s.seen = m, true
+	s.j.procs = append(s.j.procs, jobProc{pid: pid, start: st.Start, pgrp: st.Pgrp, uid: procUID(pid)})
+	return nil
 }
 
 // procUID is the uid process pid runs as when its real, effective, saved

@@ -52,20 +52,9 @@ func Dead(t store.Ticket, act bool) (string, bool) { return Judge{}.Dead(t, act)
 // dry run) it only says what it would do.
 func (jd Judge) Dead(t store.Ticket, act bool) (string, bool) {
 	h := t.Holder
-	if h.BootID == "" || h.Pid <= 0 || h.BootID != BootID() {
+	sup, ok := supervisorGone(h)
+	if !ok {
 		return "", false
-	}
-	if h.PidNS == 0 || h.PidNS != PidNS() {
-		return "", false
-	}
-	var sup string
-	switch Identify(h.Pid, h.PidStart) {
-	case Alive:
-		return "", false
-	case Gone:
-		sup = fmt.Sprintf("supervisor %d gone", h.Pid)
-	case Reused:
-		sup = fmt.Sprintf("supervisor %d gone (pid reused by another process)", h.Pid)
 	}
 	if h.Pgid > 0 && !sameGroup(h.Pgid, h.PgidStart) {
 		return "", false // the recorded group is another now: nothing to prove by it
@@ -75,25 +64,62 @@ func (jd Judge) Dead(t store.Ticket, act bool) (string, bool) {
 		return "", false
 	}
 	if len(j.procs) == 0 {
-		switch {
-		case h.Pgid > 0 && GroupEmpty(h.Pgid):
-			return fmt.Sprintf("%s, process group %d empty", sup, h.Pgid), true
-		case h.Pgid > 0:
-			return "", false // a member we cannot see
-		case t.State == store.Waiting:
-			return sup + ", no child started", true
-		case j.unread == 0:
-			// Held, but the child's group was never recorded: the supervisor
-			// died between admission and recording it (the job's first
-			// 50ms). Its child got the parent-death signal, and every process
-			// that could be the job's was read: none carries the ticket.
-			return sup + ", no process carries the ticket", true
-		default:
-			// The same, but a process that could be the job's cannot be read
-			// (another user's): it might carry the ticket, so the TTL decides.
-			return "", false
-		}
+		return noJobLeft(t, j, sup)
 	}
+	return jd.orphanedJob(t, j, sup, act)
+}
+
+// supervisorGone says how the ticket's supervisor is gone (sup), when the
+// ticket is of this boot and pid namespace, the only ones judged here, and
+// its supervisor is not alive. Otherwise ok is false: the holder is not
+// proved dead.
+func supervisorGone(h store.Holder) (sup string, ok bool) {
+	if h.BootID == "" || h.Pid <= 0 || h.BootID != BootID() {
+		return "", false
+	}
+	if h.PidNS == 0 || h.PidNS != PidNS() {
+		return "", false
+	}
+	switch Identify(h.Pid, h.PidStart) {
+	case Alive:
+		return "", false
+	case Gone:
+		sup = fmt.Sprintf("supervisor %d gone", h.Pid)
+	case Reused:
+		sup = fmt.Sprintf("supervisor %d gone (pid reused by another process)", h.Pid)
+	}
+	return sup, true
+}
+
+// noJobLeft judges a holder whose supervisor is gone (sup) and of whose
+// job no process was found (j): dead only when that absence proves it.
+func noJobLeft(t store.Ticket, j job, sup string) (string, bool) {
+	h := t.Holder
+	switch {
+	case h.Pgid > 0 && GroupEmpty(h.Pgid):
+		return fmt.Sprintf("%s, process group %d empty", sup, h.Pgid), true
+	case h.Pgid > 0:
+		return "", false // a member we cannot see
+	case t.State == store.Waiting:
+		return sup + ", no child started", true
+	case j.unread == 0:
+		// Held, but the child's group was never recorded: the supervisor
+		// died between admission and recording it (the job's first
+		// 50ms). Its child got the parent-death signal, and every process
+		// that could be the job's was read: none carries the ticket.
+		return sup + ", no process carries the ticket", true
+	default:
+		// The same, but a process that could be the job's cannot be read
+		// (another user's): it might carry the ticket, so the TTL decides.
+		return "", false
+	}
+}
+
+// orphanedJob judges a holder whose supervisor is gone (sup) but whose job
+// j still runs: dead once the job is killed, which only the owner's
+// evidence allows (act false: only says it would be).
+func (jd Judge) orphanedJob(t store.Ticket, j job, sup string, act bool) (string, bool) {
+	h := t.Holder
 	if !orphaned(j) || !jd.authorised(t.ID, j) {
 		return "", false
 	}

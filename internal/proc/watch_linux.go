@@ -21,8 +21,35 @@ const maxWatched = 64
 // the watch; the channel then stays open.
 func WatchHolders(holders []store.Ticket) (died <-chan struct{}, stop func()) {
 	c := make(chan struct{})
-	var fds []int
-	gone := false
+	fds, gone := openHolders(holders)
+	if gone {
+		closeAll(fds)
+		close(c) // one is gone already: sweep now
+		return c, func() {}
+	}
+	if len(fds) == 0 {
+		return c, func() {}
+	}
+	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
+	if err != nil {
+		closeAll(fds)
+		return c, func() {}
+	}
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			var one = [8]byte{1}
+			_, _ = unix.Write(efd, one[:])
+		})
+	}
+	go pollHolders(c, efd, fds)
+	return c, stop
+}
+
+// openHolders opens a pidfd on the supervisor of each ticket held on this
+// host (at most maxWatched). gone: one of them is gone already (its pid
+// is free, or names another process now); fds are the pidfds opened.
+func openHolders(holders []store.Ticket) (fds []int, gone bool) {
 	boot, ns := BootID(), PidNS()
 	for _, t := range holders {
 		h := t.Holder
@@ -47,51 +74,35 @@ func WatchHolders(holders []store.Ticket) (died <-chan struct{}, stop func()) {
 		}
 		fds = append(fds, fd)
 	}
-	if gone {
-		closeAll(fds)
-		close(c) // one is gone already: sweep now
-		return c, func() {}
+	return fds, gone
+}
+
+// pollHolders is the watch's goroutine: it closes c when one of the
+// pidfds fds says its process exited, and returns without closing it when
+// the eventfd efd is written (stop). It closes them all.
+func pollHolders(c chan struct{}, efd int, fds []int) {
+	defer unix.Close(efd)
+	defer closeAll(fds)
+	pfds := make([]unix.PollFd, 0, len(fds)+1)
+	pfds = append(pfds, unix.PollFd{Fd: int32(efd), Events: unix.POLLIN})
+	for _, fd := range fds {
+		pfds = append(pfds, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
 	}
-	if len(fds) == 0 {
-		return c, func() {}
-	}
-	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
-	if err != nil {
-		closeAll(fds)
-		return c, func() {}
-	}
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			var one = [8]byte{1}
-			_, _ = unix.Write(efd, one[:])
-		})
-	}
-	go func() {
-		defer unix.Close(efd)
-		defer closeAll(fds)
-		pfds := make([]unix.PollFd, 0, len(fds)+1)
-		pfds = append(pfds, unix.PollFd{Fd: int32(efd), Events: unix.POLLIN})
-		for _, fd := range fds {
-			pfds = append(pfds, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
+	for {
+		_, err := unix.Poll(pfds, -1)
+		if errors.Is(err, unix.EINTR) {
+			continue
 		}
-		for {
-			_, err := unix.Poll(pfds, -1)
-			if errors.Is(err, unix.EINTR) {
-				continue
-			}
-			if err != nil || pfds[0].Revents != 0 {
+		if err != nil || pfds[0].Revents != 0 {
+			return
+		}
+		for _, p := range pfds[1:] {
+			if p.Revents != 0 {
+				close(c)
 				return
 			}
-			for _, p := range pfds[1:] {
-				if p.Revents != 0 {
-					close(c)
-					return
-				}
-			}
 		}
-	}()
-	return c, stop
+	}
 }
 
 func closeAll(fds []int) {

@@ -215,81 +215,22 @@ func (w *pageWalker) level(d int, n uint64) []byte {
 // and the sub-buckets its leaves hold. It returns the subtree's last key.
 // The key bounds are bbolt's Tx.Check's (recursivelyCheckPageKeyOrder).
 func (w *pageWalker) tree(id, from uint64, d int, lo, hi []byte, holds holding) ([]byte, error) {
-	if err := w.mark(id); err != nil {
-		if from == 0 {
-			return nil, err
-		}
-		return nil, fmt.Errorf("from page %d: %v", from, err)
-	}
-	if d > maxPageDepth {
-		return nil, fmt.Errorf("page %d: pages nest more than %d deep", id, maxPageDepth)
-	}
-	buf := w.level(d, w.psz)
-	flags, count, size, err := w.header(buf, id, branchPageFlag, leafPageFlag)
+	p, err := w.treePage(id, from, d)
 	if err != nil {
-		return nil, fmt.Errorf("%v (reached from page %d)", err, from)
+		return nil, err
 	}
-	branch := flags == branchPageFlag
-	if branch && count == 0 {
-		return nil, fmt.Errorf("branch page %d has no elements", id)
-	}
-	if branch && size > maxBranchPage {
-		return nil, fmt.Errorf("branch page %d is %d bytes long; bbolt writes them under %d", id, size, maxBranchPage)
-	}
-	if need := pageHeaderSize + uint64(count)*pageElementSize; need > size {
-		return nil, fmt.Errorf("page %d: %d elements need %d bytes, the page has %d", id, count, need, size)
-	}
-	// Read the whole page when it is not too long (a branch page always),
-	// else its element headers, and its keys one by one.
-	whole := size <= maxBranchPage
-	if n := max(w.psz, pageHeaderSize+uint64(count)*pageElementSize); whole || n > w.psz {
-		if whole {
-			n = size
-		}
-		buf = w.level(d, n)
-		if err := w.readAt(buf[w.psz:], id*w.psz+w.psz); err != nil {
-			return nil, fmt.Errorf("page %d: %v", id, err)
-		}
-	}
-	le := binary.LittleEndian
 	prev := lo // the last key so far: the previous key of a leaf, the last key of a branch's previous child
 	var keys [2][]byte
-	for i := range count {
-		at := pageHeaderSize + uint64(i)*pageElementSize
-		e := buf[at:]
-		pos, ksize := uint64(le.Uint32(e[4:])), uint64(le.Uint32(e[8:]))
-		var vsize uint64
-		if branch {
-			pos, ksize = uint64(le.Uint32(e)), uint64(le.Uint32(e[4:]))
-		} else {
-			vsize = uint64(le.Uint32(e[12:]))
-		}
-		if ksize == 0 || ksize > maxKeySize || at+pos+ksize+vsize > size {
-			return nil, fmt.Errorf("page %d: element %d: key of %d bytes and value of %d bytes at %d are outside the page's %d bytes", id, i, ksize, vsize, at+pos, size)
-		}
-		key, err := w.key(buf, &keys[i%2], id*w.psz, at+pos, ksize)
+	for i := range p.count {
+		el, key, err := w.element(p, i, &keys[i%2])
 		if err != nil {
-			return nil, fmt.Errorf("page %d: element %d: %v", id, i, err)
+			return nil, err
 		}
-		switch {
-		case i == 0 && prev != nil && bytes.Compare(prev, key) > 0:
-			return nil, fmt.Errorf("page %d: its first key sorts before its parent's key", id)
-		case i > 0 && bytes.Compare(prev, key) >= 0:
-			return nil, fmt.Errorf("page %d: key %d is not after the one before it", id, i)
-		case hi != nil && bytes.Compare(key, hi) >= 0:
-			return nil, fmt.Errorf("page %d: key %d is not before its parent's next key", id, i)
+		if err := keyInOrder(id, i, prev, key, hi); err != nil {
+			return nil, err
 		}
-		if branch {
-			next := hi
-			if i+1 < count {
-				ne := buf[at+pageElementSize:]
-				npos, nksize := uint64(le.Uint32(ne)), uint64(le.Uint32(ne[4:]))
-				if nksize == 0 || nksize > maxKeySize || at+pageElementSize+npos+nksize > size {
-					return nil, fmt.Errorf("page %d: element %d: key of %d bytes at %d is outside the page's %d bytes", id, i+1, nksize, at+pageElementSize+npos, size)
-				}
-				next = buf[at+pageElementSize+npos:][:nksize]
-			}
-			last, err := w.tree(le.Uint64(e[8:]), id, d+1, key, next, holds)
+		if p.branch {
+			last, err := w.branchChild(p, i, el, key, hi, holds)
 			if err != nil {
 				return nil, err
 			}
@@ -297,24 +238,152 @@ func (w *pageWalker) tree(id, from uint64, d int, lo, hi []byte, holds holding) 
 			continue
 		}
 		prev = key
-		eflags := le.Uint32(e)
-		if eflags&^bucketLeafFlag != 0 {
-			return nil, fmt.Errorf("leaf page %d: element %d has flags %#x", id, i, eflags)
-		}
-		isBucket := eflags&bucketLeafFlag != 0
-		if err := holds.allows(key, isBucket); err != nil {
-			return nil, fmt.Errorf("leaf page %d: element %d: %v", id, i, err)
-		}
-		if isBucket {
-			if err := w.bucket(buf, id, d, size, at+pos+ksize, vsize, holds.child(key)); err != nil {
-				return nil, fmt.Errorf("leaf page %d: element %d: sub-bucket: %v", id, i, err)
-			}
+		if err := w.leafElement(p, i, el, key, holds); err != nil {
+			return nil, err
 		}
 	}
-	if branch || count > 0 {
+	if p.branch || p.count > 0 {
 		return prev, nil
 	}
 	return nil, nil // an empty leaf ends no keys (as in bbolt's check)
+}
+
+// treePage is a page of a B+tree that tree visits: as much of it as its
+// elements need, in the buffer of its depth.
+type treePage struct {
+	id     uint64
+	d      int // its depth
+	buf    []byte
+	branch bool   // a branch page, else a leaf
+	count  int    // its elements
+	size   uint64 // in bytes, with its overflow
+}
+
+// treePage marks page id (reached from page from, 0 for a bucket's root)
+// at depth d, checks its header and reads it: whole when it is not too
+// long (a branch page always), else its element headers. Its keys are
+// read one by one after (key).
+func (w *pageWalker) treePage(id, from uint64, d int) (treePage, error) {
+	if err := w.mark(id); err != nil {
+		if from == 0 {
+			return treePage{}, err
+		}
+		return treePage{}, fmt.Errorf("from page %d: %v", from, err)
+	}
+	if d > maxPageDepth {
+		return treePage{}, fmt.Errorf("page %d: pages nest more than %d deep", id, maxPageDepth)
+	}
+	buf := w.level(d, w.psz)
+	flags, count, size, err := w.header(buf, id, branchPageFlag, leafPageFlag)
+	if err != nil {
+		return treePage{}, fmt.Errorf("%v (reached from page %d)", err, from)
+	}
+	branch := flags == branchPageFlag
+	if branch && count == 0 {
+		return treePage{}, fmt.Errorf("branch page %d has no elements", id)
+	}
+	if branch && size > maxBranchPage {
+		return treePage{}, fmt.Errorf("branch page %d is %d bytes long; bbolt writes them under %d", id, size, maxBranchPage)
+	}
+	if need := pageHeaderSize + uint64(count)*pageElementSize; need > size {
+		return treePage{}, fmt.Errorf("page %d: %d elements need %d bytes, the page has %d", id, count, need, size)
+	}
+	whole := size <= maxBranchPage
+	if n := max(w.psz, pageHeaderSize+uint64(count)*pageElementSize); whole || n > w.psz {
+		if whole {
+			n = size
+		}
+		buf = w.level(d, n)
+		if err := w.readAt(buf[w.psz:], id*w.psz+w.psz); err != nil {
+			return treePage{}, fmt.Errorf("page %d: %v", id, err)
+		}
+	}
+	return treePage{id: id, d: d, buf: buf, branch: branch, count: count, size: size}, nil
+}
+
+// pageElement is element i of a tree page: its header (e, and the rest of
+// the page after it) at offset at, and its key and value, pos bytes after
+// the header (a branch element has no value).
+type pageElement struct {
+	e                     []byte
+	at, pos, ksize, vsize uint64
+}
+
+// element reads the header of element i of page p and checks that its key
+// and value lie inside the page; it returns the key, read into *scratch
+// when the page was not read whole.
+func (w *pageWalker) element(p treePage, i int, scratch *[]byte) (pageElement, []byte, error) {
+	le := binary.LittleEndian
+	at := pageHeaderSize + uint64(i)*pageElementSize
+	e := p.buf[at:]
+	pos, ksize := uint64(le.Uint32(e[4:])), uint64(le.Uint32(e[8:]))
+	var vsize uint64
+	if p.branch {
+		pos, ksize = uint64(le.Uint32(e)), uint64(le.Uint32(e[4:]))
+	} else {
+		vsize = uint64(le.Uint32(e[12:]))
+	}
+	if ksize == 0 || ksize > maxKeySize || at+pos+ksize+vsize > p.size {
+		return pageElement{}, nil, fmt.Errorf("page %d: element %d: key of %d bytes and value of %d bytes at %d are outside the page's %d bytes", p.id, i, ksize, vsize, at+pos, p.size)
+	}
+	key, err := w.key(p.buf, scratch, p.id*w.psz, at+pos, ksize)
+	if err != nil {
+		return pageElement{}, nil, fmt.Errorf("page %d: element %d: %v", p.id, i, err)
+	}
+	return pageElement{e: e, at: at, pos: pos, ksize: ksize, vsize: vsize}, key, nil
+}
+
+// keyInOrder checks key i of page id against the key before it (prev:
+// for the first, its parent's key, nil for none) and its parent's next
+// key (hi, nil for none), as bbolt's Tx.Check orders them.
+func keyInOrder(id uint64, i int, prev, key, hi []byte) error {
+	switch {
+	case i == 0 && prev != nil && bytes.Compare(prev, key) > 0:
+		return fmt.Errorf("page %d: its first key sorts before its parent's key", id)
+	case i > 0 && bytes.Compare(prev, key) >= 0:
+		return fmt.Errorf("page %d: key %d is not after the one before it", id, i)
+	case hi != nil && bytes.Compare(key, hi) >= 0:
+		return fmt.Errorf("page %d: key %d is not before its parent's next key", id, i)
+	}
+	return nil
+}
+
+// branchChild checks the subtree of element i (el, its key key) of branch
+// page p, whose keys lie before the next element's key, or before hi for
+// the last. It returns the subtree's last key.
+func (w *pageWalker) branchChild(p treePage, i int, el pageElement, key, hi []byte, holds holding) ([]byte, error) {
+	le := binary.LittleEndian
+	at := el.at
+	next := hi
+	if i+1 < p.count {
+		ne := p.buf[at+pageElementSize:]
+		npos, nksize := uint64(le.Uint32(ne)), uint64(le.Uint32(ne[4:]))
+		if nksize == 0 || nksize > maxKeySize || at+pageElementSize+npos+nksize > p.size {
+			return nil, fmt.Errorf("page %d: element %d: key of %d bytes at %d is outside the page's %d bytes", p.id, i+1, nksize, at+pageElementSize+npos, p.size)
+		}
+		next = p.buf[at+pageElementSize+npos:][:nksize]
+	}
+	return w.tree(le.Uint64(el.e[8:]), p.id, p.d+1, key, next, holds)
+}
+
+// leafElement checks element i (el, its key key) of leaf page p: its
+// flags, that it holds what its bucket may (holds), and the sub-bucket it
+// holds, if any.
+func (w *pageWalker) leafElement(p treePage, i int, el pageElement, key []byte, holds holding) error {
+	eflags := binary.LittleEndian.Uint32(el.e)
+	if eflags&^bucketLeafFlag != 0 {
+		return fmt.Errorf("leaf page %d: element %d has flags %#x", p.id, i, eflags)
+	}
+	isBucket := eflags&bucketLeafFlag != 0
+	if err := holds.allows(key, isBucket); err != nil {
+		return fmt.Errorf("leaf page %d: element %d: %v", p.id, i, err)
+	}
+	if isBucket {
+		if err := w.bucket(p.buf, p.id, p.d, p.size, el.at+el.pos+el.ksize, el.vsize, holds.child(key)); err != nil {
+			return fmt.Errorf("leaf page %d: element %d: sub-bucket: %v", p.id, i, err)
+		}
+	}
+	return nil
 }
 
 // key returns the ksize bytes at offset off of page buf (at file offset

@@ -176,23 +176,7 @@ func drawTickets(out tableOut, snap store.Snapshot, wide bool) error {
 	col := func(name string) int { return slices.Index(headers, name) }
 	rows := make([][]string, 0, len(snap.Tickets))
 	for _, t := range snap.Tickets {
-		slot := strconv.Itoa(t.Slot)
-		if t.State == store.Waiting {
-			slot = "#" + strconv.Itoa(t.Position) // its place in the queue
-		} else if ix := t.In(t.Limit); len(ix) > 1 {
-			slot = joinInts(ix)
-		}
-		row := []string{store.Printable(t.Limit), ticketState(t), slot}
-		if weighted {
-			row = append(row, strconv.Itoa(t.Weighs()))
-		}
-		row = append(row, shortID(t.ID), strconv.FormatUint(t.Fence, 10),
-			store.Printable(t.Holder.Host), strconv.Itoa(t.Holder.Pid), store.Printable(t.Holder.User),
-			human(snap.Now.Sub(t.Created)), leaseLeft(t))
-		if wide {
-			row = append(row, orDash(store.Printable(t.Key)), orDash(store.Printable(t.Holder.URL)))
-		}
-		rows = append(rows, append(row, store.Printable(t.Holder.Command())))
+		rows = append(rows, ticketRow(t, snap.Now, weighted, wide))
 	}
 	all, fit := headers, len(headers)-1
 	cols := make([]int, len(headers)) // the columns shown: all but on a narrow terminal
@@ -213,14 +197,7 @@ func drawTickets(out tableOut, snap store.Snapshot, wide bool) error {
 		t := tickets[row]
 		switch cols[c] {
 		case state:
-			switch ticketState(t) {
-			case "held":
-				return colorGreen
-			case "waiting":
-				return colorYellow
-			default:
-				return colorRed
-			}
+			return ticketStateColor(t)
 		case lease:
 			if !t.Quiet && t.Remaining <= t.TTL/3 { // a lease this close to expiry has missed a renewal
 				return colorRed
@@ -232,6 +209,41 @@ func drawTickets(out tableOut, snap store.Snapshot, wide bool) error {
 		}
 		return ""
 	})
+}
+
+// ticketRow is ticket t's row of the tickets table at now, with the W
+// column when weighted and the KEY and URL columns when wide.
+func ticketRow(t store.Ticket, now time.Time, weighted, wide bool) []string {
+	slot := strconv.Itoa(t.Slot)
+	if t.State == store.Waiting {
+		slot = "#" + strconv.Itoa(t.Position) // its place in the queue
+	} else if ix := t.In(t.Limit); len(ix) > 1 {
+		slot = joinInts(ix)
+	}
+	row := []string{store.Printable(t.Limit), ticketState(t), slot}
+	if weighted {
+		row = append(row, strconv.Itoa(t.Weighs()))
+	}
+	row = append(row, shortID(t.ID), strconv.FormatUint(t.Fence, 10),
+		store.Printable(t.Holder.Host), strconv.Itoa(t.Holder.Pid), store.Printable(t.Holder.User),
+		human(now.Sub(t.Created)), leaseLeft(t))
+	if wide {
+		row = append(row, orDash(store.Printable(t.Key)), orDash(store.Printable(t.Holder.URL)))
+	}
+	return append(row, store.Printable(t.Holder.Command()))
+}
+
+// ticketStateColor is the color of a ticket's STATE cell: held green,
+// waiting yellow, expired red.
+func ticketStateColor(t store.Ticket) string {
+	switch ticketState(t) {
+	case "held":
+		return colorGreen
+	case "waiting":
+		return colorYellow
+	default:
+		return colorRed
+	}
 }
 
 // orDash is s, or "-" for an empty cell.

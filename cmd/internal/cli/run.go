@@ -69,16 +69,85 @@ func newRunCmd(f *Factory, g *globalOptions, runF func(*RunOptions) error) *cobr
 	var keySet bool
 	var wait string
 	cmd := &cobra.Command{
-		Use:   "run --limit NAME [--limit NAME...] [flags] -- COMMAND [ARGS...]",
-		Short: "Run a command once a slot of a limit is free",
-		Long: `Run COMMAND once a slot of each --limit is free, and keep the slot until
+		Use:         "run --limit NAME [--limit NAME...] [flags] -- COMMAND [ARGS...]",
+		Short:       "Run a command once a slot of a limit is free",
+		Long:        runLong,
+		Annotations: manPage(runManPage),
+		Example:     runExample,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return errArgs(cmd, "missing COMMAND: want slotctl run --limit NAME -- COMMAND [ARGS...]")
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			opts.Argv = args
+			opts.SlotsSet = cmd.Flags().Changed("slots")
+			keySet = cmd.Flags().Changed("key")
+			if cmd.Flags().Changed("max-waiting") && opts.MaxWaiting < 0 {
+				return usageError("--max-waiting %d: want 0 or more", opts.MaxWaiting)
+			}
+			if err := opts.resolveNewer(f, keySet, cmd.Flags().Changed("url")); err != nil {
+				return err
+			}
+			if err := opts.resolve(f, cmd, wait, noWait); err != nil {
+				return err
+			}
+			if err := opts.resolveJobserver(cmd); err != nil {
+				return err
+			}
+			if runF != nil {
+				return runF(opts)
+			}
+			return runRun(cmd.Context(), f, g, opts)
+		},
+	}
+	addRunFlags(cmd, f, opts, &wait, &noWait)
+	return cmd
+}
+
+// addRunFlags defines slotctl run's flags, into opts and, for --wait and
+// --no-wait (which resolve reads together), into wait and noWait, with
+// their completions: the flags are most of the command's definition.
+func addRunFlags(cmd *cobra.Command, f *Factory, opts *RunOptions, wait *string, noWait *bool) {
+	fl := cmd.Flags()
+	fl.SetInterspersed(false) // slotctl run --limit x make -j8: -j8 is make's
+	fl.StringArrayVarP(&opts.Limits, "limit", "l", nil, "name of the limit (required; repeat for several, admitted to all at once)")
+	fl.IntVar(&opts.Weight, "weight", 1, "slots the run takes in each of its limits")
+	fl.IntVar(&opts.Slots, "slots", 1, "size of each limit this run creates, unless the config file's limits.NAME sets it")
+	fl.StringVar(wait, "wait", "", "give up if not admitted within this duration (default: wait without bound; 0 = do not wait)")
+	fl.BoolVar(noWait, "no-wait", false, "do not wait: exit 75 at once if no slot is free")
+	fl.IntVar(&opts.BusyExitCode, "busy-exit-code", exitBusy, "exit status when not admitted in time (0 for cron)")
+	fl.DurationVar(&opts.TTL, "ttl", defaultTTL, "lease time-to-live: a dead holder's slot comes back after it (env SLOTCTL_TTL)")
+	fl.DurationVar(&opts.RenewEvery, "renew-every", 0, "renewal period (default TTL/3, ±20% jitter)")
+	fl.StringVar(&opts.OnLost, "on-lost", "kill", "when the lease is lost: kill (stop COMMAND, exit 76) or continue (warn)")
+	fl.DurationVar(&opts.KillAfter, "kill-after", defaultKillAfter, "after stopping COMMAND with a signal, SIGKILL what is left of the job (COMMAND and everything it started) after this long (on a lost lease: at most TTL/20)")
+	fl.DurationVar(&opts.MaxHold, "max-hold", 0, "stop COMMAND and free the slot after this long (exit 124; default: no bound)")
+	fl.StringVar(&opts.Label, "label", "", "text shown instead of the command line in ls (command lines can carry secrets)")
+	fl.StringVar(&opts.Key, "key", "", "the work this run does in its limits (a branch, an environment), for --supersede and --replace")
+	fl.BoolVar(&opts.Supersede, "supersede", false, "remove the older waiting runs of the same --key (required): they exit 75 without running")
+	fl.BoolVar(&opts.Replace, "replace", false, "like --supersede, and also stop the runs of the same --key (required) that hold a slot (they exit 143)")
+	fl.IntVar(&opts.MaxWaiting, "max-waiting", -1, "exit 75 at once rather than wait behind N or more waiting runs of a limit (default: no bound)")
+	fl.StringVar(&opts.URL, "url", "", "where the job comes from, shown by ls (default: the CI run's URL from its variables)")
+	addJobserverFlags(cmd, opts)
+	_ = cmd.RegisterFlagCompletionFunc("key", f.completeRunKeys)
+	_ = cmd.RegisterFlagCompletionFunc("url", cobra.NoFileCompletions)
+	_ = cmd.RegisterFlagCompletionFunc("max-waiting", cobra.FixedCompletions([]string{"0", "1"}, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("limit", f.completeRunLimits)
+	_ = cmd.RegisterFlagCompletionFunc("on-lost", cobra.FixedCompletions([]string{"kill", "continue"}, cobra.ShellCompDirectiveNoFileComp))
+}
+
+// runLong is slotctl run's help.
+const runLong = `Run COMMAND once a slot of each --limit is free, and keep the slot until
 COMMAND exits. Runs wait their turn in arrival order. A limit that does not
 exist is created with --slots (else the config file's limits.NAME, else 1).
 Should the job or its machine die, the slot comes back within --ttl.
 
 Exits with COMMAND's status, else 75 when not admitted in time, 76 when the
-lease was lost, 124 when --max-hold ran out, 143 when replaced (--replace).`,
-		Annotations: manPage(`Run COMMAND once a slot of the limit is free, keeping the slot until it exits.
+lease was lost, 124 when --max-hold ran out, 143 when replaced (--replace).`
+
+// runManPage is slotctl run's man page, after the help.
+const runManPage = `Run COMMAND once a slot of the limit is free, keeping the slot until it exits.
 
 slotctl writes a waiting ticket, waits its turn in arrival order, starts
 COMMAND with SLOTCTL_LIMIT, SLOTCTL_TICKET, SLOTCTL_FENCE, SLOTCTL_SLOT,
@@ -163,8 +232,10 @@ EXAMPLES
   slotctl run --limit build --slots 4 --weight 2 -- make -j16
 
   # deploy: stop the running deploy of this environment and take its place
-  slotctl run --limit deploy --key prod --replace -- ./deploy.sh prod`),
-		Example: `  # at most two builds at once, in arrival order
+  slotctl run --limit deploy --key prod --replace -- ./deploy.sh prod`
+
+// runExample are slotctl run's examples.
+const runExample = `  # at most two builds at once, in arrival order
   slotctl run --limit build --slots 2 -- make -j8
 
   # cron: skip this run quietly if the previous one still holds the slot
@@ -177,66 +248,35 @@ EXAMPLES
   slotctl run --limit ci --key "$GITHUB_REF_NAME" --supersede --max-waiting 1 -- make test
 
   # builds share 8 slots of the host's cpu budget: make without -j
-  slotctl run --limit cpu --slots 8 --jobserver -- make`,
-		Args: func(cmd *cobra.Command, args []string) error {
-			if len(args) == 0 {
-				return errArgs(cmd, "missing COMMAND: want slotctl run --limit NAME -- COMMAND [ARGS...]")
-			}
-			return nil
-		},
-		RunE: func(cmd *cobra.Command, args []string) error {
-			opts.Argv = args
-			opts.SlotsSet = cmd.Flags().Changed("slots")
-			keySet = cmd.Flags().Changed("key")
-			if cmd.Flags().Changed("max-waiting") && opts.MaxWaiting < 0 {
-				return usageError("--max-waiting %d: want 0 or more", opts.MaxWaiting)
-			}
-			if err := opts.resolveNewer(f, keySet, cmd.Flags().Changed("url")); err != nil {
-				return err
-			}
-			if err := opts.resolve(f, cmd, wait, noWait); err != nil {
-				return err
-			}
-			if err := opts.resolveJobserver(cmd); err != nil {
-				return err
-			}
-			if runF != nil {
-				return runF(opts)
-			}
-			return runRun(cmd.Context(), f, g, opts)
-		},
-	}
-	fl := cmd.Flags()
-	fl.SetInterspersed(false) // slotctl run --limit x make -j8: -j8 is make's
-	fl.StringArrayVarP(&opts.Limits, "limit", "l", nil, "name of the limit (required; repeat for several, admitted to all at once)")
-	fl.IntVar(&opts.Weight, "weight", 1, "slots the run takes in each of its limits")
-	fl.IntVar(&opts.Slots, "slots", 1, "size of each limit this run creates, unless the config file's limits.NAME sets it")
-	fl.StringVar(&wait, "wait", "", "give up if not admitted within this duration (default: wait without bound; 0 = do not wait)")
-	fl.BoolVar(&noWait, "no-wait", false, "do not wait: exit 75 at once if no slot is free")
-	fl.IntVar(&opts.BusyExitCode, "busy-exit-code", exitBusy, "exit status when not admitted in time (0 for cron)")
-	fl.DurationVar(&opts.TTL, "ttl", defaultTTL, "lease time-to-live: a dead holder's slot comes back after it (env SLOTCTL_TTL)")
-	fl.DurationVar(&opts.RenewEvery, "renew-every", 0, "renewal period (default TTL/3, ±20% jitter)")
-	fl.StringVar(&opts.OnLost, "on-lost", "kill", "when the lease is lost: kill (stop COMMAND, exit 76) or continue (warn)")
-	fl.DurationVar(&opts.KillAfter, "kill-after", defaultKillAfter, "after stopping COMMAND with a signal, SIGKILL what is left of the job (COMMAND and everything it started) after this long (on a lost lease: at most TTL/20)")
-	fl.DurationVar(&opts.MaxHold, "max-hold", 0, "stop COMMAND and free the slot after this long (exit 124; default: no bound)")
-	fl.StringVar(&opts.Label, "label", "", "text shown instead of the command line in ls (command lines can carry secrets)")
-	fl.StringVar(&opts.Key, "key", "", "the work this run does in its limits (a branch, an environment), for --supersede and --replace")
-	fl.BoolVar(&opts.Supersede, "supersede", false, "remove the older waiting runs of the same --key (required): they exit 75 without running")
-	fl.BoolVar(&opts.Replace, "replace", false, "like --supersede, and also stop the runs of the same --key (required) that hold a slot (they exit 143)")
-	fl.IntVar(&opts.MaxWaiting, "max-waiting", -1, "exit 75 at once rather than wait behind N or more waiting runs of a limit (default: no bound)")
-	fl.StringVar(&opts.URL, "url", "", "where the job comes from, shown by ls (default: the CI run's URL from its variables)")
-	addJobserverFlags(cmd, opts)
-	_ = cmd.RegisterFlagCompletionFunc("key", f.completeRunKeys)
-	_ = cmd.RegisterFlagCompletionFunc("url", cobra.NoFileCompletions)
-	_ = cmd.RegisterFlagCompletionFunc("max-waiting", cobra.FixedCompletions([]string{"0", "1"}, cobra.ShellCompDirectiveNoFileComp))
-	_ = cmd.RegisterFlagCompletionFunc("limit", f.completeRunLimits)
-	_ = cmd.RegisterFlagCompletionFunc("on-lost", cobra.FixedCompletions([]string{"kill", "continue"}, cobra.ShellCompDirectiveNoFileComp))
-	return cmd
-}
+  slotctl run --limit cpu --slots 8 --jobserver -- make`
 
 // resolve validates the flags (docs/leases.md §7: one line naming the input and what
 // would be accepted) and applies the config's limit sizes.
 func (o *RunOptions) resolve(f *Factory, cmd *cobra.Command, wait string, noWait bool) error {
+	if err := o.checkLimits(cmd); err != nil {
+		return err
+	}
+	if o.Weight < 1 || o.Weight > store.MaxSlots {
+		return usageError("--weight %d: want 1..%d (the slots taken in each limit)", o.Weight, store.MaxSlots)
+	}
+	if err := checkLabel(o.Label); err != nil {
+		return err
+	}
+	if err := o.resolveSlots(f); err != nil {
+		return err
+	}
+	if err := o.resolveWait(wait, noWait); err != nil {
+		return err
+	}
+	if o.BusyExitCode < 0 || o.BusyExitCode > 255 {
+		return usageError("--busy-exit-code %d: want 0..255", o.BusyExitCode)
+	}
+	return o.checkLease()
+}
+
+// checkLimits checks the --limit flags: at least one, at most
+// store.MaxLimits, each a valid name given once.
+func (o *RunOptions) checkLimits(cmd *cobra.Command) error {
 	if len(o.Limits) == 0 || len(o.Limits) == 1 && o.Limits[0] == "" {
 		return errArgs(cmd, "--limit is required: name the limit to run under, e.g. --limit build")
 	}
@@ -251,12 +291,12 @@ func (o *RunOptions) resolve(f *Factory, cmd *cobra.Command, wait string, noWait
 			return usageError("--limit %q given twice: name each limit once", name)
 		}
 	}
-	if o.Weight < 1 || o.Weight > store.MaxSlots {
-		return usageError("--weight %d: want 1..%d (the slots taken in each limit)", o.Weight, store.MaxSlots)
-	}
-	if err := checkLabel(o.Label); err != nil {
-		return err
-	}
+	return nil
+}
+
+// resolveSlots checks --slots and, without it, takes the sizes of the
+// run's limits from the config (SlotsOf; Slots is the first limit's).
+func (o *RunOptions) resolveSlots(f *Factory) error {
 	if err := store.CheckSlots(o.Slots); err != nil {
 		return usageError("--slots %d: want 0..%d (0 pauses the limit)", o.Slots, store.MaxSlots)
 	}
@@ -266,19 +306,24 @@ func (o *RunOptions) resolve(f *Factory, cmd *cobra.Command, wait string, noWait
 		if err := store.CheckWeightFits("", o.Slots, o.Weight); err != nil {
 			return usageError("--weight %d is more than --slots %d: want a weight of 1..%d", o.Weight, o.Slots, o.Slots)
 		}
-	} else {
-		for _, name := range o.Limits {
-			if n, ok := f.cfg.Limits[name]; ok {
-				if o.SlotsOf == nil {
-					o.SlotsOf = map[string]int{}
-				}
-				o.SlotsOf[name] = n
+		return nil
+	}
+	for _, name := range o.Limits {
+		if n, ok := f.cfg.Limits[name]; ok {
+			if o.SlotsOf == nil {
+				o.SlotsOf = map[string]int{}
 			}
-		}
-		if n, ok := o.SlotsOf[o.Limits[0]]; ok {
-			o.Slots = n
+			o.SlotsOf[name] = n
 		}
 	}
+	if n, ok := o.SlotsOf[o.Limits[0]]; ok {
+		o.Slots = n
+	}
+	return nil
+}
+
+// resolveWait reads --wait and --no-wait into Wait: they may not disagree.
+func (o *RunOptions) resolveWait(wait string, noWait bool) error {
 	var err error
 	if o.Wait, err = parseWait(wait); err != nil {
 		return err
@@ -289,9 +334,13 @@ func (o *RunOptions) resolve(f *Factory, cmd *cobra.Command, wait string, noWait
 		}
 		o.Wait = 0
 	}
-	if o.BusyExitCode < 0 || o.BusyExitCode > 255 {
-		return usageError("--busy-exit-code %d: want 0..255", o.BusyExitCode)
-	}
+	return nil
+}
+
+// checkLease checks the flags of the lease and of stopping the job:
+// --ttl, --renew-every (a period that can keep the lease), --on-lost,
+// --kill-after and --max-hold.
+func (o *RunOptions) checkLease() error {
 	if err := checkDuration("ttl", o.TTL, minTTL, maxTTL); err != nil {
 		return err
 	}
@@ -309,10 +358,7 @@ func (o *RunOptions) resolve(f *Factory, cmd *cobra.Command, wait string, noWait
 	if err := checkDuration("kill-after", o.KillAfter, 0, 0); err != nil {
 		return err
 	}
-	if err := checkDuration("max-hold", o.MaxHold, 0, 0); err != nil {
-		return err
-	}
-	return nil
+	return checkDuration("max-hold", o.MaxHold, 0, 0)
 }
 
 // resolveNewer checks --key, --supersede, --replace, --max-waiting and
@@ -426,16 +472,7 @@ func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) er
 	anc, held, nested := nestedTicket(ctx, f, log, st, o)
 	if nested {
 		if len(held) == len(o.Limits) {
-			log.verbose("nested run: %q already holds %s in this store; running under its ticket %s", anc.Holder.Command(), heldSlots(anc, o.Limits), short(anc.ID))
-			if o.Jobserver {
-				log.verbose("nested run: --jobserver: MAKEFLAGS left as the ancestor's run set it (its jobserver serves this build too)")
-			}
-			c, err := startChild(f, path, o.Argv, nil, log)
-			if err != nil {
-				return err
-			}
-			cfg.Notify = runNotes(ctx, f, log, st, o, o.Limits)
-			return outcomeErr(ctx, st, o, o.Limits, holder.Supervise(ctx, cfg, c))
+			return runUnderAncestor(ctx, f, log, st, o, cfg, path, anc)
 		}
 		limits = without(o.Limits, held)
 		log.verbose("nested run: %q already holds %s in this store (ticket %s); waiting only for %s", anc.Holder.Command(), heldSlots(anc, held), short(anc.ID), limitsPhrase(limits))
@@ -444,28 +481,7 @@ func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) er
 	// when a renewal shows it held (the renewal of a waiter settles its
 	// limit): that covers a lost ring, so the fallback poll can be rare.
 	cfg.Gate = gate.Gate{PollEvery: waiterPoll, WatchHolders: proc.WatchHolders}
-	cfg.Request = store.EnqueueRequest{ID: gate.NewID(), Slots: o.sizeOf(limits[0]), CheckSlots: o.SlotsSet, TTL: o.TTL, Holder: holderIdentity(f, o),
-		Key: o.Key, Supersede: o.Supersede || o.Replace, Replace: o.Replace}
-	if o.MaxWaiting >= 0 {
-		n := o.MaxWaiting
-		cfg.Request.MaxWaiting = &n
-	}
-	if len(limits) == 1 {
-		cfg.Request.Limit = limits[0] // the one-limit request as before
-	} else {
-		cfg.Request.Limits = limits
-		for _, name := range limits[1:] { // the config's size of each limit this run creates
-			if n := o.sizeOf(name); n != cfg.Request.Slots {
-				if cfg.Request.Sizes == nil {
-					cfg.Request.Sizes = map[string]int{}
-				}
-				cfg.Request.Sizes[name] = n
-			}
-		}
-	}
-	if o.Weight > 1 {
-		cfg.Request.Weight = o.Weight
-	}
+	cfg.Request = runRequest(f, o, limits)
 	cfg.Wait = o.Wait
 	cfg.Renew = renew.Options{TTL: o.TTL, Every: o.RenewEvery, WatchdogOnHold: true, Logf: log.info}
 	if o.RenewEvery == 0 { // an explicit period is kept while waiting too
@@ -483,6 +499,52 @@ func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) er
 		return startChild(f, path, o.Argv, env, log)
 	}
 	return outcomeErr(ctx, st, o, limits, holder.Run(ctx, cfg))
+}
+
+// runUnderAncestor runs a nested run whose ancestor's ticket anc holds all
+// of its limits: at once, under that ticket, with no ticket of its own,
+// watched as any job (holder.Supervise). cfg is the run's, with no
+// request; path is the command's.
+func runUnderAncestor(ctx context.Context, f *Factory, log *logger, st store.Store, o *RunOptions, cfg holder.Config, path string, anc store.Ticket) error {
+	log.verbose("nested run: %q already holds %s in this store; running under its ticket %s", anc.Holder.Command(), heldSlots(anc, o.Limits), short(anc.ID))
+	if o.Jobserver {
+		log.verbose("nested run: --jobserver: MAKEFLAGS left as the ancestor's run set it (its jobserver serves this build too)")
+	}
+	c, err := startChild(f, path, o.Argv, nil, log)
+	if err != nil {
+		return err
+	}
+	cfg.Notify = runNotes(ctx, f, log, st, o, o.Limits)
+	return outcomeErr(ctx, st, o, o.Limits, holder.Supervise(ctx, cfg, c))
+}
+
+// runRequest is the ticket a run asks for in limits (all of its limits,
+// or those a nested run waits for): its identity, size, weight, the
+// config's sizes of the limits it creates and its newer-runs-first flags.
+func runRequest(f *Factory, o *RunOptions, limits []string) store.EnqueueRequest {
+	req := store.EnqueueRequest{ID: gate.NewID(), Slots: o.sizeOf(limits[0]), CheckSlots: o.SlotsSet, TTL: o.TTL, Holder: holderIdentity(f, o),
+		Key: o.Key, Supersede: o.Supersede || o.Replace, Replace: o.Replace}
+	if o.MaxWaiting >= 0 {
+		n := o.MaxWaiting
+		req.MaxWaiting = &n
+	}
+	if len(limits) == 1 {
+		req.Limit = limits[0] // the one-limit request as before
+	} else {
+		req.Limits = limits
+		for _, name := range limits[1:] { // the config's size of each limit this run creates
+			if n := o.sizeOf(name); n != req.Slots {
+				if req.Sizes == nil {
+					req.Sizes = map[string]int{}
+				}
+				req.Sizes[name] = n
+			}
+		}
+	}
+	if o.Weight > 1 {
+		req.Weight = o.Weight
+	}
+	return req
 }
 
 // jobVars are the SLOTCTL_* variables of a child running under ticket t
@@ -605,78 +667,117 @@ const waitMemoryLimit = 24 << 20
 //
 // limits are the request's: all of the run's, or those a nested run waits for.
 func runNotes(ctx context.Context, f *Factory, log *logger, st store.Store, o *RunOptions, limits []string) func(holder.Note) {
-	var status *statusLine
-	var stopStatus context.CancelFunc
-	var trim *time.Timer
-	var procs int // GOMAXPROCS before the wait
-	var gcPercent int
-	var memLimit int64
+	w := &runWait{ctx: ctx, f: f, log: log, st: st, limits: limits}
 	return func(n holder.Note) {
-		id := short(n.Ticket.ID)
 		switch n.Kind {
 		case holder.WaitStart:
-			var sctx context.Context
-			sctx, stopStatus = context.WithCancel(ctx)
-			status = newStatusLine(f, log, st, limits)
-			status.start(sctx, n.Ticket)
-			// A run that waits gives back the memory its start-up used: a
-			// queue of hundreds of waiters costs each one's private pages
-			// (the goal is 10 MB a waiter at most, docs/leases.md §8).
-			trim = time.AfterFunc(waitTrimAfter, debug.FreeOSMemory)
-			// One P while it waits: a renewal's goroutines then run on
-			// the thread that woke, not handed to another (about a fifth
-			// of an idle waiter's CPU).
-			procs = runtime.GOMAXPROCS(1)
-			gcPercent, memLimit = debug.SetGCPercent(-1), debug.SetMemoryLimit(waitMemoryLimit)
+			w.start(n.Ticket)
 		case holder.WaitUpdate:
-			if status != nil {
-				status.update(n.Ticket)
-			}
+			w.update(n.Ticket)
 		case holder.WaitEnd:
-			if trim != nil {
-				trim.Stop()
-				runtime.GOMAXPROCS(procs)
-				debug.SetGCPercent(gcPercent)
-				debug.SetMemoryLimit(memLimit)
-			}
-			if status != nil {
-				stopStatus()
-				status.stop()
-				status = nil
-			}
-		case holder.Admitted:
-			if n.Ticket.Multi() {
-				log.verbose("admitted to %s: slots %s, ticket %s, fence %d", limitsPhrase(limits), n.Ticket.SlotsVar(), id, n.Ticket.Fence)
-			} else {
-				log.verbose("admitted to %q: slot %d, ticket %s, fence %d", limits[0], n.Ticket.Slot, id, n.Ticket.Fence)
-			}
-		case holder.LeaseLost:
-			if o.OnLost == "kill" {
-				log.warn("lease of %s lost (%v): stopping %s", limitsPhrase(limits), n.Err, o.Argv[0])
-			} else {
-				log.warn("LEASE LOST for %s (%v): %s keeps running without a slot (--on-lost continue)", limitsPhrase(limits), n.Err, o.Argv[0])
-			}
-		case holder.MaxHoldOut:
-			log.warn("--max-hold %s ran out: stopping %s", o.MaxHold, o.Argv[0])
-		case holder.Kill:
-			log.warn("%s still running %s after being stopped: sending SIGKILL", o.Argv[0], n.After)
-		case holder.Leftover:
-			log.verbose("%s exited; processes it started still run: stopping them before the release", o.Argv[0])
-		case holder.StoreBusy:
-			log.verbose("%v: trying again", n.Err)
-		case holder.NotGone:
-			log.warn("processes of %s still there %s after SIGKILL (stuck in the kernel?): releasing anyway", o.Argv[0], n.After)
-		case holder.RecordFailed:
-			log.info("could not record the child's process group in ticket %s: %v", id, n.Err)
-		case holder.LeaveFailed:
-			log.warn("could not remove ticket %s: %v (it expires within %s)", id, n.Err, o.TTL)
-		case holder.ReleaseFailed:
-			log.warn("could not release ticket %s: %v (the slot comes back when its lease expires, within %s)", id, n.Err, o.TTL)
-		case holder.Replaced:
-			log.verbose("%s: stopping %s", replacedBy(n.Ticket.Stop), o.Argv[0]) // the exit says it once (an error is one line)
-		case holder.AlreadyGone:
-			log.warn("ticket %s was already gone (reaped or released by an operator): this run was not protected by the limit for part of its life", id)
+			w.end()
+		default:
+			logRunNote(log, o, limits, n)
 		}
+	}
+}
+
+// runWait is slotctl run's wait for a slot: its status line, and the
+// runtime's settings it lowers while it waits, kept to be put back.
+type runWait struct {
+	ctx    context.Context
+	f      *Factory
+	log    *logger
+	st     store.Store
+	limits []string
+
+	status     *statusLine
+	stopStatus context.CancelFunc
+	trim       *time.Timer
+	procs      int // GOMAXPROCS before the wait
+	gcPercent  int
+	memLimit   int64
+}
+
+// start shows the status line of the waiting ticket t and makes the
+// waiting process cheap.
+func (w *runWait) start(t store.Ticket) {
+	var sctx context.Context
+	sctx, w.stopStatus = context.WithCancel(w.ctx)
+	w.status = newStatusLine(w.f, w.log, w.st, w.limits)
+	w.status.start(sctx, t)
+	// A run that waits gives back the memory its start-up used: a
+	// queue of hundreds of waiters costs each one's private pages
+	// (the goal is 10 MB a waiter at most, docs/leases.md §8).
+	w.trim = time.AfterFunc(waitTrimAfter, debug.FreeOSMemory)
+	// One P while it waits: a renewal's goroutines then run on
+	// the thread that woke, not handed to another (about a fifth
+	// of an idle waiter's CPU).
+	w.procs = runtime.GOMAXPROCS(1)
+	w.gcPercent, w.memLimit = debug.SetGCPercent(-1), debug.SetMemoryLimit(waitMemoryLimit)
+}
+
+// update shows a fresh read of the waiting ticket.
+func (w *runWait) update(t store.Ticket) {
+	if w.status != nil {
+		w.status.update(t)
+	}
+}
+
+// end puts the runtime's settings back for the job and takes the status
+// line down.
+func (w *runWait) end() {
+	if w.trim != nil {
+		w.trim.Stop()
+		runtime.GOMAXPROCS(w.procs)
+		debug.SetGCPercent(w.gcPercent)
+		debug.SetMemoryLimit(w.memLimit)
+	}
+	if w.status != nil {
+		w.stopStatus()
+		w.status.stop()
+		w.status = nil
+	}
+}
+
+// logRunNote says what the holder reports, other than the wait's notes:
+// one message for each that slotctl run tells its user of (with -v for
+// some); limits are the request's.
+func logRunNote(log *logger, o *RunOptions, limits []string, n holder.Note) {
+	id := short(n.Ticket.ID)
+	switch n.Kind {
+	case holder.Admitted:
+		if n.Ticket.Multi() {
+			log.verbose("admitted to %s: slots %s, ticket %s, fence %d", limitsPhrase(limits), n.Ticket.SlotsVar(), id, n.Ticket.Fence)
+		} else {
+			log.verbose("admitted to %q: slot %d, ticket %s, fence %d", limits[0], n.Ticket.Slot, id, n.Ticket.Fence)
+		}
+	case holder.LeaseLost:
+		if o.OnLost == "kill" {
+			log.warn("lease of %s lost (%v): stopping %s", limitsPhrase(limits), n.Err, o.Argv[0])
+		} else {
+			log.warn("LEASE LOST for %s (%v): %s keeps running without a slot (--on-lost continue)", limitsPhrase(limits), n.Err, o.Argv[0])
+		}
+	case holder.MaxHoldOut:
+		log.warn("--max-hold %s ran out: stopping %s", o.MaxHold, o.Argv[0])
+	case holder.Kill:
+		log.warn("%s still running %s after being stopped: sending SIGKILL", o.Argv[0], n.After)
+	case holder.Leftover:
+		log.verbose("%s exited; processes it started still run: stopping them before the release", o.Argv[0])
+	case holder.StoreBusy:
+		log.verbose("%v: trying again", n.Err)
+	case holder.NotGone:
+		log.warn("processes of %s still there %s after SIGKILL (stuck in the kernel?): releasing anyway", o.Argv[0], n.After)
+	case holder.RecordFailed:
+		log.info("could not record the child's process group in ticket %s: %v", id, n.Err)
+	case holder.LeaveFailed:
+		log.warn("could not remove ticket %s: %v (it expires within %s)", id, n.Err, o.TTL)
+	case holder.ReleaseFailed:
+		log.warn("could not release ticket %s: %v (the slot comes back when its lease expires, within %s)", id, n.Err, o.TTL)
+	case holder.Replaced:
+		log.verbose("%s: stopping %s", replacedBy(n.Ticket.Stop), o.Argv[0]) // the exit says it once (an error is one line)
+	case holder.AlreadyGone:
+		log.warn("ticket %s was already gone (reaped or released by an operator): this run was not protected by the limit for part of its life", id)
 	}
 }
 

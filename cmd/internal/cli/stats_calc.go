@@ -117,22 +117,39 @@ func minTime(a, b time.Time) time.Time {
 // or lies before the log, the earliest weight known stands for the start.
 func computeStats(events []store.Event, snap store.Snapshot, from time.Time, full bool) []limitStats {
 	to := snap.Now
-	type tk struct{ limit, ticket string }
-	type points struct {
-		admitted *store.Event
-		resized  []store.Event
-		removed  *store.Event
+	out, index := statsWindows(events, snap, from, full)
+	byTicket := ticketPoints{}
+	for i := range events {
+		byTicket.count(events, i, index, to)
 	}
-	byTicket := map[tk]*points{}
-	at := func(e store.Event) *points {
-		k := tk{e.Limit, e.Ticket}
-		p := byTicket[k]
-		if p == nil {
-			p = &points{}
-			byTicket[k] = p
+	still := map[heldKey]store.Ticket{}
+	for _, t := range snap.Tickets {
+		if t.State == store.Held {
+			still[heldKey{t.Limit, t.ID}] = t
 		}
-		return p
 	}
+	for k := range still {
+		if byTicket[k] == nil {
+			byTicket[k] = &heldPoints{}
+		}
+	}
+	for k, p := range byTicket {
+		s := index[k.limit]
+		start, end, endWeight, ok := p.period(still, k, to)
+		if !ok {
+			continue // waiting, or removed before it was ever held
+		}
+		s.spans = append(s.spans, spansOf(start, end, endWeight, p.admitted, p.resized)...)
+	}
+	for i := range out {
+		sortStats(&out[i])
+	}
+	return out
+}
+
+// statsWindows is a limitStats for each limit of snap, with its window
+// (see limitStats.From), and an index of them by name.
+func statsWindows(events []store.Event, snap store.Snapshot, from time.Time, full bool) ([]limitStats, map[string]*limitStats) {
 	out := make([]limitStats, len(snap.Limits))
 	index := map[string]*limitStats{}
 	for i, l := range snap.Limits {
@@ -140,87 +157,109 @@ func computeStats(events []store.Event, snap store.Snapshot, from time.Time, ful
 		if full && len(events) > 0 {
 			f = maxTime(f, events[0].Time)
 		}
-		out[i] = limitStats{Limit: l.Name, Slots: l.Slots, From: f, To: to, Kinds: map[string]int{}}
+		out[i] = limitStats{Limit: l.Name, Slots: l.Slots, From: f, To: snap.Now, Kinds: map[string]int{}}
 		index[l.Name] = &out[i]
 	}
-	for i := range events {
-		e := events[i]
-		s := index[e.Limit]
-		if s == nil {
-			continue
+	return out, index
+}
+
+// heldKey is a ticket in one of its limits: a ticket of several limits
+// holds a period in each.
+type heldKey struct{ limit, ticket string }
+
+// heldPoints are the events that bound a ticket's held period in a limit,
+// and resize it.
+type heldPoints struct {
+	admitted *store.Event
+	resized  []store.Event
+	removed  *store.Event
+}
+
+// ticketPoints gathers the heldPoints of each ticket from the log.
+type ticketPoints map[heldKey]*heldPoints
+
+// at is e's ticket's points, added if new.
+func (byTicket ticketPoints) at(e store.Event) *heldPoints {
+	k := heldKey{e.Limit, e.Ticket}
+	p := byTicket[k]
+	if p == nil {
+		p = &heldPoints{}
+		byTicket[k] = p
+	}
+	return p
+}
+
+// count counts events[i] in its limit's statistics (index) when it lies
+// in the limit's window (up to to), and keeps it among its ticket's points
+// whether or not it does: a held period may start before the window.
+func (byTicket ticketPoints) count(events []store.Event, i int, index map[string]*limitStats, to time.Time) {
+	e := events[i]
+	s := index[e.Limit]
+	if s == nil {
+		return
+	}
+	in := !e.Time.Before(s.From) && !e.Time.After(to)
+	switch {
+	case e.Kind == "admitted":
+		byTicket.at(e).admitted = &events[i]
+		if in {
+			s.Runs++
+			s.Waits = append(s.Waits, max(e.Waited, 0))
 		}
-		in := !e.Time.Before(s.From) && !e.Time.After(to)
-		switch {
-		case e.Kind == "admitted":
-			at(e).admitted = &events[i]
+	case e.Kind == store.Resized:
+		p := byTicket.at(e)
+		p.resized = append(p.resized, e)
+	default:
+		if in {
+			s.Kinds[e.Kind]++
+		}
+		// The first event that removed the held ticket ends its span
+		// (a "lost" after a reap of the same ticket counts once).
+		if p := byTicket.at(e); e.Held > 0 && p.removed == nil {
+			p.removed = &events[i]
 			if in {
-				s.Runs++
-				s.Waits = append(s.Waits, max(e.Waited, 0))
-			}
-		case e.Kind == store.Resized:
-			p := at(e)
-			p.resized = append(p.resized, e)
-		default:
-			if in {
-				s.Kinds[e.Kind]++
-			}
-			// The first event that removed the held ticket ends its span
-			// (a "lost" after a reap of the same ticket counts once).
-			if p := at(e); e.Held > 0 && p.removed == nil {
-				p.removed = &events[i]
-				if in {
-					s.Holds = append(s.Holds, e.Held)
-				}
+				s.Holds = append(s.Holds, e.Held)
 			}
 		}
 	}
-	still := map[tk]store.Ticket{}
-	for _, t := range snap.Tickets {
-		if t.State == store.Held {
-			still[tk{t.Limit, t.ID}] = t
+}
+
+// period is the held period of ticket k, whole: from the event that
+// removed it, or from the snapshot (still) for one still held, up to to.
+// ok is false for a ticket that was never held.
+func (p *heldPoints) period(still map[heldKey]store.Ticket, k heldKey, to time.Time) (start, end time.Time, endWeight int, ok bool) {
+	switch t, held := still[k]; {
+	case p.removed != nil:
+		end, endWeight = p.removed.Time, eventWeight(*p.removed)
+		start = end.Add(-p.removed.Held)
+	case held:
+		start, end, endWeight = t.Admitted, to, t.Weighs()
+		if start.IsZero() {
+			start = t.Created
 		}
+	default:
+		return start, end, endWeight, false
 	}
-	for k := range still {
-		if byTicket[k] == nil {
-			byTicket[k] = &points{}
+	if p.admitted != nil && p.admitted.Time.After(start) {
+		start = p.admitted.Time // the same instant by another reading of the clock
+	}
+	return start, end, endWeight, true
+}
+
+// sortStats sorts a limit's waits, holds and spans: the order of the sum,
+// not the map's, so the same figures each time.
+func sortStats(s *limitStats) {
+	slices.Sort(s.Waits)
+	slices.Sort(s.Holds)
+	slices.SortFunc(s.spans, func(a, b heldSpan) int {
+		if c := a.start.Compare(b.start); c != 0 {
+			return c
 		}
-	}
-	for k, p := range byTicket {
-		s := index[k.limit]
-		var start, end time.Time
-		var endWeight int
-		switch t, held := still[k]; {
-		case p.removed != nil:
-			end, endWeight = p.removed.Time, eventWeight(*p.removed)
-			start = end.Add(-p.removed.Held)
-		case held:
-			start, end, endWeight = t.Admitted, to, t.Weighs()
-			if start.IsZero() {
-				start = t.Created
-			}
-		default:
-			continue // waiting, or removed before it was ever held
+		if c := a.end.Compare(b.end); c != 0 {
+			return c
 		}
-		if p.admitted != nil && p.admitted.Time.After(start) {
-			start = p.admitted.Time // the same instant by another reading of the clock
-		}
-		s.spans = append(s.spans, spansOf(start, end, endWeight, p.admitted, p.resized)...)
-	}
-	for i := range out {
-		slices.Sort(out[i].Waits)
-		slices.Sort(out[i].Holds)
-		// The order of the sum, not the map's: the same figures each time.
-		slices.SortFunc(out[i].spans, func(a, b heldSpan) int {
-			if c := a.start.Compare(b.start); c != 0 {
-				return c
-			}
-			if c := a.end.Compare(b.end); c != 0 {
-				return c
-			}
-			return a.weight - b.weight
-		})
-	}
-	return out
+		return a.weight - b.weight
+	})
 }
 
 // spansOf cuts one held period at its resizes.
