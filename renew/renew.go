@@ -144,7 +144,7 @@ type Keeper struct {
 // A Lease is the holder's side of a lease, as pure arithmetic on a monotonic
 // clock: no goroutines, no timers. Its local deadline is the send time of the
 // last acknowledged renewal + TTL − Margin. The Keeper keeps one; the
-// simulation (internal/sim) drives one directly, step by step, so that its
+// simulation (internal/testkit/sim) drives one directly, step by step, so that its
 // holders decide loss with this same code.
 type Lease struct {
 	ttl, margin time.Duration
@@ -326,7 +326,7 @@ func (k *Keeper) backoff(n int) time.Duration { return k.jitter(RetryDelay(k.o.E
 
 // RetryDelay is the delay before retry n (1-based) of a failed renewal with
 // renewal period every, before jitter: doubling from every/10 (at least
-// 100ms), capped at every/2. The simulation (internal/sim) uses it too.
+// 100ms), capped at every/2. The simulation (internal/testkit/sim) uses it too.
 func RetryDelay(every time.Duration, n int) time.Duration {
 	cap := every / 2
 	d := min(max(every/10, 100*time.Millisecond), cap)

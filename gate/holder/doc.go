@@ -17,5 +17,5 @@
 // (Store), the job (Child, started by a Starter), the lease (Lease, a
 // renew.Keeper by default), the clock (a func as renew's) and the waits
 // (Waiter). cmd/slotctl gives it a real process, signals and timers; the
-// simulation in internal/sim gives it a simulated child and clock and steps it.
+// simulation in internal/testkit/sim gives it a simulated child and clock and steps it.
 package holder

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/slotctl/slotctl/gate"
-	"github.com/slotctl/slotctl/internal/longtest"
+	"github.com/slotctl/slotctl/internal/testkit/longtest"
 	"github.com/slotctl/slotctl/store"
 	"github.com/slotctl/slotctl/store/boltstore"
 	"golang.org/x/sys/unix"

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/slotctl/slotctl/internal/testguard"
+	"github.com/slotctl/slotctl/internal/testkit/testguard"
 )
 
 // treeJob starts 20 processes that each leave the session, then waits.

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/slotctl/slotctl/internal/testguard"
+	"github.com/slotctl/slotctl/internal/testkit/testguard"
 )
 
 // TestMain runs the binary as a guard, or as a supervisor for

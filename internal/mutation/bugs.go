@@ -1,6 +1,6 @@
 // Package mutation names the known lease bugs (docs/leases.md, "Bug classes";
 // ids as there) that a test can switch back on in the real code, so that the
-// simulation in internal/sim can prove it catches each of them.
+// simulation in internal/testkit/sim can prove it catches each of them.
 //
 // Test-only, and only with the build tag slotctl_mutations: without it (go
 // build, go install, the released binaries) a Set has no state and Has is a
@@ -9,7 +9,7 @@
 // package (cmd/internal/cli's TestNoMutationSymbols checks it). The
 // mutation tests run with the tag:
 //
-//	go test -tags slotctl_mutations ./internal/sim/...
+//	go test -tags slotctl_mutations ./internal/testkit/sim/...
 //
 // The package is internal, so no other module can use it.
 package mutation

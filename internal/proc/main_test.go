@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/slotctl/slotctl/internal/testguard"
+	"github.com/slotctl/slotctl/internal/testkit/testguard"
 )
 
 // TestMain kills whatever the tests started that outlived them.

@@ -14,8 +14,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/slotctl/slotctl/internal/attacktest"
 	"github.com/slotctl/slotctl/internal/proc/proctest"
+	"github.com/slotctl/slotctl/internal/testkit/attacktest"
 	"github.com/slotctl/slotctl/store"
 )
 

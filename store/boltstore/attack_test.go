@@ -29,9 +29,9 @@ import (
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
 
-	"github.com/slotctl/slotctl/internal/attacktest"
-	"github.com/slotctl/slotctl/internal/longtest"
-	"github.com/slotctl/slotctl/internal/testguard"
+	"github.com/slotctl/slotctl/internal/testkit/attacktest"
+	"github.com/slotctl/slotctl/internal/testkit/longtest"
+	"github.com/slotctl/slotctl/internal/testkit/testguard"
 	"github.com/slotctl/slotctl/store"
 	"github.com/slotctl/slotctl/store/policy"
 )

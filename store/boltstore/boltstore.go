@@ -56,7 +56,7 @@ type Options struct {
 	// NoSync skips fsync at commit. Only for tests and benchmarks.
 	NoSync bool
 	// Mutations is test-only: it re-introduces known bugs so that the
-	// simulation (internal/sim) can prove it catches them. Without the
+	// simulation (internal/testkit/sim) can prove it catches them. Without the
 	// build tag slotctl_mutations it is empty and the bugs are compiled out.
 	Mutations mutation.Set
 }

@@ -10,7 +10,7 @@ import (
 )
 
 // The SupersedeHeld mutation is at its real location: with it a supersede
-// removes the held ticket of its key too (the bug internal/sim must catch),
+// removes the held ticket of its key too (the bug internal/testkit/sim must catch),
 // without it the held one stays.
 func TestMutationSupersedeHeld(t *testing.T) {
 	for _, on := range []bool{false, true} {

@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/slotctl/slotctl/internal/attacktest"
+	"github.com/slotctl/slotctl/internal/testkit/attacktest"
 	"github.com/slotctl/slotctl/store"
 )
 

@@ -20,7 +20,7 @@ import (
 	berrors "go.etcd.io/bbolt/errors"
 	"golang.org/x/sys/unix"
 
-	"github.com/slotctl/slotctl/internal/longtest"
+	"github.com/slotctl/slotctl/internal/testkit/longtest"
 	"github.com/slotctl/slotctl/store"
 )
 

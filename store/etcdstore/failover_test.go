@@ -12,8 +12,8 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"google.golang.org/grpc"
 
-	"github.com/slotctl/slotctl/internal/longtest"
 	"github.com/slotctl/slotctl/internal/proc"
+	"github.com/slotctl/slotctl/internal/testkit/longtest"
 	"github.com/slotctl/slotctl/renew"
 	"github.com/slotctl/slotctl/store"
 	"github.com/slotctl/slotctl/store/etcdstore"

@@ -5,7 +5,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/slotctl/slotctl/internal/testguard"
+	"github.com/slotctl/slotctl/internal/testkit/testguard"
 )
 
 // TestMain lets the sleep-bound cases of the conformance suite run all at

@@ -12,7 +12,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/slotctl/slotctl/internal/longtest"
+	"github.com/slotctl/slotctl/internal/testkit/longtest"
 	"github.com/slotctl/slotctl/store"
 	"github.com/slotctl/slotctl/store/etcdstore"
 	"github.com/slotctl/slotctl/store/etcdstore/etcdtest"

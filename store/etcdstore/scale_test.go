@@ -13,7 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/slotctl/slotctl/internal/longtest"
+	"github.com/slotctl/slotctl/internal/testkit/longtest"
 	"github.com/slotctl/slotctl/store"
 	"github.com/slotctl/slotctl/store/etcdstore"
 	"github.com/slotctl/slotctl/store/etcdstore/etcdtest"

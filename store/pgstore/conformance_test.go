@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/slotctl/slotctl/internal/longtest"
+	"github.com/slotctl/slotctl/internal/testkit/longtest"
 	"github.com/slotctl/slotctl/store"
 	"github.com/slotctl/slotctl/store/pgstore"
 	"github.com/slotctl/slotctl/store/policy"

@@ -4,7 +4,7 @@ package cli
 
 // Attack tests of docs/leases.md §4.5 for the job a reaper may kill:
 // real slotctl processes run as throwaway members of a shared store's group
-// (internal/attacktest), the attacker's part done by a process of the
+// (internal/testkit/attacktest), the attacker's part done by a process of the
 // attacker's own uid.
 
 import (
@@ -24,9 +24,9 @@ import (
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
 
-	"github.com/slotctl/slotctl/internal/attacktest"
 	"github.com/slotctl/slotctl/internal/proc"
 	"github.com/slotctl/slotctl/internal/proc/proctest"
+	"github.com/slotctl/slotctl/internal/testkit/attacktest"
 	"github.com/slotctl/slotctl/store"
 	"github.com/slotctl/slotctl/store/boltstore"
 )

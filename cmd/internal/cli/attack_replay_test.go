@@ -17,8 +17,8 @@ import (
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
 
-	"github.com/slotctl/slotctl/internal/attacktest"
 	"github.com/slotctl/slotctl/internal/proc"
+	"github.com/slotctl/slotctl/internal/testkit/attacktest"
 	"github.com/slotctl/slotctl/store"
 	"github.com/slotctl/slotctl/store/boltstore"
 )

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/slotctl/slotctl/internal/testguard"
+	"github.com/slotctl/slotctl/internal/testkit/testguard"
 )
 
 // diskFullScript runs in a mount namespace of its own (unshare -m), so the

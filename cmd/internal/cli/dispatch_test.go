@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/slotctl/slotctl/internal/longtest"
+	"github.com/slotctl/slotctl/internal/testkit/longtest"
 	"github.com/slotctl/slotctl/store/etcdstore/etcdtest"
 )
 

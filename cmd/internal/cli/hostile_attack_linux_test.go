@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/slotctl/slotctl/internal/attacktest"
+	"github.com/slotctl/slotctl/internal/testkit/attacktest"
 )
 
 // TestAttackHostileCommandLine, as a member does it: in a

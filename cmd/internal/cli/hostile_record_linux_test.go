@@ -19,7 +19,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
 
-	"github.com/slotctl/slotctl/internal/testguard"
+	"github.com/slotctl/slotctl/internal/testkit/testguard"
 )
 
 // TestAttackOversizedRecord: a member of a shared store's group writes,

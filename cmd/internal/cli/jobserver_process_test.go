@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/slotctl/slotctl/internal/longtest"
+	"github.com/slotctl/slotctl/internal/testkit/longtest"
 )
 
 // jsMakefile: N recipes that record their start and end in $(LOG); with

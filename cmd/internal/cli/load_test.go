@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/slotctl/slotctl/internal/longtest"
+	"github.com/slotctl/slotctl/internal/testkit/longtest"
 )
 
 // burn starts n busy loops, each its own process, killed when the test ends.

@@ -10,8 +10,8 @@ import (
 	"testing"
 
 	"github.com/slotctl/slotctl/internal/guard"
-	"github.com/slotctl/slotctl/internal/pgtest"
-	"github.com/slotctl/slotctl/internal/testguard"
+	"github.com/slotctl/slotctl/internal/testkit/pgtest"
+	"github.com/slotctl/slotctl/internal/testkit/testguard"
 )
 
 // TestMain kills whatever the tests started that outlived them

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/slotctl/slotctl/internal/testguard"
+	"github.com/slotctl/slotctl/internal/testkit/testguard"
 	"github.com/slotctl/slotctl/store"
 	"github.com/slotctl/slotctl/store/boltstore"
 )

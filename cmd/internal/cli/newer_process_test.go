@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/slotctl/slotctl/internal/longtest"
+	"github.com/slotctl/slotctl/internal/testkit/longtest"
 )
 
 // ptEvents is the store's log of limit, oldest first.

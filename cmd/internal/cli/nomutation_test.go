@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/slotctl/slotctl/internal/longtest"
 	"github.com/slotctl/slotctl/internal/mutation"
+	"github.com/slotctl/slotctl/internal/testkit/longtest"
 )
 
 // A symbol names the bug switches if "mutation" starts a word in it: not

@@ -8,7 +8,7 @@ import (
 
 	"github.com/rogpeppe/go-internal/testscript"
 
-	"github.com/slotctl/slotctl/internal/pgtest"
+	"github.com/slotctl/slotctl/internal/testkit/pgtest"
 )
 
 // pgScripts are the scripts that take whatever store SLOTCTL_STORE names

@@ -16,7 +16,7 @@ import (
 
 	"go.etcd.io/etcd/server/v3/embed"
 
-	"github.com/slotctl/slotctl/internal/testguard"
+	"github.com/slotctl/slotctl/internal/testkit/testguard"
 )
 
 // memberEnv carries a member's configuration (JSON) to the test binary

@@ -15,7 +15,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/slotctl/slotctl/internal/loopback"
+	"github.com/slotctl/slotctl/internal/testkit/loopback"
 )
 
 // member is one etcd member process.

@@ -31,7 +31,7 @@ import (
 	"go.etcd.io/etcd/server/v3/lease"
 	"go.uber.org/zap"
 
-	"github.com/slotctl/slotctl/internal/loopback"
+	"github.com/slotctl/slotctl/internal/testkit/loopback"
 )
 
 // TB is what Start needs of a test: *testing.T has it, and so can a

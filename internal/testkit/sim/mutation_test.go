@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/slotctl/slotctl/internal/mutation"
-	"github.com/slotctl/slotctl/internal/sim"
+	"github.com/slotctl/slotctl/internal/testkit/sim"
 )
 
 // Budget for finding each mutation.

@@ -73,7 +73,7 @@ func Replay(c Config) string {
 	if m := mutation.String(c.Mutations); m != "" {
 		b.WriteString("-tags slotctl_mutations ") // -mutations needs it
 	}
-	fmt.Fprintf(&b, "./internal/sim -run 'TestSim$' -seed %d -steps %d", c.Seed, c.Steps)
+	fmt.Fprintf(&b, "./internal/testkit/sim -run 'TestSim$' -seed %d -steps %d", c.Seed, c.Steps)
 	if c.Faults != nil {
 		f := c.Faults.String()
 		if f == "" {

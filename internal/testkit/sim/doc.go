@@ -9,7 +9,7 @@
 //
 // The simulation is single-threaded. Each step picks one actor and performs
 // one action, at most a few real store calls at one instant of the simulated
-// clock, so a seed replays exactly: go test ./internal/sim -run TestSim -seed N.
+// clock, so a seed replays exactly: go test ./internal/testkit/sim -run TestSim -seed N.
 // Time moves only in "tick" steps, and never past a moment at which a
 // responsive actor must act (a renewal or poll due, a local deadline, a
 // child's exit, a kill escalation, a reaper's turn): timers fire on time
@@ -172,7 +172,7 @@
 // slotctl_mutations, so those tests (and TestReduce, which needs a failing
 // run) run only with it:
 //
-//	go test -tags slotctl_mutations ./internal/sim -run 'TestMutations|TestReduce'
+//	go test -tags slotctl_mutations ./internal/testkit/sim -run 'TestMutations|TestReduce'
 //
 // Without the tag the bugs are compiled out: go test ./... runs the rest.
 //

@@ -12,10 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/slotctl/slotctl/internal/longtest"
 	"github.com/slotctl/slotctl/internal/mutation"
-	"github.com/slotctl/slotctl/internal/pgtest"
-	"github.com/slotctl/slotctl/internal/sim"
+	"github.com/slotctl/slotctl/internal/testkit/longtest"
+	"github.com/slotctl/slotctl/internal/testkit/pgtest"
+	"github.com/slotctl/slotctl/internal/testkit/sim"
 	"github.com/slotctl/slotctl/renew"
 	"github.com/slotctl/slotctl/store"
 	"github.com/slotctl/slotctl/store/boltstore"
@@ -111,7 +111,7 @@ func (d *dirs) next() string {
 // TestSim runs the simulation over many seeds (or replays one with -seed)
 // and fails with the first violation, reduced, with its replay command.
 //
-// Soak: SLOTCTL_SIM_SEEDS=4000 SLOTCTL_SIM_STEPS=500 go test ./internal/sim -run 'TestSim$' -timeout 30m
+// Soak: SLOTCTL_SIM_SEEDS=4000 SLOTCTL_SIM_STEPS=500 go test ./internal/testkit/sim -run 'TestSim$' -timeout 30m
 // (SLOTCTL_SIM_SEED0 picks the first seed; -v prints the figures.)
 func TestSim(t *testing.T) {
 	d := &dirs{root: t.TempDir()}
