@@ -188,6 +188,7 @@ var (
 	theSrv   *server
 	startErr error
 	started  atomic.Pointer[server] // a server this binary runs, for Main to stop
+	ready    atomic.Pointer[server] // the server once get has it up: NewDB's
 )
 
 // get returns the binary's server, started on first use; it skips or
@@ -204,6 +205,7 @@ func get(t testing.TB) *server {
 	if err := theSrv.alive(); err != nil {
 		t.Fatalf("pgtest: %v%s", err, theSrv.diagnosis())
 	}
+	ready.Store(theSrv)
 	return theSrv
 }
 
@@ -644,7 +646,7 @@ func startChild(cmd *exec.Cmd) (done <-chan error, err error) {
 // already (a URL call on the test's goroutine starts it, or skips the test
 // when there is none). The database is dropped at t's cleanup.
 func NewDB(t testing.TB) (string, error) {
-	s := theSrvIfUp()
+	s := ready.Load()
 	if s == nil {
 		return "", errors.New("pgtest: NewDB before the server was started by URL")
 	}
@@ -662,14 +664,4 @@ func NewDB(t testing.TB) (string, error) {
 		}
 	})
 	return s.dbURL(name), nil
-}
-
-// theSrvIfUp is the server once the first URL call started it, else nil.
-func theSrvIfUp() *server {
-	var s *server
-	once.Do(func() {}) // waits for a start in progress; starts nothing
-	if startErr == nil {
-		s = theSrv
-	}
-	return s
 }

@@ -422,3 +422,20 @@ func TestDBName(t *testing.T) {
 		seen[n] = true
 	}
 }
+
+// NewDB from another goroutine gives a database of its own once URL has
+// the server up.
+func TestNewDBAfterURL(t *testing.T) {
+	first := URL(t)
+	got := make(chan string, 1)
+	go func() {
+		u, err := NewDB(t)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- u
+	}()
+	if u := <-got; u == "" || u == first {
+		t.Fatalf("NewDB = %q, want a database other than URL's %q", u, first)
+	}
+}
