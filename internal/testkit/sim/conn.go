@@ -63,6 +63,20 @@ func (s *sim) newConn(who string, owner *holder) *conn {
 // errDead is what a crashed process's calls get: they are never made.
 var errDead = errors.New("sim: the caller crashed")
 
+// untimed drops the deadline of a call that has not been cancelled. A
+// holder's deadlines are reckoned on the simulated clock, but the real
+// store counts them on the wall clock, where a round trip to a server on a
+// loaded machine may take longer than a lost lease's last 250 ms: the run
+// would then depend on the machine's speed, not its seed. A call whose
+// context is already done keeps it, and the store refuses it before it
+// starts, as it would anywhere.
+func untimed(ctx context.Context) context.Context {
+	if ctx.Err() != nil {
+		return ctx
+	}
+	return context.WithoutCancel(ctx)
+}
+
 // dead: the actor crashed. A request it sent before still travels: those
 // go through the simulation's network handle.
 func (c *conn) dead() bool { return c.owner != nil && c.owner.crashed && c != c.s.netConn }
@@ -95,7 +109,7 @@ func (c *conn) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Tic
 		remember()
 		return store.Ticket{}, errReplyLost
 	}
-	t, err := c.st.Enqueue(ctx, req)
+	t, err := c.st.Enqueue(untimed(ctx), req)
 	if !errors.Is(err, store.ErrQueueFull) || f == 2 {
 		// A request refused by --max-waiting got its answer, and its id is
 		// never sent again (the refusal wrote nothing, not even a tombstone).
@@ -113,7 +127,7 @@ func (c *conn) Get(ctx context.Context, id string) (store.Ticket, error) {
 	if c.dead() {
 		return store.Ticket{}, errDead
 	}
-	t, err := c.st.Get(ctx, id)
+	t, err := c.st.Get(untimed(ctx), id)
 	c.record(&op{kind: "get", t: store.Ticket{ID: id}, res: t, err: err})
 	return t, err
 }
@@ -123,7 +137,7 @@ func (c *conn) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (st
 	if c.dead() {
 		return store.Ticket{}, errDead
 	}
-	nt, err := c.st.Renew(ctx, t, ttl)
+	nt, err := c.st.Renew(untimed(ctx), t, ttl)
 	c.record(&op{kind: "renew", t: t, ttl: ttl, res: nt, err: err})
 	return nt, err
 }
@@ -136,7 +150,7 @@ func (c *conn) Release(ctx context.Context, t store.Ticket, why store.Reason) (b
 	if c != c.s.netConn {
 		c.s.remember(request{kind: "release", t: t, why: why, owner: c.owner, who: c.who})
 	}
-	removed, err := c.st.Release(ctx, t, why)
+	removed, err := c.st.Release(untimed(ctx), t, why)
 	c.record(&op{kind: "release", t: t, why: why, removed: removed, err: err})
 	return removed, err
 }
@@ -146,7 +160,7 @@ func (c *conn) SetChild(ctx context.Context, t store.Ticket, pgid int, pgidStart
 	if c.dead() {
 		return store.Ticket{}, errDead
 	}
-	nt, err := c.st.SetChild(ctx, t, pgid, pgidStart)
+	nt, err := c.st.SetChild(untimed(ctx), t, pgid, pgidStart)
 	c.record(&op{kind: "setchild", t: t, res: nt, err: err})
 	return nt, err
 }
@@ -160,7 +174,7 @@ func (c *conn) Cancel(ctx context.Context, t store.Ticket) (bool, error) {
 	if c != c.s.netConn {
 		c.s.remember(request{kind: "release", t: t, why: store.Cancelled, owner: c.owner, who: c.who})
 	}
-	removed, err := c.st.Cancel(ctx, t)
+	removed, err := c.st.Cancel(untimed(ctx), t)
 	c.record(&op{kind: "release", t: t, why: store.Cancelled, removed: removed, err: err})
 	return removed, err
 }
@@ -170,7 +184,7 @@ func (c *conn) Reap(ctx context.Context, o store.ReapOptions) ([]store.Removal, 
 	if c.dead() {
 		return nil, errDead
 	}
-	r, err := c.st.Reap(ctx, o)
+	r, err := c.st.Reap(untimed(ctx), o)
 	kind := "reap"
 	if o.DryRun {
 		kind = "scan"
@@ -184,7 +198,7 @@ func (c *conn) Close() error { return c.st.Close() }
 
 // Events implements store.Store.
 func (c *conn) Events(ctx context.Context, limit string, n int) ([]store.Event, error) {
-	return c.st.Events(ctx, limit, n)
+	return c.st.Events(untimed(ctx), limit, n)
 }
 
 // Snapshot implements store.Store.
@@ -192,14 +206,14 @@ func (c *conn) Snapshot(ctx context.Context, limits ...string) (store.Snapshot, 
 	if c.dead() {
 		return store.Snapshot{}, errDead
 	}
-	snap, err := c.st.Snapshot(ctx, limits...)
+	snap, err := c.st.Snapshot(untimed(ctx), limits...)
 	c.record(&op{kind: "snapshot", err: err})
 	return snap, err
 }
 
 // SetLimit implements store.Store.
 func (c *conn) SetLimit(ctx context.Context, name string, slots int) (store.Limit, error) {
-	l, err := c.st.SetLimit(ctx, name, slots)
+	l, err := c.st.SetLimit(untimed(ctx), name, slots)
 	c.record(&op{kind: "setlimit", name: name, slots: slots, err: err})
 	return l, err
 }
@@ -231,7 +245,7 @@ func (c *conn) Counts(ctx context.Context, limits ...string) ([]store.Counts, er
 	if c.dead() {
 		return nil, errDead
 	}
-	return c.st.Counts(ctx, limits...)
+	return c.st.Counts(untimed(ctx), limits...)
 }
 
 // Resize implements store.Store; slots is the weight asked for.
@@ -242,7 +256,7 @@ func (c *conn) Resize(ctx context.Context, t store.Ticket, weight int) (store.Ti
 	if c != c.s.netConn {
 		c.s.remember(request{kind: "resize", t: t, weight: weight, owner: c.owner, who: c.who})
 	}
-	nt, err := c.st.Resize(ctx, t, weight)
+	nt, err := c.st.Resize(untimed(ctx), t, weight)
 	c.record(&op{kind: "resize", t: t, slots: weight, res: nt, err: err})
 	return nt, err
 }
