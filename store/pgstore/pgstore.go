@@ -142,6 +142,24 @@ func (b *backend) open() (func(), error) {
 // first takes the lock row, so every later statement of the step reads what
 // the steps before it committed.
 func (b *backend) Update(ctx context.Context, fn func(policy.Tx) error) error {
+	return b.update(ctx, fn, false)
+}
+
+// UpdateShared implements policy.Sharer: the same step with the lock row
+// taken FOR SHARE, which excludes every Update (FOR UPDATE) but not other
+// shared steps; such a step may write nothing but a ticket.
+func (b *backend) UpdateShared(ctx context.Context, fn func(policy.Tx) error) error {
+	return b.update(ctx, fn, true)
+}
+
+// lockRow takes the lock row and reads the clock once it holds it, in one
+// round trip.
+const (
+	lockRow       = `SELECT clock_timestamp() FROM (SELECT v FROM slotctl_meta WHERE k = 'lock' FOR UPDATE) AS l`
+	lockRowShared = `SELECT clock_timestamp() FROM (SELECT v FROM slotctl_meta WHERE k = 'lock' FOR SHARE) AS l`
+)
+
+func (b *backend) update(ctx context.Context, fn func(policy.Tx) error, shared bool) error {
 	done, err := b.open()
 	if err != nil {
 		return err
@@ -155,10 +173,12 @@ func (b *backend) Update(ctx context.Context, fn func(policy.Tx) error) error {
 		return b.unavailable(err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	// The lock, then the clock: read once the lock is held, in the same
-	// round trip.
+	lock := lockRow
+	if shared {
+		lock = lockRowShared
+	}
 	var now time.Time
-	if err := tx.QueryRow(ctx, `SELECT clock_timestamp() FROM (SELECT v FROM slotctl_meta WHERE k = 'lock' FOR UPDATE) AS l`).Scan(&now); err != nil {
+	if err := tx.QueryRow(ctx, lock).Scan(&now); err != nil {
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) && pe.Code == "55P03" { // lock_not_available: lock_timeout ran out
 			return &store.LockTimeoutError{Path: b.name, Waited: b.timeout}
@@ -174,6 +194,7 @@ func (b *backend) Update(ctx context.Context, fn func(policy.Tx) error) error {
 		b.afterLock()
 	}
 	t := b.step(ctx, tx, true, now)
+	t.shared = shared
 	if err := fn(t); err != nil {
 		return err
 	}

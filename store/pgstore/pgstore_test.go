@@ -195,3 +195,79 @@ func TestForgedTicketRowRefused(t *testing.T) {
 		t.Fatalf("Get of a ticket with a negative pid: %v, want ErrCorrupt", err)
 	}
 }
+
+// A held ticket's renewal takes the lock shared: another holder's renewal
+// goes through while the first is paused in the middle of its step (a slow
+// client does not make every other lease wait for it), while a whole step,
+// which may remove tickets, waits for the paused renewal to end. Were
+// renewals whole steps, the second renewal would wait until the server
+// cut the paused one off, and the paused one would then fail.
+func TestRenewalsShareTheLock(t *testing.T) {
+	url := testURL(t)
+	ctx := context.Background()
+	o := pgstore.Options{Timeout: 20 * time.Second}
+	st := open(t, url, o)
+	if _, err := st.SetLimit(ctx, "p", 3); err != nil {
+		t.Fatal(err)
+	}
+	a, err := st.Enqueue(ctx, req("a", "p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := st.Enqueue(ctx, req("b", "p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	paused := open(t, url, o)
+	resume := make(chan struct{})
+	held := make(chan struct{})
+	pgstore.PauseAfterLock(paused, func() {
+		close(held)
+		<-resume
+	})
+	renewedA := make(chan error, 1)
+	go func() {
+		_, err := paused.Renew(ctx, a, 10*time.Second)
+		renewedA <- err
+	}()
+	<-held
+	resumed := false
+	defer func() {
+		if !resumed {
+			close(resume)
+		}
+	}()
+
+	if _, err := open(t, url, o).Renew(ctx, b, 10*time.Second); err != nil {
+		t.Fatalf("a renewal beside a paused one: %v", err)
+	}
+
+	whole := make(chan error, 1)
+	go func() {
+		_, err := open(t, url, o).Enqueue(ctx, req("c", "p"))
+		whole <- err
+	}()
+	conn := connect(t, url)
+	for waiting := false; !waiting; {
+		select {
+		case err := <-whole:
+			t.Fatalf("an enqueue ran beside a paused renewal (err %v): it must wait for the lock", err)
+		case <-time.After(20 * time.Millisecond):
+		}
+		err := conn.QueryRow(ctx, `SELECT count(*) > 0 FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting)
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	close(resume)
+	resumed = true
+	if err := <-renewedA; err != nil {
+		t.Fatalf("the paused renewal: %v, want it to commit", err)
+	}
+	if err := <-whole; err != nil {
+		t.Fatalf("the enqueue behind the paused renewal: %v", err)
+	}
+}

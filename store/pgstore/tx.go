@@ -30,8 +30,11 @@ type ptx struct {
 	ctx context.Context
 	tx  pgx.Tx
 	rw  bool // a writing step (Update)
-	now policy.Instant
-	err error // a failure where the interface has no error to return
+	// shared: a step beside other shared steps (UpdateShared), which may
+	// write a ticket and nothing else.
+	shared bool
+	now    policy.Instant
+	err    error // a failure where the interface has no error to return
 
 	rings  []string
 	writes []write // queued: sent with the next read, or at the end
@@ -57,6 +60,9 @@ func (t *ptx) fail(err error) error { return t.b.unavailable(err) }
 func (t *ptx) readOnly() error {
 	if !t.rw {
 		return fmt.Errorf("pgstore: a write in a read-only step")
+	}
+	if t.shared {
+		return fmt.Errorf("pgstore: a write other than a ticket's in a shared step")
 	}
 	return nil
 }
@@ -302,8 +308,8 @@ func (t *ptx) Lookup(id string) (policy.Rec, bool, error) {
 }
 
 func (t *ptx) Put(r policy.Rec) error {
-	if err := t.readOnly(); err != nil {
-		return err
+	if !t.rw {
+		return fmt.Errorf("pgstore: a write in a read-only step")
 	}
 	t.write(write{sql: `INSERT INTO slotctl_tickets (fence, id, limits, rec) VALUES ($1, $2, $3, $4::jsonb)
 		ON CONFLICT (fence) DO UPDATE SET rec = EXCLUDED.rec, limits = EXCLUDED.limits`,

@@ -95,6 +95,9 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 	if err := store.CheckID(t.ID); err != nil {
 		return store.Ticket{}, err
 	}
+	if out, done, err := s.renewShared(ctx, t, ttl); done || err != nil {
+		return out, err
+	}
 	var out store.Ticket
 	var lostErr error
 	err := s.update(ctx, func(x *step) error {
@@ -151,6 +154,61 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 		err = lostErr
 	}
 	return out, err
+}
+
+// renewShared renews t in a shared step when the backend has them and the
+// renewal changes nothing but t's deadline: t is live, not late, and no
+// settle of its limits is due (a waiter's renewal sweeps them otherwise).
+// done is false when it declined: the caller then renews in a whole step,
+// which also reports a lost ticket. Other shared steps only move live
+// tickets' deadlines on, so what made the settle unnecessary still holds
+// when it commits.
+func (s *Store) renewShared(ctx context.Context, t store.Ticket, ttl time.Duration) (out store.Ticket, done bool, err error) {
+	sh, ok := s.b.(Sharer)
+	if !ok || mutation.String(s.o.Mutations) != "" { // planted bugs live on the whole steps' path
+		return store.Ticket{}, false, nil
+	}
+	err = sh.UpdateShared(ctx, func(tx Tx) error {
+		out, done = store.Ticket{}, false
+		x := newStep(tx, s)
+		r, lost, err := x.lookupOwn(t)
+		if err != nil || lost != nil || x.expiry(r) != "" {
+			return err
+		}
+		if r.State != store.Held {
+			if settled, err := x.settled(r.Names()); err != nil || !settled {
+				return err
+			}
+		}
+		r.DeadlineMono, r.TTL, r.Renewed = x.now.Mono+ttl, ttl, x.now.Wall
+		if err := x.put(r); err != nil {
+			return err
+		}
+		if r.State == store.Held {
+			out = x.view(r, 0)
+		} else if out, err = x.viewOf(r); err != nil {
+			return err
+		}
+		done = true
+		return nil
+	})
+	return out, done, err
+}
+
+// settled reports whether a settle of limits would change nothing.
+func (x *step) settled(limits []string) (bool, error) {
+	if q, ok := x.tx.(Settler); ok {
+		return q.Settled(limits)
+	}
+	recs, names, err := x.gather(limits)
+	if err != nil {
+		return false, err
+	}
+	in, err := x.planInput(recs, names)
+	if err != nil {
+		return false, err
+	}
+	return PlanSettle(in).Empty(), nil
 }
 
 // Release implements [store.Store].

@@ -69,6 +69,15 @@ type Settler interface {
 	Settled(limits []string) (bool, error)
 }
 
+// A Sharer is a Backend that can also run shared steps: a shared step
+// excludes every Update but not other shared steps, and writes nothing but
+// one ticket's renewal. Renewals are the store's most frequent writes; as
+// shared steps they do not queue behind each other on a slow client, where
+// a step holding the one lock may wait for the CPU for a long time.
+type Sharer interface {
+	UpdateShared(ctx context.Context, fn func(Tx) error) error
+}
+
 // A Backend is what a store supplies beneath the rules.
 type Backend interface {
 	// Update runs fn as one atomic step and commits what it wrote, or

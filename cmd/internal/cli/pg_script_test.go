@@ -13,13 +13,9 @@ import (
 
 // pgScripts are the scripts that take whatever store SLOTCTL_STORE names
 // (no bbolt file, clock or permission of their own): TestScriptPostgres
-// runs them again on PostgreSQL. Not release_basic: its 17 holders on 6s
-// leases, renewing every 2s, each renewal a transaction that holds the
-// store's one lock for several round trips, queue on that lock for longer
-// than their leases when the test machine runs at several times its cores
-// (docs/postgres.md, "Many holders on a loaded client").
+// runs them again on PostgreSQL.
 var pgScripts = []string{
-	"bad_input_newer", "limit_cmds", "limit_pause", "log_basic", "release_multi",
+	"bad_input_newer", "limit_cmds", "limit_pause", "log_basic", "release_basic", "release_multi",
 	"run_busy", "run_estimate", "run_exit_codes", "run_fifo", "run_nested_multi",
 	"run_newer_first", "run_signals", "run_slots_conflict", "run_two_slots", "stats_basic",
 }
