@@ -515,17 +515,14 @@ func fastState(v []byte) (store.State, bool) {
 // queued waiters renew a full limit all the time, and each full settle would
 // decode the whole queue.
 func (x *txn) Settled(limits []string) (bool, error) {
-	in := policy.SettleInput{Slots: make(map[string]int, len(limits)), Mutations: x.s.mut}
-	var raw [][]byte         // the records, by the index each Queued carries as its ID
-	var seen map[uint64]bool // tickets of several limits already read
-	todo := limits
-	for i := 0; i < len(todo); i++ {
-		name := todo[i]
+	sc := settledScan{x: x, todo: limits, in: policy.SettleInput{Slots: make(map[string]int, len(limits)), Mutations: x.s.mut}}
+	for i := 0; i < len(sc.todo); i++ {
+		name := sc.todo[i]
 		lim, ok, err := x.Limit(name)
 		if err != nil || !ok {
 			return false, err
 		}
-		in.Slots[name] = lim.Slots
+		sc.in.Slots[name] = lim.Slots
 		b, err := x.queue(name, false)
 		if err != nil {
 			return false, err
@@ -533,32 +530,7 @@ func (x *txn) Settled(limits []string) (bool, error) {
 		if b == nil {
 			continue
 		}
-		err = b.ForEach(func(k, v []byte) error {
-			f, ok := fastFields(v)
-			if !ok || len(k) != 8 || f.boot != x.now.Boot || (!f.quiet && x.now.Mono >= f.deadline) {
-				return errNotQuiet // expired (or to be decoded): the full settle sweeps it
-			}
-			fence := binary.BigEndian.Uint64(k)
-			t := store.Ticket{ID: strconv.Itoa(len(raw)), Limit: name, State: f.state, Fence: fence, Weight: f.weight}
-			if f.limits != nil {
-				if seen[fence] {
-					return nil
-				}
-				if seen == nil {
-					seen, todo = map[uint64]bool{}, slices.Clone(todo)
-				}
-				seen[fence] = true
-				t.Limit, t.Limits = f.limits[0], f.limits
-				for _, l := range f.limits {
-					if !slices.Contains(todo, l) {
-						todo = append(todo, l)
-					}
-				}
-			}
-			in.Tickets = append(in.Tickets, policy.Queued{Ticket: t, Quiet: f.quiet})
-			raw = append(raw, v)
-			return nil
-		})
+		err = b.ForEach(func(k, v []byte) error { return sc.add(name, k, v) })
 		if err == errNotQuiet {
 			return false, nil
 		}
@@ -566,20 +538,59 @@ func (x *txn) Settled(limits []string) (bool, error) {
 			return false, err
 		}
 	}
-	if len(todo) > 1 {
-		slices.SortFunc(in.Tickets, func(a, b policy.Queued) int { return cmp.Compare(a.Ticket.Fence, b.Ticket.Fence) })
+	if len(sc.todo) > 1 {
+		slices.SortFunc(sc.in.Tickets, func(a, b policy.Queued) int { return cmp.Compare(a.Ticket.Fence, b.Ticket.Fence) })
 	}
 	if x.s.dead != nil {
-		in.Judge = func(t store.Ticket, act bool) (string, bool) {
+		sc.in.Judge = func(t store.Ticket, act bool) (string, bool) {
 			i, _ := strconv.Atoi(t.ID)
 			var r ticketRec
-			if err := decode(raw[i], &r); err != nil {
+			if err := decode(sc.raw[i], &r); err != nil {
 				return "", true // not quiet: let the full settle report it
 			}
 			return x.s.dead(x.view(r, 0), act)
 		}
 	}
-	return policy.PlanSettle(in).Empty(), nil
+	return policy.PlanSettle(sc.in).Empty(), nil
+}
+
+// settledScan is Settled's walk over the queues of a closure of limits.
+type settledScan struct {
+	x    *txn
+	in   policy.SettleInput
+	raw  [][]byte        // the records, by the index each Queued carries as its ID
+	seen map[uint64]bool // tickets of several limits already read
+	todo []string        // the closure's limits, growing as tickets name more
+}
+
+// add reads one stored ticket of limit name into the planner's input, or
+// returns errNotQuiet when it has expired (or must be decoded).
+func (sc *settledScan) add(name string, k, v []byte) error {
+	x := sc.x
+	f, ok := fastFields(v)
+	if !ok || len(k) != 8 || f.boot != x.now.Boot || (!f.quiet && x.now.Mono >= f.deadline) {
+		return errNotQuiet // expired (or to be decoded): the full settle sweeps it
+	}
+	fence := binary.BigEndian.Uint64(k)
+	t := store.Ticket{ID: strconv.Itoa(len(sc.raw)), Limit: name, State: f.state, Fence: fence, Weight: f.weight}
+	if f.limits != nil {
+		if sc.seen[fence] {
+			return nil
+		}
+		if sc.seen == nil {
+			sc.seen, sc.todo = map[uint64]bool{}, slices.Clone(sc.todo)
+		}
+		sc.seen[fence] = true
+		t.Limit, t.Limits = f.limits[0], f.limits
+		for _, l := range f.limits {
+			if !slices.Contains(sc.todo, l) {
+				sc.todo = append(sc.todo, l)
+			}
+		}
+	}
+	sc.in.Tickets = append(sc.in.Tickets, policy.Queued{Ticket: t, Quiet: f.quiet})
+	sc.raw = append(sc.raw, v)
+	return nil
 }
 
 var errNotQuiet = fmt.Errorf("not quiet")
