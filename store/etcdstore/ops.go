@@ -68,55 +68,84 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 	if err := checkFits(names, req.Weight); err != nil {
 		return store.Ticket{}, err
 	}
-	first := names[0]
 	start := time.Now()
 	// The lease and a first (serializable, so cheap) read of the limits at
 	// once: the transaction's compares make up for a stale read.
-	type readResult struct {
-		st  *lstate
-		err error
-		b   *behind // the light path's read (light.go), instead of st
-	}
-	firstRead := make(chan readResult, 1)
+	firstRead := make(chan enqueueRead, 1)
 	go func() {
 		st, b, err := s.readFirst(ctx, req)
-		firstRead <- readResult{st: st, err: err, b: b}
+		firstRead <- enqueueRead{st: st, err: err, behind: b}
 	}()
 	sent := s.leases.now()
 	known := s.term.Load() // at most the term the grant commits in
 	cctx, cancel := s.ctx(ctx)
 	g, err := s.c.Grant(cctx, leaseTTL(req.TTL))
 	cancel()
-	rr := <-firstRead
+	read := <-firstRead
 	if err != nil {
 		return store.Ticket{}, s.unavailable(err, false)
 	}
 	s.answered()
-	lease := int64(g.ID)
-	term := grantTerm(known, g.ResponseHeader)
-	s.leases.acked(lease, sent, time.Duration(g.TTL)*time.Second)
-	used := false
+	q := &enqueuing{s: s, req: req, names: names, lease: int64(g.ID), sent: sent,
+		term: grantTerm(known, g.ResponseHeader)}
+	s.leases.acked(q.lease, sent, time.Duration(g.TTL)*time.Second)
 	defer func() {
-		if !used {
-			s.leases.forget(lease)
+		if !q.used {
+			s.leases.forget(q.lease)
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 			_, _ = s.c.Revoke(rctx, g.ID)
 			cancel()
 		}
 	}()
 
-	if rr.b != nil {
+	if read.behind != nil {
 		// Behind a live waiter: the end of the queue, no settle (light.go).
-		if t, ok := s.enqueueBehind(ctx, req, lease, term, *rr.b); ok {
-			used = true
-			if s.leases.now()-sent > 20*time.Millisecond {
-				s.refresh(ctx, lease) // as below: the whole TTL from the creation
-			}
+		if t, ok := s.enqueueBehind(ctx, req, q.lease, q.term, *read.behind); ok {
+			q.used = true
+			q.refreshIfSlow(ctx)
 			return t, nil
 		}
-		rr.st, rr.err = s.read(ctx, names, req.ID, false)
+		read.st, read.err = s.read(ctx, names, req.ID, false)
 	}
-	st, err := rr.st, rr.err
+	return q.commitTicket(ctx, start, read.st, read.err)
+}
+
+// enqueueRead is Enqueue's first read of the limits, made while the lease
+// is granted.
+type enqueueRead struct {
+	st     *lstate
+	err    error
+	behind *behind // the light path's read (light.go), instead of st
+}
+
+// enqueuing is one Enqueue after its lease is granted: the request, the
+// lease, and what its latest plan found or wrote.
+type enqueuing struct {
+	s     *Store
+	req   store.EnqueueRequest
+	names []string
+	lease int64
+	term  uint64
+	sent  time.Duration // when the lease grant was sent (leases.now)
+	used  bool          // the lease is the ticket's: not revoked on return
+
+	ticket *entry  // the ticket the latest plan writes
+	found  *lstate // the state in which the latest plan found the id taken
+}
+
+// refreshIfSlow restarts the lease when it was granted well before the
+// ticket was written, so that the ticket has its whole TTL from its
+// creation. (A failure is the renewer's to find.)
+func (q *enqueuing) refreshIfSlow(ctx context.Context) {
+	if q.s.leases.now()-q.sent > 20*time.Millisecond {
+		q.s.refresh(ctx, q.lease)
+	}
+}
+
+// commitTicket plans and commits the ticket on st (or on a new read after
+// err), retrying while an outcome is unknown.
+func (q *enqueuing) commitTicket(ctx context.Context, start time.Time, st *lstate, err error) (store.Ticket, error) {
+	s := q.s
 	linear := false // st was read linearizably
 	for {
 		if err != nil {
@@ -125,160 +154,15 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 			if !unknownOutcome(err) || !s.again(ctx, start) {
 				return store.Ticket{}, err
 			}
-			st, err = s.read(ctx, names, req.ID, false)
+			st, err = s.read(ctx, q.names, q.req.ID, false)
 			continue
 		}
-		var e *entry
-		var answer func() (store.Ticket, error)
-		p, resp, cerr := s.commit(ctx, st, req.ID, func(p *plan) error {
-			st := p.st
-			if st.idKV != nil {
-				answer = func() (store.Ticket, error) {
-					t, mine, err := s.existing(ctx, st, req, lease)
-					used = used || mine
-					return t, err
-				}
-				return errNoCommit
-			}
-			for _, n := range names {
-				if l := st.lim(n); l != nil && req.CheckSlots && l.Slots != req.Slots {
-					return &store.SlotsConflictError{Limit: n, Have: l.Slots, Want: req.Slots}
-				}
-			}
-			for _, n := range names {
-				size := req.SizeOf(n)
-				if l := st.lim(n); l != nil {
-					size = l.Slots
-				}
-				if err := store.CheckWeightFits(n, size, req.Weighs()); err != nil {
-					return err
-				}
-			}
-			// The limits this step creates: planned on now, written with
-			// the ticket (a refusal creates none).
-			var create []string
-			for _, n := range names {
-				p.compareLimit(n)
-				if st.lim(n) == nil {
-					st.lims[n].lim = &limitRec{V: formatVersion, Slots: req.SizeOf(n), Created: p.now}
-					create = append(create, n)
-				}
-			}
-			p.cmp(clientv3.Compare(clientv3.CreateRevision(s.k.id(req.ID)), "=", 0))
-			r := rec{V: formatVersion, ID: req.ID, Limit: first, Lease: lease, State: store.Waiting,
-				Slot: -1, TTL: req.TTL, Holder: req.Holder, Created: p.now, Key: req.Key, Term: term}
-			if len(names) > 1 {
-				r.Limits = slices.Clone(names)
-			}
-			if req.Weighs() > 1 {
-				r.Weight = req.Weighs()
-			}
-			sup, held, err := keyed(st, req)
-			if err != nil {
-				return err
-			}
-			for _, h := range held {
-				r.Replaces = append(r.Replaces, h.r.ID)
-			}
-			e = &entry{isNew: true, r: r}
-			st.entries = append(st.entries, e)
-			for _, n := range names {
-				st.lims[n].entries = append(st.lims[n].entries, e)
-			}
-			joined := false // compared: no ticket joined its limits since the read
-			if req.Supersede || req.Replace || req.MaxWaiting != nil {
-				// The decision covers every ticket of its limits: one
-				// created since the read (an older ticket of its key, a
-				// waiter to count) makes it plan again.
-				joined = true
-				for _, n := range names {
-					p.cmp(clientv3.Compare(clientv3.CreateRevision(s.k.tickets(n)).WithPrefix(), "<", st.rev+1))
-				}
-			}
-			// Plan the whole step first, as if the superseded were gone:
-			// max-waiting refuses on it before anything is written.
-			gone := map[*entry]bool{}
-			for _, w := range sup {
-				gone[w] = true
-			}
-			sp, es := p.planSettle(false, func(x *entry) bool { return !gone[x] })
-			if req.MaxWaiting != nil {
-				if err := queueFull(sp, es, e, names, *req.MaxWaiting); err != nil {
-					return err
-				}
-			}
-			by := successorOf(req)
-			reaped := map[*entry]bool{}
-			for _, rm := range sp.Remove {
-				reaped[es[rm.Index]] = true
-			}
-			// The ticket first, marked while anything older of its key is
-			// left (see the comment of Enqueue); the room it takes is
-			// there in an empty plan (MaxTicketKeys).
-			e.r.Superseding = len(sup)+len(held) > 0
-			if c := p.countRoom(names); !p.room(ticketKeys(len(names), req.Weight)+1+len(create)+c, 1+2*len(names)+c) {
-				return fmt.Errorf("%w: ticket %s does not fit in an etcd transaction", store.ErrInvalid, req.ID)
-			}
-			for _, n := range create {
-				p.put(s.k.limit(n), writeOp{val: encode(*st.lims[n].lim)})
-				p.newCounts(n)
-			}
-			p.putNew(e)
-			// The stop requests and the supersede removals (compare-and-
-			// delete on what was read, one removal path: tombstone naming
-			// the successor, an event in each limit), as many as fit; a
-			// held ticket the settle removes anyway (proven dead) is not
-			// asked. The stops first: the new run waits for those.
-			split := false
-			for _, h := range held {
-				if reaped[h] || h.r.Stop != nil && *h.r.Stop == by {
-					continue
-				}
-				if !p.stop(h, by) {
-					split = true
-					break
-				}
-			}
-			for _, w := range sup {
-				if split || !p.removeBy(w, store.Superseded, "superseded by ticket "+req.ID, &by) {
-					split = true
-					break
-				}
-			}
-			if split {
-				// The rest is the settles' (p.full: the first one right
-				// after this commit), and admits nobody of it meanwhile: no
-				// ticket of its limits was admitted since the read either,
-				// so that Replaces names every older holder of the key.
-				for _, n := range names {
-					p.compareSlots(n)
-				}
-				return nil
-			}
-			if e.r.Superseding {
-				e.r.Superseding = false // all of it in this one transaction
-				p.putNew(e)
-			}
-			if !p.supersede(reaped) {
-				// Another run's unfinished supersede (rec.Superseding) took
-				// the room: the settle after this commit admits.
-				return nil
-			}
-			p.apply(sp, es, true)
-			if e.r.State == store.Held && !joined {
-				// Admitted on the strength of its place in the queues: no
-				// ticket may have been created (ahead of it) since the read.
-				for _, n := range names {
-					p.cmp(clientv3.Compare(clientv3.CreateRevision(s.k.tickets(n)).WithPrefix(), "<", st.rev+1))
-				}
-			}
-			return nil
-		})
+		p, resp, cerr := s.commit(ctx, st, q.req.ID, q.plan)
 		if cerr != nil && errors.Is(cerr, store.ErrQueueFull) && !linear {
 			// Refused on the first, serializable read: a refusal stands
 			// only on a current one.
 			linear = true
-			st, err = s.read(ctx, names, req.ID, false)
+			st, err = s.read(ctx, q.names, q.req.ID, false)
 			continue
 		}
 		if cerr != nil {
@@ -289,29 +173,226 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 			continue
 		}
 		if resp == nil {
-			return answer()
+			t, mine, err := s.existing(ctx, q.found, q.req, q.lease)
+			q.used = q.used || mine
+			return t, err
 		}
-		used = true
-		e.fence = resp.Header.Revision
-		if s.leases.now()-sent > 20*time.Millisecond {
-			// The lease was granted before a slow transaction: restart it,
-			// so that the ticket has its whole TTL from its creation. (A
-			// failure is the renewer's to find.)
-			s.refresh(ctx, lease)
-		}
-		s.afterCommit(p)
-		s.remember(e, resp.Header.Revision)
-		s.ring(req.ID, names, e.r.State == store.Held, resp.Header.Revision)
-		if p.full {
-			if nst, err := s.settleLimit(ctx, names, req.ID); err == nil {
-				if t, ok := s.viewOf(ctx, nst, req.ID); ok {
-					return t, nil
-				}
+		q.used = true
+		return q.committed(ctx, p, resp.Header.Revision), nil
+	}
+}
+
+// committed answers with the ticket its plan p wrote at revision rev,
+// settling its limits at once when the plan ran out of room.
+func (q *enqueuing) committed(ctx context.Context, p *plan, rev int64) store.Ticket {
+	s, e := q.s, q.ticket
+	e.fence = rev
+	q.refreshIfSlow(ctx)
+	s.afterCommit(p)
+	s.remember(e, rev)
+	s.ring(q.req.ID, q.names, e.r.State == store.Held, rev)
+	if p.full {
+		if nst, err := s.settleLimit(ctx, q.names, q.req.ID); err == nil {
+			if t, ok := s.viewOf(ctx, nst, q.req.ID); ok {
+				return t
 			}
 		}
-		after := p.after()
-		return s.view(e, positions(after.queue(first))[e], s.remaining(ctx, lease)), nil
 	}
+	after := p.after()
+	return s.view(e, positions(after.queue(q.names[0]))[e], s.remaining(ctx, q.lease))
+}
+
+// enqueueStep is what one plan of an Enqueue decided before writing.
+type enqueueStep struct {
+	ticket     *entry
+	create     []string // the limits created with the ticket
+	superseded []*entry // older waiting tickets of the key, removed
+	replaced   []*entry // older held tickets of the key, asked to stop
+	// comparedJoins: the plan compares that no ticket joined the limits
+	// since the read.
+	comparedJoins bool
+	settle        policy.SettlePlan
+	settled       []*entry // the entries settle's indexes refer to
+}
+
+// plan builds the ticket's transaction on p (a build of [Store.commit]):
+// it returns errNoCommit when the id is taken already (q.found).
+func (q *enqueuing) plan(p *plan) error {
+	st, req := p.st, q.req
+	if st.idKV != nil {
+		q.found = st
+		return errNoCommit
+	}
+	if err := q.checkSizes(st); err != nil {
+		return err
+	}
+	var step enqueueStep
+	step.create = q.planLimits(p)
+	p.cmp(clientv3.Compare(clientv3.CreateRevision(q.s.k.id(req.ID)), "=", 0))
+	var err error
+	if step.superseded, step.replaced, err = keyed(st, req); err != nil {
+		return err
+	}
+	step.ticket = q.addTicket(st, p.now, step.replaced)
+	q.ticket = step.ticket
+	if req.Supersede || req.Replace || req.MaxWaiting != nil {
+		// The decision covers every ticket of its limits: one created
+		// since the read (an older ticket of its key, a waiter to count)
+		// makes it plan again.
+		step.comparedJoins = true
+		q.compareNoneJoined(p)
+	}
+	// Plan the whole step first, as if the superseded were gone:
+	// max-waiting refuses on it before anything is written.
+	gone := map[*entry]bool{}
+	for _, w := range step.superseded {
+		gone[w] = true
+	}
+	step.settle, step.settled = p.planSettle(false, func(x *entry) bool { return !gone[x] })
+	if req.MaxWaiting != nil {
+		if err := queueFull(step.settle, step.settled, step.ticket, q.names, *req.MaxWaiting); err != nil {
+			return err
+		}
+	}
+	return q.write(p, &step)
+}
+
+// checkSizes refuses a request whose slots differ from an existing limit's
+// (CheckSlots), or whose weight does not fit a limit's size.
+func (q *enqueuing) checkSizes(st *lstate) error {
+	req := q.req
+	for _, n := range q.names {
+		if l := st.lim(n); l != nil && req.CheckSlots && l.Slots != req.Slots {
+			return &store.SlotsConflictError{Limit: n, Have: l.Slots, Want: req.Slots}
+		}
+	}
+	for _, n := range q.names {
+		size := req.SizeOf(n)
+		if l := st.lim(n); l != nil {
+			size = l.Slots
+		}
+		if err := store.CheckWeightFits(n, size, req.Weighs()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// planLimits compares the ticket's limits and returns those the step
+// creates: planned on now, written with the ticket (a refusal creates none).
+func (q *enqueuing) planLimits(p *plan) []string {
+	var create []string
+	for _, n := range q.names {
+		p.compareLimit(n)
+		if p.st.lim(n) == nil {
+			p.st.lims[n].lim = &limitRec{V: formatVersion, Slots: q.req.SizeOf(n), Created: p.now}
+			create = append(create, n)
+		}
+	}
+	return create
+}
+
+// addTicket adds the new ticket, replacing the held tickets replaced, to
+// st and to each of its limits.
+func (q *enqueuing) addTicket(st *lstate, now time.Time, replaced []*entry) *entry {
+	req := q.req
+	r := rec{V: formatVersion, ID: req.ID, Limit: q.names[0], Lease: q.lease, State: store.Waiting,
+		Slot: -1, TTL: req.TTL, Holder: req.Holder, Created: now, Key: req.Key, Term: q.term}
+	if len(q.names) > 1 {
+		r.Limits = slices.Clone(q.names)
+	}
+	if req.Weighs() > 1 {
+		r.Weight = req.Weighs()
+	}
+	for _, h := range replaced {
+		r.Replaces = append(r.Replaces, h.r.ID)
+	}
+	e := &entry{isNew: true, r: r}
+	st.entries = append(st.entries, e)
+	for _, n := range q.names {
+		st.lims[n].entries = append(st.lims[n].entries, e)
+	}
+	return e
+}
+
+// compareNoneJoined compares that no ticket was created under the
+// ticket's limits since the read.
+func (q *enqueuing) compareNoneJoined(p *plan) {
+	for _, n := range q.names {
+		p.cmp(clientv3.Compare(clientv3.CreateRevision(q.s.k.tickets(n)).WithPrefix(), "<", p.st.rev+1))
+	}
+}
+
+// write puts the planned step in p: the limits created, the ticket, the
+// stop requests and removals, and the settle when all of those fit.
+func (q *enqueuing) write(p *plan, step *enqueueStep) error {
+	e := step.ticket
+	reaped := map[*entry]bool{}
+	for _, rm := range step.settle.Remove {
+		reaped[step.settled[rm.Index]] = true
+	}
+	// The ticket first, marked while anything older of its key is left
+	// (see the comment of Enqueue); the room it takes is there in an empty
+	// plan (MaxTicketKeys).
+	e.r.Superseding = len(step.superseded)+len(step.replaced) > 0
+	if c := p.countRoom(q.names); !p.room(ticketKeys(len(q.names), q.req.Weight)+1+len(step.create)+c, 1+2*len(q.names)+c) {
+		return fmt.Errorf("%w: ticket %s does not fit in an etcd transaction", store.ErrInvalid, q.req.ID)
+	}
+	for _, n := range step.create {
+		p.put(q.s.k.limit(n), writeOp{val: encode(*p.st.lims[n].lim)})
+		p.newCounts(n)
+	}
+	p.putNew(e)
+	if !q.stopAndRemove(p, step, reaped) {
+		// The rest is the settles' (p.full: the first one right after this
+		// commit), and admits nobody of it meanwhile: no ticket of its
+		// limits was admitted since the read either, so that Replaces
+		// names every older holder of the key.
+		for _, n := range q.names {
+			p.compareSlots(n)
+		}
+		return nil
+	}
+	if e.r.Superseding {
+		e.r.Superseding = false // all of it in this one transaction
+		p.putNew(e)
+	}
+	if !p.supersede(reaped) {
+		// Another run's unfinished supersede (rec.Superseding) took the
+		// room: the settle after this commit admits.
+		return nil
+	}
+	p.apply(step.settle, step.settled, true)
+	if e.r.State == store.Held && !step.comparedJoins {
+		// Admitted on the strength of its place in the queues: no ticket
+		// may have been created (ahead of it) since the read.
+		q.compareNoneJoined(p)
+	}
+	return nil
+}
+
+// stopAndRemove puts in p the stop requests of the replaced tickets and
+// the removals of the superseded ones (compare-and-delete on what was
+// read, one removal path: tombstone naming the successor, an event in each
+// limit), as many as fit, and reports whether all did. A held ticket the
+// settle removes anyway (reaped, proven dead) is not asked. The stops
+// come first: the new run waits for those.
+func (q *enqueuing) stopAndRemove(p *plan, step *enqueueStep, reaped map[*entry]bool) bool {
+	by := successorOf(q.req)
+	for _, h := range step.replaced {
+		if reaped[h] || h.r.Stop != nil && *h.r.Stop == by {
+			continue
+		}
+		if !p.stop(h, by) {
+			return false
+		}
+	}
+	for _, w := range step.superseded {
+		if !p.removeBy(w, store.Superseded, "superseded by ticket "+q.req.ID, &by) {
+			return false
+		}
+	}
+	return true
 }
 
 // keyed finds the live tickets of req's key sharing one of its limits that
