@@ -1144,83 +1144,24 @@ func (s *Store) Snapshot(ctx context.Context, limits ...string) (store.Snapshot,
 	names := slices.Clone(limits)
 	slices.Sort(names)
 	names = slices.Compact(names)
-	byFence := clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)
-	var ops []clientv3.Op
-	if len(names) == 0 || len(names) > 40 {
-		ops = []clientv3.Op{
-			clientv3.OpGet(s.k.limits(), clientv3.WithPrefix()),
-			clientv3.OpGet(s.k.allRecords(), clientv3.WithPrefix(), byFence),
-			clientv3.OpGet(s.k.allTickets(), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
-		}
-	} else {
-		for _, n := range names {
-			ops = append(ops, clientv3.OpGet(s.k.limit(n)),
-				clientv3.OpGet(s.k.records(n), clientv3.WithPrefix(), byFence),
-				clientv3.OpGet(s.k.tickets(n), clientv3.WithPrefix(), clientv3.WithKeysOnly()))
-		}
-	}
 	cctx, cancel := s.ctx(ctx)
-	resp, err := s.c.Txn(cctx).Then(ops...).Commit()
+	resp, err := s.c.Txn(cctx).Then(s.snapshotOps(names)...).Commit()
 	cancel()
 	if err != nil {
 		return store.Snapshot{}, s.unavailable(err, false)
 	}
 	s.answered()
-	rs := getResponses(resp.Responses)
-	lims := map[string]*limitRec{}
-	entries := map[string][]*entry{}
-	live := map[string]bool{}
-	for i := 0; i < len(rs); i += 3 {
-		for _, kv := range rs[i].Kvs {
-			var l limitRec
-			if err := decode("limit "+string(kv.Key), kv.Value, &l); err != nil {
-				return store.Snapshot{}, err
-			}
-			if err := store.CheckSlots(l.Slots); err != nil {
-				return store.Snapshot{}, fmt.Errorf("%w: limit %s: %v", store.ErrCorrupt, kv.Key, err)
-			}
-			lims[strings.TrimPrefix(string(kv.Key), s.k.limits())] = &l
-		}
-		for _, kv := range rs[i+2].Kvs {
-			if name, ok := s.limitName(kv.Key, "tickets/"); ok {
-				live[name+"/"+last(kv.Key)] = true
-			}
-		}
-		for _, kv := range rs[i+1].Kvs {
-			name, ok := s.limitName(kv.Key, "records/")
-			if !ok {
-				continue
-			}
-			r, err := decodeRec(kv.Key, name, last(kv.Key), kv.Value)
-			if err != nil {
-				return store.Snapshot{}, err
-			}
-			e := &entry{r: r, fence: kv.CreateRevision, rkv: kv}
-			if live[name+"/"+r.ID] {
-				e.tkv = kv // present; its own revisions are not needed here
-			}
-			entries[name] = append(entries[name], e)
-		}
+	lims, entries, err := s.parseSnapshot(getResponses(resp.Responses))
+	if err != nil {
+		return store.Snapshot{}, err
 	}
 	if len(names) == 0 {
 		for n := range lims {
 			names = append(names, n)
 		}
 		slices.Sort(names)
-		// Every limit read: a ticket is recorded under each of its limits
-		// (docs/leases.md §2.1 item 9), or the store is corrupt.
-		under := map[string]int{}
-		for _, es := range entries {
-			for _, e := range es {
-				under[e.r.ID]++
-			}
-		}
-		for _, es := range entries {
-			for _, e := range es {
-				if got := under[e.r.ID]; got != len(e.r.names()) {
-					return store.Snapshot{}, fmt.Errorf("%w: ticket %s names limits %s but is recorded under %d of them", store.ErrCorrupt, e.r.ID, strings.Join(e.r.names(), ", "), got)
-				}
-			}
+		if err := checkRecordedUnderAll(entries); err != nil {
+			return store.Snapshot{}, err
 		}
 	}
 	var all []*entry
@@ -1240,6 +1181,97 @@ func (s *Store) Snapshot(ctx context.Context, limits ...string) (store.Snapshot,
 		out.AddLimit(store.Limit{Name: n, Slots: lims[n].Slots, Created: lims[n].Created}, ts)
 	}
 	return out, nil
+}
+
+// snapshotOps reads, three responses per group, the limits' keys, their
+// records oldest first and their ticket keys: of every limit when names
+// is empty or long, else of each of names.
+func (s *Store) snapshotOps(names []string) []clientv3.Op {
+	byFence := clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)
+	if len(names) == 0 || len(names) > 40 {
+		return []clientv3.Op{
+			clientv3.OpGet(s.k.limits(), clientv3.WithPrefix()),
+			clientv3.OpGet(s.k.allRecords(), clientv3.WithPrefix(), byFence),
+			clientv3.OpGet(s.k.allTickets(), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		}
+	}
+	var ops []clientv3.Op
+	for _, n := range names {
+		ops = append(ops, clientv3.OpGet(s.k.limit(n)),
+			clientv3.OpGet(s.k.records(n), clientv3.WithPrefix(), byFence),
+			clientv3.OpGet(s.k.tickets(n), clientv3.WithPrefix(), clientv3.WithKeysOnly()))
+	}
+	return ops
+}
+
+// parseSnapshot decodes the responses of snapshotOps: the limits by name,
+// and the entries recorded under each.
+func (s *Store) parseSnapshot(rs []*clientv3.GetResponse) (map[string]*limitRec, map[string][]*entry, error) {
+	lims := map[string]*limitRec{}
+	entries := map[string][]*entry{}
+	live := map[string]bool{} // limit/id of the live ticket keys
+	for i := 0; i < len(rs); i += 3 {
+		for _, kv := range rs[i].Kvs {
+			var l limitRec
+			if err := decode("limit "+string(kv.Key), kv.Value, &l); err != nil {
+				return nil, nil, err
+			}
+			if err := store.CheckSlots(l.Slots); err != nil {
+				return nil, nil, fmt.Errorf("%w: limit %s: %v", store.ErrCorrupt, kv.Key, err)
+			}
+			lims[strings.TrimPrefix(string(kv.Key), s.k.limits())] = &l
+		}
+		for _, kv := range rs[i+2].Kvs {
+			if name, ok := s.limitName(kv.Key, "tickets/"); ok {
+				live[name+"/"+last(kv.Key)] = true
+			}
+		}
+		if err := s.parseSnapshotRecords(rs[i+1].Kvs, live, entries); err != nil {
+			return nil, nil, err
+		}
+	}
+	return lims, entries, nil
+}
+
+// parseSnapshotRecords adds the ticket records kvs to entries, by limit,
+// with their ticket key present when live names it.
+func (s *Store) parseSnapshotRecords(kvs []*mvccpb.KeyValue, live map[string]bool, entries map[string][]*entry) error {
+	for _, kv := range kvs {
+		name, ok := s.limitName(kv.Key, "records/")
+		if !ok {
+			continue
+		}
+		r, err := decodeRec(kv.Key, name, last(kv.Key), kv.Value)
+		if err != nil {
+			return err
+		}
+		e := &entry{r: r, fence: kv.CreateRevision, rkv: kv}
+		if live[name+"/"+r.ID] {
+			e.tkv = kv // present; its own revisions are not needed here
+		}
+		entries[name] = append(entries[name], e)
+	}
+	return nil
+}
+
+// checkRecordedUnderAll refuses a read of every limit in which a ticket is
+// not recorded under each of its limits (docs/leases.md §2.1 item 9): the
+// store is corrupt.
+func checkRecordedUnderAll(entries map[string][]*entry) error {
+	under := map[string]int{}
+	for _, es := range entries {
+		for _, e := range es {
+			under[e.r.ID]++
+		}
+	}
+	for _, es := range entries {
+		for _, e := range es {
+			if got := under[e.r.ID]; got != len(e.r.names()) {
+				return fmt.Errorf("%w: ticket %s names limits %s but is recorded under %d of them", store.ErrCorrupt, e.r.ID, strings.Join(e.r.names(), ", "), got)
+			}
+		}
+	}
+	return nil
 }
 
 // SetLimit implements [store.Store].
