@@ -880,7 +880,7 @@ func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (
 		return s.releaseAbsent(ctx, t, why, idr)
 	}
 	start := time.Now()
-	uncertain := false // a release was sent whose answer was lost
+	r := &releasing{s: s, t: t, why: why}
 	s.mu.Lock()
 	k, ok := s.known[t.ID]
 	s.mu.Unlock()
@@ -890,53 +890,35 @@ func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (
 		if done {
 			return true, nil
 		}
-		uncertain = unc
+		r.uncertain = unc
 	}
 	st, err := s.read(ctx, names, t.ID, true)
+	return r.commitRelease(ctx, start, names, st, err)
+}
+
+// releasing is one Release of a ticket the store has under names.
+type releasing struct {
+	s         *Store
+	t         store.Ticket
+	why       store.Reason
+	uncertain bool // a release was sent whose answer was lost
+	// answer: the outcome when the latest plan found nothing to write.
+	answer func() (bool, error)
+}
+
+// commitRelease plans and commits the release on st (or on a new read
+// after err), retrying while an outcome is unknown.
+func (r *releasing) commitRelease(ctx context.Context, start time.Time, names []string, st *lstate, err error) (bool, error) {
+	s, id := r.s, r.t.ID
 	for {
 		if err != nil {
 			if unknownOutcome(err) && s.again(ctx, start) {
-				st, err = s.read(ctx, names, t.ID, false)
+				st, err = s.read(ctx, names, id, false)
 				continue
 			}
 			return false, err
 		}
-		var answer func() (bool, error)
-		p, resp, cerr := s.commit(ctx, st, t.ID, func(p *plan) error {
-			st := p.st
-			if st.idKV == nil {
-				answer = func() (bool, error) {
-					s.forget(t.ID)
-					return s.releaseAbsent(ctx, t, why, nil)
-				}
-				return errNoCommit
-			}
-			ir, err := decodeID(t.ID, st.idKV.Value)
-			if err != nil {
-				return err
-			}
-			if ir.Removed != "" {
-				answer = func() (bool, error) {
-					s.forget(t.ID)
-					if uncertain && ir.Removed == why {
-						return true, nil // the lost answer's release landed
-					}
-					return s.releaseAbsent(ctx, t, why, &ir)
-				}
-				return errNoCommit
-			}
-			e, _ := st.find(t.ID)
-			if e == nil {
-				return fmt.Errorf("%w: ticket id %s names limit %q, which has no such ticket", store.ErrCorrupt, t.ID, ir.Limit)
-			}
-			if t.Fence != 0 && uint64(e.fence) != t.Fence {
-				answer = func() (bool, error) { return false, nil }
-				return errNoCommit
-			}
-			p.remove(e, why, "")
-			p.settle(false)
-			return nil
-		})
+		p, resp, cerr := s.commit(ctx, st, id, func(p *plan) error { return r.plan(ctx, p) })
 		if cerr != nil {
 			if p != nil && unknownOutcome(cerr) && s.again(ctx, start) {
 				// The answer may be lost: look again. If it landed, the
@@ -944,22 +926,61 @@ func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (
 				// twice. Again and again within the budget (an election
 				// takes a second or two; each attempt a third of the
 				// budget at most: failover.go).
-				uncertain = true
-				st, err = s.read(ctx, names, t.ID, false)
+				r.uncertain = true
+				st, err = s.read(ctx, names, id, false)
 				continue
 			}
 			return false, cerr
 		}
 		if resp == nil {
-			return answer()
+			return r.answer()
 		}
-		s.forget(t.ID)
+		s.forget(id)
 		s.afterCommit(p)
 		if p.full {
 			_, _ = s.settleLimit(ctx, names, "")
 		}
 		return true, nil
 	}
+}
+
+// plan builds the release on p (a build of [Store.commit]): the removal
+// and the settle, or errNoCommit with r.answer set when the ticket is gone
+// or is not the one asked for (its fence).
+func (r *releasing) plan(ctx context.Context, p *plan) error {
+	s, t, why, st := r.s, r.t, r.why, p.st
+	if st.idKV == nil {
+		r.answer = func() (bool, error) {
+			s.forget(t.ID)
+			return s.releaseAbsent(ctx, t, why, nil)
+		}
+		return errNoCommit
+	}
+	ir, err := decodeID(t.ID, st.idKV.Value)
+	if err != nil {
+		return err
+	}
+	if ir.Removed != "" {
+		r.answer = func() (bool, error) {
+			s.forget(t.ID)
+			if r.uncertain && ir.Removed == why {
+				return true, nil // the lost answer's release landed
+			}
+			return s.releaseAbsent(ctx, t, why, &ir)
+		}
+		return errNoCommit
+	}
+	e, _ := st.find(t.ID)
+	if e == nil {
+		return fmt.Errorf("%w: ticket id %s names limit %q, which has no such ticket", store.ErrCorrupt, t.ID, ir.Limit)
+	}
+	if t.Fence != 0 && uint64(e.fence) != t.Fence {
+		r.answer = func() (bool, error) { return false, nil }
+		return errNoCommit
+	}
+	p.remove(e, why, "")
+	p.settle(false)
+	return nil
 }
 
 // Cancel implements [store.Store]: Release with store.Cancelled.
@@ -1001,17 +1022,7 @@ func (s *Store) releaseAbsentOnce(ctx context.Context, t store.Ticket, why store
 				p.compareLimit(n) // not removed meanwhile: its counts went with it
 			}
 		}
-		r := rec{ID: t.ID, Limit: t.Names()[0], State: t.State, Slot: t.Slot, Weight: t.Weight, Holder: t.Holder}
-		if len(t.Names()) > 1 {
-			r.Limits = t.Names()
-		}
-		if t.State == store.Held && t.Multi() {
-			r.Indexes = map[string][]int{}
-			for _, n := range t.Names() {
-				r.Indexes[n] = t.In(n)
-			}
-		}
-		p.event(string(store.Lost), r, int64(t.Fence), "holder presumed its lease lost")
+		p.event(string(store.Lost), lostRec(t), int64(t.Fence), "holder presumed its lease lost")
 	}
 	if idr == nil {
 		names := t.Names()
@@ -1024,6 +1035,29 @@ func (s *Store) releaseAbsentOnce(ctx context.Context, t store.Ticket, why store
 	if p.empty() {
 		return false, false, nil
 	}
+	return s.commitAbsent(ctx, p, t, why, idr)
+}
+
+// lostRec is the record the "lost" event of ticket t names, as its holder
+// knew it.
+func lostRec(t store.Ticket) rec {
+	r := rec{ID: t.ID, Limit: t.Names()[0], State: t.State, Slot: t.Slot, Weight: t.Weight, Holder: t.Holder}
+	if len(t.Names()) > 1 {
+		r.Limits = t.Names()
+	}
+	if t.State == store.Held && t.Multi() {
+		r.Indexes = map[string][]int{}
+		for _, n := range t.Names() {
+			r.Indexes[n] = t.In(n)
+		}
+	}
+	return r
+}
+
+// commitAbsent commits releaseAbsentOnce's plan p under the day lease
+// (granted again once if it vanished); when a compare fails it releases
+// the live ticket if its create landed, else reports again.
+func (s *Store) commitAbsent(ctx context.Context, p *plan, t store.Ticket, why store.Reason, idr *idRec) (removed, again bool, err error) {
 	day, err := s.dayLease(ctx, s.dayKV(ctx))
 	if err != nil {
 		return false, false, err
