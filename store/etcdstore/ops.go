@@ -628,26 +628,9 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 	k, ok := s.known[t.ID]
 	s.mu.Unlock()
 	if !ok {
-		names, idr, err := s.lookup(ctx, t.ID)
-		if err != nil {
+		var err error
+		if k, err = s.readKnown(ctx, t.ID); err != nil {
 			return store.Ticket{}, err
-		}
-		if len(names) == 0 {
-			return store.Ticket{}, fmt.Errorf("%w: %w", store.ErrLost, notFound(t.ID, idr))
-		}
-		st, err := s.readNames(ctx, names[:1], t.ID, false)
-		if err != nil {
-			return store.Ticket{}, err
-		}
-		e, _ := st.find(t.ID)
-		if e == nil {
-			return store.Ticket{}, fmt.Errorf("%w: ticket %s is gone", store.ErrLost, t.ID)
-		}
-		// Its lease may be gone: the keep-alive below says so, and a hold
-		// may keep the ticket (takeHold).
-		k = known{limit: e.r.Limit, lease: e.r.Lease, fence: e.fence, r: e.r}
-		if e.live() {
-			s.remember(e, e.tkv.ModRevision)
 		}
 	}
 	if uint64(k.fence) != t.Fence {
@@ -695,6 +678,33 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 		}
 		k = nk
 	}
+}
+
+// readKnown reads what Renew needs of ticket id that this handle does not
+// know, under its first limit, and remembers it if its lease is live.
+func (s *Store) readKnown(ctx context.Context, id string) (known, error) {
+	names, idr, err := s.lookup(ctx, id)
+	if err != nil {
+		return known{}, err
+	}
+	if len(names) == 0 {
+		return known{}, fmt.Errorf("%w: %w", store.ErrLost, notFound(id, idr))
+	}
+	st, err := s.readNames(ctx, names[:1], id, false)
+	if err != nil {
+		return known{}, err
+	}
+	e, _ := st.find(id)
+	if e == nil {
+		return known{}, fmt.Errorf("%w: ticket %s is gone", store.ErrLost, id)
+	}
+	// Its lease may be gone: Renew's keep-alive says so, and a hold may
+	// keep the ticket (takeHold).
+	k := known{limit: e.r.Limit, lease: e.r.Lease, fence: e.fence, r: e.r}
+	if e.live() {
+		s.remember(e, e.tkv.ModRevision)
+	}
+	return k, nil
 }
 
 // errKeyGone is renewed's answer when the ticket's own key is not there:
