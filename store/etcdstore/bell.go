@@ -199,14 +199,7 @@ func (b *bell) follow(names []string) {
 			// Behind another waiter: watch it and its own key, reading
 			// neither the queue nor its records (light.go).
 			if ahead, rev, ok := b.s.aheadOf(b.ctx, b.id); ok {
-				if own == nil {
-					own = b.s.c.Watch(b.ctx, b.s.k.ticket(first, b.id), clientv3.WithRev(rev+1))
-				}
-				tctx, tcancel := context.WithCancel(b.ctx)
-				target := b.s.c.Watch(tctx, string(ahead.Key), clientv3.WithRev(rev+1))
-				again, heldAt := b.wait(own, target, map[string]bool{b.s.k.ticket(first, b.id): true}, map[string]bool{string(ahead.Key): false})
-				tcancel()
-				done, o := b.after(again, first, heldAt, own)
+				done, o := b.waitBehindKey(first, ahead, rev, own)
 				if done {
 					return
 				}
@@ -223,14 +216,7 @@ func (b *bell) follow(names []string) {
 		}
 		e, _ := st.find(b.id)
 		if e == nil || !e.live() || e.r.State == store.Held {
-			held := e != nil && e.tkv != nil && e.r.State == store.Held
-			if held {
-				b.s.promoted(b.id, e.tkv) // held: Get answers from this read
-			}
-			b.ring()
-			if held {
-				b.hold(first, st.rev, own)
-			}
+			b.ended(first, st, e, own)
 			return
 		}
 		if b.s.admissible(st, e) {
@@ -250,52 +236,99 @@ func (b *bell) follow(names []string) {
 		if own == nil {
 			own = b.s.c.Watch(b.ctx, b.s.k.ticket(first, b.id), clientv3.WithRev(st.rev+1))
 		}
-		tctx, tcancel := context.WithCancel(b.ctx)
-		var targets []clientv3.WatchChan
-		watched := map[string]bool{} // key -> only its deletion counts
-		for _, n := range e.r.names() {
-			var ahead []*entry
-			for _, a := range st.queue(n) {
-				if a == e {
-					break
-				}
-				if a.live() {
-					ahead = append(ahead, a)
-				}
-			}
-			if len(ahead) == 0 {
-				// A paused limit (or one too small): only a resize admits
-				// it, and that rewrites its key.
-				continue
-			}
-			if prev := ahead[len(ahead)-1]; prev.r.State != store.Held {
-				// Behind another waiter: outlast it (it is promoted: its key is
-				// rewritten; it leaves: deleted).
-				k := b.s.k.ticket(n, prev.r.ID)
-				watched[k] = false
-				targets = append(targets, b.s.c.Watch(tctx, k, clientv3.WithRev(st.rev+1)))
-				continue
-			}
-			// At the head of the queue: outlast a holder. The whole prefix,
-			// puts too: a release deletes the holder's key and rewrites this
-			// ticket's in one revision, so one answer carries both.
-			for _, a := range ahead {
-				watched[b.s.k.ticket(n, a.r.ID)] = true
-			}
-			targets = append(targets, b.s.c.Watch(tctx, b.s.k.tickets(n), clientv3.WithPrefix(), clientv3.WithRev(st.rev+1)))
-		}
-		ownKeys := map[string]bool{}
-		for _, n := range e.r.names() {
-			ownKeys[b.s.k.ticket(n, b.id)] = true
-		}
-		again, heldAt := b.wait(own, merge(tctx, targets), ownKeys, watched)
-		tcancel()
-		done, o := b.after(again, first, heldAt, own)
+		done, o := b.waitBehindQueues(first, st, e, own)
 		if done {
 			return
 		}
 		own = o
 	}
+}
+
+// ended rings for a ticket that st shows gone or held (e, nil if gone),
+// and follows a held one.
+func (b *bell) ended(first string, st *lstate, e *entry, own clientv3.WatchChan) {
+	held := e != nil && e.tkv != nil && e.r.State == store.Held
+	if held {
+		b.s.promoted(b.id, e.tkv) // held: Get answers from this read
+	}
+	b.ring()
+	if held {
+		b.hold(first, st.rev, own)
+	}
+}
+
+// waitBehindKey waits, from revision rev on, for the ticket's own key or
+// the key ahead of it in its one limit to change; as after, done or the
+// own watch to go on with.
+func (b *bell) waitBehindKey(first string, ahead *mvccpb.KeyValue, rev int64, own clientv3.WatchChan) (bool, clientv3.WatchChan) {
+	if own == nil {
+		own = b.s.c.Watch(b.ctx, b.s.k.ticket(first, b.id), clientv3.WithRev(rev+1))
+	}
+	tctx, tcancel := context.WithCancel(b.ctx)
+	target := b.s.c.Watch(tctx, string(ahead.Key), clientv3.WithRev(rev+1))
+	again, heldAt := b.wait(own, target, map[string]bool{b.s.k.ticket(first, b.id): true}, map[string]bool{string(ahead.Key): false})
+	tcancel()
+	return b.after(again, first, heldAt, own)
+}
+
+// waitBehindQueues waits for the waiting ticket e's own keys or what is
+// ahead of it in each of its limits in st to change; as after, done or
+// the own watch to go on with.
+func (b *bell) waitBehindQueues(first string, st *lstate, e *entry, own clientv3.WatchChan) (bool, clientv3.WatchChan) {
+	tctx, tcancel := context.WithCancel(b.ctx)
+	targets, watched := b.watchAhead(tctx, st, e)
+	ownKeys := map[string]bool{}
+	for _, n := range e.r.names() {
+		ownKeys[b.s.k.ticket(n, b.id)] = true
+	}
+	again, heldAt := b.wait(own, merge(tctx, targets), ownKeys, watched)
+	tcancel()
+	return b.after(again, first, heldAt, own)
+}
+
+// watchAhead watches, in each limit of e, what is ahead of it in st: the
+// waiter just ahead, or the holders. watched maps each key to whether only
+// its deletion counts.
+func (b *bell) watchAhead(ctx context.Context, st *lstate, e *entry) (targets []clientv3.WatchChan, watched map[string]bool) {
+	watched = map[string]bool{}
+	for _, n := range e.r.names() {
+		ahead := liveAhead(st, n, e)
+		if len(ahead) == 0 {
+			// A paused limit (or one too small): only a resize admits
+			// it, and that rewrites its key.
+			continue
+		}
+		if prev := ahead[len(ahead)-1]; prev.r.State != store.Held {
+			// Behind another waiter: outlast it (it is promoted: its key is
+			// rewritten; it leaves: deleted).
+			k := b.s.k.ticket(n, prev.r.ID)
+			watched[k] = false
+			targets = append(targets, b.s.c.Watch(ctx, k, clientv3.WithRev(st.rev+1)))
+			continue
+		}
+		// At the head of the queue: outlast a holder. The whole prefix,
+		// puts too: a release deletes the holder's key and rewrites this
+		// ticket's in one revision, so one answer carries both.
+		for _, a := range ahead {
+			watched[b.s.k.ticket(n, a.r.ID)] = true
+		}
+		targets = append(targets, b.s.c.Watch(ctx, b.s.k.tickets(n), clientv3.WithPrefix(), clientv3.WithRev(st.rev+1)))
+	}
+	return targets, watched
+}
+
+// liveAhead is the live tickets ahead of e in limit n's queue in st.
+func liveAhead(st *lstate, n string, e *entry) []*entry {
+	var ahead []*entry
+	for _, a := range st.queue(n) {
+		if a == e {
+			break
+		}
+		if a.live() {
+			ahead = append(ahead, a)
+		}
+	}
+	return ahead
 }
 
 // after acts on the end of a wait: done when the bell is over (closed, or
@@ -391,19 +424,6 @@ const (
 // that shows the ticket promoted, on either watch, ends the wait: nothing
 // is left to watch.
 func (b *bell) wait(own, target clientv3.WatchChan, ownKeys map[string]bool, watched map[string]bool) (waitResult, int64) {
-	var at int64 // the revision it was seen promoted at
-	promotedIn := func(evs []*clientv3.Event) bool {
-		for i := len(evs) - 1; i >= 0; i-- {
-			if ev := evs[i]; ownKeys[string(ev.Kv.Key)] {
-				if ev.Type == mvccpb.PUT && b.s.promoted(b.id, ev.Kv) {
-					at = ev.Kv.ModRevision
-					return true
-				}
-				return false
-			}
-		}
-		return false
-	}
 	for {
 		select {
 		case <-b.ctx.Done():
@@ -413,7 +433,7 @@ func (b *bell) wait(own, target clientv3.WatchChan, ownKeys map[string]bool, wat
 				return waitOwnLost, 0
 			}
 			if len(wr.Events) > 0 {
-				held := promotedIn(wr.Events) // before the ring: the Get it causes answers from it
+				at, held := b.promotedIn(wr.Events, ownKeys) // before the ring: the Get it causes answers from it
 				b.ring()
 				if held {
 					return waitHeld, at
@@ -424,30 +444,58 @@ func (b *bell) wait(own, target clientv3.WatchChan, ownKeys map[string]bool, wat
 			if !ok || wr.Err() != nil || wr.Canceled {
 				return waitTargetLost, 0
 			}
-			if promotedIn(wr.Events) {
+			if at, held := b.promotedIn(wr.Events, ownKeys); held {
 				b.ring()
 				return waitHeld, at
 			}
-			for _, ev := range wr.Events {
-				if deletesOnly, ok := watched[string(ev.Kv.Key)]; ok && (!deletesOnly || ev.Type == mvccpb.DELETE) {
-					// A release deletes the key ahead and promotes this
-					// ticket in one revision: ring first, read after.
-					select {
-					case owr, ok := <-own:
-						if ok && len(owr.Events) > 0 {
-							held := promotedIn(owr.Events)
-							b.ring()
-							if held {
-								return waitHeld, at
-							}
-						}
-					default:
-					}
-					return waitAgain, 0
-				}
+			if watchedChanged(wr.Events, watched) {
+				return b.aheadChanged(own, ownKeys)
 			}
 		}
 	}
+}
+
+// promotedIn reports whether the last of evs on one of the ticket's own
+// keys shows it promoted, and at which revision.
+func (b *bell) promotedIn(evs []*clientv3.Event, ownKeys map[string]bool) (int64, bool) {
+	for i := len(evs) - 1; i >= 0; i-- {
+		if ev := evs[i]; ownKeys[string(ev.Kv.Key)] {
+			if ev.Type == mvccpb.PUT && b.s.promoted(b.id, ev.Kv) {
+				return ev.Kv.ModRevision, true
+			}
+			return 0, false
+		}
+	}
+	return 0, false
+}
+
+// watchedChanged reports whether evs change a watched key ahead (with
+// deletesOnly, delete it).
+func watchedChanged(evs []*clientv3.Event, watched map[string]bool) bool {
+	for _, ev := range evs {
+		if deletesOnly, ok := watched[string(ev.Kv.Key)]; ok && (!deletesOnly || ev.Type == mvccpb.DELETE) {
+			return true
+		}
+	}
+	return false
+}
+
+// aheadChanged ends a wait on a change ahead. A release deletes the key
+// ahead and promotes this ticket in one revision: ring first (from the own
+// watch's answer, if one is there), read after.
+func (b *bell) aheadChanged(own clientv3.WatchChan, ownKeys map[string]bool) (waitResult, int64) {
+	select {
+	case owr, ok := <-own:
+		if ok && len(owr.Events) > 0 {
+			at, held := b.promotedIn(owr.Events, ownKeys)
+			b.ring()
+			if held {
+				return waitHeld, at
+			}
+		}
+	default:
+	}
+	return waitAgain, 0
 }
 
 // hold follows the held ticket's own key under its first limit (a

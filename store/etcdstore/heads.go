@@ -65,80 +65,25 @@ func (s *Store) Heads(ctx context.Context, limits ...string) (store.Snapshot, er
 // headsOf adds the heads of names, read at one revision, to out. A limit
 // removed since it was listed is left out, unless the caller named it.
 func (s *Store) headsOf(ctx context.Context, names []string, named bool, out *store.Snapshot) error {
-	byFence := clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)
-	var ops []clientv3.Op
-	for _, n := range names {
-		ops = append(ops, clientv3.OpGet(s.k.limit(n)),
-			clientv3.OpGet(s.k.slots(n), clientv3.WithPrefix()),
-			clientv3.OpGet(s.k.tickets(n), clientv3.WithPrefix(), clientv3.WithCountOnly()),
-			clientv3.OpGet(s.k.tickets(n), clientv3.WithPrefix(), clientv3.WithKeysOnly(), byFence, clientv3.WithLimit(headScan)))
-	}
-	cctx, cancel := s.ctx(ctx)
-	resp, err := s.c.Txn(cctx).Then(ops...).Commit()
-	cancel()
+	rev, rs, err := s.readHeadKeys(ctx, names)
 	if err != nil {
-		return s.unavailable(err, false)
+		return err
 	}
-	s.answered()
-	rev := resp.Header.Revision
-	rs := getResponses(resp.Responses)
-	type head struct {
-		lim     *limitRec
-		held    []string // ids, in slot order, each once
-		first   string   // the oldest live ticket not held
-		waiting int
-	}
-	heads := make([]head, len(names))
+	heads := make([]limitHead, len(names))
 	var reads []clientv3.Op
 	for i, n := range names {
 		r := rs[4*i : 4*i+4]
-		h := &heads[i]
 		if len(r[0].Kvs) == 0 {
 			if named {
 				return fmt.Errorf("%w: %q", store.ErrLimitNotFound, n)
 			}
 			continue
 		}
-		var l limitRec
-		if err := decode("limit "+n, r[0].Kvs[0].Value, &l); err != nil {
+		h, err := s.headOf(ctx, n, r, rev)
+		if err != nil {
 			return err
 		}
-		if err := store.CheckSlots(l.Slots); err != nil {
-			return fmt.Errorf("%w: limit %s: %v", store.ErrCorrupt, n, err)
-		}
-		h.lim = &l
-		seen := map[string]bool{}
-		for _, kv := range r[1].Kvs {
-			i, err := strconv.Atoi(last(kv.Key))
-			id := string(kv.Value)
-			if err != nil || i < 0 || i >= store.MaxSlots || store.CheckID(id) != nil {
-				return fmt.Errorf("%w: slot key %s", store.ErrCorrupt, kv.Key)
-			}
-			if !seen[id] {
-				seen[id] = true
-				h.held = append(h.held, id)
-			}
-		}
-		h.waiting = max(int(r[2].Count)-len(h.held), 0)
-		keys := r[3].Kvs
-		if h.waiting > 0 && len(keys) == headScan && len(h.held) >= headScan {
-			// Every key read is a holder's: read as many as there are
-			// holders, and one more.
-			cctx, cancel := s.ctx(ctx)
-			more, err := s.c.Get(cctx, s.k.tickets(n), clientv3.WithPrefix(), clientv3.WithKeysOnly(), byFence,
-				clientv3.WithLimit(int64(len(h.held)+1)), clientv3.WithRev(rev))
-			cancel()
-			if err != nil {
-				return s.unavailable(err, false)
-			}
-			keys = more.Kvs
-		}
-		for _, kv := range keys {
-			if id := last(kv.Key); !seen[id] {
-				h.first = id
-				break
-			}
-		}
+		heads[i] = h
 		for _, id := range h.held {
 			reads = append(reads, clientv3.OpGet(s.k.record(n, id), clientv3.WithRev(rev)))
 		}
@@ -146,19 +91,9 @@ func (s *Store) headsOf(ctx context.Context, names []string, named bool, out *st
 			reads = append(reads, clientv3.OpGet(s.k.record(n, h.first), clientv3.WithRev(rev)))
 		}
 	}
-	var recs []*clientv3.GetResponse
-	if len(reads) > 0 {
-		// The records at the revision the keys were read at, in
-		// transactions within etcd's limit of operations.
-		for part := range slices.Chunk(reads, 4*headsPerTxn) {
-			cctx, cancel := s.ctx(ctx)
-			resp, err := s.c.Txn(cctx).Then(part...).Commit()
-			cancel()
-			if err != nil {
-				return s.unavailable(err, false)
-			}
-			recs = append(recs, getResponses(resp.Responses)...)
-		}
+	recs, err := s.readHeadRecords(ctx, reads)
+	if err != nil {
+		return err
 	}
 	for i, n := range names {
 		h := heads[i]
@@ -166,28 +101,135 @@ func (s *Store) headsOf(ctx context.Context, names []string, named bool, out *st
 			continue
 		}
 		var ts []store.Ticket
-		ids := h.held
-		if h.first != "" {
-			ids = append(slices.Clip(ids), h.first)
-		}
-		for _, id := range ids {
-			got := recs[0]
-			recs = recs[1:]
-			if len(got.Kvs) == 0 {
-				continue // a ticket key without its record: Snapshot and reap name it
-			}
-			kv := got.Kvs[0]
-			r, err := decodeRec(kv.Key, n, id, kv.Value)
-			if err != nil {
-				return err
-			}
-			if (id == h.first) == (r.State == store.Held) {
-				continue // not what its keys say (both read at one revision): Snapshot and reap judge it
-			}
-			ts = append(ts, s.view(&entry{r: r, fence: kv.CreateRevision, rkv: kv}, 0, 0))
+		if ts, recs, err = s.headTickets(n, h, recs); err != nil {
+			return err
 		}
 		out.AddLimit(store.Limit{Name: n, Slots: h.lim.Slots, Created: h.lim.Created}, ts)
 		out.Limits[len(out.Limits)-1].Waiting = h.waiting
 	}
 	return nil
+}
+
+// limitHead is what Heads reads of one limit.
+type limitHead struct {
+	lim     *limitRec
+	held    []string // ids, in slot order, each once
+	first   string   // the oldest live ticket not held
+	waiting int
+}
+
+// headsByFence orders ticket keys oldest first.
+func headsByFence() clientv3.OpOption {
+	return clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)
+}
+
+// readHeadKeys reads, in one transaction, four responses per limit of
+// names: its key, its slot keys, a count of its ticket keys and the oldest
+// headScan of them (keys only).
+func (s *Store) readHeadKeys(ctx context.Context, names []string) (int64, []*clientv3.GetResponse, error) {
+	var ops []clientv3.Op
+	for _, n := range names {
+		ops = append(ops, clientv3.OpGet(s.k.limit(n)),
+			clientv3.OpGet(s.k.slots(n), clientv3.WithPrefix()),
+			clientv3.OpGet(s.k.tickets(n), clientv3.WithPrefix(), clientv3.WithCountOnly()),
+			clientv3.OpGet(s.k.tickets(n), clientv3.WithPrefix(), clientv3.WithKeysOnly(), headsByFence(), clientv3.WithLimit(headScan)))
+	}
+	cctx, cancel := s.ctx(ctx)
+	resp, err := s.c.Txn(cctx).Then(ops...).Commit()
+	cancel()
+	if err != nil {
+		return 0, nil, s.unavailable(err, false)
+	}
+	s.answered()
+	return resp.Header.Revision, getResponses(resp.Responses), nil
+}
+
+// headOf decodes the head of limit n from its four responses r of
+// readHeadKeys (at rev), reading more ticket keys when every one read is
+// a holder's.
+func (s *Store) headOf(ctx context.Context, n string, r []*clientv3.GetResponse, rev int64) (limitHead, error) {
+	var l limitRec
+	if err := decode("limit "+n, r[0].Kvs[0].Value, &l); err != nil {
+		return limitHead{}, err
+	}
+	if err := store.CheckSlots(l.Slots); err != nil {
+		return limitHead{}, fmt.Errorf("%w: limit %s: %v", store.ErrCorrupt, n, err)
+	}
+	h := limitHead{lim: &l}
+	seen := map[string]bool{}
+	for _, kv := range r[1].Kvs {
+		i, err := strconv.Atoi(last(kv.Key))
+		id := string(kv.Value)
+		if err != nil || i < 0 || i >= store.MaxSlots || store.CheckID(id) != nil {
+			return limitHead{}, fmt.Errorf("%w: slot key %s", store.ErrCorrupt, kv.Key)
+		}
+		if !seen[id] {
+			seen[id] = true
+			h.held = append(h.held, id)
+		}
+	}
+	h.waiting = max(int(r[2].Count)-len(h.held), 0)
+	keys := r[3].Kvs
+	if h.waiting > 0 && len(keys) == headScan && len(h.held) >= headScan {
+		// Every key read is a holder's: read as many as there are
+		// holders, and one more.
+		cctx, cancel := s.ctx(ctx)
+		more, err := s.c.Get(cctx, s.k.tickets(n), clientv3.WithPrefix(), clientv3.WithKeysOnly(), headsByFence(),
+			clientv3.WithLimit(int64(len(h.held)+1)), clientv3.WithRev(rev))
+		cancel()
+		if err != nil {
+			return limitHead{}, s.unavailable(err, false)
+		}
+		keys = more.Kvs
+	}
+	for _, kv := range keys {
+		if id := last(kv.Key); !seen[id] {
+			h.first = id
+			break
+		}
+	}
+	return h, nil
+}
+
+// readHeadRecords reads the records of reads, in transactions within
+// etcd's limit of operations.
+func (s *Store) readHeadRecords(ctx context.Context, reads []clientv3.Op) ([]*clientv3.GetResponse, error) {
+	var recs []*clientv3.GetResponse
+	for part := range slices.Chunk(reads, 4*headsPerTxn) {
+		cctx, cancel := s.ctx(ctx)
+		resp, err := s.c.Txn(cctx).Then(part...).Commit()
+		cancel()
+		if err != nil {
+			return nil, s.unavailable(err, false)
+		}
+		recs = append(recs, getResponses(resp.Responses)...)
+	}
+	return recs, nil
+}
+
+// headTickets decodes the tickets of head h of limit n from the front of
+// recs (its holders', then its first waiter's) and returns the rest.
+func (s *Store) headTickets(n string, h limitHead, recs []*clientv3.GetResponse) ([]store.Ticket, []*clientv3.GetResponse, error) {
+	var ts []store.Ticket
+	ids := h.held
+	if h.first != "" {
+		ids = append(slices.Clip(ids), h.first)
+	}
+	for _, id := range ids {
+		got := recs[0]
+		recs = recs[1:]
+		if len(got.Kvs) == 0 {
+			continue // a ticket key without its record: Snapshot and reap name it
+		}
+		kv := got.Kvs[0]
+		r, err := decodeRec(kv.Key, n, id, kv.Value)
+		if err != nil {
+			return nil, nil, err
+		}
+		if (id == h.first) == (r.State == store.Held) {
+			continue // not what its keys say (both read at one revision): Snapshot and reap judge it
+		}
+		ts = append(ts, s.view(&entry{r: r, fence: kv.CreateRevision, rkv: kv}, 0, 0))
+	}
+	return ts, recs, nil
 }

@@ -255,94 +255,128 @@ func (r *rec) in(limit string) []int {
 // (limit, id): a hostile record is ErrCorrupt, never a panic or a ticket no
 // transaction can hold.
 func (r *rec) check(what, limit, id string) error {
-	bad := func(f string, a ...any) error {
-		return fmt.Errorf("%w: %s: %s", store.ErrCorrupt, what, fmt.Sprintf(f, a...))
-	}
 	if r.ID != id || store.CheckID(r.ID) != nil {
-		return bad("ticket id %q under key of id %q", r.ID, id)
+		return corruptRec(what, "ticket id %q under key of id %q", r.ID, id)
 	}
-	if r.V < 2 && (len(r.Limits) > 0 || r.Weight != 0 || r.Indexes != nil || r.Key != "" || r.Stop != nil || r.Replaces != nil || r.Superseding) {
-		return bad("a version 1 record names limits, a weight, indexes, a key, a stop request, tickets it replaces or a supersede")
+	if r.V < 2 && r.setsVersion2Fields() {
+		return corruptRec(what, "a version 1 record names limits, a weight, indexes, a key, a stop request, tickets it replaces or a supersede")
 	}
-	if err := store.CheckKey(r.Key); err != nil {
-		return bad("%v", err)
+	if err := r.checkKeyed(what); err != nil {
+		return err
 	}
-	if err := store.CheckStoredHolder(r.Holder); err != nil {
-		return bad("%v", err)
-	}
-	if len(r.Replaces) > maxReplaces {
-		return bad("it replaces %d tickets: at most %d", len(r.Replaces), maxReplaces)
-	}
-	for _, id := range r.Replaces {
-		if err := store.CheckID(id); err != nil {
-			return bad("it replaces: %v", err)
-		}
-	}
-	if r.Hold != 0 && r.State != store.Held {
-		return bad("a hold on a %s ticket: only a held one keeps its slots", r.State)
-	}
-	if r.Stop != nil {
-		if err := checkSuccessor(r.Stop); err != nil {
-			return bad("stop request: %v", err)
-		}
-		if r.State != store.Held {
-			return bad("a stop request on a %s ticket: only a held one is asked to stop", r.State)
-		}
-	}
-	if len(r.Limits) > 0 && r.Limits[0] != r.Limit {
-		return bad("limit %q is not the first of its limits %q", r.Limit, r.Limits)
-	}
-	names := r.names()
-	if err := store.CheckLimits(names); err != nil {
-		return bad("%v", err)
-	}
-	if !slices.Contains(names, limit) {
-		return bad("under limit %q, which it does not name (%s)", limit, strings.Join(names, ", "))
-	}
-	if err := store.CheckWeight(r.Weight); err != nil {
-		return bad("%v", err)
-	}
-	if ticketKeys(len(names), r.Weight) > MaxTicketKeys {
-		return bad("%d limits of weight %d: more than one transaction can hold", len(names), r.weighs())
+	if err := r.checkNames(what, limit); err != nil {
+		return err
 	}
 	if r.Lease < 0 || r.TTL < 0 {
-		return bad("lease %d, ttl %s", r.Lease, r.TTL)
+		return corruptRec(what, "lease %d, ttl %s", r.Lease, r.TTL)
 	}
 	switch r.State {
 	case store.Waiting:
 		if r.Indexes != nil {
-			return bad("a waiting ticket holds indexes")
+			return corruptRec(what, "a waiting ticket holds indexes")
 		}
 		return nil
 	case store.Held:
+		return r.checkHeld(what)
 	default:
-		return bad("state %q: want waiting or held", r.State)
+		return corruptRec(what, "state %q: want waiting or held", r.State)
 	}
+}
+
+// corruptRec is the ErrCorrupt of a record (what) that check refuses.
+func corruptRec(what, format string, a ...any) error {
+	return fmt.Errorf("%w: %s: %s", store.ErrCorrupt, what, fmt.Sprintf(format, a...))
+}
+
+// setsVersion2Fields reports whether the record sets a field that only
+// version 2 records have.
+func (r *rec) setsVersion2Fields() bool {
+	return len(r.Limits) > 0 || r.Weight != 0 || r.Indexes != nil || r.Key != "" || r.Stop != nil || r.Replaces != nil || r.Superseding
+}
+
+// checkKeyed checks the record's key and holder, the tickets it replaces,
+// and that only a held ticket has a hold or a stop request.
+func (r *rec) checkKeyed(what string) error {
+	if err := store.CheckKey(r.Key); err != nil {
+		return corruptRec(what, "%v", err)
+	}
+	if err := store.CheckStoredHolder(r.Holder); err != nil {
+		return corruptRec(what, "%v", err)
+	}
+	if len(r.Replaces) > maxReplaces {
+		return corruptRec(what, "it replaces %d tickets: at most %d", len(r.Replaces), maxReplaces)
+	}
+	for _, id := range r.Replaces {
+		if err := store.CheckID(id); err != nil {
+			return corruptRec(what, "it replaces: %v", err)
+		}
+	}
+	if r.Hold != 0 && r.State != store.Held {
+		return corruptRec(what, "a hold on a %s ticket: only a held one keeps its slots", r.State)
+	}
+	if r.Stop != nil {
+		if err := checkSuccessor(r.Stop); err != nil {
+			return corruptRec(what, "stop request: %v", err)
+		}
+		if r.State != store.Held {
+			return corruptRec(what, "a stop request on a %s ticket: only a held one is asked to stop", r.State)
+		}
+	}
+	return nil
+}
+
+// checkNames checks the record's limits, that it names the limit it was
+// read under, and its weight.
+func (r *rec) checkNames(what, limit string) error {
+	if len(r.Limits) > 0 && r.Limits[0] != r.Limit {
+		return corruptRec(what, "limit %q is not the first of its limits %q", r.Limit, r.Limits)
+	}
+	names := r.names()
+	if err := store.CheckLimits(names); err != nil {
+		return corruptRec(what, "%v", err)
+	}
+	if !slices.Contains(names, limit) {
+		return corruptRec(what, "under limit %q, which it does not name (%s)", limit, strings.Join(names, ", "))
+	}
+	if err := store.CheckWeight(r.Weight); err != nil {
+		return corruptRec(what, "%v", err)
+	}
+	if ticketKeys(len(names), r.Weight) > MaxTicketKeys {
+		return corruptRec(what, "%d limits of weight %d: more than one transaction can hold", len(names), r.weighs())
+	}
+	return nil
+}
+
+// checkHeld checks a held record's slot, or its indexes: its weight of
+// ascending indexes in each of its limits, its slot the lowest in the
+// first.
+func (r *rec) checkHeld(what string) error {
+	names := r.names()
 	if r.Indexes == nil {
 		if len(names) > 1 || r.weighs() > 1 {
-			return bad("a held ticket of %d limits and weight %d without its indexes", len(names), r.weighs())
+			return corruptRec(what, "a held ticket of %d limits and weight %d without its indexes", len(names), r.weighs())
 		}
 		if r.Slot < 0 || r.Slot >= store.MaxSlots {
-			return bad("slot %d: want 0..%d", r.Slot, store.MaxSlots-1)
+			return corruptRec(what, "slot %d: want 0..%d", r.Slot, store.MaxSlots-1)
 		}
 		return nil
 	}
 	if len(r.Indexes) != len(names) {
-		return bad("indexes in %d limits, it names %d", len(r.Indexes), len(names))
+		return corruptRec(what, "indexes in %d limits, it names %d", len(r.Indexes), len(names))
 	}
 	for _, n := range names {
 		ix := r.Indexes[n]
 		if len(ix) != r.weighs() {
-			return bad("%d indexes in limit %q, its weight is %d", len(ix), n, r.weighs())
+			return corruptRec(what, "%d indexes in limit %q, its weight is %d", len(ix), n, r.weighs())
 		}
 		for j, i := range ix {
 			if i < 0 || i >= store.MaxSlots || j > 0 && i <= ix[j-1] {
-				return bad("indexes %v in limit %q: want %d ascending of 0..%d", ix, n, r.weighs(), store.MaxSlots-1)
+				return corruptRec(what, "indexes %v in limit %q: want %d ascending of 0..%d", ix, n, r.weighs(), store.MaxSlots-1)
 			}
 		}
 	}
 	if r.Slot != r.Indexes[r.Limit][0] {
-		return bad("slot %d is not its lowest index in %q", r.Slot, r.Limit)
+		return corruptRec(what, "slot %d is not its lowest index in %q", r.Slot, r.Limit)
 	}
 	return nil
 }

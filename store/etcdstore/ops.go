@@ -68,55 +68,84 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 	if err := checkFits(names, req.Weight); err != nil {
 		return store.Ticket{}, err
 	}
-	first := names[0]
 	start := time.Now()
 	// The lease and a first (serializable, so cheap) read of the limits at
 	// once: the transaction's compares make up for a stale read.
-	type readResult struct {
-		st  *lstate
-		err error
-		b   *behind // the light path's read (light.go), instead of st
-	}
-	firstRead := make(chan readResult, 1)
+	firstRead := make(chan enqueueRead, 1)
 	go func() {
 		st, b, err := s.readFirst(ctx, req)
-		firstRead <- readResult{st: st, err: err, b: b}
+		firstRead <- enqueueRead{st: st, err: err, behind: b}
 	}()
 	sent := s.leases.now()
 	known := s.term.Load() // at most the term the grant commits in
 	cctx, cancel := s.ctx(ctx)
 	g, err := s.c.Grant(cctx, leaseTTL(req.TTL))
 	cancel()
-	rr := <-firstRead
+	read := <-firstRead
 	if err != nil {
 		return store.Ticket{}, s.unavailable(err, false)
 	}
 	s.answered()
-	lease := int64(g.ID)
-	term := grantTerm(known, g.ResponseHeader)
-	s.leases.acked(lease, sent, time.Duration(g.TTL)*time.Second)
-	used := false
+	q := &enqueuing{s: s, req: req, names: names, lease: int64(g.ID), sent: sent,
+		term: grantTerm(known, g.ResponseHeader)}
+	s.leases.acked(q.lease, sent, time.Duration(g.TTL)*time.Second)
 	defer func() {
-		if !used {
-			s.leases.forget(lease)
+		if !q.used {
+			s.leases.forget(q.lease)
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 			_, _ = s.c.Revoke(rctx, g.ID)
 			cancel()
 		}
 	}()
 
-	if rr.b != nil {
+	if read.behind != nil {
 		// Behind a live waiter: the end of the queue, no settle (light.go).
-		if t, ok := s.enqueueBehind(ctx, req, lease, term, *rr.b); ok {
-			used = true
-			if s.leases.now()-sent > 20*time.Millisecond {
-				s.refresh(ctx, lease) // as below: the whole TTL from the creation
-			}
+		if t, ok := s.enqueueBehind(ctx, req, q.lease, q.term, *read.behind); ok {
+			q.used = true
+			q.refreshIfSlow(ctx)
 			return t, nil
 		}
-		rr.st, rr.err = s.read(ctx, names, req.ID, false)
+		read.st, read.err = s.read(ctx, names, req.ID, false)
 	}
-	st, err := rr.st, rr.err
+	return q.commitTicket(ctx, start, read.st, read.err)
+}
+
+// enqueueRead is Enqueue's first read of the limits, made while the lease
+// is granted.
+type enqueueRead struct {
+	st     *lstate
+	err    error
+	behind *behind // the light path's read (light.go), instead of st
+}
+
+// enqueuing is one Enqueue after its lease is granted: the request, the
+// lease, and what its latest plan found or wrote.
+type enqueuing struct {
+	s     *Store
+	req   store.EnqueueRequest
+	names []string
+	lease int64
+	term  uint64
+	sent  time.Duration // when the lease grant was sent (leases.now)
+	used  bool          // the lease is the ticket's: not revoked on return
+
+	ticket *entry  // the ticket the latest plan writes
+	found  *lstate // the state in which the latest plan found the id taken
+}
+
+// refreshIfSlow restarts the lease when it was granted well before the
+// ticket was written, so that the ticket has its whole TTL from its
+// creation. (A failure is the renewer's to find.)
+func (q *enqueuing) refreshIfSlow(ctx context.Context) {
+	if q.s.leases.now()-q.sent > 20*time.Millisecond {
+		q.s.refresh(ctx, q.lease)
+	}
+}
+
+// commitTicket plans and commits the ticket on st (or on a new read after
+// err), retrying while an outcome is unknown.
+func (q *enqueuing) commitTicket(ctx context.Context, start time.Time, st *lstate, err error) (store.Ticket, error) {
+	s := q.s
 	linear := false // st was read linearizably
 	for {
 		if err != nil {
@@ -125,160 +154,15 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 			if !unknownOutcome(err) || !s.again(ctx, start) {
 				return store.Ticket{}, err
 			}
-			st, err = s.read(ctx, names, req.ID, false)
+			st, err = s.read(ctx, q.names, q.req.ID, false)
 			continue
 		}
-		var e *entry
-		var answer func() (store.Ticket, error)
-		p, resp, cerr := s.commit(ctx, st, req.ID, func(p *plan) error {
-			st := p.st
-			if st.idKV != nil {
-				answer = func() (store.Ticket, error) {
-					t, mine, err := s.existing(ctx, st, req, lease)
-					used = used || mine
-					return t, err
-				}
-				return errNoCommit
-			}
-			for _, n := range names {
-				if l := st.lim(n); l != nil && req.CheckSlots && l.Slots != req.Slots {
-					return &store.SlotsConflictError{Limit: n, Have: l.Slots, Want: req.Slots}
-				}
-			}
-			for _, n := range names {
-				size := req.SizeOf(n)
-				if l := st.lim(n); l != nil {
-					size = l.Slots
-				}
-				if err := store.CheckWeightFits(n, size, req.Weighs()); err != nil {
-					return err
-				}
-			}
-			// The limits this step creates: planned on now, written with
-			// the ticket (a refusal creates none).
-			var create []string
-			for _, n := range names {
-				p.compareLimit(n)
-				if st.lim(n) == nil {
-					st.lims[n].lim = &limitRec{V: formatVersion, Slots: req.SizeOf(n), Created: p.now}
-					create = append(create, n)
-				}
-			}
-			p.cmp(clientv3.Compare(clientv3.CreateRevision(s.k.id(req.ID)), "=", 0))
-			r := rec{V: formatVersion, ID: req.ID, Limit: first, Lease: lease, State: store.Waiting,
-				Slot: -1, TTL: req.TTL, Holder: req.Holder, Created: p.now, Key: req.Key, Term: term}
-			if len(names) > 1 {
-				r.Limits = slices.Clone(names)
-			}
-			if req.Weighs() > 1 {
-				r.Weight = req.Weighs()
-			}
-			sup, held, err := keyed(st, req)
-			if err != nil {
-				return err
-			}
-			for _, h := range held {
-				r.Replaces = append(r.Replaces, h.r.ID)
-			}
-			e = &entry{isNew: true, r: r}
-			st.entries = append(st.entries, e)
-			for _, n := range names {
-				st.lims[n].entries = append(st.lims[n].entries, e)
-			}
-			joined := false // compared: no ticket joined its limits since the read
-			if req.Supersede || req.Replace || req.MaxWaiting != nil {
-				// The decision covers every ticket of its limits: one
-				// created since the read (an older ticket of its key, a
-				// waiter to count) makes it plan again.
-				joined = true
-				for _, n := range names {
-					p.cmp(clientv3.Compare(clientv3.CreateRevision(s.k.tickets(n)).WithPrefix(), "<", st.rev+1))
-				}
-			}
-			// Plan the whole step first, as if the superseded were gone:
-			// max-waiting refuses on it before anything is written.
-			gone := map[*entry]bool{}
-			for _, w := range sup {
-				gone[w] = true
-			}
-			sp, es := p.planSettle(false, func(x *entry) bool { return !gone[x] })
-			if req.MaxWaiting != nil {
-				if err := queueFull(sp, es, e, names, *req.MaxWaiting); err != nil {
-					return err
-				}
-			}
-			by := successorOf(req)
-			reaped := map[*entry]bool{}
-			for _, rm := range sp.Remove {
-				reaped[es[rm.Index]] = true
-			}
-			// The ticket first, marked while anything older of its key is
-			// left (see the comment of Enqueue); the room it takes is
-			// there in an empty plan (MaxTicketKeys).
-			e.r.Superseding = len(sup)+len(held) > 0
-			if c := p.countRoom(names); !p.room(ticketKeys(len(names), req.Weight)+1+len(create)+c, 1+2*len(names)+c) {
-				return fmt.Errorf("%w: ticket %s does not fit in an etcd transaction", store.ErrInvalid, req.ID)
-			}
-			for _, n := range create {
-				p.put(s.k.limit(n), writeOp{val: encode(*st.lims[n].lim)})
-				p.newCounts(n)
-			}
-			p.putNew(e)
-			// The stop requests and the supersede removals (compare-and-
-			// delete on what was read, one removal path: tombstone naming
-			// the successor, an event in each limit), as many as fit; a
-			// held ticket the settle removes anyway (proven dead) is not
-			// asked. The stops first: the new run waits for those.
-			split := false
-			for _, h := range held {
-				if reaped[h] || h.r.Stop != nil && *h.r.Stop == by {
-					continue
-				}
-				if !p.stop(h, by) {
-					split = true
-					break
-				}
-			}
-			for _, w := range sup {
-				if split || !p.removeBy(w, store.Superseded, "superseded by ticket "+req.ID, &by) {
-					split = true
-					break
-				}
-			}
-			if split {
-				// The rest is the settles' (p.full: the first one right
-				// after this commit), and admits nobody of it meanwhile: no
-				// ticket of its limits was admitted since the read either,
-				// so that Replaces names every older holder of the key.
-				for _, n := range names {
-					p.compareSlots(n)
-				}
-				return nil
-			}
-			if e.r.Superseding {
-				e.r.Superseding = false // all of it in this one transaction
-				p.putNew(e)
-			}
-			if !p.supersede(reaped) {
-				// Another run's unfinished supersede (rec.Superseding) took
-				// the room: the settle after this commit admits.
-				return nil
-			}
-			p.apply(sp, es, true)
-			if e.r.State == store.Held && !joined {
-				// Admitted on the strength of its place in the queues: no
-				// ticket may have been created (ahead of it) since the read.
-				for _, n := range names {
-					p.cmp(clientv3.Compare(clientv3.CreateRevision(s.k.tickets(n)).WithPrefix(), "<", st.rev+1))
-				}
-			}
-			return nil
-		})
+		p, resp, cerr := s.commit(ctx, st, q.req.ID, q.plan)
 		if cerr != nil && errors.Is(cerr, store.ErrQueueFull) && !linear {
 			// Refused on the first, serializable read: a refusal stands
 			// only on a current one.
 			linear = true
-			st, err = s.read(ctx, names, req.ID, false)
+			st, err = s.read(ctx, q.names, q.req.ID, false)
 			continue
 		}
 		if cerr != nil {
@@ -289,29 +173,226 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 			continue
 		}
 		if resp == nil {
-			return answer()
+			t, mine, err := s.existing(ctx, q.found, q.req, q.lease)
+			q.used = q.used || mine
+			return t, err
 		}
-		used = true
-		e.fence = resp.Header.Revision
-		if s.leases.now()-sent > 20*time.Millisecond {
-			// The lease was granted before a slow transaction: restart it,
-			// so that the ticket has its whole TTL from its creation. (A
-			// failure is the renewer's to find.)
-			s.refresh(ctx, lease)
-		}
-		s.afterCommit(p)
-		s.remember(e, resp.Header.Revision)
-		s.ring(req.ID, names, e.r.State == store.Held, resp.Header.Revision)
-		if p.full {
-			if nst, err := s.settleLimit(ctx, names, req.ID); err == nil {
-				if t, ok := s.viewOf(ctx, nst, req.ID); ok {
-					return t, nil
-				}
+		q.used = true
+		return q.committed(ctx, p, resp.Header.Revision), nil
+	}
+}
+
+// committed answers with the ticket its plan p wrote at revision rev,
+// settling its limits at once when the plan ran out of room.
+func (q *enqueuing) committed(ctx context.Context, p *plan, rev int64) store.Ticket {
+	s, e := q.s, q.ticket
+	e.fence = rev
+	q.refreshIfSlow(ctx)
+	s.afterCommit(p)
+	s.remember(e, rev)
+	s.ring(q.req.ID, q.names, e.r.State == store.Held, rev)
+	if p.full {
+		if nst, err := s.settleLimit(ctx, q.names, q.req.ID); err == nil {
+			if t, ok := s.viewOf(ctx, nst, q.req.ID); ok {
+				return t
 			}
 		}
-		after := p.after()
-		return s.view(e, positions(after.queue(first))[e], s.remaining(ctx, lease)), nil
 	}
+	after := p.after()
+	return s.view(e, positions(after.queue(q.names[0]))[e], s.remaining(ctx, q.lease))
+}
+
+// enqueueStep is what one plan of an Enqueue decided before writing.
+type enqueueStep struct {
+	ticket     *entry
+	create     []string // the limits created with the ticket
+	superseded []*entry // older waiting tickets of the key, removed
+	replaced   []*entry // older held tickets of the key, asked to stop
+	// comparedJoins: the plan compares that no ticket joined the limits
+	// since the read.
+	comparedJoins bool
+	settle        policy.SettlePlan
+	settled       []*entry // the entries settle's indexes refer to
+}
+
+// plan builds the ticket's transaction on p (a build of [Store.commit]):
+// it returns errNoCommit when the id is taken already (q.found).
+func (q *enqueuing) plan(p *plan) error {
+	st, req := p.st, q.req
+	if st.idKV != nil {
+		q.found = st
+		return errNoCommit
+	}
+	if err := q.checkSizes(st); err != nil {
+		return err
+	}
+	var step enqueueStep
+	step.create = q.planLimits(p)
+	p.cmp(clientv3.Compare(clientv3.CreateRevision(q.s.k.id(req.ID)), "=", 0))
+	var err error
+	if step.superseded, step.replaced, err = keyed(st, req); err != nil {
+		return err
+	}
+	step.ticket = q.addTicket(st, p.now, step.replaced)
+	q.ticket = step.ticket
+	if req.Supersede || req.Replace || req.MaxWaiting != nil {
+		// The decision covers every ticket of its limits: one created
+		// since the read (an older ticket of its key, a waiter to count)
+		// makes it plan again.
+		step.comparedJoins = true
+		q.compareNoneJoined(p)
+	}
+	// Plan the whole step first, as if the superseded were gone:
+	// max-waiting refuses on it before anything is written.
+	gone := map[*entry]bool{}
+	for _, w := range step.superseded {
+		gone[w] = true
+	}
+	step.settle, step.settled = p.planSettle(false, func(x *entry) bool { return !gone[x] })
+	if req.MaxWaiting != nil {
+		if err := queueFull(step.settle, step.settled, step.ticket, q.names, *req.MaxWaiting); err != nil {
+			return err
+		}
+	}
+	return q.write(p, &step)
+}
+
+// checkSizes refuses a request whose slots differ from an existing limit's
+// (CheckSlots), or whose weight does not fit a limit's size.
+func (q *enqueuing) checkSizes(st *lstate) error {
+	req := q.req
+	for _, n := range q.names {
+		if l := st.lim(n); l != nil && req.CheckSlots && l.Slots != req.Slots {
+			return &store.SlotsConflictError{Limit: n, Have: l.Slots, Want: req.Slots}
+		}
+	}
+	for _, n := range q.names {
+		size := req.SizeOf(n)
+		if l := st.lim(n); l != nil {
+			size = l.Slots
+		}
+		if err := store.CheckWeightFits(n, size, req.Weighs()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// planLimits compares the ticket's limits and returns those the step
+// creates: planned on now, written with the ticket (a refusal creates none).
+func (q *enqueuing) planLimits(p *plan) []string {
+	var create []string
+	for _, n := range q.names {
+		p.compareLimit(n)
+		if p.st.lim(n) == nil {
+			p.st.lims[n].lim = &limitRec{V: formatVersion, Slots: q.req.SizeOf(n), Created: p.now}
+			create = append(create, n)
+		}
+	}
+	return create
+}
+
+// addTicket adds the new ticket, replacing the held tickets replaced, to
+// st and to each of its limits.
+func (q *enqueuing) addTicket(st *lstate, now time.Time, replaced []*entry) *entry {
+	req := q.req
+	r := rec{V: formatVersion, ID: req.ID, Limit: q.names[0], Lease: q.lease, State: store.Waiting,
+		Slot: -1, TTL: req.TTL, Holder: req.Holder, Created: now, Key: req.Key, Term: q.term}
+	if len(q.names) > 1 {
+		r.Limits = slices.Clone(q.names)
+	}
+	if req.Weighs() > 1 {
+		r.Weight = req.Weighs()
+	}
+	for _, h := range replaced {
+		r.Replaces = append(r.Replaces, h.r.ID)
+	}
+	e := &entry{isNew: true, r: r}
+	st.entries = append(st.entries, e)
+	for _, n := range q.names {
+		st.lims[n].entries = append(st.lims[n].entries, e)
+	}
+	return e
+}
+
+// compareNoneJoined compares that no ticket was created under the
+// ticket's limits since the read.
+func (q *enqueuing) compareNoneJoined(p *plan) {
+	for _, n := range q.names {
+		p.cmp(clientv3.Compare(clientv3.CreateRevision(q.s.k.tickets(n)).WithPrefix(), "<", p.st.rev+1))
+	}
+}
+
+// write puts the planned step in p: the limits created, the ticket, the
+// stop requests and removals, and the settle when all of those fit.
+func (q *enqueuing) write(p *plan, step *enqueueStep) error {
+	e := step.ticket
+	reaped := map[*entry]bool{}
+	for _, rm := range step.settle.Remove {
+		reaped[step.settled[rm.Index]] = true
+	}
+	// The ticket first, marked while anything older of its key is left
+	// (see the comment of Enqueue); the room it takes is there in an empty
+	// plan (MaxTicketKeys).
+	e.r.Superseding = len(step.superseded)+len(step.replaced) > 0
+	if c := p.countRoom(q.names); !p.room(ticketKeys(len(q.names), q.req.Weight)+1+len(step.create)+c, 1+2*len(q.names)+c) {
+		return fmt.Errorf("%w: ticket %s does not fit in an etcd transaction", store.ErrInvalid, q.req.ID)
+	}
+	for _, n := range step.create {
+		p.put(q.s.k.limit(n), writeOp{val: encode(*p.st.lims[n].lim)})
+		p.newCounts(n)
+	}
+	p.putNew(e)
+	if !q.stopAndRemove(p, step, reaped) {
+		// The rest is the settles' (p.full: the first one right after this
+		// commit), and admits nobody of it meanwhile: no ticket of its
+		// limits was admitted since the read either, so that Replaces
+		// names every older holder of the key.
+		for _, n := range q.names {
+			p.compareSlots(n)
+		}
+		return nil
+	}
+	if e.r.Superseding {
+		e.r.Superseding = false // all of it in this one transaction
+		p.putNew(e)
+	}
+	if !p.supersede(reaped) {
+		// Another run's unfinished supersede (rec.Superseding) took the
+		// room: the settle after this commit admits.
+		return nil
+	}
+	p.apply(step.settle, step.settled, true)
+	if e.r.State == store.Held && !step.comparedJoins {
+		// Admitted on the strength of its place in the queues: no ticket
+		// may have been created (ahead of it) since the read.
+		q.compareNoneJoined(p)
+	}
+	return nil
+}
+
+// stopAndRemove puts in p the stop requests of the replaced tickets and
+// the removals of the superseded ones (compare-and-delete on what was
+// read, one removal path: tombstone naming the successor, an event in each
+// limit), as many as fit, and reports whether all did. A held ticket the
+// settle removes anyway (reaped, proven dead) is not asked. The stops
+// come first: the new run waits for those.
+func (q *enqueuing) stopAndRemove(p *plan, step *enqueueStep, reaped map[*entry]bool) bool {
+	by := successorOf(q.req)
+	for _, h := range step.replaced {
+		if reaped[h] || h.r.Stop != nil && *h.r.Stop == by {
+			continue
+		}
+		if !p.stop(h, by) {
+			return false
+		}
+	}
+	for _, w := range step.superseded {
+		if !p.removeBy(w, store.Superseded, "superseded by ticket "+q.req.ID, &by) {
+			return false
+		}
+	}
+	return true
 }
 
 // keyed finds the live tickets of req's key sharing one of its limits that
@@ -547,26 +628,9 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 	k, ok := s.known[t.ID]
 	s.mu.Unlock()
 	if !ok {
-		names, idr, err := s.lookup(ctx, t.ID)
-		if err != nil {
+		var err error
+		if k, err = s.readKnown(ctx, t.ID); err != nil {
 			return store.Ticket{}, err
-		}
-		if len(names) == 0 {
-			return store.Ticket{}, fmt.Errorf("%w: %w", store.ErrLost, notFound(t.ID, idr))
-		}
-		st, err := s.readNames(ctx, names[:1], t.ID, false)
-		if err != nil {
-			return store.Ticket{}, err
-		}
-		e, _ := st.find(t.ID)
-		if e == nil {
-			return store.Ticket{}, fmt.Errorf("%w: ticket %s is gone", store.ErrLost, t.ID)
-		}
-		// Its lease may be gone: the keep-alive below says so, and a hold
-		// may keep the ticket (takeHold).
-		k = known{limit: e.r.Limit, lease: e.r.Lease, fence: e.fence, r: e.r}
-		if e.live() {
-			s.remember(e, e.tkv.ModRevision)
 		}
 	}
 	if uint64(k.fence) != t.Fence {
@@ -614,6 +678,33 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 		}
 		k = nk
 	}
+}
+
+// readKnown reads what Renew needs of ticket id that this handle does not
+// know, under its first limit, and remembers it if its lease is live.
+func (s *Store) readKnown(ctx context.Context, id string) (known, error) {
+	names, idr, err := s.lookup(ctx, id)
+	if err != nil {
+		return known{}, err
+	}
+	if len(names) == 0 {
+		return known{}, fmt.Errorf("%w: %w", store.ErrLost, notFound(id, idr))
+	}
+	st, err := s.readNames(ctx, names[:1], id, false)
+	if err != nil {
+		return known{}, err
+	}
+	e, _ := st.find(id)
+	if e == nil {
+		return known{}, fmt.Errorf("%w: ticket %s is gone", store.ErrLost, id)
+	}
+	// Its lease may be gone: Renew's keep-alive says so, and a hold may
+	// keep the ticket (takeHold).
+	k := known{limit: e.r.Limit, lease: e.r.Lease, fence: e.fence, r: e.r}
+	if e.live() {
+		s.remember(e, e.tkv.ModRevision)
+	}
+	return k, nil
 }
 
 // errKeyGone is renewed's answer when the ticket's own key is not there:
@@ -799,7 +890,7 @@ func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (
 		return s.releaseAbsent(ctx, t, why, idr)
 	}
 	start := time.Now()
-	uncertain := false // a release was sent whose answer was lost
+	r := &releasing{s: s, t: t, why: why}
 	s.mu.Lock()
 	k, ok := s.known[t.ID]
 	s.mu.Unlock()
@@ -809,53 +900,35 @@ func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (
 		if done {
 			return true, nil
 		}
-		uncertain = unc
+		r.uncertain = unc
 	}
 	st, err := s.read(ctx, names, t.ID, true)
+	return r.commitRelease(ctx, start, names, st, err)
+}
+
+// releasing is one Release of a ticket the store has under names.
+type releasing struct {
+	s         *Store
+	t         store.Ticket
+	why       store.Reason
+	uncertain bool // a release was sent whose answer was lost
+	// answer: the outcome when the latest plan found nothing to write.
+	answer func() (bool, error)
+}
+
+// commitRelease plans and commits the release on st (or on a new read
+// after err), retrying while an outcome is unknown.
+func (r *releasing) commitRelease(ctx context.Context, start time.Time, names []string, st *lstate, err error) (bool, error) {
+	s, id := r.s, r.t.ID
 	for {
 		if err != nil {
 			if unknownOutcome(err) && s.again(ctx, start) {
-				st, err = s.read(ctx, names, t.ID, false)
+				st, err = s.read(ctx, names, id, false)
 				continue
 			}
 			return false, err
 		}
-		var answer func() (bool, error)
-		p, resp, cerr := s.commit(ctx, st, t.ID, func(p *plan) error {
-			st := p.st
-			if st.idKV == nil {
-				answer = func() (bool, error) {
-					s.forget(t.ID)
-					return s.releaseAbsent(ctx, t, why, nil)
-				}
-				return errNoCommit
-			}
-			ir, err := decodeID(t.ID, st.idKV.Value)
-			if err != nil {
-				return err
-			}
-			if ir.Removed != "" {
-				answer = func() (bool, error) {
-					s.forget(t.ID)
-					if uncertain && ir.Removed == why {
-						return true, nil // the lost answer's release landed
-					}
-					return s.releaseAbsent(ctx, t, why, &ir)
-				}
-				return errNoCommit
-			}
-			e, _ := st.find(t.ID)
-			if e == nil {
-				return fmt.Errorf("%w: ticket id %s names limit %q, which has no such ticket", store.ErrCorrupt, t.ID, ir.Limit)
-			}
-			if t.Fence != 0 && uint64(e.fence) != t.Fence {
-				answer = func() (bool, error) { return false, nil }
-				return errNoCommit
-			}
-			p.remove(e, why, "")
-			p.settle(false)
-			return nil
-		})
+		p, resp, cerr := s.commit(ctx, st, id, func(p *plan) error { return r.plan(ctx, p) })
 		if cerr != nil {
 			if p != nil && unknownOutcome(cerr) && s.again(ctx, start) {
 				// The answer may be lost: look again. If it landed, the
@@ -863,22 +936,61 @@ func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (
 				// twice. Again and again within the budget (an election
 				// takes a second or two; each attempt a third of the
 				// budget at most: failover.go).
-				uncertain = true
-				st, err = s.read(ctx, names, t.ID, false)
+				r.uncertain = true
+				st, err = s.read(ctx, names, id, false)
 				continue
 			}
 			return false, cerr
 		}
 		if resp == nil {
-			return answer()
+			return r.answer()
 		}
-		s.forget(t.ID)
+		s.forget(id)
 		s.afterCommit(p)
 		if p.full {
 			_, _ = s.settleLimit(ctx, names, "")
 		}
 		return true, nil
 	}
+}
+
+// plan builds the release on p (a build of [Store.commit]): the removal
+// and the settle, or errNoCommit with r.answer set when the ticket is gone
+// or is not the one asked for (its fence).
+func (r *releasing) plan(ctx context.Context, p *plan) error {
+	s, t, why, st := r.s, r.t, r.why, p.st
+	if st.idKV == nil {
+		r.answer = func() (bool, error) {
+			s.forget(t.ID)
+			return s.releaseAbsent(ctx, t, why, nil)
+		}
+		return errNoCommit
+	}
+	ir, err := decodeID(t.ID, st.idKV.Value)
+	if err != nil {
+		return err
+	}
+	if ir.Removed != "" {
+		r.answer = func() (bool, error) {
+			s.forget(t.ID)
+			if r.uncertain && ir.Removed == why {
+				return true, nil // the lost answer's release landed
+			}
+			return s.releaseAbsent(ctx, t, why, &ir)
+		}
+		return errNoCommit
+	}
+	e, _ := st.find(t.ID)
+	if e == nil {
+		return fmt.Errorf("%w: ticket id %s names limit %q, which has no such ticket", store.ErrCorrupt, t.ID, ir.Limit)
+	}
+	if t.Fence != 0 && uint64(e.fence) != t.Fence {
+		r.answer = func() (bool, error) { return false, nil }
+		return errNoCommit
+	}
+	p.remove(e, why, "")
+	p.settle(false)
+	return nil
 }
 
 // Cancel implements [store.Store]: Release with store.Cancelled.
@@ -920,17 +1032,7 @@ func (s *Store) releaseAbsentOnce(ctx context.Context, t store.Ticket, why store
 				p.compareLimit(n) // not removed meanwhile: its counts went with it
 			}
 		}
-		r := rec{ID: t.ID, Limit: t.Names()[0], State: t.State, Slot: t.Slot, Weight: t.Weight, Holder: t.Holder}
-		if len(t.Names()) > 1 {
-			r.Limits = t.Names()
-		}
-		if t.State == store.Held && t.Multi() {
-			r.Indexes = map[string][]int{}
-			for _, n := range t.Names() {
-				r.Indexes[n] = t.In(n)
-			}
-		}
-		p.event(string(store.Lost), r, int64(t.Fence), "holder presumed its lease lost")
+		p.event(string(store.Lost), lostRec(t), int64(t.Fence), "holder presumed its lease lost")
 	}
 	if idr == nil {
 		names := t.Names()
@@ -943,6 +1045,29 @@ func (s *Store) releaseAbsentOnce(ctx context.Context, t store.Ticket, why store
 	if p.empty() {
 		return false, false, nil
 	}
+	return s.commitAbsent(ctx, p, t, why, idr)
+}
+
+// lostRec is the record the "lost" event of ticket t names, as its holder
+// knew it.
+func lostRec(t store.Ticket) rec {
+	r := rec{ID: t.ID, Limit: t.Names()[0], State: t.State, Slot: t.Slot, Weight: t.Weight, Holder: t.Holder}
+	if len(t.Names()) > 1 {
+		r.Limits = t.Names()
+	}
+	if t.State == store.Held && t.Multi() {
+		r.Indexes = map[string][]int{}
+		for _, n := range t.Names() {
+			r.Indexes[n] = t.In(n)
+		}
+	}
+	return r
+}
+
+// commitAbsent commits releaseAbsentOnce's plan p under the day lease
+// (granted again once if it vanished); when a compare fails it releases
+// the live ticket if its create landed, else reports again.
+func (s *Store) commitAbsent(ctx context.Context, p *plan, t store.Ticket, why store.Reason, idr *idRec) (removed, again bool, err error) {
 	day, err := s.dayLease(ctx, s.dayKV(ctx))
 	if err != nil {
 		return false, false, err
@@ -1063,83 +1188,24 @@ func (s *Store) Snapshot(ctx context.Context, limits ...string) (store.Snapshot,
 	names := slices.Clone(limits)
 	slices.Sort(names)
 	names = slices.Compact(names)
-	byFence := clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)
-	var ops []clientv3.Op
-	if len(names) == 0 || len(names) > 40 {
-		ops = []clientv3.Op{
-			clientv3.OpGet(s.k.limits(), clientv3.WithPrefix()),
-			clientv3.OpGet(s.k.allRecords(), clientv3.WithPrefix(), byFence),
-			clientv3.OpGet(s.k.allTickets(), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
-		}
-	} else {
-		for _, n := range names {
-			ops = append(ops, clientv3.OpGet(s.k.limit(n)),
-				clientv3.OpGet(s.k.records(n), clientv3.WithPrefix(), byFence),
-				clientv3.OpGet(s.k.tickets(n), clientv3.WithPrefix(), clientv3.WithKeysOnly()))
-		}
-	}
 	cctx, cancel := s.ctx(ctx)
-	resp, err := s.c.Txn(cctx).Then(ops...).Commit()
+	resp, err := s.c.Txn(cctx).Then(s.snapshotOps(names)...).Commit()
 	cancel()
 	if err != nil {
 		return store.Snapshot{}, s.unavailable(err, false)
 	}
 	s.answered()
-	rs := getResponses(resp.Responses)
-	lims := map[string]*limitRec{}
-	entries := map[string][]*entry{}
-	live := map[string]bool{}
-	for i := 0; i < len(rs); i += 3 {
-		for _, kv := range rs[i].Kvs {
-			var l limitRec
-			if err := decode("limit "+string(kv.Key), kv.Value, &l); err != nil {
-				return store.Snapshot{}, err
-			}
-			if err := store.CheckSlots(l.Slots); err != nil {
-				return store.Snapshot{}, fmt.Errorf("%w: limit %s: %v", store.ErrCorrupt, kv.Key, err)
-			}
-			lims[strings.TrimPrefix(string(kv.Key), s.k.limits())] = &l
-		}
-		for _, kv := range rs[i+2].Kvs {
-			if name, ok := s.limitName(kv.Key, "tickets/"); ok {
-				live[name+"/"+last(kv.Key)] = true
-			}
-		}
-		for _, kv := range rs[i+1].Kvs {
-			name, ok := s.limitName(kv.Key, "records/")
-			if !ok {
-				continue
-			}
-			r, err := decodeRec(kv.Key, name, last(kv.Key), kv.Value)
-			if err != nil {
-				return store.Snapshot{}, err
-			}
-			e := &entry{r: r, fence: kv.CreateRevision, rkv: kv}
-			if live[name+"/"+r.ID] {
-				e.tkv = kv // present; its own revisions are not needed here
-			}
-			entries[name] = append(entries[name], e)
-		}
+	lims, entries, err := s.parseSnapshot(getResponses(resp.Responses))
+	if err != nil {
+		return store.Snapshot{}, err
 	}
 	if len(names) == 0 {
 		for n := range lims {
 			names = append(names, n)
 		}
 		slices.Sort(names)
-		// Every limit read: a ticket is recorded under each of its limits
-		// (docs/leases.md §2.1 item 9), or the store is corrupt.
-		under := map[string]int{}
-		for _, es := range entries {
-			for _, e := range es {
-				under[e.r.ID]++
-			}
-		}
-		for _, es := range entries {
-			for _, e := range es {
-				if got := under[e.r.ID]; got != len(e.r.names()) {
-					return store.Snapshot{}, fmt.Errorf("%w: ticket %s names limits %s but is recorded under %d of them", store.ErrCorrupt, e.r.ID, strings.Join(e.r.names(), ", "), got)
-				}
-			}
+		if err := checkRecordedUnderAll(entries); err != nil {
+			return store.Snapshot{}, err
 		}
 	}
 	var all []*entry
@@ -1159,6 +1225,97 @@ func (s *Store) Snapshot(ctx context.Context, limits ...string) (store.Snapshot,
 		out.AddLimit(store.Limit{Name: n, Slots: lims[n].Slots, Created: lims[n].Created}, ts)
 	}
 	return out, nil
+}
+
+// snapshotOps reads, three responses per group, the limits' keys, their
+// records oldest first and their ticket keys: of every limit when names
+// is empty or long, else of each of names.
+func (s *Store) snapshotOps(names []string) []clientv3.Op {
+	byFence := clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)
+	if len(names) == 0 || len(names) > 40 {
+		return []clientv3.Op{
+			clientv3.OpGet(s.k.limits(), clientv3.WithPrefix()),
+			clientv3.OpGet(s.k.allRecords(), clientv3.WithPrefix(), byFence),
+			clientv3.OpGet(s.k.allTickets(), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		}
+	}
+	var ops []clientv3.Op
+	for _, n := range names {
+		ops = append(ops, clientv3.OpGet(s.k.limit(n)),
+			clientv3.OpGet(s.k.records(n), clientv3.WithPrefix(), byFence),
+			clientv3.OpGet(s.k.tickets(n), clientv3.WithPrefix(), clientv3.WithKeysOnly()))
+	}
+	return ops
+}
+
+// parseSnapshot decodes the responses of snapshotOps: the limits by name,
+// and the entries recorded under each.
+func (s *Store) parseSnapshot(rs []*clientv3.GetResponse) (map[string]*limitRec, map[string][]*entry, error) {
+	lims := map[string]*limitRec{}
+	entries := map[string][]*entry{}
+	live := map[string]bool{} // limit/id of the live ticket keys
+	for i := 0; i < len(rs); i += 3 {
+		for _, kv := range rs[i].Kvs {
+			var l limitRec
+			if err := decode("limit "+string(kv.Key), kv.Value, &l); err != nil {
+				return nil, nil, err
+			}
+			if err := store.CheckSlots(l.Slots); err != nil {
+				return nil, nil, fmt.Errorf("%w: limit %s: %v", store.ErrCorrupt, kv.Key, err)
+			}
+			lims[strings.TrimPrefix(string(kv.Key), s.k.limits())] = &l
+		}
+		for _, kv := range rs[i+2].Kvs {
+			if name, ok := s.limitName(kv.Key, "tickets/"); ok {
+				live[name+"/"+last(kv.Key)] = true
+			}
+		}
+		if err := s.parseSnapshotRecords(rs[i+1].Kvs, live, entries); err != nil {
+			return nil, nil, err
+		}
+	}
+	return lims, entries, nil
+}
+
+// parseSnapshotRecords adds the ticket records kvs to entries, by limit,
+// with their ticket key present when live names it.
+func (s *Store) parseSnapshotRecords(kvs []*mvccpb.KeyValue, live map[string]bool, entries map[string][]*entry) error {
+	for _, kv := range kvs {
+		name, ok := s.limitName(kv.Key, "records/")
+		if !ok {
+			continue
+		}
+		r, err := decodeRec(kv.Key, name, last(kv.Key), kv.Value)
+		if err != nil {
+			return err
+		}
+		e := &entry{r: r, fence: kv.CreateRevision, rkv: kv}
+		if live[name+"/"+r.ID] {
+			e.tkv = kv // present; its own revisions are not needed here
+		}
+		entries[name] = append(entries[name], e)
+	}
+	return nil
+}
+
+// checkRecordedUnderAll refuses a read of every limit in which a ticket is
+// not recorded under each of its limits (docs/leases.md §2.1 item 9): the
+// store is corrupt.
+func checkRecordedUnderAll(entries map[string][]*entry) error {
+	under := map[string]int{}
+	for _, es := range entries {
+		for _, e := range es {
+			under[e.r.ID]++
+		}
+	}
+	for _, es := range entries {
+		for _, e := range es {
+			if got := under[e.r.ID]; got != len(e.r.names()) {
+				return fmt.Errorf("%w: ticket %s names limits %s but is recorded under %d of them", store.ErrCorrupt, e.r.ID, strings.Join(e.r.names(), ", "), got)
+			}
+		}
+	}
+	return nil
 }
 
 // SetLimit implements [store.Store].

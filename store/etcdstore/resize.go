@@ -65,27 +65,9 @@ func (s *Store) resize(ctx context.Context, t store.Ticket, weight int) (store.T
 	var e *entry
 	var answer store.Ticket
 	p, resp, err := s.commit(ctx, st, t.ID, func(p *plan) error {
-		e = nil
-		if p.st.idKV == nil {
-			return fmt.Errorf("%w: %w", store.ErrLost, notFound(t.ID, nil))
-		}
-		ir, err := decodeID(t.ID, p.st.idKV.Value)
-		if err != nil {
+		var err error
+		if e, err = resizable(p.st, t); err != nil {
 			return err
-		}
-		if ir.Removed != "" {
-			return fmt.Errorf("%w: %w", store.ErrLost, notFound(t.ID, &ir))
-		}
-		if e, _ = p.st.find(t.ID); e == nil {
-			return fmt.Errorf("%w: ticket %s is gone", store.ErrLost, t.ID)
-		}
-		switch {
-		case uint64(e.fence) != t.Fence:
-			return fmt.Errorf("%w: ticket %s has fence %d, not %d", store.ErrLost, t.ID, e.fence, t.Fence)
-		case !e.live():
-			return fmt.Errorf("%w: %w: ticket %s: %s", store.ErrLost, errNotLive, t.ID, expiredEvidence)
-		case e.r.State != store.Held:
-			return fmt.Errorf("%w: ticket %s is waiting: only a held ticket can be resized", store.ErrInvalid, t.ID)
 		}
 		cur := e.r.weighs()
 		switch {
@@ -120,6 +102,34 @@ func (s *Store) resize(ctx context.Context, t store.Ticket, weight int) (store.T
 		_, _ = s.settleLimit(ctx, names, "")
 	}
 	return s.view(e, 0, s.remaining(ctx, e.r.keyLease())), nil
+}
+
+// resizable finds t in st: the live held ticket of t's fence, else why it
+// cannot be resized.
+func resizable(st *lstate, t store.Ticket) (*entry, error) {
+	if st.idKV == nil {
+		return nil, fmt.Errorf("%w: %w", store.ErrLost, notFound(t.ID, nil))
+	}
+	ir, err := decodeID(t.ID, st.idKV.Value)
+	if err != nil {
+		return nil, err
+	}
+	if ir.Removed != "" {
+		return nil, fmt.Errorf("%w: %w", store.ErrLost, notFound(t.ID, &ir))
+	}
+	e, _ := st.find(t.ID)
+	if e == nil {
+		return nil, fmt.Errorf("%w: ticket %s is gone", store.ErrLost, t.ID)
+	}
+	switch {
+	case uint64(e.fence) != t.Fence:
+		return e, fmt.Errorf("%w: ticket %s has fence %d, not %d", store.ErrLost, t.ID, e.fence, t.Fence)
+	case !e.live():
+		return e, fmt.Errorf("%w: %w: ticket %s: %s", store.ErrLost, errNotLive, t.ID, expiredEvidence)
+	case e.r.State != store.Held:
+		return e, fmt.Errorf("%w: ticket %s is waiting: only a held ticket can be resized", store.ErrInvalid, t.ID)
+	}
+	return e, nil
 }
 
 // grow plans the growth of held ticket e toward weight on the state read,

@@ -174,53 +174,11 @@ func (s *Store) addLimits(st *lstate, names []string, rs []*clientv3.GetResponse
 	for i, name := range names {
 		r4 := rs[opsPerLimit*i : opsPerLimit*(i+1)]
 		ls := &limState{name: name, slots: map[int]*mvccpb.KeyValue{}}
-		if kvs := r4[0].Kvs; len(kvs) > 0 {
-			var l limitRec
-			if err := decode("limit "+name, kvs[0].Value, &l); err != nil {
-				return err
-			}
-			if err := store.CheckSlots(l.Slots); err != nil {
-				return fmt.Errorf("%w: limit %s: %v", store.ErrCorrupt, name, err)
-			}
-			ls.lim, ls.limKV = &l, kvs[0]
-			if err := addCounts(ls, r4[4].Kvs); err != nil {
-				return err
-			}
-			if err := addDeltas(ls, r4[5].Kvs); err != nil {
-				return err
-			}
-		} else if kvs := r4[4].Kvs; len(kvs) > 0 {
-			ls.cntKV = kvs[0] // left without its limit: the plan that makes the limit writes over it
+		if err := addLimitRec(ls, r4[0].Kvs, r4[4].Kvs, r4[5].Kvs); err != nil {
+			return err
 		}
-		live := map[string]*mvccpb.KeyValue{}
-		for _, kv := range r4[2].Kvs {
-			live[last(kv.Key)] = kv
-		}
-		for _, kv := range r4[1].Kvs {
-			id := last(kv.Key)
-			r, err := decodeRec(kv.Key, name, id, kv.Value)
-			if err != nil {
-				return err
-			}
-			e := st.byID[id]
-			if e == nil {
-				e = &entry{r: r, fence: kv.CreateRevision}
-				st.byID[id] = e
-				st.entries = append(st.entries, e)
-			} else if e.fence != kv.CreateRevision || !sameRec(e.r, r) {
-				return fmt.Errorf("%w: ticket %s: its records in limits %q and %q differ", store.ErrCorrupt, id, e.r.Limit, name)
-			}
-			e.seen++
-			tkv := live[id]
-			// Keys only (no lease): a ticket key put again under a hold is
-			// created after its record; one created before is not its.
-			if tkv != nil && tkv.CreateRevision < e.fence {
-				return fmt.Errorf("%w: ticket %s: key created at revision %d, its record at %d", store.ErrCorrupt, id, tkv.CreateRevision, e.fence)
-			}
-			if e.rkv == nil || name == r.Limit {
-				e.at, e.rkv, e.tkv = name, kv, tkv
-			}
-			ls.entries = append(ls.entries, e)
+		if err := addRecords(st, ls, r4[1].Kvs, r4[2].Kvs); err != nil {
+			return err
 		}
 		for _, kv := range r4[3].Kvs {
 			i, err := strconv.Atoi(last(kv.Key))
@@ -235,6 +193,68 @@ func (s *Store) addLimits(st *lstate, names []string, rs []*clientv3.GetResponse
 		sort.SliceStable(ls.entries, func(i, j int) bool { return ls.entries[i].fence < ls.entries[j].fence })
 		st.lims[name] = ls
 		st.order = append(st.order, name)
+	}
+	return nil
+}
+
+// addLimitRec decodes the limit's key (lim), with its counts and count
+// deltas, into ls; a counts key left without its limit is kept to be
+// written over.
+func addLimitRec(ls *limState, lim, counts, deltas []*mvccpb.KeyValue) error {
+	if len(lim) == 0 {
+		if len(counts) > 0 {
+			ls.cntKV = counts[0] // left without its limit: the plan that makes the limit writes over it
+		}
+		return nil
+	}
+	var l limitRec
+	if err := decode("limit "+ls.name, lim[0].Value, &l); err != nil {
+		return err
+	}
+	if err := store.CheckSlots(l.Slots); err != nil {
+		return fmt.Errorf("%w: limit %s: %v", store.ErrCorrupt, ls.name, err)
+	}
+	ls.lim, ls.limKV = &l, lim[0]
+	if err := addCounts(ls, counts); err != nil {
+		return err
+	}
+	return addDeltas(ls, deltas)
+}
+
+// addRecords decodes the ticket records of limit ls (records), with their
+// live ticket keys (tickets), into st and ls: a ticket already read under
+// another limit is the same entry.
+func addRecords(st *lstate, ls *limState, records, tickets []*mvccpb.KeyValue) error {
+	name := ls.name
+	live := map[string]*mvccpb.KeyValue{}
+	for _, kv := range tickets {
+		live[last(kv.Key)] = kv
+	}
+	for _, kv := range records {
+		id := last(kv.Key)
+		r, err := decodeRec(kv.Key, name, id, kv.Value)
+		if err != nil {
+			return err
+		}
+		e := st.byID[id]
+		if e == nil {
+			e = &entry{r: r, fence: kv.CreateRevision}
+			st.byID[id] = e
+			st.entries = append(st.entries, e)
+		} else if e.fence != kv.CreateRevision || !sameRec(e.r, r) {
+			return fmt.Errorf("%w: ticket %s: its records in limits %q and %q differ", store.ErrCorrupt, id, e.r.Limit, name)
+		}
+		e.seen++
+		tkv := live[id]
+		// Keys only (no lease): a ticket key put again under a hold is
+		// created after its record; one created before is not its.
+		if tkv != nil && tkv.CreateRevision < e.fence {
+			return fmt.Errorf("%w: ticket %s: key created at revision %d, its record at %d", store.ErrCorrupt, id, tkv.CreateRevision, e.fence)
+		}
+		if e.rkv == nil || name == r.Limit {
+			e.at, e.rkv, e.tkv = name, kv, tkv
+		}
+		ls.entries = append(ls.entries, e)
 	}
 	return nil
 }
