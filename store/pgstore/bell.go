@@ -109,7 +109,7 @@ func (bs *bells) run(ctx context.Context, b *backend, conn *pgx.Conn) {
 		for conn != nil {
 			n, err := conn.WaitForNotification(ctx)
 			if err != nil {
-				conn.Close(context.Background())
+				hangUp(conn, ctx.Err() != nil)
 				conn = nil
 				break
 			}
@@ -131,6 +131,20 @@ func (bs *bells) run(ctx context.Context, b *backend, conn *pgx.Conn) {
 			bs.ringAll() // what changed while it was down
 		}
 	}
+}
+
+// hangUp closes the listening connection. When the handle closes, it
+// first stops listening and reads the server's answer, and with it any
+// notification already on its way: a notification the server writes after
+// the client hung up fails its write, and the server logs that as a lost
+// client ("could not send data to client"), a FATAL line per job.
+func hangUp(conn *pgx.Conn, closing bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if closing {
+		_, _ = conn.Exec(ctx, "UNLISTEN *")
+	}
+	conn.Close(ctx)
 }
 
 func (bs *bells) ringID(id string) {

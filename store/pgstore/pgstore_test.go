@@ -3,10 +3,12 @@ package pgstore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/slotctl/slotctl/internal/testkit/pgtest"
 	"github.com/slotctl/slotctl/store"
 	"github.com/slotctl/slotctl/store/pgstore"
 )
@@ -269,5 +271,43 @@ func TestRenewalsShareTheLock(t *testing.T) {
 	}
 	if err := <-whole; err != nil {
 		t.Fatalf("the enqueue behind the paused renewal: %v", err)
+	}
+}
+
+// A handle that closes hangs up its listening connection cleanly, even with
+// a notification of its own last step on the way: the server would
+// otherwise fail to write it and log a lost client, a FATAL line in the
+// server's log for every job.
+func TestCloseHangsUpCleanly(t *testing.T) {
+	url := testURL(t)
+	ctx := context.Background()
+	const lost = "could not send data to client"
+	before := strings.Count(pgtest.ServerLog(t), lost)
+	for i := range 20 {
+		st, err := pgstore.Open(ctx, url, pgstore.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := fmt.Sprintf("close%02d", i)
+		bell, err := st.Watch(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tk, err := st.Enqueue(ctx, req(id, "p"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Release(ctx, tk, store.Released); err != nil {
+			t.Fatal(err)
+		}
+		bell.Close()
+		if err := st.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The server writes its complaint once it notices: give it a moment.
+	time.Sleep(200 * time.Millisecond)
+	if n := strings.Count(pgtest.ServerLog(t), lost) - before; n > 0 {
+		t.Fatalf("the server lost %d of 20 clients as they closed (%q in its log)", n, lost)
 	}
 }

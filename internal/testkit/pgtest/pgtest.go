@@ -165,6 +165,22 @@ func URL(t testing.TB) string {
 	return s.dbURL(name)
 }
 
+// ServerLog returns what the server the tests started has logged so far,
+// or skips the test when the server is one of EnvURL's, whose log is not
+// here.
+func ServerLog(t testing.TB) string {
+	t.Helper()
+	s := get(t)
+	if s.cmd == nil {
+		t.Skip("pgtest: the server's log is read only from a server the tests start")
+	}
+	b, err := os.ReadFile(filepath.Join(s.dir, logFile))
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	return string(b)
+}
+
 // missingMessage is what a test is told when there is no server to use.
 const missingMessage = "pgtest: no PostgreSQL server binaries (postgres and initdb, on PATH or in " +
 	"/usr/lib/postgresql/*/bin): install them (apt-get install postgresql) " +
