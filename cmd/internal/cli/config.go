@@ -31,7 +31,11 @@ type config struct {
 
 // knownSettings are the config file's top-level keys; anything else is a
 // typo that would otherwise be silently ignored.
-var knownSettings = []string{"store", "ttl", "store-timeout", "limits", "etcd"}
+var knownSettings = []string{"store", "ttl", "store-timeout", "limits", "etcd", "ping"}
+
+// fileSettings are the flags the config file sets but the environment does
+// not (a SLOTCTL_PING would reach every nested slotctl run).
+var fileSettings = []string{"ping"}
 
 // envSettings maps settings to the only environment variables slotctl reads
 // (docs/leases.md §6). The variables slotctl exports to its child (SLOTCTL_LIMIT, ...)
@@ -133,7 +137,7 @@ func (f *Factory) loadConfig(cmd *cobra.Command) error {
 	}
 	var fillErr error
 	cmd.Flags().VisitAll(func(fl *pflag.Flag) {
-		if fillErr != nil || fl.Changed || !v.IsSet(fl.Name) || envSettings[fl.Name] == "" {
+		if fillErr != nil || fl.Changed || !v.IsSet(fl.Name) || envSettings[fl.Name] == "" && !slices.Contains(fileSettings, fl.Name) {
 			return
 		}
 		val := v.GetString(fl.Name)
