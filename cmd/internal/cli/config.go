@@ -27,6 +27,7 @@ type config struct {
 	File      string          // the file read, "" if none
 	Limits    map[string]int  // sizes for limits created by run
 	EtcdFlags map[string]bool // the --etcd-* flags given (by setting name)
+	Filled    map[string]bool // the flags the file or the environment set (by name)
 }
 
 // knownSettings are the config file's top-level keys; anything else is a
@@ -96,7 +97,7 @@ func unwrapPathError(err error) error {
 func (f *Factory) loadConfig(cmd *cobra.Command) error {
 	v := viper.New()
 	f.viper = v
-	f.cfg = &config{Limits: map[string]int{}, EtcdFlags: map[string]bool{}}
+	f.cfg = &config{Limits: map[string]int{}, EtcdFlags: map[string]bool{}, Filled: map[string]bool{}}
 	file, err := f.configFile(cmd)
 	if err != nil {
 		return err
@@ -144,6 +145,7 @@ func (f *Factory) loadConfig(cmd *cobra.Command) error {
 		if err := cmd.Flags().Set(fl.Name, val); err != nil {
 			fillErr = usageError("%s: %s %q: %s", f.settingSource(fl.Name), fl.Name, val, acceptedFor(fl))
 		}
+		f.cfg.Filled[fl.Name] = true
 	})
 	return fillErr
 }

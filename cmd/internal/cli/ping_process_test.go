@@ -8,6 +8,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -172,5 +174,43 @@ func TestPingBadURL(t *testing.T) {
 	ls.wait(t, 30*time.Second)
 	if out := readFile(t, e.path("ls.stdout")); strings.Contains(out, `"x"`) {
 		t.Errorf("a run with a bad --ping left a limit:\n%s", out)
+	}
+}
+
+// TestPingConfig: the config file's ping: is --ping's default, and a bad
+// one is a usage error that names the file.
+func TestPingConfig(t *testing.T) {
+	e := newPTEnv(t)
+	mon := newPingMonitor(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dir := filepath.Join(e.dir, "home", ".config", "slotctl")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(cfg, []byte("ping: "+mon.srv.URL+"/cfg\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := e.start(ctx, "cfg", "run", "--limit", "c", "--", "true")
+	if code := p.wait(t, 30*time.Second); code != 0 {
+		t.Errorf("exit %d; stderr:\n%s", code, p.stderr())
+	}
+	if got := strings.Join(mon.sent("/cfg/"), "\n"); !regexp.MustCompile(`^POST /cfg/start\?rid=` + ridRE + `\nPOST /cfg/0\?rid=` + ridRE + `$`).MatchString(got) {
+		t.Errorf("pings from the config's ping:\n%s", got)
+	}
+
+	if err := os.WriteFile(cfg, []byte("ping: ftp://example.org/x\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p = e.start(ctx, "badcfg", "run", "--limit", "c", "--", "touch", "ran")
+	if code := p.wait(t, 30*time.Second); code != 64 {
+		t.Errorf("bad ping: in the config: exit %d, want 64", code)
+	}
+	if s := p.stderr(); !regexp.MustCompile(`^slotctl: config file .*config\.yaml: ping "ftp://example\.org/x": want an http:// or https:// URL`).MatchString(s) || strings.Count(s, "\n") != 1 {
+		t.Errorf("bad ping: in the config: stderr:\n%s", s)
+	}
+	if ptExists(e.path("ran")) {
+		t.Error("a run with a bad ping: ran its command")
 	}
 }

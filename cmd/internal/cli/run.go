@@ -101,7 +101,7 @@ func newRunCmd(f *Factory, g *globalOptions, runF func(*RunOptions) error) *cobr
 			if err := opts.resolveJobserver(cmd); err != nil {
 				return err
 			}
-			if err := opts.resolvePing(f, cmd.Flags().Changed("ping")); err != nil {
+			if err := opts.resolvePing(f, cmd.Flags().Changed("ping") && (f.cfg == nil || !f.cfg.Filled["ping"])); err != nil {
 				return err
 			}
 			if runF != nil {

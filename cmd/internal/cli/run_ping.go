@@ -13,12 +13,9 @@ import (
 
 // resolvePing parses --ping, or the config file's ping: (set says which):
 // one line naming the input, without its user, password or query, and
-// what is accepted.
+// what is accepted. An empty --ping turns the config's off.
 func (o *RunOptions) resolvePing(f *Factory, set bool) error {
 	if o.Ping == "" {
-		if set {
-			return usageError("--ping '': want an http:// or https:// URL, e.g. https://hc-ping.com/UUID")
-		}
 		return nil
 	}
 	m, err := ping.Parse(o.Ping)
