@@ -200,6 +200,15 @@ func TestPingConfig(t *testing.T) {
 		t.Errorf("pings from the config's ping:\n%s", got)
 	}
 
+	// --ping '' turns the config's off for one run.
+	p = e.start(ctx, "off", "run", "--limit", "c", "--ping", "", "--", "true")
+	if code := p.wait(t, 30*time.Second); code != 0 {
+		t.Errorf("--ping '': exit %d; stderr:\n%s", code, p.stderr())
+	}
+	if got := mon.sent("/cfg/"); len(got) != 2 {
+		t.Errorf("--ping '' sent pings all the same: %q", got)
+	}
+
 	if err := os.WriteFile(cfg, []byte("ping: ftp://example.org/x\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
