@@ -27,11 +27,16 @@ type config struct {
 	File      string          // the file read, "" if none
 	Limits    map[string]int  // sizes for limits created by run
 	EtcdFlags map[string]bool // the --etcd-* flags given (by setting name)
+	Filled    map[string]bool // the flags the file or the environment set (by name)
 }
 
 // knownSettings are the config file's top-level keys; anything else is a
 // typo that would otherwise be silently ignored.
-var knownSettings = []string{"store", "ttl", "store-timeout", "limits", "etcd"}
+var knownSettings = []string{"store", "ttl", "store-timeout", "limits", "etcd", "ping"}
+
+// fileSettings are the flags the config file sets but the environment does
+// not (a SLOTCTL_PING would reach every nested slotctl run).
+var fileSettings = []string{"ping"}
 
 // envSettings maps settings to the only environment variables slotctl reads
 // (docs/leases.md §6). The variables slotctl exports to its child (SLOTCTL_LIMIT, ...)
@@ -92,7 +97,7 @@ func unwrapPathError(err error) error {
 func (f *Factory) loadConfig(cmd *cobra.Command) error {
 	v := viper.New()
 	f.viper = v
-	f.cfg = &config{Limits: map[string]int{}, EtcdFlags: map[string]bool{}}
+	f.cfg = &config{Limits: map[string]int{}, EtcdFlags: map[string]bool{}, Filled: map[string]bool{}}
 	file, err := f.configFile(cmd)
 	if err != nil {
 		return err
@@ -133,13 +138,14 @@ func (f *Factory) loadConfig(cmd *cobra.Command) error {
 	}
 	var fillErr error
 	cmd.Flags().VisitAll(func(fl *pflag.Flag) {
-		if fillErr != nil || fl.Changed || !v.IsSet(fl.Name) || envSettings[fl.Name] == "" {
+		if fillErr != nil || fl.Changed || !v.IsSet(fl.Name) || envSettings[fl.Name] == "" && !slices.Contains(fileSettings, fl.Name) {
 			return
 		}
 		val := v.GetString(fl.Name)
 		if err := cmd.Flags().Set(fl.Name, val); err != nil {
 			fillErr = usageError("%s: %s %q: %s", f.settingSource(fl.Name), fl.Name, val, acceptedFor(fl))
 		}
+		f.cfg.Filled[fl.Name] = true
 	})
 	return fillErr
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/slotctl/slotctl/cmd/internal/ping"
 	"github.com/slotctl/slotctl/gate"
 	"github.com/slotctl/slotctl/gate/holder"
 	"github.com/slotctl/slotctl/internal/proc"
@@ -50,7 +51,11 @@ type RunOptions struct {
 	Jobserver      bool
 	JobserverStyle string
 	JobserverMax   int
-	Argv           []string
+	// Ping is --ping (or the config's ping:), the cron monitor told of the
+	// run (docs/cron.md); monitor is it parsed, nil without one.
+	Ping    string
+	monitor *ping.Monitor
+	Argv    []string
 }
 
 const (
@@ -96,6 +101,9 @@ func newRunCmd(f *Factory, g *globalOptions, runF func(*RunOptions) error) *cobr
 			if err := opts.resolveJobserver(cmd); err != nil {
 				return err
 			}
+			if err := opts.resolvePing(f, cmd.Flags().Changed("ping") && (f.cfg == nil || !f.cfg.Filled["ping"])); err != nil {
+				return err
+			}
 			if runF != nil {
 				return runF(opts)
 			}
@@ -129,9 +137,11 @@ func addRunFlags(cmd *cobra.Command, f *Factory, opts *RunOptions, wait *string,
 	fl.BoolVar(&opts.Replace, "replace", false, "like --supersede, and also stop the runs of the same --key (required) that hold a slot (they exit 143)")
 	fl.IntVar(&opts.MaxWaiting, "max-waiting", -1, "exit 75 at once rather than wait behind N or more waiting runs of a limit (default: no bound)")
 	fl.StringVar(&opts.URL, "url", "", "where the job comes from, shown by ls (default: the CI run's URL from its variables)")
+	fl.StringVar(&opts.Ping, "ping", "", "cron monitor URL told when COMMAND starts and ends, or that it was skipped (healthchecks.io, Cronitor)")
 	addJobserverFlags(cmd, opts)
 	_ = cmd.RegisterFlagCompletionFunc("key", f.completeRunKeys)
 	_ = cmd.RegisterFlagCompletionFunc("url", cobra.NoFileCompletions)
+	_ = cmd.RegisterFlagCompletionFunc("ping", cobra.NoFileCompletions)
 	_ = cmd.RegisterFlagCompletionFunc("max-waiting", cobra.FixedCompletions([]string{"0", "1"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("limit", f.completeRunLimits)
 	_ = cmd.RegisterFlagCompletionFunc("on-lost", cobra.FixedCompletions([]string{"kill", "continue"}, cobra.ShellCompDirectiveNoFileComp))
@@ -175,6 +185,18 @@ waiting runs of one of its limits. --url records where the job comes from
 (default: the CI's variables: GITHUB_SERVER_URL/GITHUB_REPOSITORY/actions/
 runs/GITHUB_RUN_ID, CI_JOB_URL, BUILDKITE_BUILD_URL, BUILD_URL), shown by
 ls -o wide and the waiting and busy messages.
+
+--ping URL (or ping: in the config file) tells a cron monitor about the
+run, in healthchecks.io's conventions: URL/start when COMMAND starts, and
+URL/N once the slot is released, N being the status slotctl exits with; a
+run that is not admitted (busy, queue full, superseded) sends only URL/log,
+naming the runs that held the slots, so a skipped run is not taken for a
+missing one. Each carries the ticket as rid, written as a UUID. A URL on
+cronitor.link speaks Cronitor's telemetry instead: state=run, then
+state=complete or state=fail with status_code, or state=ok with a message,
+the ticket as series. A ping gives up after 3s and slotctl waits 5s at
+most for its last ones: they never delay COMMAND or the release, and a
+failed ping is one warning line, never the exit status.
 
 --jobserver makes slotctl COMMAND's GNU make jobserver: COMMAND's MAKEFLAGS
 gets -jN and --jobserver-auth, and each token the build takes beyond its
@@ -487,7 +509,8 @@ func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) er
 	if o.RenewEvery == 0 { // an explicit period is kept while waiting too
 		cfg.Renew.WaitEvery = renew.WaitPeriod(o.TTL, o.TTL/3)
 	}
-	cfg.Notify = runNotes(ctx, f, log, st, o, limits)
+	pings := &runPings{m: o.monitor, log: log}
+	cfg.Notify = pings.notify(runNotes(ctx, f, log, st, o, limits))
 	unmark := func() {} // the job's marker, removed once holder.Run has released
 	defer func() { unmark() }()
 	cfg.Start = func(jobCtx context.Context, t store.Ticket) (holder.Child, error) {
@@ -498,7 +521,10 @@ func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) er
 		}
 		return startChild(f, path, o.Argv, env, log)
 	}
-	return outcomeErr(ctx, st, o, limits, holder.Run(ctx, cfg))
+	out := holder.Run(ctx, cfg)
+	err = outcomeErr(ctx, st, o, limits, out)
+	pings.finish(ctx, st, limits, cfg.Request.ID, out, err) // after the release: the next run never waits for a ping
+	return err
 }
 
 // runUnderAncestor runs a nested run whose ancestor's ticket anc holds all
@@ -514,8 +540,15 @@ func runUnderAncestor(ctx context.Context, f *Factory, log *logger, st store.Sto
 	if err != nil {
 		return err
 	}
+	// No ticket of its own: the rid is an id of this run alone.
+	id := gate.NewID()
+	pings := &runPings{m: o.monitor, log: log}
+	pings.started(id)
 	cfg.Notify = runNotes(ctx, f, log, st, o, o.Limits)
-	return outcomeErr(ctx, st, o, o.Limits, holder.Supervise(ctx, cfg, c))
+	out := holder.Supervise(ctx, cfg, c)
+	err = outcomeErr(ctx, st, o, o.Limits, out)
+	pings.finish(ctx, st, o.Limits, id, out, err)
+	return err
 }
 
 // runRequest is the ticket a run asks for in limits (all of its limits,
