@@ -50,42 +50,30 @@ func (b *bell) ring() {
 	}
 }
 
-// Watch implements policy.Backend. The listener is up before Watch
-// returns, so that no step committed after it is missed.
+// Watch implements policy.Backend. The listening connection is made in the
+// background, beside the caller's first step: a connection costs the server
+// a process, as long as a whole step on some machines. Once it listens,
+// every bell rings once, so that a step committed before then is not
+// missed (a ring is only a hint: each waiter reads its ticket again).
 func (b *backend) Watch(ctx context.Context, id string) (store.Bell, error) {
 	done, err := b.open()
 	if err != nil {
 		return nil, err
 	}
 	defer done()
-	if err := b.bells.start(ctx, b); err != nil {
-		return nil, err
-	}
 	bl := &bell{c: make(chan struct{}, 1), bs: &b.bells, id: id}
 	b.bells.mu.Lock()
+	defer b.bells.mu.Unlock()
 	if b.bells.m[id] == nil {
 		b.bells.m[id] = map[*bell]bool{}
 	}
 	b.bells.m[id][bl] = true
-	b.bells.mu.Unlock()
+	if b.bells.done == nil && !b.bells.stopped {
+		lctx, cancel := context.WithCancel(context.Background())
+		b.bells.cancel, b.bells.done = cancel, make(chan struct{})
+		go b.bells.run(lctx, b)
+	}
 	return bl, nil
-}
-
-// start connects the listener, if it is not running.
-func (bs *bells) start(ctx context.Context, b *backend) error {
-	bs.mu.Lock()
-	defer bs.mu.Unlock()
-	if bs.done != nil {
-		return nil
-	}
-	conn, err := listen(ctx, b)
-	if err != nil {
-		return err
-	}
-	lctx, cancel := context.WithCancel(context.Background())
-	bs.cancel, bs.done = cancel, make(chan struct{})
-	go bs.run(lctx, b, conn)
-	return nil
 }
 
 func listen(ctx context.Context, b *backend) (*pgx.Conn, error) {
@@ -100,17 +88,35 @@ func listen(ctx context.Context, b *backend) (*pgx.Conn, error) {
 	return conn, nil
 }
 
-// run delivers notifications until stopped. A lost connection rings every
-// bell (a ring is only a hint: each waiter reads its ticket again) and is
-// made again, so that a waiter never sleeps through a change.
-func (bs *bells) run(ctx context.Context, b *backend, conn *pgx.Conn) {
+// run listens and delivers notifications until stopped. A connection that
+// cannot be made, or is lost, is made again a second later; each time it
+// listens again every bell rings, so that a waiter never sleeps through a
+// change. A connection under way when the handle closes is finished, not
+// cut, so that it can be hung up cleanly (see hangUp).
+func (bs *bells) run(ctx context.Context, b *backend) {
 	defer close(bs.done)
-	for {
-		for conn != nil {
+	for first := true; ; first = false {
+		if !first {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Second):
+			}
+		}
+		cctx, cancel := context.WithTimeout(context.Background(), b.timeout)
+		conn, err := listen(cctx, b)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			continue
+		}
+		bs.ringAll()
+		for {
 			n, err := conn.WaitForNotification(ctx)
 			if err != nil {
 				hangUp(conn, ctx.Err() != nil)
-				conn = nil
 				break
 			}
 			bs.ringID(n.Payload)
@@ -119,17 +125,6 @@ func (bs *bells) run(ctx context.Context, b *backend, conn *pgx.Conn) {
 			return
 		}
 		bs.ringAll()
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(time.Second):
-		}
-		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		conn, _ = listen(cctx, b)
-		cancel()
-		if conn != nil {
-			bs.ringAll() // what changed while it was down
-		}
 	}
 }
 
@@ -173,9 +168,17 @@ func (bs *bells) stop() {
 	bs.mu.Unlock()
 	if cancel != nil {
 		cancel()
-		<-done
+		select {
+		case <-done:
+		case <-time.After(stopWait):
+		}
 	}
 }
+
+// stopWait bounds how long a closing handle waits for its listener to hang
+// up: a connection under way is finished first, unless the server is that
+// slow to answer.
+const stopWait = 2 * time.Second
 
 // Events implements policy.EventReader.
 func (b *backend) Events(ctx context.Context, limit string, n int) ([]store.Event, error) {
