@@ -120,10 +120,8 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 			_, _, err := x.settle(r.Names(), false)
 			return err
 		}
-		// The deadline moves on the clock of the boot it was written in: a
-		// ticket of a previous boot stays one, and the settle below removes it.
-		r.DeadlineMono, r.TTL, r.Renewed = x.now.Mono+ttl, ttl, x.now.Wall
-		if err := x.put(r); err != nil {
+		// A ticket of a previous boot stays one, and the settle below removes it.
+		if err := x.renew(&r, ttl); err != nil {
 			return err
 		}
 		if r.State == store.Held {
@@ -180,8 +178,7 @@ func (s *Store) renewShared(ctx context.Context, t store.Ticket, ttl time.Durati
 				return err
 			}
 		}
-		r.DeadlineMono, r.TTL, r.Renewed = x.now.Mono+ttl, ttl, x.now.Wall
-		if err := x.put(r); err != nil {
+		if err := x.renew(&r, ttl); err != nil {
 			return err
 		}
 		if r.State == store.Held {
@@ -193,6 +190,13 @@ func (s *Store) renewShared(ctx context.Context, t store.Ticket, ttl time.Durati
 		return nil
 	})
 	return out, done, err
+}
+
+// renew renews r for ttl from now and writes it. The deadline moves on
+// the clock of the boot it was written in (unlike extend's).
+func (x *step) renew(r *Rec, ttl time.Duration) error {
+	r.DeadlineMono, r.TTL, r.Renewed = x.now.Mono+ttl, ttl, x.now.Wall
+	return x.put(*r)
 }
 
 // settled reports whether a settle of limits would change nothing.

@@ -37,10 +37,7 @@ import (
 // handoff on a mutex: the holder's child exits, the waiter's child starts
 // (each child is sh running date, whose cost is included).
 func TestCompareEtcd(t *testing.T) {
-	runs := 30
-	if n, err := strconv.Atoi(os.Getenv("SLOTCTL_BENCH_RUNS")); err == nil && n > 0 {
-		runs = n
-	}
+	runs := benchRuns(30)
 	etcdctl := os.Getenv("SLOTCTL_BENCH_ETCDCTL")
 	if etcdctl == "" {
 		etcdctl, _ = exec.LookPath("etcdctl")
@@ -65,14 +62,9 @@ func TestCompareEtcd(t *testing.T) {
 		out, _ := c.Output()
 		return strings.Contains(string(out), `"waiting": 1,`)
 	}
-	runWith := func(bin string) func(string, ...string) *exec.Cmd {
-		return func(limit string, argv ...string) *exec.Cmd {
-			return exec.Command(bin, append([]string{"run", "--limit", limit, "--"}, argv...)...)
-		}
-	}
 	tools := []tool{
-		{"slotctl run (execs slotctl-etcd) -- true", runWith(bin), queued},
-		{"slotctl-etcd run -- true", runWith(binEtcd), queued},
+		{"slotctl run (execs slotctl-etcd) -- true", benchRunWith(bin), queued},
+		{"slotctl-etcd run -- true", benchRunWith(binEtcd), queued},
 	}
 	ref := -1 // etcdctl's index
 	if etcdctl != "" {
@@ -111,11 +103,7 @@ func TestCompareEtcd(t *testing.T) {
 		}
 	}
 
-	q := func(ts []time.Duration, p int) time.Duration {
-		s := slices.Clone(ts)
-		slices.Sort(s)
-		return s[min(len(s)*p/100, len(s)-1)].Round(10 * time.Microsecond)
-	}
+	q := benchQuantile
 	fmt.Printf("%-40s %10s %10s %10s\n", "uncontended run (etcd store)", "median", "p90", "vs etcdctl")
 	for j, tl := range tools {
 		ratio := "-"
@@ -199,6 +187,28 @@ func etcdIdle(t *testing.T, dir string, env []string, bin string, queued func(st
 		}
 	}
 	fmt.Printf("idle: released, all %d admitted in %s\n", n, time.Since(t0).Round(time.Millisecond))
+}
+
+// benchRuns is SLOTCTL_BENCH_RUNS, or def.
+func benchRuns(def int) int {
+	if n, err := strconv.Atoi(os.Getenv("SLOTCTL_BENCH_RUNS")); err == nil && n > 0 {
+		return n
+	}
+	return def
+}
+
+// benchRunWith runs COMMAND under bin run --limit LIMIT.
+func benchRunWith(bin string) func(limit string, argv ...string) *exec.Cmd {
+	return func(limit string, argv ...string) *exec.Cmd {
+		return exec.Command(bin, append([]string{"run", "--limit", limit, "--"}, argv...)...)
+	}
+}
+
+// benchQuantile is the p-th percentile of ts, rounded to 10 µs.
+func benchQuantile(ts []time.Duration, p int) time.Duration {
+	s := slices.Clone(ts)
+	slices.Sort(s)
+	return s[min(len(s)*p/100, len(s)-1)].Round(10 * time.Microsecond)
 }
 
 // handoff runs a holder and a waiter on one mutex and returns the time from

@@ -4,11 +4,8 @@ package cli
 
 import (
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -30,10 +27,7 @@ import (
 // Two measures: an uncontended run of "true" (start to exit), and the
 // handoff on a mutex: the holder's child exits, the waiter's child starts.
 func TestComparePostgres(t *testing.T) {
-	runs := 30
-	if n, err := strconv.Atoi(os.Getenv("SLOTCTL_BENCH_RUNS")); err == nil && n > 0 {
-		runs = n
-	}
+	runs := benchRuns(30)
 	flock, err := exec.LookPath("flock")
 	if err != nil {
 		t.Skip("flock not found")
@@ -51,11 +45,6 @@ func TestComparePostgres(t *testing.T) {
 		run    func(limit string, argv ...string) *exec.Cmd
 		queued func(limit string) bool
 	}
-	runWith := func(bin string) func(string, ...string) *exec.Cmd {
-		return func(limit string, argv ...string) *exec.Cmd {
-			return exec.Command(bin, append([]string{"run", "--limit", limit, "--"}, argv...)...)
-		}
-	}
 	queuedOn := func(env []string) func(string) bool {
 		return func(limit string) bool {
 			c := exec.Command(binEtcd, "limit", "ls", "-o", "json", limit)
@@ -65,9 +54,9 @@ func TestComparePostgres(t *testing.T) {
 		}
 	}
 	tools := []tool{
-		{"slotctl run, embedded store", bolt, runWith(bin), queuedOn(bolt)},
-		{"slotctl run (execs slotctl-etcd), postgres", pg, runWith(bin), queuedOn(pg)},
-		{"slotctl-etcd run, postgres", pg, runWith(binEtcd), queuedOn(pg)},
+		{"slotctl run, embedded store", bolt, benchRunWith(bin), queuedOn(bolt)},
+		{"slotctl run (execs slotctl-etcd), postgres", pg, benchRunWith(bin), queuedOn(pg)},
+		{"slotctl-etcd run, postgres", pg, benchRunWith(binEtcd), queuedOn(pg)},
 		{"flock FILE true", bolt, func(limit string, argv ...string) *exec.Cmd {
 			return exec.Command(flock, append([]string{filepath.Join(dir, limit+".flock")}, argv...)...)
 		}, nil},
@@ -97,11 +86,7 @@ func TestComparePostgres(t *testing.T) {
 		}
 	}
 
-	q := func(ts []time.Duration, p int) time.Duration {
-		s := slices.Clone(ts)
-		slices.Sort(s)
-		return s[min(len(s)*p/100, len(s)-1)].Round(10 * time.Microsecond)
-	}
+	q := benchQuantile
 	fmt.Printf("%-44s %10s %10s %10s\n", "uncontended run", "median", "p90", "vs flock")
 	for j, tl := range tools {
 		fmt.Printf("%-44s %10s %10s %9.2fx\n", tl.name, q(times[j], 50), q(times[j], 90), float64(q(times[j], 50))/float64(q(times[ref], 50)))
