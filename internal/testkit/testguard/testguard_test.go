@@ -39,12 +39,14 @@ func TestKillFindsTheWholeTree(t *testing.T) {
 	if _, err := out.Read(buf); err != nil {
 		t.Fatal(err)
 	}
-	// setsid and the subshell may still be starting: count until all four.
+	// setsid and the subshell may still be starting, and a process in the
+	// middle of exec reads with an empty environment: wait for three sleeps
+	// by name, not for a count that a forking setsid or subshell can fill.
 	deadline := time.Now().Add(10 * time.Second)
-	for len(s.Running()) < 4 && time.Now().Before(deadline) {
+	for sleeps(s.Running()) < 3 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if got := s.Running(); len(got) != 4 {
+	if got := s.Running(); len(got) != 4 || sleeps(got) != 3 {
 		t.Fatalf("scope runs %d processes, want sh and three sleeps: %v", len(got), got)
 	}
 	killed := s.Kill()
@@ -58,6 +60,16 @@ func TestKillFindsTheWholeTree(t *testing.T) {
 	if st, _ := os.ReadFile("/proc/" + strconv.Itoa(other.Process.Pid) + "/stat"); len(st) == 0 || strings.Contains(string(st), ") Z ") {
 		t.Errorf("a process of another scope was killed")
 	}
+}
+
+func sleeps(ps []Proc) int {
+	n := 0
+	for _, p := range ps {
+		if p.Argv == "sleep 60" {
+			n++
+		}
+	}
+	return n
 }
 
 func TestCarries(t *testing.T) {
