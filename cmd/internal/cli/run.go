@@ -266,8 +266,8 @@ const runExample = `  # at most two builds at once, in arrival order
   # CI: wait at most ten minutes for a deploy slot
   slotctl run --limit deploy --wait 10m -- ./deploy.sh
 
-  # one running, one pending per branch; a newer pending run wins
-  slotctl run --limit ci --key "$GITHUB_REF_NAME" --supersede --max-waiting 1 -- make test
+  # branches share the limit ci; each keeps only its newest pending run
+  slotctl run --limit ci --key "$GITHUB_REF_NAME" --supersede -- make test
 
   # builds share 8 slots of the host's cpu budget: make without -j
   slotctl run --limit cpu --slots 8 --jobserver -- make`

@@ -13,6 +13,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/rogpeppe/go-internal/txtar"
 )
 
 // maxREADME is the most README.md may weigh, in bytes: the rest belongs
@@ -445,5 +447,41 @@ func TestREADMEShortAndSelfContained(t *testing.T) {
 	}
 	if !slices.Contains(docFiles(t, root), "docs/map.md") {
 		t.Error("docs/map.md is gone")
+	}
+}
+
+// recipeScripts pairs each test script that runs documented recipes with
+// the document they come from: every line of its recipe files (a file of
+// the archive whose name ends in .sh; a helper of the test starts with a
+// "#" comment and is not a recipe) reads,
+// with "$@" for the job, word for word in the document, the job being
+// "make test".
+var recipeScripts = []struct{ script, doc string }{
+	{"cmd/internal/cli/testdata/script/run_per_branch.txtar", "docs/newer-runs.md"},
+}
+
+// TestRecipesAsTested: the recipes the scripts run are the docs' own, so a
+// recipe edited in the docs cannot drift from the one the test proves.
+func TestRecipesAsTested(t *testing.T) {
+	root := moduleRoot(t)
+	for _, r := range recipeScripts {
+		ar := txtar.Parse([]byte(read(t, root, r.script)))
+		doc := read(t, root, r.doc)
+		n := 0
+		for _, f := range ar.Files {
+			if !strings.HasSuffix(f.Name, ".sh") || strings.HasPrefix(string(f.Data), "#") {
+				continue
+			}
+			for _, line := range strings.Split(strings.TrimSpace(string(f.Data)), "\n") {
+				want := strings.ReplaceAll(line, `"$@"`, "make test")
+				if !strings.Contains(doc, "    "+want+"\n") {
+					t.Errorf("%s: %s's line %q is not in %s as a code line", r.script, f.Name, want, r.doc)
+				}
+				n++
+			}
+		}
+		if n == 0 {
+			t.Errorf("%s: no recipe files", r.script)
+		}
 	}
 }
