@@ -152,12 +152,47 @@ func (b *backend) UpdateShared(ctx context.Context, fn func(policy.Tx) error) er
 	return b.update(ctx, fn, true)
 }
 
-// lockRow takes the lock row and reads the clock once it holds it, in one
-// round trip.
+// A step first takes the schema's step lock, a transaction-scoped advisory
+// lock, and then the lock row, reading the clock once it holds both; the
+// two statements go in one round trip. The lock row alone would let shared
+// steps starve an Update: a FOR SHARE request is granted beside the FOR
+// SHARE holders even while a FOR UPDATE waits, so a steady stream of
+// overlapping renewals would hold an enqueue off for as long as it lasted.
+// The server's lock manager queues a request behind any waiting request it
+// conflicts with, so behind the step lock a renewal that comes after a
+// waiting Update waits for it. The lock row stays: a step that finds it
+// missing refuses to write (ErrCorrupt).
 const (
-	lockRow       = `SELECT clock_timestamp() FROM (SELECT v FROM slotctl_meta WHERE k = 'lock' FOR UPDATE) AS l`
-	lockRowShared = `SELECT clock_timestamp() FROM (SELECT v FROM slotctl_meta WHERE k = 'lock' FOR SHARE) AS l`
+	stepLock       = `SELECT pg_advisory_xact_lock(` + stepLockKeys + `)`
+	stepLockShared = `SELECT pg_advisory_xact_lock_shared(` + stepLockKeys + `)`
+	lockRow        = `SELECT clock_timestamp() FROM (SELECT v FROM slotctl_meta WHERE k = 'lock' FOR UPDATE) AS l`
+	lockRowShared  = `SELECT clock_timestamp() FROM (SELECT v FROM slotctl_meta WHERE k = 'lock' FOR SHARE) AS l`
+	// stepLockKeys: slotctl's own first key (the two-key space does not
+	// meet the one-key space of the schema lock) and the schema's name,
+	// so stores in two schemas of one database do not wait for each other.
+	stepLockKeys = `1936486260, hashtext(coalesce(current_schema(), ''))`
 )
+
+// lockStep takes the step lock and the lock row, shared or not, and reads
+// the server's clock.
+func (b *backend) lockStep(ctx context.Context, tx pgx.Tx, shared bool) (now time.Time, err error) {
+	step, row := stepLock, lockRow
+	if shared {
+		step, row = stepLockShared, lockRowShared
+	}
+	batch := &pgx.Batch{}
+	batch.Queue(step)
+	batch.Queue(row)
+	br := tx.SendBatch(ctx, batch)
+	_, err = br.Exec()
+	if err == nil {
+		err = br.QueryRow().Scan(&now)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return now, err
+}
 
 func (b *backend) update(ctx context.Context, fn func(policy.Tx) error, shared bool) error {
 	done, err := b.open()
@@ -173,12 +208,8 @@ func (b *backend) update(ctx context.Context, fn func(policy.Tx) error, shared b
 		return b.unavailable(err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	lock := lockRow
-	if shared {
-		lock = lockRowShared
-	}
-	var now time.Time
-	if err := tx.QueryRow(ctx, lock).Scan(&now); err != nil {
+	now, err := b.lockStep(ctx, tx, shared)
+	if err != nil {
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) && pe.Code == "55P03" { // lock_not_available: lock_timeout ran out
 			return &store.LockTimeoutError{Path: b.name, Waited: b.timeout}

@@ -274,6 +274,91 @@ func TestRenewalsShareTheLock(t *testing.T) {
 	}
 }
 
+// A renewal that comes while an enqueue waits for the lock waits behind
+// it: shared steps that keep overlapping would otherwise hold every
+// enqueue, release and reap off for as long as they kept coming.
+func TestRenewalsQueueBehindAWaitingStep(t *testing.T) {
+	url := testURL(t)
+	ctx := context.Background()
+	o := pgstore.Options{Timeout: 20 * time.Second}
+	st := open(t, url, o)
+	if _, err := st.SetLimit(ctx, "p", 3); err != nil {
+		t.Fatal(err)
+	}
+	a, err := st.Enqueue(ctx, req("a", "p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := st.Enqueue(ctx, req("b", "p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	paused := open(t, url, o)
+	resume := make(chan struct{})
+	held := make(chan struct{})
+	pgstore.PauseAfterLock(paused, func() {
+		close(held)
+		<-resume
+	})
+	renewedA := make(chan error, 1)
+	go func() {
+		_, err := paused.Renew(ctx, a, 10*time.Second)
+		renewedA <- err
+	}()
+	<-held
+	resumed := false
+	defer func() {
+		if !resumed {
+			close(resume)
+		}
+	}()
+
+	conn := connect(t, url)
+	waitingForLock := func(n int) bool {
+		var waiting int
+		err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return waiting >= n
+	}
+	enqueued := make(chan error, 1)
+	go func() {
+		_, err := open(t, url, o).Enqueue(ctx, req("c", "p"))
+		enqueued <- err
+	}()
+	for !waitingForLock(1) {
+		select {
+		case err := <-enqueued:
+			t.Fatalf("an enqueue ran beside a paused renewal (err %v): it must wait for the lock", err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+
+	renewedB := make(chan error, 1)
+	go func() {
+		_, err := open(t, url, o).Renew(ctx, b, 10*time.Second)
+		renewedB <- err
+	}()
+	for !waitingForLock(2) {
+		select {
+		case err := <-renewedB:
+			t.Fatalf("a renewal went ahead of the enqueue waiting for the lock (err %v): it must wait behind it", err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+
+	close(resume)
+	resumed = true
+	for what, c := range map[string]chan error{"the paused renewal": renewedA, "the enqueue": enqueued, "the renewal behind it": renewedB} {
+		if err := <-c; err != nil {
+			t.Fatalf("%s: %v, want it to commit", what, err)
+		}
+	}
+}
+
 // A handle that closes hangs up its listening connection cleanly, even with
 // a notification of its own last step on the way: the server would
 // otherwise fail to write it and log a lost client, a FATAL line in the
