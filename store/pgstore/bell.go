@@ -103,6 +103,9 @@ func (bs *bells) run(ctx context.Context, b *backend) {
 			case <-time.After(time.Second):
 			}
 		}
+		if b.beforeListen != nil {
+			b.beforeListen()
+		}
 		cctx, cancel := context.WithTimeout(context.Background(), b.timeout)
 		conn, err := listen(cctx, b)
 		cancel()

@@ -100,6 +100,9 @@ type backend struct {
 	// afterLock is test-only: called once a step holds the lock, it
 	// stands for a client paused there.
 	afterLock func()
+	// beforeListen is test-only: called before the listening connection
+	// is made, it stands for a connection slow to come.
+	beforeListen func()
 
 	schemaOnce sync.Mutex
 	schemaOK   bool

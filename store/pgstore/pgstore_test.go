@@ -359,6 +359,52 @@ func TestRenewalsQueueBehindAWaitingStep(t *testing.T) {
 	}
 }
 
+// A waiter's bell rings once its handle listens, even though the step that
+// concerned it committed before: its notification went to no one, and a
+// waiter that slept on would wait for a ring that never comes.
+func TestBellRingsOnceListening(t *testing.T) {
+	url := testURL(t)
+	ctx := context.Background()
+	o := pgstore.Options{Timeout: 20 * time.Second}
+	st := open(t, url, o)
+	holder, err := st.Enqueue(ctx, req("holder", "p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiter, err := st.Enqueue(ctx, req("waiter", "p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	w := open(t, url, o)
+	release := make(chan struct{})
+	pgstore.HoldListener(w, func() { <-release })
+	bell, err := w.Watch(ctx, waiter.ID)
+	if err != nil {
+		close(release)
+		t.Fatal(err)
+	}
+	defer bell.Close()
+	// The holder leaves while the waiter's handle does not listen yet: the
+	// waiter is admitted, and the notification of it is lost.
+	if _, err := st.Release(ctx, holder, store.Released); err != nil {
+		close(release)
+		t.Fatal(err)
+	}
+	select {
+	case <-bell.C():
+		close(release)
+		t.Fatal("the bell rang before its handle listened")
+	default:
+	}
+	close(release)
+	select {
+	case <-bell.C():
+	case <-time.After(20 * time.Second):
+		t.Fatal("the bell did not ring once its handle listened: the admission committed before then is missed")
+	}
+}
+
 // A handle that closes hangs up its listening connection cleanly, even with
 // a notification of its own last step on the way: the server would
 // otherwise fail to write it and log a lost client, a FATAL line in the
