@@ -12,18 +12,19 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-// defaultJobserverStyle is the pipe style, not the newer fifo style: GNU
-// make 4.3 (Debian 12, Ubuntu 22.04 and 24.04) stops at once on a
-// fifo ("invalid --jobserver-auth string"), while every make since 4.2 and
-// cargo's jobserver crate read the pipe style (README, "Jobserver").
-const defaultJobserverStyle = string(jobserver.Pipe)
+// defaultJobserverStyle is auto: the style the command's client reads
+// (jobclient.go). Of the two, the pipe style is taken when both are read:
+// every make since 4.2 and every cargo read it, while GNU make 4.3 (Debian
+// 12, Ubuntu 22.04 and 24.04) stops at once on a fifo and cargo 1.65
+// ignores one.
+const defaultJobserverStyle = autoJobserverStyle
 
 func addJobserverFlags(cmd *cobra.Command, o *RunOptions) {
 	fl := cmd.Flags()
 	fl.BoolVar(&o.Jobserver, "jobserver", false, "be COMMAND's GNU make jobserver: its parallel jobs are extra slots of the limit (run make without -j)")
-	fl.StringVar(&o.JobserverStyle, "jobserver-style", defaultJobserverStyle, "how COMMAND finds the jobserver: pipe (make 4.2+, cargo) or fifo (make 4.4+, cargo, ninja 1.13+)")
+	fl.StringVar(&o.JobserverStyle, "jobserver-style", defaultJobserverStyle, "how COMMAND finds the jobserver: auto (what make, cargo or ninja reads), pipe (make 4.2+, cargo) or fifo (make 4.4+, cargo 1.95+, ninja 1.13+)")
 	fl.IntVar(&o.JobserverMax, "jobserver-max", 0, "most slots the job takes, its first included, and make's -j (default: the limit's size, at most the host's CPUs)")
-	_ = cmd.RegisterFlagCompletionFunc("jobserver-style", cobra.FixedCompletions([]string{"pipe", "fifo"}, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("jobserver-style", cobra.FixedCompletions([]string{"auto", "pipe", "fifo"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("jobserver-max", cobra.NoFileCompletions)
 }
 
@@ -31,8 +32,10 @@ func addJobserverFlags(cmd *cobra.Command, o *RunOptions) {
 // naming the input and what would be accepted).
 func (o *RunOptions) resolveJobserver(cmd *cobra.Command) error {
 	fl := cmd.Flags()
-	if o.JobserverStyle != string(jobserver.Pipe) && o.JobserverStyle != string(jobserver.FIFO) {
-		return usageError("--jobserver-style %s: want pipe or fifo", quoteInput(o.JobserverStyle))
+	switch o.JobserverStyle {
+	case autoJobserverStyle, string(jobserver.Pipe), string(jobserver.FIFO):
+	default:
+		return usageError("--jobserver-style %s: want auto, pipe or fifo", quoteInput(o.JobserverStyle))
 	}
 	if fl.Changed("jobserver-max") && (o.JobserverMax < 1 || o.JobserverMax > store.MaxSlots) {
 		return usageError("--jobserver-max %d: want 1..%d (the most slots the job takes; default: the limit's size, at most the host's CPUs)", o.JobserverMax, store.MaxSlots)

@@ -578,7 +578,7 @@ func TestJobserverBadFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--jobserver", "--jobserver-style", "sem"}, `slotctl: --jobserver-style "sem": want pipe or fifo`},
+		{[]string{"--jobserver", "--jobserver-style", "sem"}, `slotctl: --jobserver-style "sem": want auto, pipe or fifo`},
 		{[]string{"--jobserver", "--jobserver-max", "0"}, `slotctl: --jobserver-max 0: want 1..65535`},
 		{[]string{"--jobserver", "--jobserver-max", "70000"}, `slotctl: --jobserver-max 70000: want 1..65535`},
 		{[]string{"--jobserver-max", "3"}, `slotctl: --jobserver-max needs --jobserver`},

@@ -203,10 +203,13 @@ gets -jN and --jobserver-auth, and each token the build takes beyond its
 first job is one more slot of the limit(s), taken while slots are free and
 nobody waits, given back when the build returns the token and other runs
 wait (or another build sharing the limit has less than its fair share).
-Run make without -j. --jobserver-style pipe (the default: GNU make 4.2 and
-later, cargo) passes two descriptors; fifo (make 4.4 and later, cargo,
-ninja 1.13 and later) a FIFO in a private directory; make 4.3 refuses the
-fifo style. --jobserver-max N bounds the slots (default: the limit's size,
+Run make without -j. --jobserver-style pipe (GNU make 4.2 and later,
+cargo) passes two descriptors; fifo (make 4.4 and later, cargo 1.95 and
+later, ninja 1.13 and later) a FIFO in a private directory. The default,
+auto, asks make, cargo or ninja for its version and takes the style it
+reads (pipe when both), pipe for any other command; a style the client is
+known not to read (make 4.3 and cargo 1.65 ignore a FIFO) is refused, exit
+64, before the run waits. --jobserver-max N bounds the slots (default: the limit's size,
 at most the host's CPU count, since any member can resize a shared limit).
 The extra slots are the ticket's weight: ls shows it, they are renewed and
 released with the ticket, and a crash frees them all.
@@ -467,6 +470,13 @@ func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) er
 	path, err := lookCommand(o.Argv[0])
 	if err != nil {
 		return err // before taking a slot: a typo must not wait its turn first
+	}
+	if o.Jobserver {
+		style, err := chooseJobserverStyle(o.JobserverStyle, probeJobClient(ctx, o.Argv[0], path))
+		if err != nil {
+			return err
+		}
+		o.JobserverStyle = string(style)
 	}
 	if err := f.checkEtcdLease(g, o.TTL, o.RenewEvery); err != nil {
 		return err
