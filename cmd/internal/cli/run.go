@@ -208,6 +208,20 @@ the ticket as series. A ping gives up after 3s and slotctl waits 5s at
 most for its last ones: they never delay COMMAND or the release, and a
 failed ping is one warning line, never the exit status.
 
+Waiting in CI: where stderr is not a terminal, a waiting run prints one
+line when it begins to wait and then, every --progress-every (default 30s
+when CI, GITHUB_ACTIONS, GITLAB_CI, BUILDKITE, JENKINS_URL or TF_BUILD says
+it runs in CI, else never; 0 turns the lines off; progress-every: in the
+config file), a line saying how long it has waited, its place in each
+limit's queue, the estimate, and who holds the slots: their CI run's URL,
+else their command, pid and host. With GITLAB_CI=true the lines are a
+collapsed section of the job log. With GITHUB_STEP_SUMMARY set, a wait
+that ends (admitted, not admitted within --wait, refused, superseded)
+appends a Markdown section to that file: how long it waited, who held the
+slots and who was ahead, linked to their runs; a file that cannot be
+written costs one warning line, never the run. -q prints no waiting lines;
+the summary is written all the same.
+
 --jobserver makes slotctl COMMAND's GNU make jobserver: COMMAND's MAKEFLAGS
 gets -jN and --jobserver-auth, and each token the build takes beyond its
 first job is one more slot of the limit(s), taken while slots are free and
