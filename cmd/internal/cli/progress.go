@@ -467,15 +467,18 @@ func codeList(names []string) string {
 	return strings.Join(q, ", ")
 }
 
-// mdPunct are the characters Markdown may read as markup: all ASCII
-// punctuation, each of which a backslash makes literal.
-const mdPunct = "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"
+// mdPunct are the characters Markdown may read as markup in the middle
+// of a line (links, images, emphasis, code, HTML, entities, autolinks,
+// mentions, emoji, math, tables) or after a list item's "- " (headings,
+// nested lists), each of which a backslash makes literal. Stored text
+// never begins a line of a summary, and no line break reaches it.
+const mdPunct = "\\`*_{}[]()<>#+-!|~&:@$"
 
 // mdText is text as literal Markdown: one line without control
 // characters (escapeControls, the net under store.Printable, which
-// callers apply to stored text), cut short, with every ASCII punctuation
-// character escaped, so that it can open no link, emphasis, heading, list,
-// HTML tag, entity or autolink.
+// callers apply to stored text), cut short, with each character of mdPunct
+// escaped, so that it can open no link, emphasis, heading, list, HTML tag,
+// entity or autolink.
 func mdText(s string) string {
 	s = clip(escapeControls(s), maxShownURL)
 	var b strings.Builder

@@ -118,7 +118,7 @@ func TestProgressStepSummary(t *testing.T) {
 	e := newPTEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	link := `[https\:\/\/ci\.example\/holder\/1](https://ci.example/holder/1) (held for `
+	link := `[https\://ci.example/holder/1](https://ci.example/holder/1) (held for `
 
 	// Admitted: the holder is told to end once the waiter waits.
 	holder := startHolder(ctx, t, e, "held", nil, "--limit", "s", "--url", "https://ci.example/holder/1")
@@ -291,9 +291,9 @@ func TestProgressHostile(t *testing.T) {
 		t.Errorf("summary holds an unescaped <:\n%s", got)
 	}
 	for _, want := range []string{
-		"- [https\\:\\/\\/ci\\.example\\/x\\]\\(javascript\\:alert\\(1\\)\\)\\<img src\\=x onerror\\=alert\\(1\\)\\>](https://ci.example/x%5D%28javascript:alert%281%29%29%3Cimg%20src=x%20onerror=alert%281%29%3E) (held for ",
-		`\\x1b\[2J\\x1b\]0\;owned\\a\\n\#`,
-		`on \"ci\-7\\x1b\[1A\\x1b\[2Kforged\"`,
+		"- [https\\://ci.example/x\\]\\(javascript\\:alert\\(1\\)\\)\\<img src=x onerror=alert\\(1\\)\\>](https://ci.example/x%5D%28javascript:alert%281%29%29%3Cimg%20src=x%20onerror=alert%281%29%3E) (held for ",
+		`\\x1b\[2J\\x1b\]0;owned\\a\\n\#`,
+		`on "ci\-7\\x1b\[1A\\x1b\[2Kforged"`,
 		"Not admitted within --wait 2s; the job did not run.",
 	} {
 		if !strings.Contains(got, want) {

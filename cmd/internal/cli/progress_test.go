@@ -208,13 +208,13 @@ func TestProgressBriefHolders(t *testing.T) {
 // http(s) URL becomes a link, whose target cannot end the link.
 func TestProgressMarkdown(t *testing.T) {
 	cases := []struct{ in, text, link string }{
-		{"https://ci.example/o/r/actions/runs/7", `https\:\/\/ci\.example\/o\/r\/actions\/runs\/7`, "https://ci.example/o/r/actions/runs/7"},
-		{"https://ci.example/x](javascript:alert(1))", `https\:\/\/ci\.example\/x\]\(javascript\:alert\(1\)\)`, "https://ci.example/x%5D%28javascript:alert%281%29%29"},
-		{"https://ci.example/<script>a b", `https\:\/\/ci\.example\/\<script\>a b`, "https://ci.example/%3Cscript%3Ea%20b"},
+		{"https://ci.example/o/r/actions/runs/7", `https\://ci.example/o/r/actions/runs/7`, "https://ci.example/o/r/actions/runs/7"},
+		{"https://ci.example/x](javascript:alert(1))", `https\://ci.example/x\]\(javascript\:alert\(1\)\)`, "https://ci.example/x%5D%28javascript:alert%281%29%29"},
+		{"https://ci.example/<script>a b", `https\://ci.example/\<script\>a b`, "https://ci.example/%3Cscript%3Ea%20b"},
 		{"javascript:alert(1)", `javascript\:alert\(1\)`, ""},
-		{"JavaScript://ci.example/%0aalert(1)", `JavaScript\:\/\/ci\.example\/\%0aalert\(1\)`, ""},
-		{"https://ci.example/\x1b[2J\nx", `\"https\:\/\/ci\.example\/\\x1b\[2J\\nx\"`, ""},
-		{"data:text/html,<b>", `data\:text\/html\,\<b\>`, ""},
+		{"JavaScript://ci.example/%0aalert(1)", `JavaScript\://ci.example/%0aalert\(1\)`, ""},
+		{"https://ci.example/\x1b[2J\nx", `"https\://ci.example/\\x1b\[2J\\nx"`, ""},
+		{"data:text/html,<b>", `data\:text/html,\<b\>`, ""},
 	}
 	for _, c := range cases {
 		got := mdLink(c.in)
@@ -226,7 +226,7 @@ func TestProgressMarkdown(t *testing.T) {
 			t.Errorf("mdLink(%q):\n got %s\nwant %s", c.in, got, want)
 		}
 	}
-	if got, want := mdText("# a *b* _c_ `d` <e> &amp; [f](g) | @h ~i~"), `\# a \*b\* \_c\_ \`+"`"+`d\`+"`"+` \<e\> \&amp\; \[f\]\(g\) \| \@h \~i\~`; got != want {
+	if got, want := mdText("# a *b* _c_ `d` <e> &amp; [f](g) | @h ~i~"), `\# a \*b\* \_c\_ \`+"`"+`d\`+"`"+` \<e\> \&amp; \[f\]\(g\) \| \@h \~i\~`; got != want {
 		t.Errorf("mdText:\n got %s\nwant %s", got, want)
 	}
 }
@@ -257,11 +257,11 @@ func TestProgressSummary(t *testing.T) {
 	want := "### slotctl: limits `build`, `db`\n\n" +
 		"Waited 0s. Not admitted within --wait 1m0s; the job did not run.\n\n" +
 		"When it began waiting, held by:\n" +
-		"- [https\\:\\/\\/ci\\.example\\/o\\/r\\/actions\\/runs\\/1\\]\\(javascript\\:alert\\(1\\)\\)\\<img src\\=x onerror\\=alert\\(1\\)\\>](https://ci.example/o/r/actions/runs/1%5D%28javascript:alert%281%29%29%3Cimg%20src=x%20onerror=alert%281%29%3E) (in `build`, held for 0s)\n" +
-		"- \\\"sh \\-c \\'\\\\x1b\\[2J\\\\n\\#\\# forged\\\\n\\]\\(javascript\\:alert\\(1\\)\\) " + strings.Repeat("x", 28) + "… \\(pid 12 on \\\"h\\\\x1b\\[2J\\\"\\) (in `build`, held for 0s)\n" +
-		"- [https\\:\\/\\/ci\\.example\\/3](https://ci.example/3) (in `db`, held for 0s)\n\n" +
+		"- [https\\://ci.example/o/r/actions/runs/1\\]\\(javascript\\:alert\\(1\\)\\)\\<img src=x onerror=alert\\(1\\)\\>](https://ci.example/o/r/actions/runs/1%5D%28javascript:alert%281%29%29%3Cimg%20src=x%20onerror=alert%281%29%3E) (in `build`, held for 0s)\n" +
+		"- \"sh \\-c '\\\\x1b\\[2J\\\\n\\#\\# forged\\\\n\\]\\(javascript\\:alert\\(1\\)\\) " + strings.Repeat("x", 28) + "… \\(pid 12 on \"h\\\\x1b\\[2J\"\\) (in `build`, held for 0s)\n" +
+		"- [https\\://ci.example/3](https://ci.example/3) (in `db`, held for 0s)\n\n" +
 		"Ahead of it in the queue:\n" +
-		"- [https\\:\\/\\/ci\\.example\\/4](https://ci.example/4) (in `build`)\n\n"
+		"- [https\\://ci.example/4](https://ci.example/4) (in `build`)\n\n"
 	if want = normalDurations(want); got != want {
 		t.Errorf("summary:\n%s\nwant:\n%s", got, want)
 	}
@@ -305,7 +305,7 @@ func TestProgressSummary(t *testing.T) {
 	sum = newWaitSummary(ctx, f, &logger{w: errOut}, st, &RunOptions{Wait: 0}, []string{"db"})
 	sum.finish(holder.Outcome{Result: holder.Busy}, errors.New("busy"))
 	want = "### slotctl: limit `db`\n\nNot admitted: no slot was free and it did not wait; the job did not run.\n\n" +
-		"Held by:\n- [https\\:\\/\\/ci\\.example\\/3](https://ci.example/3) (held for 0s)\n\n"
+		"Held by:\n- [https\\://ci.example/3](https://ci.example/3) (held for 0s)\n\n"
 	if got := normalDurations(readFile(t, path)); got != normalDurations(want) {
 		t.Errorf("--no-wait summary:\n%s\nwant:\n%s", got, want)
 	}
@@ -316,7 +316,7 @@ func TestProgressSummary(t *testing.T) {
 		want string
 	}{
 		{holder.Outcome{Result: holder.Superseded, By: store.Successor{Ticket: "b0000000", URL: "https://ci.example/9"}},
-			"Superseded by a newer run of its key, [https\\:\\/\\/ci\\.example\\/9](https://ci.example/9); the job did not run."},
+			"Superseded by a newer run of its key, [https\\://ci.example/9](https://ci.example/9); the job did not run."},
 		{holder.Outcome{Result: holder.Signalled, Signal: syscall.SIGTERM}, "Stopped by a signal (terminated) while waiting; the job did not run."},
 	} {
 		os.Remove(path)
