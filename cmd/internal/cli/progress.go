@@ -29,8 +29,8 @@ const (
 	minProgressEvery = 100 * time.Millisecond
 	// gitlabSection is the name of the GitLab log section of the wait.
 	gitlabSection = "slotctl_wait"
-	// briefHolders and summaryRuns are how many runs a progress line
-	// and a summary name before "N more".
+	// maxBriefHolders and maxSummaryRuns are how many runs a progress
+	// line and a summary (of each list) name before "N more".
 	maxBriefHolders = 3
 	maxSummaryRuns  = 10
 	// Stored text is cut to these many characters in a progress line or

@@ -12,7 +12,8 @@ import (
 
 // statusLine tells a waiting user where they stand: on a terminal one live
 // line (queue position, who holds the slots and for how long), refreshed
-// every second; elsewhere one plain line when waiting starts.
+// every second; elsewhere one plain line when waiting starts, then in CI
+// a progress line every so often (progress.go).
 type statusLine struct {
 	f      *Factory
 	log    *logger
