@@ -32,11 +32,11 @@ type config struct {
 
 // knownSettings are the config file's top-level keys; anything else is a
 // typo that would otherwise be silently ignored.
-var knownSettings = []string{"store", "ttl", "store-timeout", "limits", "etcd", "ping"}
+var knownSettings = []string{"store", "ttl", "store-timeout", "limits", "etcd", "ping", "progress-every"}
 
 // fileSettings are the flags the config file sets but the environment does
 // not (a SLOTCTL_PING would reach every nested slotctl run).
-var fileSettings = []string{"ping"}
+var fileSettings = []string{"ping", "progress-every"}
 
 // envSettings maps settings to the only environment variables slotctl reads
 // (docs/leases.md §6). The variables slotctl exports to its child (SLOTCTL_LIMIT, ...)

@@ -261,7 +261,7 @@ func manText(text string) string {
 
 // manArgNames name the argument of string and int flags in the man pages.
 var manArgNames = map[string]string{
-	"limit": "NAME", "store": "URL", "config": "FILE", "label": "TEXT", "wait": "DURATION",
+	"limit": "NAME", "store": "URL", "config": "FILE", "label": "TEXT", "wait": "DURATION", "progress-every": "DURATION",
 	"on-lost": "kill|continue", "output": "FORMAT", "n": "N", "slots": "N", "weight": "N", "busy-exit-code": "CODE",
 }
 

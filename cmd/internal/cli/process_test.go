@@ -63,7 +63,7 @@ func newPTEnvAlone(t *testing.T) *ptEnv {
 		k, _, _ := strings.Cut(kv, "=")
 		switch {
 		case strings.HasPrefix(k, "SLOTCTL_"), k == "HOME", k == "XDG_CONFIG_HOME", k == "XDG_STATE_HOME", k == "NO_COLOR",
-			slices.Contains(ciURLVars, k): // a test sets the CI's URL itself
+			slices.Contains(ciURLVars, k), slices.Contains(ciEnvVars, k): // a test sets the CI's variables itself
 			continue
 		}
 		env = append(env, kv)
@@ -94,6 +94,10 @@ func newPTEnvAlone(t *testing.T) *ptEnv {
 
 // ciURLVars are the variables slotctl reads a CI run's URL from.
 var ciURLVars = []string{"GITHUB_RUN_ID", "GITHUB_REPOSITORY", "GITHUB_SERVER_URL", "CI_JOB_URL", "BUILDKITE_BUILD_URL", "BUILD_URL"}
+
+// ciEnvVars are the other variables of a CI that change what a waiting
+// run prints or writes (progress.go): a test run in CI must not inherit them.
+var ciEnvVars = []string{"CI", "GITHUB_ACTIONS", "GITLAB_CI", "BUILDKITE", "JENKINS_URL", "TF_BUILD", "GITHUB_STEP_SUMMARY"}
 
 // path is a file in the test's directory.
 func (e *ptEnv) path(name string) string { return filepath.Join(e.dir, name) }

@@ -55,7 +55,12 @@ type RunOptions struct {
 	// run (docs/cron.md); monitor is it parsed, nil without one.
 	Ping    string
 	monitor *ping.Monitor
-	Argv    []string
+	// ProgressEvery is how often a waiting run prints a progress line
+	// where stderr is not a terminal (docs/ci.md); 0: only the first.
+	// progressEvery is --progress-every as given ("": the default).
+	ProgressEvery time.Duration
+	progressEvery string
+	Argv          []string
 }
 
 const (
@@ -104,6 +109,9 @@ func newRunCmd(f *Factory, g *globalOptions, runF func(*RunOptions) error) *cobr
 			if err := opts.resolvePing(f, cmd.Flags().Changed("ping") && (f.cfg == nil || !f.cfg.Filled["ping"])); err != nil {
 				return err
 			}
+			if err := opts.resolveProgress(f, f.cfg == nil || !f.cfg.Filled["progress-every"]); err != nil {
+				return err
+			}
 			if runF != nil {
 				return runF(opts)
 			}
@@ -138,10 +146,12 @@ func addRunFlags(cmd *cobra.Command, f *Factory, opts *RunOptions, wait *string,
 	fl.IntVar(&opts.MaxWaiting, "max-waiting", -1, "exit 75 at once rather than wait behind N or more waiting runs of a limit (default: no bound)")
 	fl.StringVar(&opts.URL, "url", "", "where the job comes from, shown by ls (default: the CI run's URL from its variables)")
 	fl.StringVar(&opts.Ping, "ping", "", "cron monitor URL told when COMMAND starts and ends, or that it was skipped (healthchecks.io, Cronitor)")
+	fl.StringVar(&opts.progressEvery, "progress-every", "", "while waiting, print a line this often saying who holds the slots, when stderr is not a terminal (default: 30s in CI, else off; 0 = off)")
 	addJobserverFlags(cmd, opts)
 	_ = cmd.RegisterFlagCompletionFunc("key", f.completeRunKeys)
 	_ = cmd.RegisterFlagCompletionFunc("url", cobra.NoFileCompletions)
 	_ = cmd.RegisterFlagCompletionFunc("ping", cobra.NoFileCompletions)
+	_ = cmd.RegisterFlagCompletionFunc("progress-every", cobra.FixedCompletions([]string{"30s", "1m", "0"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("max-waiting", cobra.FixedCompletions([]string{"0", "1"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("limit", f.completeRunLimits)
 	_ = cmd.RegisterFlagCompletionFunc("on-lost", cobra.FixedCompletions([]string{"kill", "continue"}, cobra.ShellCompDirectiveNoFileComp))
@@ -197,6 +207,20 @@ state=complete or state=fail with status_code, or state=ok with a message,
 the ticket as series. A ping gives up after 3s and slotctl waits 5s at
 most for its last ones: they never delay COMMAND or the release, and a
 failed ping is one warning line, never the exit status.
+
+Waiting in CI: where stderr is not a terminal, a waiting run prints one
+line when it begins to wait and then, every --progress-every (default 30s
+when CI, GITHUB_ACTIONS, GITLAB_CI, BUILDKITE, JENKINS_URL or TF_BUILD says
+it runs in CI, else never; 0 turns the lines off; progress-every: in the
+config file), a line saying how long it has waited, its place in each
+limit's queue, the estimate, and who holds the slots: their CI run's URL,
+else their command, pid and host. With GITLAB_CI=true the lines are a
+collapsed section of the job log. With GITHUB_STEP_SUMMARY set, a wait
+that ends (admitted, not admitted within --wait, refused, superseded)
+appends a Markdown section to that file: how long it waited, who held the
+slots and who was ahead, linked to their runs; a file that cannot be
+written costs one warning line, never the run. -q prints no waiting lines;
+the summary is written all the same.
 
 --jobserver makes slotctl COMMAND's GNU make jobserver: COMMAND's MAKEFLAGS
 gets -jN and --jobserver-auth, and each token the build takes beyond its
@@ -520,7 +544,8 @@ func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) er
 		cfg.Renew.WaitEvery = renew.WaitPeriod(o.TTL, o.TTL/3)
 	}
 	pings := &runPings{m: o.monitor, log: log}
-	cfg.Notify = pings.notify(runNotes(ctx, f, log, st, o, limits))
+	summary := newWaitSummary(ctx, f, log, st, o, limits) // GitHub Actions' step summary (progress.go)
+	cfg.Notify = summary.notify(pings.notify(runNotes(ctx, f, log, st, o, limits)))
 	unmark := func() {} // the job's marker, removed once holder.Run has released
 	defer func() { unmark() }()
 	cfg.Start = func(jobCtx context.Context, t store.Ticket) (holder.Child, error) {
@@ -533,6 +558,7 @@ func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) er
 	}
 	out := holder.Run(ctx, cfg)
 	err = outcomeErr(ctx, st, o, limits, out)
+	summary.finish(out, err)
 	pings.finish(ctx, st, limits, cfg.Request.ID, out, err) // after the release: the next run never waits for a ping
 	return err
 }
@@ -710,7 +736,7 @@ const waitMemoryLimit = 24 << 20
 //
 // limits are the request's: all of the run's, or those a nested run waits for.
 func runNotes(ctx context.Context, f *Factory, log *logger, st store.Store, o *RunOptions, limits []string) func(holder.Note) {
-	w := &runWait{ctx: ctx, f: f, log: log, st: st, limits: limits}
+	w := &runWait{ctx: ctx, f: f, log: log, st: st, limits: limits, ci: ciWaitOf(f, o)}
 	return func(n holder.Note) {
 		switch n.Kind {
 		case holder.WaitStart:
@@ -733,6 +759,7 @@ type runWait struct {
 	log    *logger
 	st     store.Store
 	limits []string
+	ci     ciWait // its lines in CI (progress.go)
 
 	status     *statusLine
 	stopStatus context.CancelFunc
@@ -748,6 +775,7 @@ func (w *runWait) start(t store.Ticket) {
 	var sctx context.Context
 	sctx, w.stopStatus = context.WithCancel(w.ctx)
 	w.status = newStatusLine(w.f, w.log, w.st, w.limits)
+	w.status.ci = w.ci
 	w.status.start(sctx, t)
 	// A run that waits gives back the memory its start-up used: a
 	// queue of hundreds of waiters costs each one's private pages

@@ -41,6 +41,7 @@ func scriptSetup(env *testscript.Env) error {
 	work := env.WorkDir
 	drop := []string{"SLOTCTL_TICKET", "SLOTCTL_LIMIT", "SLOTCTL_FENCE", "SLOTCTL_SLOT", "SLOTCTL_SLOTS", "SLOTCTL_CONFIG", "SLOTCTL_TTL", "SLOTCTL_STORE", "SLOTCTL_STORE_TIMEOUT",
 		"GITHUB_RUN_ID", "GITHUB_REPOSITORY", "GITHUB_SERVER_URL", "CI_JOB_URL", "BUILDKITE_BUILD_URL", "BUILD_URL"} // the CI's URL is the script's to set
+	drop = append(drop, ciEnvVars...) // and so are its other variables
 	vars := env.Vars[:0:0]
 	for _, kv := range env.Vars {
 		k, _, _ := strings.Cut(kv, "=")

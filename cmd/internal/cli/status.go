@@ -12,7 +12,8 @@ import (
 
 // statusLine tells a waiting user where they stand: on a terminal one live
 // line (queue position, who holds the slots and for how long), refreshed
-// every second; elsewhere one plain line when waiting starts.
+// every second; elsewhere one plain line when waiting starts, then in CI
+// a progress line every so often (progress.go).
 type statusLine struct {
 	f      *Factory
 	log    *logger
@@ -24,6 +25,11 @@ type statusLine struct {
 	// (estimate.go), read at holdsAt; only the drawing goroutine uses them.
 	holds   map[string][]time.Duration
 	holdsAt time.Time
+
+	// ci is what it prints in CI when not live (progress.go): a line
+	// every ci.every, in a GitLab section; section: one is open.
+	ci      ciWait
+	section bool
 
 	mu     sync.Mutex
 	t      store.Ticket
@@ -41,7 +47,7 @@ func (s *statusLine) start(ctx context.Context, t store.Ticket) {
 		return
 	}
 	if !s.live {
-		s.log.info("%s", s.text(ctx, t, 0))
+		s.startPlain(ctx, t) // progress.go
 		return
 	}
 	ctx, s.cancel = context.WithCancel(ctx)
@@ -69,12 +75,14 @@ func (s *statusLine) update(t store.Ticket) {
 }
 
 func (s *statusLine) stop() {
-	if s.cancel == nil {
-		return
+	if s.cancel != nil {
+		s.cancel()
+		<-s.done
+		if s.live {
+			fmt.Fprint(s.f.IO.ErrOut, "\r\033[K")
+		}
 	}
-	s.cancel()
-	<-s.done
-	fmt.Fprint(s.f.IO.ErrOut, "\r\033[K")
+	s.endSection()
 }
 
 func (s *statusLine) draw(ctx context.Context) {
@@ -89,11 +97,25 @@ func (s *statusLine) draw(ctx context.Context) {
 // queue, ~4m; held by make -j8 (pid 4242, 3m12s), ...", cut to width if > 0
 // (the estimate once the limit has a few recent runs: estimate.go).
 func (s *statusLine) text(ctx context.Context, t store.Ticket, width int) string {
+	return s.describe(ctx, t, width, lineStyle{lead: "waiting for", holders: holders, readOwn: s.live})
+}
+
+// lineStyle is how a waiting line is written: its lead ("waiting for"),
+// how it names the holders, and whether it reads the ticket's own place
+// when the heads do not list it.
+type lineStyle struct {
+	lead    string
+	holders func(snap store.Snapshot, pick func(limit string) bool) string
+	readOwn bool
+}
+
+// describe is text in style ls.
+func (s *statusLine) describe(ctx context.Context, t store.Ticket, width int, ls lineStyle) string {
 	if len(s.limits) > 1 || t.Weighs() > 1 {
-		return cut(s.multiText(ctx, t), width)
+		return cut(s.multiText(ctx, t, ls), width)
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "waiting for limit %q", s.limits[0])
+	fmt.Fprintf(&b, "%s limit %q", ls.lead, s.limits[0])
 	// The heads only: every waiter draws this line, and a read of the
 	// whole queue by each would cost the store the square of the queue.
 	snap, err := store.Heads(ctx, s.st, s.limits[0])
@@ -110,10 +132,11 @@ func (s *statusLine) text(ctx context.Context, t store.Ticket, width int) string
 				t, found = x, true
 			}
 		}
-		if !found && s.live {
+		if !found && ls.readOwn {
 			// The heads list no waiter but the first: redrawn every
-			// second, the line asks for the ticket's own place, which
-			// the waiter's renewals would bring only every period.
+			// second (or a progress line), the line asks for the
+			// ticket's own place, which the waiter's renewals would
+			// bring only every period.
 			if x, err := s.st.Get(ctx, t.ID); err == nil && x.State == store.Waiting {
 				t = x
 			}
@@ -125,7 +148,7 @@ func (s *statusLine) text(ctx context.Context, t store.Ticket, width int) string
 			b.WriteString(s.estimate(ctx, snap, t, nil))
 		}
 	}
-	if h := holders(snap, func(string) bool { return true }); h != "" {
+	if h := ls.holders(snap, func(string) bool { return true }); h != "" {
 		fmt.Fprintf(&b, "; held by %s", h)
 	}
 	return cut(b.String(), width)
@@ -136,9 +159,9 @@ func (s *statusLine) text(ctx context.Context, t store.Ticket, width int) string
 // and who holds those: "waiting for limits "build", "db" (weight 2): "db"
 // (3/4 held), 2nd in queue; held by ...". A limit keeps it waiting while an
 // older ticket waits there or fewer than its weight slots are free.
-func (s *statusLine) multiText(ctx context.Context, t store.Ticket) string {
+func (s *statusLine) multiText(ctx context.Context, t store.Ticket, ls lineStyle) string {
 	var b strings.Builder
-	b.WriteString("waiting for " + limitsPhrase(s.limits))
+	b.WriteString(ls.lead + " " + limitsPhrase(s.limits))
 	if w := t.Weighs(); w > 1 {
 		fmt.Fprintf(&b, " (weight %d)", w)
 	}
@@ -177,7 +200,7 @@ func (s *statusLine) multiText(ctx context.Context, t store.Ticket) string {
 		b.WriteString(": " + strings.Join(parts, "; "))
 		b.WriteString(s.estimate(ctx, snap, t, blocking))
 	}
-	if h := holders(snap, func(l string) bool { return blocking[l] }); h != "" {
+	if h := ls.holders(snap, func(l string) bool { return blocking[l] }); h != "" {
 		fmt.Fprintf(&b, "; held by %s", h)
 	}
 	return b.String()
