@@ -149,7 +149,7 @@ type keeperReply struct {
 func keeperVars(f *Factory, sock string) []string {
 	var vars []string
 	for _, name := range jobVarNames {
-		if v := f.Getenv(name); v != "" {
+		if v := f.Getenv(name); v != "" && name != keeperVar {
 			vars = append(vars, name+"="+v)
 		}
 	}

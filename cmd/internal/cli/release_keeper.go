@@ -40,15 +40,28 @@ func runReleaseKeeper(ctx context.Context, f *Factory, g *globalOptions, o *Rele
 	}
 	if sock == "" {
 		if ticket != "" {
-			return keeperGone(ctx, f, g, log, "", ticket)
+			st, err := f.openStore(withStore(g, exportedStore(f)))
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			return keeperGone(ctx, st, log, "", ticket)
 		}
 		return &ExitError{Code: exitUsage, Err: fmt.Errorf("no TICKET given and no keeper to ask: %s is not set", keeperVar),
 			Hint: "run it where slotctl acquire's variables are set, or name tickets: slotctl release TICKET..."}
 	}
+	// The store first, before the keeper is asked: a store that only
+	// slotctl-etcd serves makes this process that one now, and a store
+	// that cannot be opened is said while the slot is still held.
+	st, err := f.openStore(withStore(g, exportedStore(f)))
+	if err != nil {
+		return err
+	}
+	defer func() { st.Close() }()
 	reply, c, err := askKeeper(sock)
 	switch {
 	case errors.Is(err, errNoKeeper):
-		return keeperGone(ctx, f, g, log, sock, ticket)
+		return keeperGone(ctx, st, log, sock, ticket)
 	case err != nil:
 		return err
 	}
@@ -56,11 +69,13 @@ func runReleaseKeeper(ctx context.Context, f *Factory, g *globalOptions, o *Rele
 	// drains the job and releases.
 	_, _ = io.Copy(io.Discard, c)
 	c.Close()
-	st, err := f.openStore(withStore(g, reply.Store))
-	if err != nil {
-		return err
+	if reply.Store != "" && reply.Store != st.String() {
+		// The keeper's word on where its ticket is: it is this user's.
+		st.Close()
+		if st, err = f.openStore(withStore(g, reply.Store)); err != nil {
+			return err
+		}
 	}
-	defer st.Close()
 	if err := waitTicketGone(ctx, st, log, reply.Ticket, 0); err != nil {
 		return err
 	}
@@ -80,6 +95,16 @@ func removeKeeperDir(sock string) {
 		_ = os.Remove(filepath.Join(dir, name))
 	}
 	_ = os.Remove(dir) // only if nothing else is there
+}
+
+// exportedStore is the store acquire exported with its variables (the
+// ticket's store): SLOTCTL_STORE while it equals SLOTCTL_STORE_EXPORTED,
+// else "" (the store as configured).
+func exportedStore(f *Factory) string {
+	if exp := f.Getenv(storeExportedVar); exp != "" && f.Getenv(storeVar) == exp {
+		return exp
+	}
+	return ""
 }
 
 // withStore is g with its store set to url when url is not empty.
@@ -144,21 +169,11 @@ func waitTicketGone(ctx context.Context, st store.Store, log *logger, id string,
 // host while a keeper was named: that run is finishing, wait for it.
 // Otherwise exit 64: release cannot release it, and does not take the
 // store's word for whose it is.
-func keeperGone(ctx context.Context, f *Factory, g *globalOptions, log *logger, sock, id string) error {
+func keeperGone(ctx context.Context, st store.Store, log *logger, sock, id string) error {
 	if id == "" {
 		log.info("keeper %s is not running, and %s is not set: nothing to release", sock, proc.TicketVar)
 		return nil
 	}
-	// The job's SLOTCTL_STORE, as acquire exported it, is the ticket's store.
-	url := ""
-	if exp := f.Getenv(storeExportedVar); exp != "" && f.Getenv(storeVar) == exp {
-		url = exp
-	}
-	st, err := f.openStore(withStore(g, url))
-	if err != nil {
-		return err
-	}
-	defer st.Close()
 	t, err := st.Get(ctx, id)
 	switch {
 	case errors.Is(err, store.ErrNotFound) && sock == "":
