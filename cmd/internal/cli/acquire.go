@@ -3,7 +3,6 @@ package cli
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -263,6 +262,9 @@ func runAcquire(ctx context.Context, f *Factory, g *globalOptions, o *AcquireOpt
 	// runner waits for its step's pipes to close).
 	run.Stdin, run.Stdout, run.Stderr = nil, k.logW, k.logW
 	run.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	// Nor any descriptor acquire was given beyond its three streams (a
+	// runner's pipe would stay open for as long as the keeper runs).
+	closeInheritedOnExec()
 	if err := run.Start(); err != nil {
 		return fmt.Errorf("start slotctl run for the keeper: %w", err)
 	}
@@ -318,10 +320,9 @@ func runEnded(ps *os.ProcessState) error {
 	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 		return &ExitError{Code: 128 + int(ws.Signal()), Err: fmt.Errorf("the keeper's slotctl run was killed by %v before it held the slot", ws.Signal())}
 	}
-	if code := ps.ExitCode(); code != 0 {
-		return &ExitError{Code: code}
-	}
-	return &ExitError{Code: exitInternal, Err: errors.New("the keeper's slotctl run exited 0 before the keeper told its variables")}
+	// Its message is relayed; its status is acquire's, 0 included
+	// (--busy-exit-code 0: not admitted, and nothing to release).
+	return &ExitError{Code: ps.ExitCode()}
 }
 
 // factoryEnviron is the environment the factory gives commands.

@@ -8,6 +8,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -33,12 +34,17 @@ func acqStart(ctx context.Context, e *ptEnv, sc testguard.Scope, name string, en
 	return e.startWith(ctx, name, append([]string{sc.Env()}, env...), args...)
 }
 
-// acqVars reads the variables acquire p printed, one NAME=value a line
-// (a value in single quotes as the shell reads it), in order; they must be
-// all that its standard output holds.
+// acqVars reads the variables acquire p printed.
 func acqVars(t *testing.T, e *ptEnv, p *ptProc) [][2]string {
 	t.Helper()
-	out := readFile(t, e.path(p.name+".stdout"))
+	return acqParse(t, readFile(t, e.path(p.name+".stdout")))
+}
+
+// acqParse reads the variables acquire printed (out), one NAME=value a
+// line (a value in single quotes as the shell reads it), in order; they
+// must be all that its standard output holds.
+func acqParse(t *testing.T, out string) [][2]string {
+	t.Helper()
 	var vars [][2]string
 	for _, line := range strings.Split(strings.TrimSuffix(out, "\n"), "\n") {
 		name, value, ok := strings.Cut(line, "=")
@@ -347,7 +353,7 @@ func TestAcquireBusy(t *testing.T) {
 		want  string
 	}{
 		{"no-wait", []string{"--no-wait"}, exitBusy, runMsg},
-		{"exit-code", []string{"--no-wait", "--busy-exit-code", "3"}, 3, runMsg},
+		{"exit-code", []string{"--no-wait", "--busy-exit-code", "0"}, 0, runMsg},
 		{"wait", []string{"--wait", "1s"}, exitBusy, `slotctl: limit "x": not admitted within --wait (1/1 held)` + "\n"},
 	} {
 		sc := testguard.Test(t)
@@ -450,4 +456,55 @@ func TestAcquireStoppedWhileWaiting(t *testing.T) {
 	if dirs := acqKeeperDirs(t, e); len(dirs) != 1 {
 		t.Errorf("keeper directories: %q; want the killed acquire's (nobody removes it)", dirs)
 	}
+}
+
+// TestAcquireKeepsNoDescriptor: acquire's standard output and a pipe it
+// inherited at fd 3 both read EOF once acquire has exited — the keeper
+// holds neither open (eval "$(slotctl acquire ...)" returns; a CI runner
+// waiting on its step's pipes is not kept waiting).
+func TestAcquireKeepsNoDescriptor(t *testing.T) {
+	e := newPTEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*acqTimeout)
+	defer cancel()
+	sc := testguard.Test(t)
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	extraR, extraW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(ctx, e.bin, "acquire", "--limit", "fd")
+	cmd.Dir, cmd.Env = e.dir, append(append([]string(nil), e.env...), sc.Env())
+	cmd.Stdout, cmd.ExtraFiles = outW, []*os.File{extraW}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	outW.Close()
+	extraW.Close()
+	eof := func(name string, r *os.File) []byte {
+		done := make(chan []byte, 1)
+		go func() {
+			b, _ := io.ReadAll(r)
+			done <- b
+		}()
+		select {
+		case b := <-done:
+			return b
+		case <-time.After(acqTimeout):
+			t.Fatalf("%s: no EOF %s after acquire started: a process still holds it; running: %v", name, acqTimeout, sc.Running())
+			return nil
+		}
+	}
+	out := eof("stdout", outR)
+	eof("fd 3", extraR)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("acquire: %v; stdout:\n%s", err, out)
+	}
+	rel := e.startWith(ctx, "release", acqEnv(acqParse(t, string(out))), "release")
+	if code := rel.wait(t, acqTimeout); code != 0 {
+		t.Fatalf("release exited %d; stderr:\n%s", code, rel.stderr())
+	}
+	acqNoneLeft(t, sc, "after release")
 }

@@ -3,6 +3,8 @@ package cli
 import (
 	"errors"
 	"net"
+	"os"
+	"strconv"
 
 	"golang.org/x/sys/unix"
 
@@ -60,3 +62,21 @@ func watchPid(pid int, start uint64) <-chan struct{} {
 
 // bindPidStart is the start time that identifies pid for --bind-pid.
 func bindPidStart(pid int) (uint64, error) { return proc.StartTime(pid) }
+
+// closeInheritedOnExec marks every descriptor above the standard three
+// close-on-exec: those this process inherited without the mark would
+// otherwise pass to every process it starts (Go marks its own).
+func closeInheritedOnExec() {
+	if unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC) == nil {
+		return
+	}
+	names, err := os.ReadDir("/proc/self/fd") // before Linux 5.11
+	if err != nil {
+		return
+	}
+	for _, n := range names {
+		if fd, err := strconv.Atoi(n.Name()); err == nil && fd > 2 {
+			unix.CloseOnExec(fd)
+		}
+	}
+}
