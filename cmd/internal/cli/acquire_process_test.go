@@ -218,7 +218,8 @@ func TestAcquireKeeperKilled(t *testing.T) {
 				pid = m.Pid
 			} else {
 				for _, p := range sc.Running() {
-					if strings.Contains(p.Argv, " "+keeperCmdName+" ") {
+					// The keeper itself, not its run (whose command line names it too).
+					if f := strings.Fields(p.Argv); len(f) > 1 && f[1] == keeperCmdName {
 						pid = p.Pid
 					}
 				}
