@@ -43,8 +43,9 @@ func flagsFactory(t *testing.T) (*Factory, *bytes.Buffer, *bytes.Buffer) {
 func stubRunFs(got *any) runFs {
 	rec := func(o any) error { *got = o; return nil }
 	return runFs{
-		run: func(o *RunOptions) error { return rec(o) },
-		ls:  func(o *LsOptions) error { return rec(o) },
+		run:     func(o *RunOptions) error { return rec(o) },
+		acquire: func(o *AcquireOptions) error { return rec(o) },
+		ls:      func(o *LsOptions) error { return rec(o) },
 		limit: limitRunFs{
 			set: func(o *LimitSetOptions) error { return rec(o) },
 			ls:  func(o *LimitLsOptions) error { return rec(o) },
@@ -77,6 +78,8 @@ func TestCommandOptions(t *testing.T) {
 		{"limit rm --force old", &LimitRmOptions{Name: "old", Force: true}},
 		{"release 3f2a", &ReleaseOptions{Tickets: []string{"3f2a"}}},
 		{"release -y --force 3f2a 77b0", &ReleaseOptions{Yes: true, Force: true, Tickets: []string{"3f2a", "77b0"}}},
+		{"release", &ReleaseOptions{Tickets: []string{}}},
+		{"release --keeper /run/k/keeper.sock", &ReleaseOptions{Tickets: []string{}, Keeper: "/run/k/keeper.sock"}},
 		{"log", &LogOptions{N: 20, Output: "table"}},
 		{"log -n 5 -o json build", &LogOptions{N: 5, Output: "json", Limit: "build"}},
 		{"completion zsh", &CompletionOptions{Shell: "zsh"}},
@@ -141,7 +144,13 @@ func TestCommandBadInput(t *testing.T) {
 		{"limit rm", `want one limit NAME; see 'slotctl limit rm --help'`},
 		{"limit sett build 0", `unknown command "sett" for "slotctl limit": want set, ls or rm; see 'slotctl limit --help'`},
 		{"release ab/cd", `ticket "ab/cd": want a ticket id or a prefix of one (letters, digits, - and _)`},
-		{"release", `want at least one TICKET id or prefix (slotctl ls shows them); see 'slotctl release --help'`},
+		{"release --keeper /k/keeper.sock 3f2a", `--keeper asks a keeper to let go of its own ticket: give it without TICKET; see 'slotctl release --help'`},
+		{"acquire --limit a -- true", `acquire takes no COMMAND ("true"): to hold a slot while one command runs, use slotctl run; see 'slotctl acquire --help'`},
+		{"acquire --limit a --jobserver", `--jobserver: acquire runs no build to serve; use slotctl run --jobserver`},
+		{"acquire --limit a --bind-pid 0", `--bind-pid 0: want the pid of a running process`},
+		{"acquire --limit a --env-file=", `--env-file '': want a file name`},
+		{"acquire --limit a --supersede", `--supersede needs --key KEY: it acts only on the runs of the same key (1-256 printable characters)`},
+		{"acquire", `--limit is required: name the limit to run under, e.g. --limit build; see 'slotctl acquire --help'`},
 		{"log -o yaml", `-o "yaml": want table or json`},
 		{"log -n 0", `-n 0: want 1..10000`},
 		{"log a b", `want at most one LIMIT; see 'slotctl log --help'`},

@@ -56,8 +56,10 @@ func supervisorVar() []string {
 
 // jobVarNames are the variables an ancestor's run put in the environment,
 // which a new ticket's replace (or whose absence it means).
+// slotctl acquire's keeper socket is among them: a job under a ticket of its
+// own is not the keeper's.
 var jobVarNames = []string{"SLOTCTL_LIMIT", proc.TicketVar, "SLOTCTL_FENCE", "SLOTCTL_SLOT", "SLOTCTL_SLOTS",
-	proc.SupervisorVar, storeVar, storeExportedVar, storeBeforeVar}
+	proc.SupervisorVar, storeVar, storeExportedVar, storeBeforeVar, keeperVar}
 
 // credentialVars never reach a child (docs/leases.md §4.5): a job is not trusted with
 // the store's credentials. The username goes with the password: alone it

@@ -17,19 +17,37 @@ type ReleaseOptions struct {
 	Yes     bool // do not ask
 	Force   bool // release a holder alive on this host too
 	Tickets []string
+	// Keeper is --keeper, the socket of slotctl acquire's keeper to ask
+	// when no TICKET is given ("": SLOTCTL_KEEPER).
+	Keeper string
 }
 
 func newReleaseCmd(f *Factory, g *globalOptions, runF func(*ReleaseOptions) error) *cobra.Command {
 	o := &ReleaseOptions{}
 	cmd := &cobra.Command{
-		Use:   "release TICKET...",
-		Short: "Release a ticket by hand (operator's override)",
-		Long: `Remove a ticket by hand and admit the next waiters. TICKET is a full ticket id
-or a unique prefix of one (slotctl ls shows them). A holder still alive on
-this host is refused unless --force. A dead holder's ticket needs no release:
-slotctl reap removes it, and so does every admission.`,
-		Annotations: manPage(`Remove a ticket by hand and admit the next waiters. TICKET is a full ticket id
-or a unique prefix of one (slotctl ls shows them).
+		Use:   "release [TICKET...]",
+		Short: "Let go of slotctl acquire's slot, or release a ticket by hand (operator's override)",
+		Long: `Without TICKET: ask the keeper of slotctl acquire (SLOTCTL_KEEPER, or --keeper)
+to let go of its slot, and wait until the ticket is gone.
+
+With TICKET: remove it by hand and admit the next waiters. TICKET is a full
+ticket id or a unique prefix of one (slotctl ls shows them). A holder still
+alive on this host is refused unless --force.`,
+		Annotations: manPage(`Without TICKET, release lets go of the slot that slotctl acquire took: it asks
+the keeper named by SLOTCTL_KEEPER (which acquire prints and puts in
+$GITHUB_ENV or its --env-file), or by --keeper, to let go, and waits until
+the keeper's slotctl run has ended its job and removed the ticket from the
+store. Only a keeper of the same user answers. When no keeper answers, release
+looks for SLOTCTL_TICKET in the store: gone, it was already released (exit
+0); still held by a slotctl run on this host, release waits for that run to
+finish; held elsewhere, release says so and exits 64 (it goes when its lease
+expires, or by hand with release TICKET). With neither SLOTCTL_KEEPER nor
+TICKET, or with only a SLOTCTL_TICKET that a slotctl run holds, there is
+nothing to ask: exit 64.
+
+With TICKET, release is the operator's override: it removes the ticket by
+hand and admits the next waiters. TICKET is a full ticket id or a unique
+prefix of one (slotctl ls shows them).
 
 On a terminal slotctl asks first, unless --yes. A holder that is provably
 still alive on this host is refused unless --force: its job still runs, and
@@ -39,21 +57,35 @@ A dead holder's ticket needs no release: slotctl reap removes it, and every
 admission does too, within the ticket's TTL.
 
 EXIT STATUS
-  0    released (or already gone)
+  0    released (or already gone); without TICKET: the keeper let go and
+       the ticket is gone, or the keeper had ended and its ticket was gone
   1    not confirmed at the prompt
-  64   no ticket matches, a prefix matches several, or the holder is alive and --force was not given
-  69   the store cannot be opened or reached`),
-		Example: `  slotctl release 3f2a9c1e
+  64   no ticket matches, a prefix matches several, or the holder is alive and --force was not given;
+       without TICKET: no keeper to ask (SLOTCTL_KEEPER not set), a ticket held by
+       a slotctl run rather than a keeper, no keeper answers while its ticket is
+       held elsewhere, or a keeper directory that is not this user's alone
+  69   the store cannot be opened or reached, or the ticket was still there
+       past its TTL after its keeper let go`),
+		Example: `  # a later CI step, after slotctl acquire
+  slotctl release
+  # the operator's override
+  slotctl release 3f2a9c1e
   slotctl release --yes 3f2a 77b0`,
 		ValidArgsFunction: f.completeTickets,
 		Args: func(cmd *cobra.Command, args []string) error {
-			if len(args) == 0 {
-				return errArgs(cmd, "want at least one TICKET id or prefix (slotctl ls shows them)")
+			if len(args) > 0 && cmd.Flags().Changed("keeper") {
+				return errArgs(cmd, "--keeper asks a keeper to let go of its own ticket: give it without TICKET")
 			}
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.Tickets = args
+			if len(args) == 0 {
+				if runF != nil {
+					return runF(o)
+				}
+				return runReleaseKeeper(cmd.Context(), f, g, o)
+			}
 			for _, a := range args {
 				if err := checkTicketPrefix(a); err != nil {
 					return err
@@ -67,6 +99,7 @@ EXIT STATUS
 	}
 	cmd.Flags().BoolVarP(&o.Yes, "yes", "y", false, "do not ask")
 	cmd.Flags().BoolVar(&o.Force, "force", false, "release even when the holder is alive on this host")
+	cmd.Flags().StringVar(&o.Keeper, "keeper", "", "without TICKET: the keeper's socket to ask (default $SLOTCTL_KEEPER)")
 	return cmd
 }
 

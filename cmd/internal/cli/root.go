@@ -71,6 +71,7 @@ func unknownCommand(err error) error {
 // flag parsing alone (cli/cli's NewCmdX(f, runF)); nil fields run the command.
 type runFs struct {
 	run        func(*RunOptions) error
+	acquire    func(*AcquireOptions) error
 	ls         func(*LsOptions) error
 	limit      limitRunFs
 	reap       func(*ReapOptions) error
@@ -97,7 +98,7 @@ job, its wrapper or its whole machine dies, the slot still comes back.`,
   64   usage error: bad flag, bad limit name, --slots disagrees with the limit
   69   the store cannot be opened or reached
   70   internal error (a bug)
-  75   run: not admitted within --wait (--busy-exit-code changes it)
+  75   run, acquire: not admitted within --wait (--busy-exit-code changes it)
   76   run: the lease was lost while COMMAND ran, and COMMAND was stopped
   124  run: --max-hold ran out and COMMAND was stopped
   126  run: COMMAND is not executable
@@ -140,7 +141,7 @@ job, its wrapper or its whole machine dies, the slot still comes back.`,
 	pf.BoolVarP(&g.Verbose, "verbose", "v", false, "say more about what happens")
 	addEtcdFlags(pf)
 
-	root.AddCommand(newRunCmd(f, g, rf.run), newLsCmd(f, g, rf.ls), newLimitCmd(f, g, rf.limit), newReapCmd(f, g, rf.reap),
+	root.AddCommand(newRunCmd(f, g, rf.run), newAcquireCmd(f, g, rf.acquire), newKeeperCmd(f), newLsCmd(f, g, rf.ls), newLimitCmd(f, g, rf.limit), newReapCmd(f, g, rf.reap),
 		newReleaseCmd(f, g, rf.release), newLogCmd(f, g, rf.log), newVersionCmd(f, rf.version), newCompletionCmd(f, rf.completion),
 		newMetricsCmd(f, g, rf.metrics), newStatsCmd(f, g, rf.stats), newStoreTopic())
 	root.AddCommand(extraCommands()...)

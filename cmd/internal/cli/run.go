@@ -76,7 +76,6 @@ const (
 func newRunCmd(f *Factory, g *globalOptions, runF func(*RunOptions) error) *cobra.Command {
 	opts := &RunOptions{}
 	var noWait bool
-	var keySet bool
 	var wait string
 	cmd := &cobra.Command{
 		Use:         "run --limit NAME [--limit NAME...] [flags] -- COMMAND [ARGS...]",
@@ -92,21 +91,7 @@ func newRunCmd(f *Factory, g *globalOptions, runF func(*RunOptions) error) *cobr
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			opts.Argv = args
-			opts.SlotsSet = cmd.Flags().Changed("slots")
-			keySet = cmd.Flags().Changed("key")
-			if cmd.Flags().Changed("max-waiting") && opts.MaxWaiting < 0 {
-				return usageError("--max-waiting %d: want 0 or more", opts.MaxWaiting)
-			}
-			if err := opts.resolveNewer(f, keySet, cmd.Flags().Changed("url")); err != nil {
-				return err
-			}
-			if err := opts.resolve(f, cmd, wait, noWait); err != nil {
-				return err
-			}
-			if err := opts.resolveJobserver(cmd); err != nil {
-				return err
-			}
-			if err := opts.resolvePing(f, cmd.Flags().Changed("ping") && (f.cfg == nil || !f.cfg.Filled["ping"])); err != nil {
+			if err := opts.resolveFlags(f, cmd, wait, noWait); err != nil {
 				return err
 			}
 			if err := opts.resolveProgress(f, f.cfg == nil || !f.cfg.Filled["progress-every"]); err != nil {
@@ -298,6 +283,25 @@ const runExample = `  # at most two builds at once, in arrival order
 
   # builds share 8 slots of the host's cpu budget: make without -j
   slotctl run --limit cpu --slots 8 --jobserver -- make`
+
+// resolveFlags reads and checks every flag of addRunFlags (slotctl run's,
+// and slotctl acquire's, which takes the same).
+func (o *RunOptions) resolveFlags(f *Factory, cmd *cobra.Command, wait string, noWait bool) error {
+	o.SlotsSet = cmd.Flags().Changed("slots")
+	if cmd.Flags().Changed("max-waiting") && o.MaxWaiting < 0 {
+		return usageError("--max-waiting %d: want 0 or more", o.MaxWaiting)
+	}
+	if err := o.resolveNewer(f, cmd.Flags().Changed("key"), cmd.Flags().Changed("url")); err != nil {
+		return err
+	}
+	if err := o.resolve(f, cmd, wait, noWait); err != nil {
+		return err
+	}
+	if err := o.resolveJobserver(cmd); err != nil {
+		return err
+	}
+	return o.resolvePing(f, cmd.Flags().Changed("ping") && (f.cfg == nil || !f.cfg.Filled["ping"]))
+}
 
 // resolve validates the flags (docs/leases.md §7: one line naming the input and what
 // would be accepted) and applies the config's limit sizes.
@@ -975,7 +979,7 @@ func overlaps(a, b []string) bool {
 func holderIdentity(f *Factory, o *RunOptions) store.Holder {
 	if f.Identity != nil {
 		h := f.Identity()
-		h.Argv, h.Label, h.URL = store.CutArgv(o.Argv), o.Label, o.URL
+		h.Argv, h.Label, h.URL = store.CutArgv(shownArgv(o.Argv)), o.Label, o.URL
 		return h
 	}
 	return realIdentity(o)
@@ -983,7 +987,7 @@ func holderIdentity(f *Factory, o *RunOptions) store.Holder {
 
 // realIdentity is this process's own identity.
 func realIdentity(o *RunOptions) store.Holder {
-	h := store.Holder{BootID: proc.BootID(), PidNS: proc.PidNS(), Pid: os.Getpid(), Argv: store.CutArgv(o.Argv), Label: o.Label, URL: o.URL}
+	h := store.Holder{BootID: proc.BootID(), PidNS: proc.PidNS(), Pid: os.Getpid(), Argv: store.CutArgv(shownArgv(o.Argv)), Label: o.Label, URL: o.URL}
 	h.Host, _ = os.Hostname()
 	h.PidStart, _ = proc.StartTime(h.Pid)
 	if u, err := user.Current(); err == nil {
