@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -198,16 +199,20 @@ func TestForgedTicketRowRefused(t *testing.T) {
 	}
 }
 
-// A held ticket's renewal takes the lock shared: another holder's renewal
-// goes through while the first is paused in the middle of its step (a slow
-// client does not make every other lease wait for it), while a whole step,
-// which may remove tickets, waits for the paused renewal to end. Were
-// renewals whole steps, the second renewal would wait until the server
-// cut the paused one off, and the paused one would then fail.
-func TestRenewalsShareTheLock(t *testing.T) {
-	url := testURL(t)
+// pausedRenewal is a limit p of 3 slots holding tickets a and b, and a's
+// renewal paused in the middle of its step, holding the lock shared.
+type pausedRenewal struct {
+	b         store.Ticket
+	renewedA  chan error // a's renewal's outcome, once resumed
+	resumeFn  func()
+	resumedMu sync.Once
+}
+
+func (p *pausedRenewal) resume() { p.resumedMu.Do(p.resumeFn) }
+
+func pauseRenewal(t *testing.T, url string, o pgstore.Options) *pausedRenewal {
+	t.Helper()
 	ctx := context.Background()
-	o := pgstore.Options{Timeout: 20 * time.Second}
 	st := open(t, url, o)
 	if _, err := st.SetLimit(ctx, "p", 3); err != nil {
 		t.Fatal(err)
@@ -220,7 +225,6 @@ func TestRenewalsShareTheLock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-
 	paused := open(t, url, o)
 	resume := make(chan struct{})
 	held := make(chan struct{})
@@ -228,18 +232,27 @@ func TestRenewalsShareTheLock(t *testing.T) {
 		close(held)
 		<-resume
 	})
-	renewedA := make(chan error, 1)
+	p := &pausedRenewal{b: b, renewedA: make(chan error, 1), resumeFn: func() { close(resume) }}
+	t.Cleanup(p.resume)
 	go func() {
 		_, err := paused.Renew(ctx, a, 10*time.Second)
-		renewedA <- err
+		p.renewedA <- err
 	}()
 	<-held
-	resumed := false
-	defer func() {
-		if !resumed {
-			close(resume)
-		}
-	}()
+	return p
+}
+
+// A held ticket's renewal takes the lock shared: another holder's renewal
+// goes through while the first is paused in the middle of its step (a slow
+// client does not make every other lease wait for it), while a whole step,
+// which may remove tickets, waits for the paused renewal to end. Were
+// renewals whole steps, the second renewal would wait until the server
+// cut the paused one off, and the paused one would then fail.
+func TestRenewalsShareTheLock(t *testing.T) {
+	url, o := testURL(t), pgstore.Options{Timeout: 20 * time.Second}
+	ctx := context.Background()
+	p := pauseRenewal(t, url, o)
+	b := p.b
 
 	if _, err := open(t, url, o).Renew(ctx, b, 10*time.Second); err != nil {
 		t.Fatalf("a renewal beside a paused one: %v", err)
@@ -264,9 +277,8 @@ func TestRenewalsShareTheLock(t *testing.T) {
 		}
 	}
 
-	close(resume)
-	resumed = true
-	if err := <-renewedA; err != nil {
+	p.resume()
+	if err := <-p.renewedA; err != nil {
 		t.Fatalf("the paused renewal: %v, want it to commit", err)
 	}
 	if err := <-whole; err != nil {
@@ -278,41 +290,10 @@ func TestRenewalsShareTheLock(t *testing.T) {
 // it: shared steps that keep overlapping would otherwise hold every
 // enqueue, release and reap off for as long as they kept coming.
 func TestRenewalsQueueBehindAWaitingStep(t *testing.T) {
-	url := testURL(t)
+	url, o := testURL(t), pgstore.Options{Timeout: 20 * time.Second}
 	ctx := context.Background()
-	o := pgstore.Options{Timeout: 20 * time.Second}
-	st := open(t, url, o)
-	if _, err := st.SetLimit(ctx, "p", 3); err != nil {
-		t.Fatal(err)
-	}
-	a, err := st.Enqueue(ctx, req("a", "p"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := st.Enqueue(ctx, req("b", "p"))
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	paused := open(t, url, o)
-	resume := make(chan struct{})
-	held := make(chan struct{})
-	pgstore.PauseAfterLock(paused, func() {
-		close(held)
-		<-resume
-	})
-	renewedA := make(chan error, 1)
-	go func() {
-		_, err := paused.Renew(ctx, a, 10*time.Second)
-		renewedA <- err
-	}()
-	<-held
-	resumed := false
-	defer func() {
-		if !resumed {
-			close(resume)
-		}
-	}()
+	p := pauseRenewal(t, url, o)
+	b := p.b
 
 	conn := connect(t, url)
 	waitingForLock := func(n int) bool {
@@ -350,9 +331,8 @@ func TestRenewalsQueueBehindAWaitingStep(t *testing.T) {
 		}
 	}
 
-	close(resume)
-	resumed = true
-	for what, c := range map[string]chan error{"the paused renewal": renewedA, "the enqueue": enqueued, "the renewal behind it": renewedB} {
+	p.resume()
+	for what, c := range map[string]chan error{"the paused renewal": p.renewedA, "the enqueue": enqueued, "the renewal behind it": renewedB} {
 		if err := <-c; err != nil {
 			t.Fatalf("%s: %v, want it to commit", what, err)
 		}
