@@ -90,8 +90,8 @@ func newAcquireCmd(f *Factory, g *globalOptions, runF func(*AcquireOptions) erro
 
 // acquireLong is slotctl acquire's help.
 const acquireLong = `Wait for a slot of each --limit as slotctl run does, then leave a keeper
-process holding it, print the job's variables (SLOTCTL_TICKET=..., one a
-line, for eval) and exit 0. A later slotctl release, with those variables
+process holding it, print the job's variables (export SLOTCTL_TICKET=...,
+one a line, for eval) and exit 0. A later slotctl release, with those variables
 in its environment, lets the slot go. $GITHUB_ENV, when set, and
 --env-file get the variables too. The keeper also lets go at --max-hold
 (default 1h) or when the --bind-pid process exits.`
@@ -112,9 +112,9 @@ and judged like any run's, and its job is contained like any run's: if
 the keeper's slotctl run dies, its job is killed and the slot comes back
 within the --ttl. ls shows the ticket with this acquire command line.
 
-acquire prints the variables a run's COMMAND gets, one NAME=value a line
-(values quoted for the shell where needed, so eval "$(slotctl acquire
-...)" works): SLOTCTL_LIMIT, SLOTCTL_TICKET, SLOTCTL_FENCE, SLOTCTL_SLOT,
+acquire prints the variables a run's COMMAND gets, one "export
+NAME=value" a line (values quoted for the shell where needed, so that
+eval "$(slotctl acquire ...)" exports them to the commands after it): SLOTCTL_LIMIT, SLOTCTL_TICKET, SLOTCTL_FENCE, SLOTCTL_SLOT,
 SLOTCTL_SLOTS, SLOTCTL_STORE (with SLOTCTL_STORE_EXPORTED and
 SLOTCTL_STORE_BEFORE), SLOTCTL_SUPERVISOR, and SLOTCTL_KEEPER, the
 keeper's socket. Standard output holds nothing else. When GITHUB_ENV is
@@ -450,15 +450,17 @@ func openEnvFiles(f *Factory, o *AcquireOptions) ([]envFile, error) {
 	return outs, nil
 }
 
-// publishVars prints the keeper's variables on stdout (quoted for the
-// shell) and appends them to the env files (as they are). If they cannot
+// publishVars prints the keeper's variables on stdout (export lines,
+// quoted for the shell: eval "$(slotctl acquire ...)" hands them to the
+// commands the shell runs after it, slotctl release among them) and
+// appends them to the env files (NAME=value, as they are). If they cannot
 // all be written, the keeper is told to let go: nobody would know of it.
 func publishVars(f *Factory, log *logger, o *AcquireOptions, outs []envFile, vars []string, dir string) error {
 	var quoted, plain strings.Builder
 	sock := ""
 	for _, kv := range vars {
 		name, value, _ := strings.Cut(kv, "=")
-		quoted.WriteString(name + "=" + shellValue(value) + "\n")
+		quoted.WriteString("export " + name + "=" + shellValue(value) + "\n")
 		plain.WriteString(kv + "\n")
 		if name == keeperVar {
 			sock = value

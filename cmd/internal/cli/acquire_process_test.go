@@ -40,15 +40,16 @@ func acqVars(t *testing.T, e *ptEnv, p *ptProc) [][2]string {
 	return acqParse(t, readFile(t, e.path(p.name+".stdout")))
 }
 
-// acqParse reads the variables acquire printed (out), one NAME=value a
-// line (a value in single quotes as the shell reads it), in order; they
-// must be all that its standard output holds.
+// acqParse reads the variables acquire printed (out), one "export
+// NAME=value" a line (a value in single quotes as the shell reads it), in
+// order; they must be all that its standard output holds.
 func acqParse(t *testing.T, out string) [][2]string {
 	t.Helper()
 	var vars [][2]string
 	for _, line := range strings.Split(strings.TrimSuffix(out, "\n"), "\n") {
-		name, value, ok := strings.Cut(line, "=")
-		if !ok || !strings.HasPrefix(name, "SLOTCTL_") {
+		assignment, export := strings.CutPrefix(line, "export ")
+		name, value, ok := strings.Cut(assignment, "=")
+		if !export || !ok || !strings.HasPrefix(name, "SLOTCTL_") {
 			t.Fatalf("acquire's stdout has a line that is not an assignment: %q\nstdout:\n%s", line, out)
 		}
 		if strings.HasPrefix(value, "'") {

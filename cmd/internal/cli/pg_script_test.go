@@ -15,7 +15,7 @@ import (
 // (no bbolt file, clock or permission of their own): TestScriptPostgres
 // runs them again on PostgreSQL.
 var pgScripts = []string{
-	"bad_input_newer", "limit_cmds", "limit_pause", "log_basic", "release_basic", "release_multi",
+	"acquire_basic", "bad_input_newer", "limit_cmds", "limit_pause", "log_basic", "release_basic", "release_multi",
 	"run_busy", "run_estimate", "run_exit_codes", "run_fifo", "run_nested_multi",
 	"run_newer_first", "run_signals", "run_slots_conflict", "run_two_slots", "stats_basic",
 }
