@@ -948,6 +948,10 @@ func nestedTicket(ctx context.Context, f *Factory, log *logger, st store.Store, 
 		log.verbose("ticket %s is held on another boot, host or pid namespace: not an ancestor's; waiting for a slot like any run", short(id))
 	case m.Pid != h.Pid || m.Start != h.PidStart:
 		log.verbose("ticket %s is held by pid %d, not by the supervisor %d that %s names: waiting for a slot like any run", short(id), h.Pid, m.Pid, proc.SupervisorVar)
+	case !proc.IsAncestor(h.Pid, h.PidStart) && f.Getenv(keeperVar) != "":
+		// A later step of a pipeline that acquired the slot: said plainly,
+		// since the wait lasts until the release step.
+		log.info("ticket %s of %s is held by slotctl acquire's keeper, not by an ancestor of this run: this run waits for a slot of its own (the steps before slotctl release hold the slot already)", short(id), limitsPhrase(held))
 	case !proc.IsAncestor(h.Pid, h.PidStart):
 		log.verbose("ticket %s is held by pid %d, which is not an ancestor of this process: waiting for a slot like any run", short(id), h.Pid)
 	default:
