@@ -22,9 +22,14 @@ import (
 	"github.com/slotctl/slotctl/store/etcdstore/etcdtest"
 )
 
+// keyTTL is the lease of keyReq's tickets, renewed to it too: longer than
+// any loaded machine takes to run a test, so that none expires under one
+// (the tests that want a lease over revoke it).
+const keyTTL = 10 * time.Minute
+
 // keyReq is a request of key k on limit, with the job's URL.
 func keyReq(id, limit, k string, slots int) store.EnqueueRequest {
-	r := req(id, limit, slots, 10*time.Second)
+	r := req(id, limit, slots, keyTTL)
 	r.Key = k
 	r.Holder.URL = "https://ci.invalid/runs/" + id
 	return r
@@ -44,7 +49,7 @@ func superseded(t *testing.T, st store.Store, tk store.Ticket, by string) {
 		t.Fatalf("Get %s: successor %+v; want its host, pid and URL", tk.ID, se.By)
 	}
 	se = nil
-	_, err = st.Renew(ctx, tk, 10*time.Second)
+	_, err = st.Renew(ctx, tk, keyTTL)
 	if !errors.Is(err, store.ErrLost) || !errors.As(err, &se) || se.By.Ticket != by {
 		t.Fatalf("Renew %s: %v; want ErrLost and a SupersededError by %s", tk.ID, err, by)
 	}
@@ -149,7 +154,7 @@ func TestReplaceRingsHolderAndWaitsForRelease(t *testing.T) {
 	if got := mustGet(t, holder, "h"); got.Stop == nil || *got.Stop != want || got.State != store.Held || got.Holder.Pgid != 4242 {
 		t.Fatalf("h after the replace: %+v; want held, its child kept, stop %+v", got, want)
 	}
-	rn, err := holder.Renew(ctx, h, 10*time.Second)
+	rn, err := holder.Renew(ctx, h, keyTTL)
 	if err != nil || rn.Stop == nil || *rn.Stop != want {
 		t.Fatalf("Renew h: %+v, %v; want it renewed, with the stop request", rn, err)
 	}
@@ -349,7 +354,7 @@ func TestSplitSupersedeNeverStrandsTheKey(t *testing.T) {
 					t.Fatalf("%s, k 0: Get n: %v; want not found", name, err)
 				}
 				for _, w := range ws {
-					if _, err := st.Renew(ctx, w, 10*time.Second); err != nil {
+					if _, err := st.Renew(ctx, w, keyTTL); err != nil {
 						t.Fatalf("%s, k 0: Renew %s: %v; want it waiting on", name, w.ID, err)
 					}
 				}
@@ -369,7 +374,7 @@ func TestSplitSupersedeNeverStrandsTheKey(t *testing.T) {
 			for _, w := range ws {
 				var err error
 				if c.finish == "release" {
-					_, err = st.Renew(ctx, w, 10*time.Second) // the one next in line settles
+					_, err = st.Renew(ctx, w, keyTTL) // the one next in line settles
 				} else {
 					_, err = st.Get(ctx, w.ID)
 				}
@@ -393,7 +398,7 @@ func TestSplitSupersedeNeverStrandsTheKey(t *testing.T) {
 				mustEnqueue(t, st, keyReq("x", "l", "other", 1), store.Waiting)
 			case "renew":
 				// n's renewal settles, though it is far back in the queue.
-				if _, err := st.Renew(ctx, n, 10*time.Second); err != nil {
+				if _, err := st.Renew(ctx, n, keyTTL); err != nil {
 					t.Fatalf("%s, k %d: Renew n: %v", name, k, err)
 				}
 				for _, w := range ws {
