@@ -32,5 +32,8 @@
 // not understand the style) runs with whatever parallelism it chooses while
 // its ticket holds one slot. A client returns tokens it read; the server
 // cannot tell a token that a dead client took from one in use, so that slot
-// stays taken until the job ends.
+// stays taken until the job ends. A client that keeps its tokens between
+// its own jobs while it has work queued (cargo runs its next crate on the
+// last one's token; rustc keeps codegen tokens) returns none until that
+// work runs out, so there is nothing to read back before then.
 package jobserver

@@ -535,3 +535,98 @@ func TestSurplusTokensDiscarded(t *testing.T) {
 		t.Fatalf("weight %d, want 2", w)
 	}
 }
+
+// blockingClient is a client as Rust's jobserver crate is (cargo, rustc):
+// workers blocked in read(2) on a blocking descriptor, each of which holds
+// the token it reads for hold, writes it back and reads again at once. A
+// returned token wakes one worker blocked in read(2), and the worker that
+// returned it reads again within microseconds: the server, which waits in
+// Go's poller, competes with both.
+type blockingClient struct {
+	r, w int
+	stop atomic.Bool
+	wg   sync.WaitGroup
+}
+
+func startBlockingClient(t *testing.T, path string, workers int, hold time.Duration) *blockingClient {
+	t.Helper()
+	r, err := unix.Open(path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.SetNonblock(r, false); err != nil {
+		t.Fatal(err)
+	}
+	w, err := unix.Open(path, unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &blockingClient{r: r, w: w}
+	for range workers {
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			b := make([]byte, 1)
+			for {
+				if n, err := unix.Read(r, b); n != 1 || err != nil || c.stop.Load() {
+					return
+				}
+				time.Sleep(hold)
+				_, _ = unix.Write(w, b)
+			}
+		}()
+	}
+	t.Cleanup(c.close)
+	return c
+}
+
+// close wakes the workers blocked in read(2), a byte at a time until all
+// are gone (the server may read some of them), and waits for them.
+func (c *blockingClient) close() {
+	c.stop.Store(true)
+	done := make(chan struct{})
+	go func() { c.wg.Wait(); close(done) }()
+	for {
+		_, _ = unix.Write(c.w, []byte{token})
+		select {
+		case <-done:
+			unix.Close(c.r)
+			unix.Close(c.w)
+			return
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// A build whose client returns each token and reads one again at once
+// (Rust's jobserver crate, blocked in read(2)) still gives back for a
+// waiter within a second: the server wins returned tokens from the blocked
+// readers often enough.
+func TestGivesBackToAClientThatReadsAgainAtOnce(t *testing.T) {
+	s := newStore(t)
+	a := enqueue(t, s, 4, 1)
+	srv, err := Open(context.Background(), Config{Store: s, Ticket: a, Style: FIFO})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	startBlockingClient(t, srv.Path(), 6, 50*time.Millisecond)
+	srv.Start(context.Background())
+	eventually(t, 5*time.Second, "a takes the whole limit", func() bool { return weight(t, s, a.ID) == 4 })
+
+	start := time.Now()
+	id := gate.NewID()
+	b, err := s.Enqueue(context.Background(), store.EnqueueRequest{ID: id, Limit: "cpu", Slots: 4, TTL: time.Minute, Holder: store.Holder{Host: "h", Pid: os.Getpid()}})
+	if err != nil || b.State != store.Waiting {
+		t.Fatalf("b: %v %v, want waiting", b.State, err)
+	}
+	eventually(t, 3*time.Second, "b admitted", func() bool {
+		got, err := s.Get(context.Background(), id)
+		return err == nil && got.State == store.Held
+	})
+	d := time.Since(start)
+	t.Logf("b admitted %s after it arrived; %+v", d.Round(time.Millisecond), srv.Stats())
+	if d > time.Second {
+		t.Errorf("b admitted %s after it arrived, want within a second", d.Round(time.Millisecond))
+	}
+}
