@@ -18,6 +18,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/slotctl/slotctl/internal/testkit/longtest"
 )
 
 // debianCargo is the cargo of Debian's package.
@@ -396,6 +398,7 @@ func jsDur(d time.Duration) string {
 // How long the make waits for its share is logged, not bounded: it is
 // cargo's to decide (seconds to the whole build).
 func TestJobserverCargoKeepsItsTokens(t *testing.T) {
+	longtest.Skip(t, "two builds, a cargo of 30 crates and a make, side by side")
 	needDebianCargo(t)
 	needMake(t)
 	r := cargoAndMake(t, 2, 1200, 30, 4)
@@ -409,6 +412,7 @@ func TestJobserverCargoKeepsItsTokens(t *testing.T) {
 // bound (generous, for a loaded machine; the figure is logged), while
 // never more rustc processes and recipes than slots run.
 func TestJobserverCargoBoundedAndMake(t *testing.T) {
+	longtest.Skip(t, "two builds, a cargo of 30 crates and a make, side by side")
 	needDebianCargo(t)
 	needMake(t)
 	r := cargoAndMake(t, 2, 1200, 30, 2, "--jobserver-max", "2")
