@@ -249,26 +249,10 @@ func runAcquire(ctx context.Context, f *Factory, g *globalOptions, o *AcquireOpt
 	}
 	defer k.close()
 
-	args := append([]string{"run"}, o.RunArgs...)
-	args = append(args, "--", self, keeperCmdName, "--dir", k.dir)
-	if o.BindPid > 0 {
-		args = append(args, "--bind-pid", fmt.Sprintf("%d:%d", o.BindPid, o.bindStart))
+	run, err := startKeeperRun(f, o, self, k)
+	if err != nil {
+		return err
 	}
-	args = append(append(args, "--"), o.Shown...)
-	run := exec.Command(self, args...)
-	run.Env = factoryEnviron(f)
-	// Its own session, stdin from /dev/null, its output to the log: the
-	// keeper outlives acquire and keeps no descriptor of acquire's (a CI
-	// runner waits for its step's pipes to close).
-	run.Stdin, run.Stdout, run.Stderr = nil, k.logW, k.logW
-	run.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	// Nor any descriptor acquire was given beyond its three streams (a
-	// runner's pipe would stay open for as long as the keeper runs).
-	closeInheritedOnExec()
-	if err := run.Start(); err != nil {
-		return fmt.Errorf("start slotctl run for the keeper: %w", err)
-	}
-	k.logW.Close()
 	exited := make(chan struct{})
 	go func() {
 		_ = run.Wait()
@@ -312,6 +296,32 @@ func runAcquire(ctx context.Context, f *Factory, g *globalOptions, o *AcquireOpt
 			return runEnded(run.ProcessState)
 		}
 	}
+}
+
+// startKeeperRun starts the keeper's slotctl run: the flags acquire was
+// given, and the keeper (self's hidden command) as its job.
+func startKeeperRun(f *Factory, o *AcquireOptions, self string, k *keeperDir) (*exec.Cmd, error) {
+	args := append([]string{"run"}, o.RunArgs...)
+	args = append(args, "--", self, keeperCmdName, "--dir", k.dir)
+	if o.BindPid > 0 {
+		args = append(args, "--bind-pid", fmt.Sprintf("%d:%d", o.BindPid, o.bindStart))
+	}
+	args = append(append(args, "--"), o.Shown...)
+	run := exec.Command(self, args...)
+	run.Env = factoryEnviron(f)
+	// Its own session, stdin from /dev/null, its output to the log: the
+	// keeper outlives acquire and keeps no descriptor of acquire's (a CI
+	// runner waits for its step's pipes to close).
+	run.Stdin, run.Stdout, run.Stderr = nil, k.logW, k.logW
+	run.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	// Nor any descriptor acquire was given beyond its three streams (a
+	// runner's pipe would stay open for as long as the keeper runs).
+	closeInheritedOnExec()
+	if err := run.Start(); err != nil {
+		return nil, fmt.Errorf("start slotctl run for the keeper: %w", err)
+	}
+	k.logW.Close()
+	return run, nil
 }
 
 // runEnded is acquire's end when its slotctl run ended before the keeper
