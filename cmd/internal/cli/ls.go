@@ -1,9 +1,12 @@
 package cli
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"slices"
 	"strconv"
 	"strings"
@@ -109,7 +112,7 @@ func runLs(ctx context.Context, f *Factory, g *globalOptions, o *LsOptions) erro
 // writeLs draws a snapshot in the chosen format.
 func writeLs(out tableOut, storeURL string, snap store.Snapshot, format string) error {
 	if format == outJSON {
-		return writeJSON(out.w, lsJSONOf(storeURL, snap))
+		return writeLsJSON(out.w, lsJSONOf(storeURL, snap))
 	}
 	if err := drawLimits(out, snap.Limits); err != nil {
 		return err
@@ -337,6 +340,46 @@ type successorJSON struct {
 	Host   string `json:"host"`
 	Pid    int    `json:"pid"`
 	URL    string `json:"url"`
+}
+
+// writeLsJSON writes what writeJSON(w, v) writes, byte for byte, a ticket
+// at a time: ten thousand tickets are several megabytes of JSON, which
+// writeJSON would marshal into one buffer and indent into another (half
+// of ls -o json's time on such a store).
+func writeLsJSON(w io.Writer, v lsJSON) error {
+	tickets := v.Tickets
+	v.Tickets = []ticketJSON{}
+	head, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	// The tickets are the last field: the head ends with an empty list.
+	const emptyTail = "[]\n}"
+	if !bytes.HasSuffix(head, []byte(emptyTail)) {
+		return fmt.Errorf("ls -o json: the tickets are not the document's last field")
+	}
+	bw := bufio.NewWriterSize(w, 64<<10)
+	if len(tickets) == 0 {
+		_, _ = bw.Write(escapeJSON(head))
+		_ = bw.WriteByte('\n')
+		return bw.Flush()
+	}
+	_, _ = bw.Write(escapeJSON(head[:len(head)-len(emptyTail)]))
+	_, _ = bw.WriteString("[\n")
+	for i, t := range tickets {
+		b, err := json.MarshalIndent(t, "    ", "  ")
+		if err != nil {
+			return err
+		}
+		_, _ = bw.WriteString("    ")
+		_, _ = bw.Write(escapeJSON(b)) // whole values: no character is cut in two
+		if i < len(tickets)-1 {
+			_ = bw.WriteByte(',')
+		}
+		_ = bw.WriteByte('\n')
+	}
+	_, _ = bw.WriteString("  ]\n}\n")
+	return bw.Flush()
 }
 
 func lsJSONOf(storeURL string, snap store.Snapshot) lsJSON {

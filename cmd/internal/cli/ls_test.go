@@ -923,3 +923,28 @@ func TestLsBinaryMedian(t *testing.T) {
 		fmt.Println(msg)
 	}
 }
+
+// TestLsJSONStreamed: ls -o json's ticket-at-a-time writer writes the bytes
+// writeJSON writes, for no ticket, one, and several with hostile text.
+func TestLsJSONStreamed(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	hostile := store.Holder{Host: "h\x1b[2J\u202e", Pid: 7, User: "<u>&", Argv: []string{"sh", "-c", "echo \"é\u0085\"\n"}, URL: "https://x/?a=<b>&c"}
+	var tickets []store.Ticket
+	for i := range 3 {
+		tickets = append(tickets, store.Ticket{ID: fmt.Sprintf("%032x", i), Limit: "l", State: []store.State{store.Held, store.Waiting}[i%2], Fence: uint64(i + 1),
+			Created: now.Add(-time.Minute), TTL: time.Minute, Remaining: 30 * time.Second, Holder: hostile, Key: "k\u2028"})
+	}
+	for _, n := range []int{0, 1, 3} {
+		snap := store.Snapshot{Now: now, Limits: []store.Limit{{Name: "l", Slots: 2, Held: 1, Waiting: 1}}, Tickets: tickets[:n]}
+		var want, got bytes.Buffer
+		if err := writeJSON(&want, lsJSONOf("bolt:///s.db", snap)); err != nil {
+			t.Fatal(err)
+		}
+		if err := writeLsJSON(&got, lsJSONOf("bolt:///s.db", snap)); err != nil {
+			t.Fatal(err)
+		}
+		if got.String() != want.String() {
+			t.Errorf("%d tickets: streamed\n%s\nwant\n%s", n, got.String(), want.String())
+		}
+	}
+}
