@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -102,12 +103,22 @@ func runLs(ctx context.Context, f *Factory, g *globalOptions, o *LsOptions) erro
 	if o.Watch > 0 {
 		return watchLs(ctx, f, st, o)
 	}
+	if f.Getenv("GOGC") == "" {
+		// One snapshot, drawn, and the process ends: the heap grows from a
+		// few MB to tens on a large store, and at Go's default the
+		// collector runs at every doubling on the way (ls -o json of
+		// 10,000 tickets: 207 -> 166 ms, 46 -> 59 MB peak).
+		defer debug.SetGCPercent(debug.SetGCPercent(lsGCPercent))
+	}
 	snap, err := st.Snapshot(ctx, o.Limits...)
 	if err != nil {
 		return err
 	}
 	return writeLs(f.tableOut(), st.String(), snap, o.Output)
 }
+
+// lsGCPercent is a one-shot ls's GOGC.
+const lsGCPercent = 400
 
 // writeLs draws a snapshot in the chosen format.
 func writeLs(out tableOut, storeURL string, snap store.Snapshot, format string) error {
