@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
 	"io"
@@ -77,12 +78,19 @@ func (t tableOut) draw(headers []string, rows [][]string, fit int, style cellSty
 
 func (t tableOut) drawAll(headers []string, rows [][]string, style cellStyle) error {
 	if !t.color {
-		tw := tabwriter.NewWriter(t.w, 0, 4, 2, ' ', 0)
+		// tabwriter writes each cell and its padding apart: buffered, a
+		// table of 10,000 rows is a few writes, not 200,000 (each one a
+		// wake-up of whatever reads the pipe).
+		bw := bufio.NewWriterSize(t.w, 64<<10)
+		tw := tabwriter.NewWriter(bw, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, strings.Join(headers, "\t"))
 		for _, r := range rows {
 			fmt.Fprintln(tw, strings.Join(r, "\t"))
 		}
-		return tw.Flush()
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		return bw.Flush()
 	}
 	r := t.r
 	if r == nil {
