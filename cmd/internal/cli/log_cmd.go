@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -180,8 +181,11 @@ type eventJSON struct {
 	By string `json:"by"`
 }
 
-// writeEventsJSON writes one JSON object per line, so that a log streams into jq.
-func writeEventsJSON(w io.Writer, events []store.Event) error {
+// writeEventsJSON writes one JSON object per line, so that a log streams into jq;
+// the lines of one call go out together (a write each would wake the reader
+// of a pipe once an event).
+func writeEventsJSON(out io.Writer, events []store.Event) error {
+	w := bufio.NewWriterSize(out, 64<<10)
 	for _, e := range events {
 		limits, indexes := e.Limits, e.Indexes
 		if len(limits) == 0 {
@@ -196,5 +200,5 @@ func writeEventsJSON(w io.Writer, events []store.Event) error {
 			return err
 		}
 	}
-	return nil
+	return w.Flush()
 }

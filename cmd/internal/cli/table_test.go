@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/slotctl/slotctl/store"
 )
 
 // countingWriter counts the writes it is given.
@@ -36,5 +38,25 @@ func TestTableWritesBuffered(t *testing.T) {
 	lines := strings.Split(strings.TrimSuffix(w.b.String(), "\n"), "\n")
 	if len(lines) != len(rows)+1 || lines[0] != "LIMIT      STATE  N" || lines[1] != "limit-000  held   0" {
 		t.Errorf("table: %d lines, starting %q, %q", len(lines), lines[0], lines[1])
+	}
+}
+
+// TestEventsJSONWritesBuffered: log -o json's lines of one batch reach the
+// writer together, each line whole and escaped as before.
+func TestEventsJSONWritesBuffered(t *testing.T) {
+	events := make([]store.Event, 1000)
+	for i := range events {
+		events[i] = store.Event{Seq: uint64(i + 1), Kind: "admitted", Limit: "l", Ticket: fmt.Sprintf("%032x", i), Slot: 0, Command: "echo \u202e"}
+	}
+	var w countingWriter
+	if err := writeEventsJSON(&w, events); err != nil {
+		t.Fatal(err)
+	}
+	if w.writes > 20 {
+		t.Errorf("%d events took %d writes, want a few (buffered)", len(events), w.writes)
+	}
+	lines := strings.Split(strings.TrimSuffix(w.b.String(), "\n"), "\n")
+	if len(lines) != len(events) || !strings.Contains(lines[0], `"command":"echo \u202e"`) {
+		t.Errorf("%d lines; the first %q", len(lines), lines[0])
 	}
 }
