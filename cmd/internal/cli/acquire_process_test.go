@@ -303,6 +303,17 @@ func TestReleaseWithoutKeeper(t *testing.T) {
 	if err := os.Mkdir(private, 0o700); err != nil {
 		t.Fatal(err)
 	}
+	// A keeper's socket is asked only in a directory of this user's that
+	// nobody else can open (anyone could listen in another), and not
+	// through a symbolic link.
+	openDir := e.path("open")
+	if err := os.Mkdir(openDir, 0o700); err != nil || os.Chmod(openDir, 0o755) != nil {
+		t.Fatal(err)
+	}
+	link := e.path("link")
+	if err := os.Symlink(private, link); err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		name string
 		env  []string
@@ -313,6 +324,8 @@ func TestReleaseWithoutKeeper(t *testing.T) {
 		{"ended", []string{keeperVar + "=" + filepath.Join(private, keeperSocket), proc.TicketVar + "=" + gone}, 0, "has ended and ticket 01234567 is gone: already released"},
 		{"no-dir", []string{keeperVar + "=" + e.path("gone/keeper.sock"), proc.TicketVar + "=" + gone}, 0, "already released"},
 		{"run's", []string{proc.TicketVar + "=" + held}, exitUsage, "and SLOTCTL_KEEPER is not set: no keeper of slotctl acquire to ask"},
+		{"open-dir", []string{keeperVar + "=" + filepath.Join(openDir, keeperSocket), proc.TicketVar + "=" + held}, exitUsage, "mode 0755, want 0700"},
+		{"linked-dir", []string{keeperVar + "=" + filepath.Join(link, keeperSocket), proc.TicketVar + "=" + held}, exitUsage, "not a directory"},
 	} {
 		p := e.startWith(ctx, "release-"+c.name, c.env, "release")
 		code := p.wait(t, acqTimeout)
