@@ -6,27 +6,43 @@ import (
 )
 
 // AddLimit appends a limit and its tickets to the snapshot in the order
-// Snapshot promises: its held tickets, then its waiting ones, each by
-// fence. It counts the limit's Held (slots: a ticket counts its weight)
-// and Waiting (tickets), replacing l's counts, and numbers the waiters'
-// Position from 1, every backend the same way. Each ticket is shown under l
-// (Ticket.Under): a ticket of several limits is added under each.
+// Snapshot promises: its held tickets by fence, then its waiting ones in
+// the order its policy admits them (Policy.Arrange at s.Now). It counts the
+// limit's Held (slots: a ticket counts its weight) and Waiting (tickets),
+// replacing l's counts, numbers the waiters' Position from 1, sets each
+// waiter's Effective priority in a ByPriority limit and the limit's Opens
+// when its rate is spent, every backend the same way. Each ticket is shown
+// under l (Ticket.Under): a ticket of several limits is added under each.
+// Set s.Now first.
 func (s *Snapshot) AddLimit(l Limit, tickets []Ticket) {
 	tickets = slices.Clone(tickets)
 	slices.SortStableFunc(tickets, func(a, b Ticket) int { return cmp.Compare(a.Fence, b.Fence) })
 	l.Held, l.Waiting = 0, 0
-	var waiting []Ticket
-	for _, t := range tickets {
-		t = t.Under(l.Name)
+	var held, waiting []*Ticket
+	for i := range tickets {
+		t := &tickets[i]
+		*t = t.Under(l.Name)
 		if t.State == Held {
 			l.Held += t.Weighs()
-			s.Tickets = append(s.Tickets, t)
+			held = append(held, t)
+			s.Tickets = append(s.Tickets, *t)
 			continue
 		}
-		l.Waiting++
-		t.Position = l.Waiting
 		waiting = append(waiting, t)
 	}
-	s.Tickets = append(s.Tickets, waiting...)
+	for _, i := range l.Policy.Arrange(held, waiting, s.Now) {
+		t := *waiting[i]
+		l.Waiting++
+		t.Position = l.Waiting
+		if l.Policy.Order == ByPriority {
+			e := l.Policy.Effective(t, s.Now)
+			t.Effective = &e
+		}
+		s.Tickets = append(s.Tickets, t)
+	}
+	l.Starts = l.Policy.InWindow(l.Starts, s.Now)
+	if l.Policy.Tokens(l.Starts, s.Now) == 0 {
+		l.Opens = l.Policy.Opens(l.Starts, s.Now, 1)
+	}
 	s.Limits = append(s.Limits, l)
 }

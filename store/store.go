@@ -99,6 +99,14 @@ type Ticket struct {
 	// brings it into line ends the quiet, gives it a whole lease and wakes
 	// it (docs/leases.md rule 17).
 	Quiet bool `json:"quiet,omitempty"`
+	// Priority orders the ticket among the waiters of a limit whose order
+	// is ByPriority (MinPriority..MaxPriority); Share is what it counts
+	// against in a Fair limit, "" for its holder's user (ShareKey).
+	Priority int    `json:"priority,omitempty"`
+	Share    string `json:"share,omitempty"`
+	// Effective is its effective priority in Limit when that limit's order
+	// is ByPriority and it waits (Snapshot only).
+	Effective *int `json:"effective_priority,omitempty"`
 }
 
 // A Successor names the newer run that superseded or replaced a ticket.
@@ -188,10 +196,17 @@ type Limit struct {
 	Held    int       `json:"held"`
 	Waiting int       `json:"waiting"`
 	Created time.Time `json:"created"`
+	Policy  Policy    `json:"policy,omitzero"`
+	// Starts is when the admissions that count against the rate were made
+	// (within its window, oldest first); Opens, when the rate is spent, is
+	// when the next admission may be made (Snapshot only).
+	Starts []time.Time `json:"starts,omitempty"`
+	Opens  time.Time   `json:"opens,omitzero"`
 }
 
 // Snapshot is a consistent read of limits and their tickets. Tickets are
-// ordered by limit, then held before waiting, then by fence.
+// ordered by limit, then held (by fence) before waiting (in the order the
+// limit's policy admits them: by fence when FIFO).
 type Snapshot struct {
 	Now     time.Time `json:"now"`
 	Limits  []Limit   `json:"limits"`
@@ -236,6 +251,11 @@ type EnqueueRequest struct {
 	// limits already has *MaxWaiting waiting tickets, counted after the
 	// superseded ones are gone.
 	MaxWaiting *int
+
+	// Priority and Share order the ticket in limits whose order asks for
+	// them (Ticket.Priority, Ticket.Share); see CheckPriority, CheckShare.
+	Priority int
+	Share    string
 }
 
 // Reason says why a ticket left the live set.
@@ -387,6 +407,10 @@ type Store interface {
 	// lease's expiry to now plus the granted TTL by the server's clock, and
 	// the returned ticket's TTL stays the enqueued one. Callers therefore
 	// renew with the TTL they enqueued with, which both backends agree on.
+	//
+	// A waiter's renewal also settles its limits: it admits it (and
+	// others) when a rate window has opened, a priority aged, or a holder
+	// expired since the last write.
 	Renew(ctx context.Context, t Ticket, ttl time.Duration) (Ticket, error)
 
 	// Release removes t if the stored ticket still has t's id and fence (any
@@ -431,6 +455,11 @@ type Store interface {
 	// SetLimit creates or resizes a limit. Shrinking evicts nobody; growing
 	// promotes waiters.
 	SetLimit(ctx context.Context, name string, slots int) (Limit, error)
+
+	// SetPolicy changes the scheduling policy of an existing limit (a
+	// missing one wraps ErrLimitNotFound) and admits the waiters it lets
+	// in, in one step. A policy that fails Policy.Check wraps ErrInvalid.
+	SetPolicy(ctx context.Context, name string, ch PolicyChange) (Limit, error)
 
 	// RemoveLimit deletes an empty limit; with force, its tickets too.
 	// A missing limit wraps ErrLimitNotFound; one with tickets, ErrLimitInUse.
@@ -677,6 +706,12 @@ func (r EnqueueRequest) Check() error {
 		return err
 	}
 	if err := CheckKey(r.Key); err != nil {
+		return err
+	}
+	if err := CheckPriority(r.Priority); err != nil {
+		return err
+	}
+	if err := CheckShare(r.Share); err != nil {
 		return err
 	}
 	if err := CheckTicketSlots(len(r.Names()), r.Weight); err != nil {

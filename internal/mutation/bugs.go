@@ -72,6 +72,18 @@ const (
 	// older tickets of its key whether they wait or hold, so a running job
 	// loses its slot (R2).
 	SupersedeHeld Bug = "supersede-held"
+	// OrderFirstLimit: the planner (policy.PlanSettle) orders each waiter
+	// by its first limit's policy only, so a waiter of several limits is
+	// admitted past waiters that a later one of its limits puts ahead of
+	// it (P1).
+	OrderFirstLimit Bug = "order-first-limit"
+	// RateStale: a settle (policy.Store) counts a rate against the starts
+	// its store handle read in an earlier step, not the limit's record in
+	// the admitting step, so two hosts spend one token (P2).
+	RateStale Bug = "rate-stale"
+	// AgingOff: the planner orders a priority limit by priority alone, so
+	// a low priority waits as long as higher ones keep coming (P3).
+	AgingOff Bug = "aging-off"
 
 	// WaiterNotRenewed: the supervisor renews only once admitted, and counts
 	// its lease from the admission it observed (C4).
@@ -89,6 +101,6 @@ const (
 // All lists every Bug, store-side first.
 func All() []Bug {
 	return []Bug{BlindReap, ReleaseCounter, ReleaseNoCompare, RenewExpired, StaleVerdict, NoTombstone, WallClock,
-		WeightIgnored, BargePastHead, ReplaceBeside, SupersedeHeld, ResizePastWaiter, ResizeOverSize, ResizeNoSettle,
+		WeightIgnored, BargePastHead, ReplaceBeside, SupersedeHeld, OrderFirstLimit, RateStale, AgingOff, ResizePastWaiter, ResizeOverSize, ResizeNoSettle,
 		WaiterNotRenewed, ReleaseBeforeExit, HoldAndWait}
 }

@@ -281,3 +281,48 @@ func BenchmarkWaiterQueue(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkAdmit1000 is the admission step under each order: a limit of
+// one slot with 1,000 waiters; each iteration releases the holder (whose
+// settle admits the next waiter by the limit's order) and enqueues one
+// more waiter, so that 1,000 always wait. fsync on.
+func BenchmarkAdmit1000(b *testing.B) {
+	for _, pol := range []store.Policy{{}, {Order: store.ByPriority}, {Order: store.Fair}} {
+		b.Run(pol.String(), func(b *testing.B) {
+			s, err := New(filepath.Join(b.TempDir(), "slots.db"), Options{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			ctx := context.Background()
+			enqueue := func(i int) store.Ticket {
+				t, err := s.Enqueue(ctx, store.EnqueueRequest{ID: fmt.Sprintf("w%d", i), Limit: "x", Slots: 1, TTL: time.Hour,
+					Priority: i % 7, Share: fmt.Sprint("user", i%13), Holder: store.Holder{Host: "h", Pid: 1000 + i, User: "ci"}})
+				if err != nil {
+					b.Fatal(err)
+				}
+				return t
+			}
+			holder := enqueue(0)
+			if _, err := s.SetPolicy(ctx, "x", store.PolicyChange{Order: &pol.Order}); err != nil {
+				b.Fatal(err)
+			}
+			for i := 1; i <= 1000; i++ {
+				enqueue(i)
+			}
+			for i := 1001; b.Loop(); i++ {
+				if ok, err := s.Release(ctx, holder, store.Released); err != nil || !ok {
+					b.Fatal(ok, err)
+				}
+				enqueue(i)
+				b.StopTimer() // finding the new holder is not the admission
+				snap, err := store.Heads(ctx, s, "x")
+				if err != nil || len(snap.Tickets) == 0 || snap.Tickets[0].State != store.Held {
+					b.Fatal(snap.Tickets, err)
+				}
+				holder = snap.Tickets[0]
+				b.StartTimer()
+			}
+		})
+	}
+}

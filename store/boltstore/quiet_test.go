@@ -192,3 +192,43 @@ func TestQuietWaiterOfAPreviousBoot(t *testing.T) {
 		t.Errorf("%d tickets of a previous boot left after a reap, want 0", len(snap.Tickets))
 	}
 }
+
+// TestRateSpentWakesTheNextHead: the admission that spends a limit's rate
+// rings the waiter it leaves first, so that it waits for the window to
+// open (gate.Entry.Expiry) rather than for a renewal; a quiet waiter
+// renews nothing at all.
+func TestRateSpentWakesTheNextHead(t *testing.T) {
+	s, _, _ := newTestStore(t, Options{})
+	ctx := context.Background()
+	if _, err := s.SetLimit(ctx, "x", 5); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.SetPolicy(ctx, "x", store.PolicyChange{Rate: &store.Rate{N: 2, Per: time.Hour}}); err != nil {
+		t.Fatal(err)
+	}
+	mustEnqueue(t, s, req("first", "x", 5))
+	mustEnqueue(t, s, req("w1", "x", 5)) // spends the rate: admitted, nobody left waiting to ring
+	w2 := mustEnqueue(t, s, req("w2", "x", 5))
+	if w2.State != store.Waiting {
+		t.Fatalf("w2 %s, want waiting: the rate is spent", w2.State)
+	}
+	// Raise the rate by one: w2 is admitted and spends it again, leaving w3 first.
+	w3 := mustEnqueue(t, s, req("w3", "x", 5))
+	b3, err := s.Watch(ctx, "w3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b3.Close()
+	if _, err := s.SetPolicy(ctx, "x", store.PolicyChange{Rate: &store.Rate{N: 3, Per: time.Hour}}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Get(ctx, "w2"); err != nil || got.State != store.Held {
+		t.Fatalf("w2: %v %v, want held once the rate allows a third", got.State, err)
+	}
+	if !rang(b3, time.Second) {
+		t.Errorf("w3's bell did not ring when w2's admission spent the rate and left it first")
+	}
+	if got, err := s.Get(ctx, w3.ID); err != nil || got.State != store.Waiting || got.Position != 1 {
+		t.Fatalf("w3: %v position %d %v, want first waiting", got.State, got.Position, err)
+	}
+}

@@ -519,8 +519,8 @@ func (x *txn) Settled(limits []string) (bool, error) {
 	for i := 0; i < len(sc.todo); i++ {
 		name := sc.todo[i]
 		lim, ok, err := x.Limit(name)
-		if err != nil || !ok {
-			return false, err
+		if err != nil || !ok || !lim.Policy.IsFIFO() {
+			return false, err // a policy's order needs the records (priority, share, age): the full settle
 		}
 		sc.in.Slots[name] = lim.Slots
 		b, err := x.queue(name, false)

@@ -46,6 +46,7 @@ func (x *step) enqueue(req store.EnqueueRequest) (store.Ticket, error) {
 	}
 	r := Rec{ID: req.ID, Limit: names[0], Limits: names, Weight: req.Weighs(), State: store.Waiting, Fence: fence, Slot: -1,
 		TTL: req.TTL, Created: x.now.Wall, Holder: req.Holder, BellUID: x.o.BellUID, Key: req.Key,
+		Priority: req.Priority, Share: req.Share,
 		Quiet: x.o.Quiet, // until its settle finds it in line, or admits it
 	}
 	x.extend(&r, req.TTL)

@@ -1,6 +1,9 @@
 package policy
 
 import (
+	"slices"
+	"time"
+
 	"github.com/slotctl/slotctl/internal/mutation"
 	"github.com/slotctl/slotctl/store"
 )
@@ -36,6 +39,13 @@ type SettleInput struct {
 	// never admitted, and blocks the tickets behind it in the others. A
 	// backend therefore passes every limit of every ticket it passes.
 	Slots map[string]int
+	// Policies is each limit's scheduling policy, by name; a limit missing
+	// here is FIFO with no rate. Starts is when each rated limit's
+	// admissions were made (LimitRec.Starts), and Now the step's reading of
+	// the store's clock that ages priorities and slides rate windows.
+	Policies map[string]store.Policy
+	Starts   map[string][]time.Time
+	Now      time.Time
 	// Tickets is every ticket of those limits, each once, in queue order
 	// (fence order: one sequence across all limits).
 	Tickets []Queued
@@ -93,6 +103,15 @@ type SettlePlan struct {
 	// quiet, gives them a whole lease from now and wakes them, so that they
 	// renew from then on (docs/leases.md rule 17).
 	Line []int
+	// Starts is, for each rated limit this plan admits to, its new
+	// LimitRec.Starts: the backend writes them in the same step (the rate
+	// is charged where the admission is made, so no two steps spend one
+	// token).
+	Starts map[string][]time.Time
+	// Wake is the waiters (indexes into SettleInput.Tickets) that this plan
+	// leaves first in a limit whose rate it spent: the backend rings them,
+	// so that they wait for the window to open rather than for a renewal.
+	Wake []int
 }
 
 // Empty reports whether the plan changes nothing.
@@ -109,6 +128,8 @@ type count struct {
 	next      int  // lowest slot index not yet known to be used
 	blocked   bool // a waiter was not admitted: nobody behind it is
 	contended bool // somebody waits and the oldest waiter does not fit beside the live holders
+	tokens    int  // admissions the rate still allows; -1 without a rate
+	charged   int  // admissions this plan makes
 }
 
 // A settling is one PlanSettle under way. PlanSettle goes through the
@@ -121,6 +142,12 @@ type settling struct {
 	per  map[string]*count
 	gone []bool
 	plan SettlePlan
+	// order is the tickets' indexes in the order the phases go through
+	// them: the input's (fence) order when every limit is FIFO, else as the
+	// limits' policies order their waiters (arrange).
+	order []int
+	fifo  bool
+	lims  []known
 }
 
 // PlanSettle decides a settle: it removes every expired ticket and every
@@ -138,54 +165,93 @@ type settling struct {
 // ticket that does not fit (docs/leases.md §2.1 item 10). Holders are never
 // moved or evicted.
 func PlanSettle(in SettleInput) SettlePlan {
-	s := &settling{in: in, per: map[string]*count{}, gone: make([]bool, len(in.Tickets))}
+	s := &settling{in: in, per: map[string]*count{}, gone: make([]bool, len(in.Tickets)), fifo: true}
 	for name, size := range in.Slots {
-		s.per[name] = &count{size: size}
+		pol := in.Policies[name]
+		s.per[name] = &count{size: size, tokens: pol.Tokens(in.Starts[name], in.Now)}
+		s.fifo = s.fifo && pol.IsFIFO()
 	}
+	s.knowAll()
 	s.census()
+	s.order = s.arrange()
+	s.contend()
 	s.judge()
 	s.seatHolders()
+	if s.reorder() {
+		s.order = s.arrange() // a fair share's holdings changed with the removals
+	}
 	s.admit()
 	s.plan.Line = s.line()
+	s.charge()
+	slices.SortFunc(s.plan.Remove, func(a, b Remove) int { return a.Index - b.Index })
 	return s.plan
 }
 
-// known is the counts of t's limits that the input sizes; all is false
-// when t names a limit it does not size (t is then never admitted), ok is
-// false when it sizes none (t is then left alone).
-func (s *settling) known(t store.Ticket) (cs []*count, all, ok bool) {
-	all = true
-	for _, name := range t.Names() {
-		if c := s.per[name]; c != nil {
-			cs = append(cs, c)
-		} else {
-			all = false
+// known is the counts of ticket i's limits that the input sizes; all is
+// false when it names a limit the input does not size (it is then never
+// admitted), ok is false when it sizes none (it is then left alone). Every
+// phase asks it of every ticket: it is worked out once.
+func (s *settling) known(i int) (cs []*count, all, ok bool) {
+	k := &s.lims[i]
+	return k.cs, k.all, len(k.cs) > 0
+}
+
+// knowAll works out known for every ticket.
+func (s *settling) knowAll() {
+	s.lims = make([]known, len(s.in.Tickets))
+	for i, q := range s.in.Tickets {
+		k := &s.lims[i]
+		k.all = true
+		for _, name := range q.Ticket.Names() {
+			if c := s.per[name]; c != nil {
+				k.cs = append(k.cs, c)
+			} else {
+				k.all = false
+			}
 		}
 	}
-	return cs, all, len(cs) > 0
+}
+
+// known is one ticket's counts (settling.known).
+type known struct {
+	cs  []*count
+	all bool
 }
 
 // census counts, before anything is judged, who waits for a full limit:
-// in each limit the slots its live holders hold and its live waiters, and
-// so whether it is contended (somebody waits and the oldest waiter does not
-// fit beside the holders). Only a contended limit has tickets whose lease
-// runs shown to the judge (unless SettleInput.All). Tickets whose lease is
-// over do not count; a Fresh one does.
+// in each limit the slots its live holders hold and its live waiters.
+// Tickets whose lease is over do not count; a Fresh one does.
 func (s *settling) census() {
-	for _, q := range s.in.Tickets {
-		cs, _, ok := s.known(q.Ticket)
+	for i, q := range s.in.Tickets {
+		cs, _, ok := s.known(i)
 		if !ok || q.Expired != "" {
 			continue
 		}
-		w := q.Ticket.Weighs()
 		for _, c := range cs {
 			if q.Ticket.State == store.Held {
-				c.held += w
+				c.held += q.Ticket.Weighs()
 			} else {
-				if c.waiting == 0 {
-					c.head = w
-				}
 				c.waiting++
+			}
+		}
+	}
+}
+
+// contend decides which limits are contended: somebody waits and the first
+// live waiter in the limit's order does not fit beside the live holders.
+// Only a contended limit has tickets whose lease runs shown to the judge
+// (unless SettleInput.All).
+func (s *settling) contend() {
+	headed := map[*count]bool{}
+	for _, i := range s.order {
+		q := s.in.Tickets[i]
+		cs, _, ok := s.known(i)
+		if !ok || q.Expired != "" || q.Ticket.State == store.Held {
+			continue
+		}
+		for _, c := range cs {
+			if !headed[c] {
+				headed[c], c.head = true, q.Ticket.Weighs()
 			}
 		}
 	}
@@ -200,8 +266,9 @@ func (s *settling) census() {
 // limits, so that the ones behind it know whether they are next in line,
 // which is when a contended limit needs them judged (inContention).
 func (s *settling) judge() {
-	for i, q := range s.in.Tickets {
-		cs, _, ok := s.known(q.Ticket)
+	for _, i := range s.order {
+		q := s.in.Tickets[i]
+		cs, _, ok := s.known(i)
 		if !ok || q.Fresh {
 			continue
 		}
@@ -264,11 +331,12 @@ func (s *settling) seatHolders() {
 // across limits: a heavy head is not overtaken by lighter tickets).
 func (s *settling) admit() {
 	live := s.live()
-	for i, q := range s.in.Tickets {
+	for _, i := range s.order {
+		q := s.in.Tickets[i]
 		if s.gone[i] || q.Ticket.State == store.Held {
 			continue
 		}
-		cs, all, ok := s.known(q.Ticket)
+		cs, all, ok := s.known(i)
 		if !ok {
 			continue
 		}
@@ -317,11 +385,11 @@ func (s *settling) fits(q Queued, cs []*count, all bool, live map[string]bool) b
 	return true
 }
 
-// room reports whether each of cs has n slots free and no older waiter
-// blocking it.
+// room reports whether each of cs has n slots free, an admission its rate
+// allows, and no waiter ahead blocking it.
 func room(cs []*count, n int) bool {
 	for _, c := range cs {
-		if c.blocked || c.held+n > c.size {
+		if c.blocked || c.held+n > c.size || c.tokens == 0 {
 			return false
 		}
 	}
@@ -348,6 +416,10 @@ func (s *settling) take(i int, q Queued) Admit {
 		c := s.per[name]
 		a.Indexes[name] = c.lowest(w)
 		c.held += w
+		if c.tokens > 0 {
+			c.tokens--
+			c.charged++
+		}
 		if s.in.Mutations.Has(mutation.WeightIgnored) { // mutation (test-only): an admission counts as one slot (docs/leases.md H2)
 			c.held -= w - 1
 		}
@@ -377,8 +449,9 @@ func (s *settling) line() []int {
 		c.ahead = 0
 	}
 	var lined []int
-	for i, q := range s.in.Tickets {
-		cs, _, ok := s.known(q.Ticket)
+	for _, i := range s.order {
+		q := s.in.Tickets[i]
+		cs, _, ok := s.known(i)
 		if s.gone[i] || !ok || q.Ticket.State == store.Held {
 			continue
 		}
@@ -391,6 +464,7 @@ func (s *settling) line() []int {
 			lined = append(lined, i)
 		}
 	}
+	slices.Sort(lined)
 	return lined
 }
 

@@ -48,12 +48,20 @@ type Rec struct {
 	Key      string           `json:"key,omitempty"`
 	Stop     *store.Successor `json:"stop,omitempty"`     // a held ticket a newer run asked to stop
 	Replaces []string         `json:"replaces,omitempty"` // the held tickets this one waits to be gone
+	// Priority and Share order it in limits whose policy asks for them.
+	Priority int    `json:"priority,omitempty"`
+	Share    string `json:"share,omitempty"`
 }
 
 // A LimitRec is one limit as a backend stores it.
 type LimitRec struct {
-	Slots   int       `json:"slots"`
-	Created time.Time `json:"created"`
+	Slots   int          `json:"slots"`
+	Created time.Time    `json:"created"`
+	Policy  store.Policy `json:"policy,omitzero"`
+	// Starts is when the admissions that count against the policy's rate
+	// were made, by the store's wall clock, oldest first (at most Rate.N):
+	// the step that admits writes them.
+	Starts []time.Time `json:"starts,omitempty"`
 }
 
 // A Tomb remembers a removed ticket id: why it went, when (by the store's
@@ -79,7 +87,7 @@ const MaxHost = 255
 func (r *Rec) View(now Instant, position int) store.Ticket {
 	t := store.Ticket{ID: r.ID, Limit: r.Limit, State: r.State, Fence: r.Fence, Slot: r.Slot,
 		TTL: r.TTL, Holder: r.Holder, Created: r.Created, Admitted: r.Admitted, Renewed: r.Renewed,
-		Key: r.Key, Replaces: slices.Clip(r.Replaces)}
+		Key: r.Key, Replaces: slices.Clip(r.Replaces), Priority: r.Priority, Share: r.Share}
 	if r.Stop != nil {
 		stop := *r.Stop
 		t.Stop = &stop
@@ -185,6 +193,12 @@ func (r *Rec) checkKeyed() error {
 	if err := store.CheckKey(r.Key); err != nil {
 		return err
 	}
+	if err := store.CheckPriority(r.Priority); err != nil {
+		return err
+	}
+	if err := store.CheckShare(r.Share); err != nil {
+		return err
+	}
 	if err := store.CheckURL(r.Holder.URL); err != nil {
 		return err
 	}
@@ -268,7 +282,18 @@ func (t *Tomb) Check() error {
 }
 
 // Check refuses a limit of a size a request could not set.
-func (l *LimitRec) Check() error { return store.CheckSlots(l.Slots) }
+func (l *LimitRec) Check() error {
+	if err := store.CheckSlots(l.Slots); err != nil {
+		return err
+	}
+	if err := l.Policy.Check(); err != nil {
+		return err
+	}
+	if len(l.Starts) > max(l.Policy.Rate.N, 0) {
+		return fmt.Errorf("%d rate starts: want at most %d", len(l.Starts), l.Policy.Rate.N)
+	}
+	return nil
+}
 
 // CheckSuccessor checks a successor as the enqueue that made it checked its
 // request: a ticket id, a printable host, a pid, a URL.

@@ -61,6 +61,9 @@ func (x *step) position(r Rec) (int, error) {
 	if r.State != store.Waiting {
 		return 0, nil
 	}
+	if pos, ok, err := x.arrangedPosition(r); ok || err != nil {
+		return pos, err
+	}
 	if p, ok := x.tx.(Positioner); ok {
 		return p.Position(r)
 	}
@@ -251,14 +254,21 @@ func (x *step) settleOn(recs []Rec, names []string, all bool, fresh string) ([]R
 // the store's clock.
 func (x *step) planInput(recs []Rec, names []string) (SettleInput, error) {
 	in := SettleInput{Slots: make(map[string]int, len(names)), Tickets: make([]Queued, len(recs)),
-		Judge: x.o.Judge, JudgeExpired: true, Keep: x.o.Keep, Mutations: x.o.Mutations}
+		Judge: x.o.Judge, JudgeExpired: true, Keep: x.o.Keep, Mutations: x.o.Mutations, Now: x.now.Wall}
 	for _, name := range names {
 		lim, ok, err := x.tx.Limit(name)
 		if err != nil {
 			return in, err
 		}
-		if ok { // a ticket of a limit that is gone is never admitted
-			in.Slots[name] = lim.Slots
+		if !ok {
+			continue // a ticket of a limit that is gone is never admitted
+		}
+		in.Slots[name] = lim.Slots
+		if !lim.Policy.IsFIFO() {
+			if in.Policies == nil {
+				in.Policies, in.Starts = map[string]store.Policy{}, map[string][]time.Time{}
+			}
+			in.Policies[name], in.Starts[name] = lim.Policy, x.starts(name, lim)
 		}
 	}
 	for i, r := range recs {
@@ -282,6 +292,9 @@ func (x *step) apply(recs []Rec, plan SettlePlan, fresh string) ([]Rec, []store.
 		gone[rm.Index] = true
 		removed = append(removed, store.Removal{Ticket: x.view(r, 0), Reason: store.Reaped, Evidence: rm.Evidence})
 	}
+	if err := x.charge(plan.Starts); err != nil {
+		return nil, nil, err
+	}
 	for _, a := range plan.Admit {
 		r := &recs[a.Index]
 		r.State, r.Slot, r.Indexes, r.Admitted = store.Held, a.Slot, a.Indexes, x.now.Wall
@@ -297,6 +310,11 @@ func (x *step) apply(recs []Rec, plan SettlePlan, fresh string) ([]Rec, []store.
 			return nil, nil, err
 		}
 		x.tx.Ring(*r)
+	}
+	for _, i := range plan.Wake {
+		if r := recs[i]; r.ID != fresh && !slices.Contains(plan.Line, i) {
+			x.tx.Ring(r) // first in a limit whose rate is spent: it waits for the window
+		}
 	}
 	for _, i := range plan.Line {
 		// Into line: renewing from now, with a whole lease to start it,

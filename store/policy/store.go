@@ -13,9 +13,10 @@ import (
 
 // Store is a [store.Store] made of the rules over a Backend.
 type Store struct {
-	b    Backend
-	o    Options
-	scan mutScan // test-only: this handle's last dry-run reap (mutations)
+	b     Backend
+	o     Options
+	scan  mutScan     // test-only: this handle's last dry-run reap (mutations)
+	stale staleStarts // test-only: this handle's last read of rate starts (mutations)
 }
 
 var _ store.Store = (*Store)(nil)
@@ -373,7 +374,7 @@ func (s *Store) Snapshot(ctx context.Context, limits ...string) (store.Snapshot,
 			for i, r := range q {
 				ts[i] = x.view(r, 0)
 			}
-			out.AddLimit(store.Limit{Name: name, Slots: lim.Slots, Created: lim.Created}, ts)
+			out.AddLimit(limitOf(name, lim), ts)
 		}
 		return nil
 	})
@@ -408,7 +409,7 @@ func (s *Store) SetLimit(ctx context.Context, name string, slots int) (store.Lim
 		if err != nil {
 			return err
 		}
-		out = store.Limit{Name: name, Slots: slots, Created: lim.Created}
+		out = store.Limit{Name: name, Slots: slots, Created: lim.Created, Policy: lim.Policy}
 		for _, r := range recs {
 			switch {
 			case !r.Has(name):
