@@ -101,6 +101,17 @@
 // with the new weight (ResizeEvents); many holders resizing at once never
 // share a slot nor overfill the limit (ConcurrentResize).
 //
+// Scheduling policies (docs/scheduling.md; schedule.go): SetPolicy's
+// refusals and what a change keeps (PolicyRefusals, PolicySet); waiters of
+// a priority limit admitted, numbered and listed by priority, ties in
+// ticket order (PriorityOrder), a low priority overtaking once aged
+// (PriorityAging); shares taking turns by the slots they hold, weights
+// counted (FairShare); a rate's window, counted per admission whatever the
+// weight, shown as Starts and Opens, slid by a waiter's renewal (Rate) and
+// charged so that two handles never spend one token (RateConcurrent); and
+// limits of different orders that never let a waiter pass one ahead of it
+// where they agree and never deadlock (OrderAcrossLimits).
+//
 // The suite's own tests (mem_test.go) run it against an in-memory reference
 // store, which must pass, and against that store with one planted bug at a
 // time (a counter beside the tickets, no tombstones, renewal of expired
@@ -111,7 +122,8 @@
 // supersede of held tickets or other keys, a replace admitted beside the
 // ticket it replaces, a max-waiting counted before the supersede, a refusal
 // that writes, a stop request lost on reopen, a resize that grows past a
-// waiter or a limit's size or shrinks without promoting, ...),
+// waiter or a limit's size or shrinks without promoting, a policy ignored,
+// a rate charged outside the admitting step, aging off, ...),
 // each of which must fail its case. Its admission is written by hand, not
 // with policy.PlanSettle, so that the planner is checked against an
 // independent reference.

@@ -104,6 +104,8 @@ type memLimit struct {
 	fence   uint64       // bug "fence-per-limit"
 	leak    int          // slots a buggy removal forgot to free
 	counts  store.Counts // its counters, gone with it (mem_counts_test.go)
+	policy  store.Policy // its scheduling policy (mem_schedule_test.go)
+	starts  []time.Time  // when the admissions its rate counts were made, oldest first
 }
 
 // A memTicket is one ticket, whatever the number of its limits. t holds
@@ -212,7 +214,7 @@ func (s *memStore) under(t *memTicket, limit string) store.Ticket {
 		return v
 	}
 	v.Admitted = time.Time{}
-	_, waiting := s.d.inLimit(limit)
+	_, waiting := s.queueOf(limit)
 	for i, w := range waiting {
 		if w == t {
 			v.Position = i + 1
@@ -401,6 +403,8 @@ func (s *memStore) settle(extra map[string]int, touched []string) {
 		time.Sleep(time.Duration(rand.IntN(200)) * time.Microsecond)
 		s.d.mu.Lock()
 	}
+	tokens, starts := s.rated()
+	charged := map[string]int{}
 	used := map[string]map[int]bool{}
 	for _, t := range s.d.tickets {
 		for n, ix := range t.ix {
@@ -445,6 +449,14 @@ func (s *memStore) settle(extra map[string]int, touched []string) {
 			held[n] += t.w
 		}
 		s.d.limits[n].used += len(ix)
+		if _, ok := tokens[n]; ok {
+			c := 1 // an admission, whatever its weight
+			if s.is("rate-weighted") {
+				c = t.w
+			}
+			tokens[n] -= c
+			charged[n] += c
+		}
 	}
 	waiting := []*memTicket{}
 	for _, t := range s.d.byFence() {
@@ -452,6 +464,7 @@ func (s *memStore) settle(extra map[string]int, touched []string) {
 			waiting = append(waiting, t)
 		}
 	}
+	waiting = s.scheduled(waiting)
 	if s.is("lifo") {
 		slices.Reverse(waiting)
 	}
@@ -490,6 +503,9 @@ func (s *memStore) settle(extra map[string]int, touched []string) {
 			if s.d.limits[n] == nil || blocked[n] || held[n]+w > size(n) {
 				fits = false
 			}
+			if left, ok := tokens[n]; ok && left <= 0 {
+				fits = false // the rate is spent: it waits, and blocks the limit
+			}
 		}
 		for _, id := range t.t.Replaces {
 			// Never beside a ticket it replaces (docs/leases.md §2.1 item 10):
@@ -526,6 +542,7 @@ func (s *memStore) settle(extra map[string]int, touched []string) {
 		}
 		s.d.ring(t.t.ID)
 	}
+	s.charge(starts, charged)
 }
 
 func (s *memStore) lax() bool { return s.is("lax-input") }
@@ -635,7 +652,7 @@ func (s *memStore) Enqueue(_ context.Context, r store.EnqueueRequest) (store.Tic
 	}
 	t := &memTicket{names: names, w: w, deadline: s.now() + r.TTL, t: store.Ticket{
 		ID: r.ID, Limit: names[0], State: store.Waiting, Fence: fence, Slot: -1,
-		TTL: r.TTL, Holder: h, Created: s.wallNow(), Key: r.Key,
+		TTL: r.TTL, Holder: h, Created: s.wallNow(), Key: r.Key, Priority: r.Priority, Share: r.Share,
 	}}
 	s.d.tickets[r.ID] = t
 	fullBefore := false // bug "max-waiting-before-sweep": judged on the state before the sweep
@@ -788,6 +805,7 @@ func (d *memData) save() *memData {
 		cl := *l
 		cl.counts.Wait.Buckets = slices.Clone(l.counts.Wait.Buckets)
 		cl.counts.Hold.Buckets = slices.Clone(l.counts.Hold.Buckets)
+		cl.starts = slices.Clone(l.starts)
 		c.limits[n] = &cl
 	}
 	for id, t := range d.tickets {
@@ -869,6 +887,11 @@ func (s *memStore) Renew(_ context.Context, tk store.Ticket, ttl time.Duration) 
 		t.deadline = s.now() + ttl
 	}
 	t.t.Renewed = s.wallNow()
+	if !t.held() && slices.ContainsFunc(t.names, func(n string) bool { l := s.d.limits[n]; return l != nil && !l.policy.IsFIFO() }) {
+		// Time alone may admit it under a policy (an aging, a window
+		// sliding): its renewal settles.
+		s.settle(nil, t.names)
+	}
 	return s.view(t), nil
 }
 
@@ -1187,12 +1210,9 @@ func (s *memStore) Snapshot(_ context.Context, limits ...string) (store.Snapshot
 	}
 	slices.Sort(names)
 	for _, n := range names {
-		l := s.d.limits[n]
-		held, waiting := s.d.inLimit(n)
-		sn.Limits = append(sn.Limits, store.Limit{Name: n, Slots: l.slots, Held: slotsHeld(n, held), Waiting: len(waiting), Created: l.created})
-		for _, t := range append(held, waiting...) {
-			sn.Tickets = append(sn.Tickets, s.under(t, n))
-		}
+		l, ts := s.limitView(n)
+		sn.Limits = append(sn.Limits, l)
+		sn.Tickets = append(sn.Tickets, ts...)
 	}
 	if s.is("snapshot-order") {
 		slices.SortFunc(sn.Tickets, func(a, b store.Ticket) int { return int(a.Fence) - int(b.Fence) })
@@ -1307,6 +1327,10 @@ func (s *memStore) reopen() store.Store {
 	case "stop-lost-on-reopen": // a record format without the stop request
 		for _, t := range s.d.tickets {
 			t.t.Stop = nil
+		}
+	case "policy-lost-on-reopen": // a limit record without its policy
+		for _, l := range s.d.limits {
+			l.policy, l.starts = store.Policy{}, nil
 		}
 	case "replaces-lost-on-reopen":
 		for _, t := range s.d.tickets {
@@ -1572,6 +1596,22 @@ var mutants = map[string][]string{
 	"release-forgets-successor":    {"SupersedeOlderWaiting"},
 	"replaces-first-only":          {"ReplaceFIFOPlace"},
 	"max-waiting-before-sweep":     {"MaxWaiting"},
+	// Scheduling policies: mem_schedule_test.go.
+	"policy-unchecked":      {"PolicyRefusals"},
+	"setpolicy-replaces":    {"PolicySet"},
+	"policy-lost-on-reopen": {"PolicySet", "Rate"},
+	"priority-ignored":      {"PriorityOrder", "PriorityAging", "OrderAcrossLimits"},
+	"snapshot-fence-order":  {"PriorityOrder", "FairShare"},
+	"aging-off":             {"PriorityAging"},
+	"fair-ignored":          {"FairShare"},
+	"fair-counts-tickets":   {"FairShare"},
+	"rate-uncharged":        {"Rate", "RateConcurrent"},
+	"rate-weighted":         {"Rate"},
+	"rate-no-slide":         {"Rate"},
+	"rate-racy":             {"RateConcurrent"},
+	"setpolicy-no-settle":   {"Rate"},
+	"order-first-limit":     {"OrderAcrossLimits"},
+	"deadlock":              {"OrderAcrossLimits"},
 }
 
 // TestMutants shows that the suite is not vacuous: each bug, planted in the

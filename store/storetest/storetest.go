@@ -184,6 +184,15 @@ var cases = []struct {
 	{"CountsConcurrent", testCountsConcurrent, false},
 	{"CountsLegacyFromZero", testCountsLegacy, false},
 	{"BusyIsCancelUnderItsName", testBusy, false},
+	// Scheduling policies (docs/scheduling.md): schedule.go.
+	{"PolicyRefusals", testPolicyRefusals, false},
+	{"PolicySet", testPolicySet, false},
+	{"PriorityOrder", testPriorityOrder, false},
+	{"PriorityAging", testPriorityAging, false},
+	{"FairShare", testFairShare, false},
+	{"Rate", testRate, false},
+	{"RateConcurrent", testRateConcurrent, false},
+	{"OrderAcrossLimits", testOrderAcrossLimits, false},
 }
 
 // suite is one case's store and helpers. Its helpers stop the case on the
