@@ -257,16 +257,21 @@ func (b *bell) ended(first string, st *lstate, e *entry, own clientv3.WatchChan)
 	}
 }
 
-// waitBehindKey waits, from revision rev on, for the ticket's own key or
-// the key ahead of it in its one limit to change; as after, done or the
-// own watch to go on with.
-func (b *bell) waitBehindKey(first string, ahead *mvccpb.KeyValue, rev int64, own clientv3.WatchChan) (bool, clientv3.WatchChan) {
+// waitBehindKey waits, from revision rev on, for the ticket's own key, the
+// key ahead of it in its one limit or that limit's key (a policy set since
+// ends the premise of the wait) to change; as after, done or the own watch
+// to go on with.
+func (b *bell) waitBehindKey(first string, ahead aheadKeys, rev int64, own clientv3.WatchChan) (bool, clientv3.WatchChan) {
 	if own == nil {
 		own = b.s.c.Watch(b.ctx, b.s.k.ticket(first, b.id), clientv3.WithRev(rev+1))
 	}
 	tctx, tcancel := context.WithCancel(b.ctx)
-	target := b.s.c.Watch(tctx, string(ahead.Key), clientv3.WithRev(rev+1))
-	again, heldAt := b.wait(own, target, map[string]bool{b.s.k.ticket(first, b.id): true}, map[string]bool{string(ahead.Key): false})
+	targets := []clientv3.WatchChan{
+		b.s.c.Watch(tctx, string(ahead.key.Key), clientv3.WithRev(rev+1)),
+		b.s.c.Watch(tctx, string(ahead.lim.Key), clientv3.WithRev(rev+1)),
+	}
+	watched := map[string]bool{string(ahead.key.Key): false, string(ahead.lim.Key): false}
+	again, heldAt := b.wait(own, merge(tctx, targets), map[string]bool{b.s.k.ticket(first, b.id): true}, watched, nil)
 	tcancel()
 	return b.after(again, first, heldAt, own)
 }
@@ -281,21 +286,53 @@ func (b *bell) waitBehindQueues(first string, st *lstate, e *entry, own clientv3
 	for _, n := range e.r.names() {
 		ownKeys[b.s.k.ticket(n, b.id)] = true
 	}
-	again, heldAt := b.wait(own, merge(tctx, targets), ownKeys, watched)
+	var wake <-chan time.Time
+	if d, ok := rateOpens(st, e, time.Now()); ok {
+		tm := time.NewTimer(d)
+		defer tm.Stop()
+		wake = tm.C
+	}
+	again, heldAt := b.wait(own, merge(tctx, targets), ownKeys, watched, wake)
 	tcancel()
 	return b.after(again, first, heldAt, own)
 }
+
+// rateOpens is how long until the first rate window among e's limits in st
+// whose rate is spent opens (ok false when none is spent): no key changes
+// then, so the bell reads again by the clock, and settles if e may go.
+func rateOpens(st *lstate, e *entry, now time.Time) (time.Duration, bool) {
+	var first time.Time
+	for _, n := range e.r.names() {
+		l := st.lim(n)
+		if l == nil || l.Policy.Tokens(l.Starts, now) != 0 {
+			continue
+		}
+		if at := l.Policy.Opens(l.Starts, now, 1); first.IsZero() || at.Before(first) {
+			first = at
+		}
+	}
+	if first.IsZero() {
+		return 0, false
+	}
+	return max(first.Sub(now), 0) + rateSlack, true
+}
+
+// rateSlack is how long after a rate window opens by this host's clock the
+// bell reads again: a little, for the clocks of the hosts that admit.
+const rateSlack = 50 * time.Millisecond
 
 // watchAhead watches, in each limit of e, what is ahead of it in st: the
 // waiter just ahead, or the holders. watched maps each key to whether only
 // its deletion counts.
 func (b *bell) watchAhead(ctx context.Context, st *lstate, e *entry) (targets []clientv3.WatchChan, watched map[string]bool) {
 	watched = map[string]bool{}
+	now := time.Now()
 	for _, n := range e.r.names() {
-		ahead := liveAhead(st, n, e)
+		ahead := liveAhead(b.s.arranged(st, n, now), e)
 		if len(ahead) == 0 {
 			// A paused limit (or one too small): only a resize admits
-			// it, and that rewrites its key.
+			// it, and that rewrites its key. (A spent rate opens by the
+			// clock: rateOpens.)
 			continue
 		}
 		if prev := ahead[len(ahead)-1]; prev.r.State != store.Held {
@@ -317,10 +354,11 @@ func (b *bell) watchAhead(ctx context.Context, st *lstate, e *entry) (targets []
 	return targets, watched
 }
 
-// liveAhead is the live tickets ahead of e in limit n's queue in st.
-func liveAhead(st *lstate, n string, e *entry) []*entry {
+// liveAhead is the live tickets ahead of e in a limit's queue q, holders
+// first, waiters in the order its policy admits them (lstate.arranged).
+func liveAhead(q []*entry, e *entry) []*entry {
 	var ahead []*entry
-	for _, a := range st.queue(n) {
+	for _, a := range q {
 		if a == e {
 			break
 		}
@@ -418,16 +456,18 @@ const (
 
 // wait sleeps until the ticket's own key changes (ring, then read again),
 // a watched key ahead changes (read again; with deletesOnly, only when it is
-// deleted), or the bell closes. An event on one of its own keys (its
-// ticket key in any of its limits: a promotion rewrites them all in one
-// revision, and the prefix watch of another limit may bring it first)
-// that shows the ticket promoted, on either watch, ends the wait: nothing
-// is left to watch.
-func (b *bell) wait(own, target clientv3.WatchChan, ownKeys map[string]bool, watched map[string]bool) (waitResult, int64) {
+// deleted), wake fires (read again; nil never does), or the bell closes.
+// An event on one of its own keys (its ticket key in any of its limits: a
+// promotion rewrites them all in one revision, and the prefix watch of
+// another limit may bring it first) that shows the ticket promoted, on
+// either watch, ends the wait: nothing is left to watch.
+func (b *bell) wait(own, target clientv3.WatchChan, ownKeys map[string]bool, watched map[string]bool, wake <-chan time.Time) (waitResult, int64) {
 	for {
 		select {
 		case <-b.ctx.Done():
 			return waitDone, 0
+		case <-wake:
+			return waitAgain, 0
 		case wr, ok := <-own:
 			if !ok || wr.Err() != nil || wr.Canceled {
 				return waitOwnLost, 0

@@ -248,8 +248,8 @@ func (s *Store) readCounted(ctx context.Context, names []string) (*lstate, error
 	for i, n := range names {
 		ls := &limState{name: n, slots: map[int]*mvccpb.KeyValue{}}
 		if kvs := rs[2*i].Kvs; len(kvs) > 0 {
-			var l limitRec
-			if err := decode("limit "+n, kvs[0].Value, &l); err != nil {
+			l, err := decodeLimit(n, kvs[0].Value)
+			if err != nil {
 				return nil, err
 			}
 			ls.lim, ls.limKV = &l, kvs[0]

@@ -5,7 +5,7 @@
 //
 // Under the store's prefix P (default /slotctl):
 //
-//	P/limits/<limit>          {slots, created}                       no lease
+//	P/limits/<limit>          {slots, created, policy, starts}       no lease
 //	P/tickets/<limit>/<id>    the live ticket                         the ticket's own lease
 //	P/slots/<limit>/<00000>   the id of the ticket holding slot i     the holder's lease
 //	P/records/<limit>/<id>    the same ticket, outliving its lease    no lease
@@ -64,6 +64,26 @@
 // queue, the holders. When that key goes without anyone settling (its lease
 // expired), the waiter settles the limits itself. A release thus wakes the
 // waiter it promoted and the one behind it, not the queue.
+//
+// # Scheduling policies
+//
+// A limit's key keeps its policy (order, aging, rate) and, when it has a
+// rate, the start of each admission within the window. Every settle plans
+// with the policies of the limits it read; an admission to a rated limit
+// rewrites the limit's key with its start in the same transaction, which
+// compares that key's revision as read, so two clients never spend one
+// token: the loser plans again on the starts the winner wrote. An
+// admission to a limit ordered by priority or fair share also compares
+// that no ticket joined the limit since the read (a newcomer may come
+// first there; in ticket order it comes last). etcd has no clock a
+// transaction could read, so "now" is the clock of the client that plans:
+// rate windows and aging are measured by the clocks of the hosts that
+// admit, and assume those clocks in sync (a host whose clock runs ahead
+// opens a window early by as much). The steps that skip the settle or
+// place a waiter without reading its limit's records (light.go; Get's and
+// a renewal's light reads; Heads) take the full path for a limit with a
+// policy, whose order a count of the tickets ahead does not give. A
+// waiter's bell reads its limits again when a spent rate's window opens.
 //
 // Newer runs first (docs/leases.md §2.1 item 10): a ticket's record carries
 // its key. An Enqueue with Supersede removes, in its own transaction, the

@@ -27,7 +27,9 @@ const headsPerTxn = 25
 // waiter at that revision. No waiting ticket but the first is decoded and
 // no lease is asked for its remaining time, so the cost is the limit's
 // size, not its queue's: a waiting run's status line reads this every time
-// it is drawn.
+// it is drawn. A limit whose policy orders its waiters otherwise than by
+// ticket is the exception: any of them may be first, and its records are
+// read whole to find which (arrangedFirst).
 //
 // The first waiter is the oldest ticket key that is not a holder's. A
 // waiter kept under a hold after an election (quarantine.go) has a key
@@ -79,7 +81,7 @@ func (s *Store) headsOf(ctx context.Context, names []string, named bool, out *st
 			}
 			continue
 		}
-		h, err := s.headOf(ctx, n, r, rev)
+		h, err := s.headOf(ctx, n, r, rev, out.Now)
 		if err != nil {
 			return err
 		}
@@ -104,7 +106,7 @@ func (s *Store) headsOf(ctx context.Context, names []string, named bool, out *st
 		if ts, recs, err = s.headTickets(n, h, recs); err != nil {
 			return err
 		}
-		out.AddLimit(store.Limit{Name: n, Slots: h.lim.Slots, Created: h.lim.Created}, ts)
+		out.AddLimit(h.lim.view(n), ts)
 		out.Limits[len(out.Limits)-1].Waiting = h.waiting
 	}
 	return nil
@@ -146,14 +148,12 @@ func (s *Store) readHeadKeys(ctx context.Context, names []string) (int64, []*cli
 
 // headOf decodes the head of limit n from its four responses r of
 // readHeadKeys (at rev), reading more ticket keys when every one read is
-// a holder's.
-func (s *Store) headOf(ctx context.Context, n string, r []*clientv3.GetResponse, rev int64) (limitHead, error) {
-	var l limitRec
-	if err := decode("limit "+n, r[0].Kvs[0].Value, &l); err != nil {
+// a holder's, or the limit's records when its policy orders its waiters
+// otherwise than by ticket (arrangedFirst).
+func (s *Store) headOf(ctx context.Context, n string, r []*clientv3.GetResponse, rev int64, now time.Time) (limitHead, error) {
+	l, err := decodeLimit(n, r[0].Kvs[0].Value)
+	if err != nil {
 		return limitHead{}, err
-	}
-	if err := store.CheckSlots(l.Slots); err != nil {
-		return limitHead{}, fmt.Errorf("%w: limit %s: %v", store.ErrCorrupt, n, err)
 	}
 	h := limitHead{lim: &l}
 	seen := map[string]bool{}
@@ -169,6 +169,10 @@ func (s *Store) headOf(ctx context.Context, n string, r []*clientv3.GetResponse,
 		}
 	}
 	h.waiting = max(int(r[2].Count)-len(h.held), 0)
+	if h.waiting > 0 && l.Policy.Ordered() != store.FIFO {
+		h.first, err = s.arrangedFirst(ctx, n, l.Policy, rev, now)
+		return h, err
+	}
 	keys := r[3].Kvs
 	if h.waiting > 0 && len(keys) == headScan && len(h.held) >= headScan {
 		// Every key read is a holder's: read as many as there are
@@ -189,6 +193,36 @@ func (s *Store) headOf(ctx context.Context, n string, r []*clientv3.GetResponse,
 		}
 	}
 	return h, nil
+}
+
+// arrangedFirst is the first waiter of limit n at rev in the order its
+// policy p admits them at now, as Snapshot numbers them: any waiter may
+// be first, so every record of the limit is read (the holders' too: a
+// fair order counts what each share holds). "" when none waits.
+func (s *Store) arrangedFirst(ctx context.Context, n string, p store.Policy, rev int64, now time.Time) (string, error) {
+	cctx, cancel := s.ctx(ctx)
+	resp, err := s.c.Get(cctx, s.k.records(n), clientv3.WithPrefix(), headsByFence(), clientv3.WithRev(rev))
+	cancel()
+	if err != nil {
+		return "", s.unavailable(err, false)
+	}
+	var held, waiting []*store.Ticket
+	for _, kv := range resp.Kvs {
+		r, err := decodeRec(kv.Key, n, last(kv.Key), kv.Value)
+		if err != nil {
+			return "", err
+		}
+		t := new(s.view(&entry{r: r, fence: kv.CreateRevision, rkv: kv}, 0, 0))
+		if r.State == store.Held {
+			held = append(held, t)
+		} else {
+			waiting = append(waiting, t)
+		}
+	}
+	if order := p.Arrange(held, waiting, now); len(order) > 0 {
+		return waiting[order[0]].ID, nil
+	}
+	return "", nil
 }
 
 // readHeadRecords reads the records of reads, in transactions within

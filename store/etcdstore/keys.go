@@ -74,11 +74,44 @@ func last(key []byte) string {
 	return s[strings.LastIndexByte(s, '/')+1:]
 }
 
-// limitRec is the value of P/limits/<name>.
+// limitRec is the value of P/limits/<name>: its size, its scheduling
+// policy and, when the policy has a rate, the starts of the admissions
+// within its window (by the admitting clients' clocks, oldest first, at
+// most Rate.N), which the transaction that admits writes.
 type limitRec struct {
-	V       int       `json:"v"`
-	Slots   int       `json:"slots"`
-	Created time.Time `json:"created"`
+	V       int          `json:"v"`
+	Slots   int          `json:"slots"`
+	Created time.Time    `json:"created"`
+	Policy  store.Policy `json:"policy,omitzero"`
+	Starts  []time.Time  `json:"starts,omitempty"`
+}
+
+// decodeLimit decodes and checks the record of limit name: a size, a
+// policy and rate starts a request could have written.
+func decodeLimit(name string, b []byte) (limitRec, error) {
+	var l limitRec
+	if err := decode("limit "+name, b, &l); err != nil {
+		return l, err
+	}
+	if err := store.CheckSlots(l.Slots); err != nil {
+		return l, fmt.Errorf("%w: limit %s: %v", store.ErrCorrupt, name, err)
+	}
+	if l.V < 2 && (l.Policy != (store.Policy{}) || l.Starts != nil) {
+		return l, fmt.Errorf("%w: limit %s: a version 1 record has a policy", store.ErrCorrupt, name)
+	}
+	if err := l.Policy.Check(); err != nil {
+		return l, fmt.Errorf("%w: limit %s: %v", store.ErrCorrupt, name, err)
+	}
+	if len(l.Starts) > l.Policy.Rate.N {
+		return l, fmt.Errorf("%w: limit %s: %d rate starts: want at most %d", store.ErrCorrupt, name, len(l.Starts), l.Policy.Rate.N)
+	}
+	return l, nil
+}
+
+// view is the limit as a Snapshot lists it before its tickets are counted
+// (store.Snapshot.AddLimit).
+func (l *limitRec) view(name string) store.Limit {
+	return store.Limit{Name: name, Slots: l.Slots, Created: l.Created, Policy: l.Policy, Starts: l.Starts}
 }
 
 // rec is a ticket: the value of both P/tickets/<limit>/<id> (while its lease
@@ -109,6 +142,10 @@ type rec struct {
 	Key      string           `json:"key,omitempty"`
 	Stop     *store.Successor `json:"stop,omitempty"`
 	Replaces []string         `json:"replaces,omitempty"`
+	// Priority and Share order the ticket in the limits whose policy asks
+	// for them (store.Ticket.Priority, store.Ticket.ShareKey).
+	Priority int    `json:"priority,omitempty"`
+	Share    string `json:"share,omitempty"`
 	// Superseding marks a ticket whose supersede did not fit in one
 	// transaction: it was written first, with what fit, and every settle
 	// goes on removing the older waiting tickets of its Key that share one
@@ -259,7 +296,7 @@ func (r *rec) check(what, limit, id string) error {
 		return corruptRec(what, "ticket id %q under key of id %q", r.ID, id)
 	}
 	if r.V < 2 && r.setsVersion2Fields() {
-		return corruptRec(what, "a version 1 record names limits, a weight, indexes, a key, a stop request, tickets it replaces or a supersede")
+		return corruptRec(what, "a version 1 record names limits, a weight, indexes, a key, a stop request, tickets it replaces, a supersede, a priority or a share")
 	}
 	if err := r.checkKeyed(what); err != nil {
 		return err
@@ -291,7 +328,8 @@ func corruptRec(what, format string, a ...any) error {
 // setsVersion2Fields reports whether the record sets a field that only
 // version 2 records have.
 func (r *rec) setsVersion2Fields() bool {
-	return len(r.Limits) > 0 || r.Weight != 0 || r.Indexes != nil || r.Key != "" || r.Stop != nil || r.Replaces != nil || r.Superseding
+	return len(r.Limits) > 0 || r.Weight != 0 || r.Indexes != nil || r.Key != "" || r.Stop != nil || r.Replaces != nil || r.Superseding ||
+		r.Priority != 0 || r.Share != ""
 }
 
 // checkKeyed checks the record's key and holder, the tickets it replaces,
@@ -301,6 +339,12 @@ func (r *rec) checkKeyed(what string) error {
 		return corruptRec(what, "%v", err)
 	}
 	if err := store.CheckStoredHolder(r.Holder); err != nil {
+		return corruptRec(what, "%v", err)
+	}
+	if err := store.CheckPriority(r.Priority); err != nil {
+		return corruptRec(what, "%v", err)
+	}
+	if err := store.CheckShare(r.Share); err != nil {
 		return corruptRec(what, "%v", err)
 	}
 	if len(r.Replaces) > maxReplaces {

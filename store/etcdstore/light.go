@@ -29,7 +29,9 @@ package etcdstore
 // filters it by revision, so a count cannot say how many are ahead.)
 //
 // Whenever the shortcut's premise fails (the key changed since, the ticket
-// ahead holds, several limits), the step falls back to the full read.
+// ahead holds, several limits, a limit with a scheduling policy, whose
+// order may admit a waiter past the one ahead of it, or whose rate may
+// open with no key changing), the step falls back to the full read.
 
 import (
 	"context"
@@ -82,7 +84,10 @@ func (s *Store) releaseWaitingOnce(ctx context.Context, k known, why store.Reaso
 	e.rkv = &mvccpb.KeyValue{Key: []byte(s.k.record(k.r.Limit, k.r.ID)), CreateRevision: k.fence, ModRevision: k.rev}
 	p := s.newPlan(st)
 	p.light = true // its event is counted in a delta key (countsrec.go)
-	p.cmp(clientv3.Compare(clientv3.ModRevision(string(ahead.Key)), "=", ahead.ModRevision))
+	p.cmp(clientv3.Compare(clientv3.ModRevision(string(ahead.key.Key)), "=", ahead.key.ModRevision))
+	// Still FIFO: a policy set since may make this waiter's leaving
+	// unblock others, which only a settle admits.
+	p.cmp(clientv3.Compare(clientv3.ModRevision(s.k.limit(k.r.Limit)), "=", ahead.lim.ModRevision))
 	if !p.remove(e, why, "") {
 		return false, false, false
 	}
@@ -112,19 +117,27 @@ func (s *Store) releaseWaitingOnce(ctx context.Context, k known, why store.Reaso
 	return true, false, false
 }
 
+// aheadKeys is what aheadOf read: the key of the live ticket just ahead,
+// and the limit's key, which said the limit is FIFO.
+type aheadKeys struct {
+	key, lim *mvccpb.KeyValue
+}
+
 // aheadOf reads, for a waiting ticket of one limit that this handle
-// knows, its own key and the live ticket just ahead of it in the queue.
-// ok is false when that does not settle what to watch: the ticket is
-// unknown, of several limits, gone or changed, held, or first in the
-// queue or behind a holder (the full read decides then). Otherwise the
+// knows, its own key, the live ticket just ahead of it in the queue and
+// the limit's key. ok is false when that does not settle what to watch:
+// the ticket is unknown, of several limits, gone or changed, held, or
+// first in the queue or behind a holder, or its limit has a scheduling
+// policy (which may admit it past the one ahead, or once a rate window
+// opens, with no key changing): the full read decides then. Otherwise the
 // ticket cannot be admitted before the one ahead (strict FIFO) and the
 // bell waits for either key to change, from rev on.
-func (s *Store) aheadOf(ctx context.Context, id string) (ahead *mvccpb.KeyValue, rev int64, ok bool) {
+func (s *Store) aheadOf(ctx context.Context, id string) (ahead aheadKeys, rev int64, ok bool) {
 	s.mu.Lock()
 	k, known := s.known[id]
 	s.mu.Unlock()
 	if !known || len(k.r.names()) > 1 || k.r.State == store.Held {
-		return nil, 0, false
+		return ahead, 0, false
 	}
 	own := s.k.ticket(k.limit, id)
 	cctx, cancel := s.ctx(ctx)
@@ -132,26 +145,30 @@ func (s *Store) aheadOf(ctx context.Context, id string) (ahead *mvccpb.KeyValue,
 		clientv3.OpGet(own),
 		clientv3.OpGet(s.k.tickets(k.limit), clientv3.WithPrefix(), clientv3.WithMaxCreateRev(k.fence-1),
 			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(1)),
+		clientv3.OpGet(s.k.limit(k.limit)),
 	).Commit()
 	cancel()
 	if err != nil {
-		return nil, 0, false
+		return ahead, 0, false
 	}
 	s.answered()
 	rs := getResponses(resp.Responses)
-	if len(rs[0].Kvs) == 0 || !ownKey(rs[0].Kvs[0], k.fence, k.lease) || len(rs[1].Kvs) == 0 {
-		return nil, 0, false
+	if len(rs[0].Kvs) == 0 || !ownKey(rs[0].Kvs[0], k.fence, k.lease) || len(rs[1].Kvs) == 0 || len(rs[2].Kvs) == 0 {
+		return ahead, 0, false
+	}
+	if l, err := decodeLimit(k.limit, rs[2].Kvs[0].Value); err != nil || !l.Policy.IsFIFO() {
+		return ahead, 0, false
 	}
 	r, err := decodeRec(rs[0].Kvs[0].Key, k.limit, id, rs[0].Kvs[0].Value)
 	if err != nil || r.State == store.Held {
-		return nil, 0, false
+		return ahead, 0, false
 	}
 	kv := rs[1].Kvs[0]
 	a, err := decodeRec(kv.Key, k.limit, last(kv.Key), kv.Value)
 	if err != nil || a.State == store.Held {
-		return nil, 0, false
+		return ahead, 0, false
 	}
-	return kv, resp.Header.Revision, true
+	return aheadKeys{key: kv, lim: rs[2].Kvs[0]}, resp.Header.Revision, true
 }
 
 // behind is what readFirst learned of a limit: enough to put a ticket at
@@ -242,10 +259,9 @@ func (s *Store) behindOf(req store.EnqueueRequest, rs []*clientv3.GetResponse) (
 	if len(rs[0].Kvs) == 0 || len(rs[idAt].Kvs) != 0 || len(rs[lastAt].Kvs) == 0 || rs[1].Count != rs[2].Count {
 		return behind{}, false
 	}
-	var l limitRec
-	if decode("limit "+name, rs[0].Kvs[0].Value, &l) != nil || l.Slots != req.Slots ||
-		store.CheckWeightFits(name, l.Slots, req.Weighs()) != nil {
-		return behind{}, false
+	l, err := decodeLimit(name, rs[0].Kvs[0].Value)
+	if err != nil || l.Slots != req.Slots || !l.Policy.IsFIFO() || store.CheckWeightFits(name, l.Slots, req.Weighs()) != nil {
+		return behind{}, false // a policy may admit past the waiter ahead, or once its rate opens: the full path settles
 	}
 	kv := rs[lastAt].Kvs[0]
 	if r, err := decodeRec(kv.Key, name, last(kv.Key), kv.Value); err != nil || r.State == store.Held || len(r.names()) > 1 {
@@ -281,7 +297,8 @@ func (s *Store) enqueueBehind(ctx context.Context, req store.EnqueueRequest, lea
 	p.cmp(clientv3.Compare(clientv3.CreateRevision(s.k.id(req.ID)), "=", 0))
 	p.cmp(clientv3.Compare(clientv3.ModRevision(s.k.limit(name)), "=", b.limKV.ModRevision))
 	r := rec{V: formatVersion, ID: req.ID, Limit: name, Lease: lease, State: store.Waiting,
-		Slot: -1, TTL: req.TTL, Holder: req.Holder, Created: p.now, Key: req.Key, Term: term}
+		Slot: -1, TTL: req.TTL, Holder: req.Holder, Created: p.now, Key: req.Key, Term: term,
+		Priority: req.Priority, Share: req.Share}
 	if req.Weighs() > 1 {
 		r.Weight = req.Weighs()
 	}

@@ -199,7 +199,7 @@ func (q *enqueuing) committed(ctx context.Context, p *plan, rev int64) store.Tic
 		}
 	}
 	after := p.after()
-	return s.view(e, positions(after.queue(q.names[0]))[e], s.remaining(ctx, q.lease))
+	return s.view(e, s.positionsIn(after, q.names[0], p.now)[e], s.remaining(ctx, q.lease))
 }
 
 // enqueueStep is what one plan of an Enqueue decided before writing.
@@ -297,7 +297,8 @@ func (q *enqueuing) planLimits(p *plan) []string {
 func (q *enqueuing) addTicket(st *lstate, now time.Time, replaced []*entry) *entry {
 	req := q.req
 	r := rec{V: formatVersion, ID: req.ID, Limit: q.names[0], Lease: q.lease, State: store.Waiting,
-		Slot: -1, TTL: req.TTL, Holder: req.Holder, Created: now, Key: req.Key, Term: q.term}
+		Slot: -1, TTL: req.TTL, Holder: req.Holder, Created: now, Key: req.Key, Term: q.term,
+		Priority: req.Priority, Share: req.Share}
 	if len(q.names) > 1 {
 		r.Limits = slices.Clone(q.names)
 	}
@@ -578,10 +579,11 @@ func waitingAhead(rs []*clientv3.GetResponse) int {
 // records: its own key and a few counts give its place (the waiters polling
 // or woken in a long queue must stay cheap). ok is false when that is not
 // enough to answer exactly (its lease expired; the limit has expired
-// tickets, whose states the counts cannot tell): read the limit then.
+// tickets, whose states the counts cannot tell; its policy orders waiters
+// otherwise than by ticket): read the limit then.
 func (s *Store) getLight(ctx context.Context, k known, id string) (store.Ticket, bool, error) {
 	cctx, cancel := s.ctx(ctx)
-	resp, err := s.c.Txn(cctx).Then(s.aheadOps(k, id)...).Commit()
+	resp, err := s.c.Txn(cctx).Then(s.aheadOps(k, id, clientv3.OpGet(s.k.limit(k.limit)))...).Commit()
 	cancel()
 	if err != nil {
 		return store.Ticket{}, false, s.unavailable(err, false)
@@ -589,7 +591,7 @@ func (s *Store) getLight(ctx context.Context, k known, id string) (store.Ticket,
 	s.answered()
 	rs := getResponses(resp.Responses)
 	own := rs[0].Kvs
-	if len(own) == 0 || !ownKey(own[0], k.fence, k.lease) || rs[4].Count != rs[3].Count {
+	if len(own) == 0 || !ownKey(own[0], k.fence, k.lease) || rs[4].Count != rs[3].Count || !queueOrdered(k.limit, rs[5].Kvs) {
 		return store.Ticket{}, false, nil
 	}
 	e := &entry{fence: k.fence, tkv: own[0], rkv: own[0]}
@@ -604,6 +606,18 @@ func (s *Store) getLight(ctx context.Context, k known, id string) (store.Ticket,
 		pos = waitingAhead(rs) + 1
 	}
 	return s.view(e, pos, s.remaining(ctx, k.lease)), true, nil
+}
+
+// queueOrdered reports whether the limit's key (lim, as read) orders its
+// waiters by ticket: then a waiter's place is the count of waiters ahead of
+// it in the queue. A rate does not change that order, only when the first
+// may go; any other order needs the limit's records (positionsIn).
+func queueOrdered(name string, lim []*mvccpb.KeyValue) bool {
+	if len(lim) == 0 {
+		return true
+	}
+	l, err := decodeLimit(name, lim[0].Value)
+	return err == nil && l.Policy.Ordered() == store.FIFO
 }
 
 // Renew implements [store.Store] with one keep-alive of the ticket's lease:
@@ -752,10 +766,12 @@ func (s *Store) takeHold(ctx context.Context, id string, k known) (nk known, hel
 // renewed reads a ticket just renewed. A holder, or a waiter far back in
 // the queue, needs only its own key and a few counts (a waiter's renewal
 // every TTL/3 must stay cheap when hundreds wait); a waiter next in line,
-// any waiter when the limit has expired tickets to sweep, and a waiter of
-// several limits (it may be next in line in another) read the limits and
-// settle them (probing the holders for death, admitting itself if a slot
-// went with an expired lease and nobody handed it on).
+// any waiter when the limit has expired tickets to sweep, a waiter of a
+// limit with a scheduling policy (its order may put it first, its rate may
+// have opened since) and a waiter of several limits (it may be next in
+// line in another) read the limits and settle them (probing the holders
+// for death, admitting itself if a slot went with an expired lease and
+// nobody handed it on).
 //
 // confirm sees the raft term of the read's answer before anything else is
 // taken from it; its error is the renewal's.
@@ -786,15 +802,15 @@ func (s *Store) renewed(ctx context.Context, k known, id string, confirm func(te
 		return s.view(e, 0, max(rem, time.Millisecond)), nil
 	}
 	ahead := waitingAhead(rs)
-	slots := 0
+	slots, fifo := 0, true
 	if kvs := rs[5].Kvs; len(kvs) > 0 {
-		var l limitRec
-		if err := decode("limit "+k.limit, kvs[0].Value, &l); err != nil {
+		l, err := decodeLimit(k.limit, kvs[0].Value)
+		if err != nil {
 			return store.Ticket{}, err
 		}
-		slots = l.Slots
+		slots, fifo = l.Slots, l.Policy.IsFIFO()
 	}
-	if len(e.r.names()) == 1 && ahead >= slots && rs[4].Count <= rs[3].Count && !e.r.Superseding {
+	if fifo && len(e.r.names()) == 1 && ahead >= slots && rs[4].Count <= rs[3].Count && !e.r.Superseding {
 		return s.view(e, ahead+1, max(rem, time.Millisecond)), nil
 	}
 	st, err := s.read(ctx, e.r.names(), id, false)
@@ -1222,7 +1238,7 @@ func (s *Store) Snapshot(ctx context.Context, limits ...string) (store.Snapshot,
 		for _, e := range entries[n] {
 			ts = append(ts, s.view(e, 0, rem[e.r.keyLease()]))
 		}
-		out.AddLimit(store.Limit{Name: n, Slots: lims[n].Slots, Created: lims[n].Created}, ts)
+		out.AddLimit(lims[n].view(n), ts)
 	}
 	return out, nil
 }
@@ -1256,12 +1272,9 @@ func (s *Store) parseSnapshot(rs []*clientv3.GetResponse) (map[string]*limitRec,
 	live := map[string]bool{} // limit/id of the live ticket keys
 	for i := 0; i < len(rs); i += 3 {
 		for _, kv := range rs[i].Kvs {
-			var l limitRec
-			if err := decode("limit "+string(kv.Key), kv.Value, &l); err != nil {
+			l, err := decodeLimit(string(kv.Key), kv.Value)
+			if err != nil {
 				return nil, nil, err
-			}
-			if err := store.CheckSlots(l.Slots); err != nil {
-				return nil, nil, fmt.Errorf("%w: limit %s: %v", store.ErrCorrupt, kv.Key, err)
 			}
 			lims[strings.TrimPrefix(string(kv.Key), s.k.limits())] = &l
 		}
@@ -1318,7 +1331,8 @@ func checkRecordedUnderAll(entries map[string][]*entry) error {
 	return nil
 }
 
-// SetLimit implements [store.Store].
+// SetLimit implements [store.Store]. The limit keeps its policy and the
+// starts its rate counts.
 func (s *Store) SetLimit(ctx context.Context, name string, slots int) (store.Limit, error) {
 	if s.closed.Load() {
 		return store.Limit{}, s.errClosed()
@@ -1338,7 +1352,7 @@ func (s *Store) SetLimit(ctx context.Context, name string, slots int) (store.Lim
 		p.compareLimit(name)
 		lim = limitRec{V: formatVersion, Slots: slots, Created: p.now}
 		if l := p.st.lim(name); l != nil {
-			lim.Created = l.Created
+			lim.Created, lim.Policy, lim.Starts = l.Created, l.Policy, l.Starts
 		} else {
 			p.newCounts(name)
 		}
@@ -1358,7 +1372,7 @@ func (s *Store) SetLimit(ctx context.Context, name string, slots int) (store.Lim
 			after = nst
 		}
 	}
-	out := store.Limit{Name: name, Slots: slots, Created: lim.Created}
+	out := store.Limit{Name: name, Slots: slots, Created: lim.Created, Policy: lim.Policy}
 	for _, e := range after.queue(name) {
 		if e.r.State == store.Held {
 			out.Held += e.r.weighs()
@@ -1367,6 +1381,65 @@ func (s *Store) SetLimit(ctx context.Context, name string, slots int) (store.Lim
 		}
 	}
 	return out, nil
+}
+
+// SetPolicy implements [store.Store]: the limit's record rewritten with
+// the policy changed, compared on the revision read, and the closure of
+// the limit settled in the same transaction (the new order or rate may
+// admit), as SetLimit does. A new rate counts the admissions the old one
+// counted in its window, at most its N.
+func (s *Store) SetPolicy(ctx context.Context, name string, ch store.PolicyChange) (store.Limit, error) {
+	if s.closed.Load() {
+		return store.Limit{}, s.errClosed()
+	}
+	if err := store.CheckLimitName(name); err != nil {
+		return store.Limit{}, err
+	}
+	st, err := s.read(ctx, []string{name}, "", true)
+	if err != nil {
+		return store.Limit{}, err
+	}
+	p, _, err := s.commit(ctx, st, "", func(p *plan) error {
+		l := p.st.lim(name)
+		if l == nil {
+			return fmt.Errorf("%w: %q", store.ErrLimitNotFound, name)
+		}
+		lim := *l
+		lim.V, lim.Policy = formatVersion, l.Policy.Apply(ch)
+		if err := lim.Policy.Check(); err != nil {
+			return err
+		}
+		if lim.Policy.Rate != l.Policy.Rate {
+			lim.Starts = lim.Policy.Charge(l.Starts, p.now, 0)
+		}
+		p.compareLimit(name)
+		p.put(s.k.limit(name), writeOp{val: encode(lim)})
+		p.st.lims[name].lim = &lim
+		p.settle(false)
+		return nil
+	})
+	if err != nil {
+		return store.Limit{}, err
+	}
+	s.afterCommit(p)
+	after := p.after()
+	if p.full {
+		if nst, err := s.settleLimit(ctx, []string{name}, ""); err == nil && nst.lim(name) != nil {
+			after = nst
+		}
+	}
+	return s.limitView(after, name), nil
+}
+
+// limitView is limit name of st as a Snapshot lists it.
+func (s *Store) limitView(st *lstate, name string) store.Limit {
+	var ts []store.Ticket
+	for _, e := range st.queue(name) {
+		ts = append(ts, s.view(e, 0, 0))
+	}
+	snap := store.Snapshot{Now: time.Now()}
+	snap.AddLimit(st.lim(name).view(name), ts)
+	return snap.Limits[0]
 }
 
 // RemoveLimit implements [store.Store]. With force, every ticket naming

@@ -40,6 +40,8 @@ type plan struct {
 	events   int
 	needDay  bool
 	limitCmp map[string]bool // limits whose size is compared already
+	charged  map[string]bool // rated limits whose record the plan rewrites with new starts
+	orderCmp map[string]bool // limits ordered by policy whose joins are compared already
 	slotCmp  map[string]bool // limits whose slot keys are compared already
 	full     bool            // out of room: commit this, then settle again
 
@@ -424,12 +426,22 @@ func (p *plan) planSettle(all bool, keep func(*entry) bool) (policy.SettlePlan, 
 	return policy.PlanSettle(in), es
 }
 
-// input is a settle's sizes: every limit read that exists.
+// input is a settle's sizes and policies: every limit read that exists,
+// each rated one with the starts its record keeps, on this client's clock
+// (etcd has none a transaction could read).
 func (p *plan) input() policy.SettleInput {
-	in := policy.SettleInput{Slots: map[string]int{}}
+	in := policy.SettleInput{Slots: map[string]int{}, Now: p.now}
 	for _, n := range p.st.order {
-		if l := p.st.lim(n); l != nil {
-			in.Slots[n] = l.Slots
+		l := p.st.lim(n)
+		if l == nil {
+			continue
+		}
+		in.Slots[n] = l.Slots
+		if !l.Policy.IsFIFO() {
+			if in.Policies == nil {
+				in.Policies, in.Starts = map[string]store.Policy{}, map[string][]time.Time{}
+			}
+			in.Policies[n], in.Starts[n] = l.Policy, l.Starts
 		}
 	}
 	return in
@@ -503,12 +515,14 @@ func (p *plan) admit(e *entry, a policy.Admit) bool {
 	if held && !slices.Contains(p.holding, e) {
 		return false
 	}
-	if c := p.countRoom(names); !p.room(ticketKeys(len(names), e.r.Weight)+c, 1+2*len(names)+c) {
+	if c, r := p.countRoom(names), p.chargeRoom(names); !p.room(ticketKeys(len(names), e.r.Weight)+c+r, 1+3*len(names)+c) {
 		return false
 	}
 	for _, n := range names {
 		p.compareLimit(n)
 		p.compareSlots(n)
+		p.compareOrder(n)
+		p.charge(n)
 	}
 	e.r.State, e.r.Slot, e.r.Admitted = store.Held, a.Slot, p.now
 	e.r.Indexes = nil
@@ -547,6 +561,56 @@ func (p *plan) admit(e *entry, a policy.Admit) bool {
 	p.event("admitted", e.r, e.fence, "")
 	p.promoted = append(p.promoted, e)
 	return true
+}
+
+// compareOrder makes an admission to limit name depend on its waiters as
+// read when its policy orders them otherwise than by ticket: a ticket that
+// joined since may come first (in ticket order a newcomer comes last).
+func (p *plan) compareOrder(name string) {
+	l := p.st.lim(name)
+	if l == nil || l.Policy.Ordered() == store.FIFO || p.orderCmp[name] {
+		return
+	}
+	if p.orderCmp == nil {
+		p.orderCmp = map[string]bool{}
+	}
+	p.orderCmp[name] = true
+	p.cmp(clientv3.Compare(clientv3.CreateRevision(p.s.k.tickets(name)).WithPrefix(), "<", p.st.rev+1))
+}
+
+// chargeRoom is how many limit records an admission to names adds to the
+// plan: one per rated limit not charged in it yet.
+func (p *plan) chargeRoom(names []string) int {
+	n := 0
+	for _, name := range names {
+		if l := p.st.lim(name); l != nil && l.Policy.Rate.N > 0 && !p.charged[name] {
+			n++
+		}
+	}
+	return n
+}
+
+// charge spends one admission of limit name's rate, if it has one: the
+// admission's start goes into the limit's record, written by the same
+// transaction as the admission and compared on the revision read
+// (compareLimit), so that two clients admitting at once can never spend
+// one token; the loser plans again on the starts the winner wrote. (The
+// planner's SettlePlan.Starts are these starts, one admission at a time;
+// counted here, a plan cut short by etcd's bound on a transaction charges
+// only the admissions it writes.)
+func (p *plan) charge(name string) {
+	ls := p.st.lims[name]
+	if ls == nil || ls.lim == nil || ls.lim.Policy.Rate.N == 0 {
+		return
+	}
+	l := *ls.lim
+	l.Starts = l.Policy.Charge(l.Starts, p.now, 1)
+	ls.lim = &l
+	if p.charged == nil {
+		p.charged = map[string]bool{}
+	}
+	p.charged[name] = true
+	p.put(p.s.k.limit(name), writeOp{val: encode(l)})
 }
 
 // putNew writes a new ticket's keys in all of its limits (Enqueue): one

@@ -207,12 +207,9 @@ func addLimitRec(ls *limState, lim, counts, deltas []*mvccpb.KeyValue) error {
 		}
 		return nil
 	}
-	var l limitRec
-	if err := decode("limit "+ls.name, lim[0].Value, &l); err != nil {
+	l, err := decodeLimit(ls.name, lim[0].Value)
+	if err != nil {
 		return err
-	}
-	if err := store.CheckSlots(l.Slots); err != nil {
-		return fmt.Errorf("%w: limit %s: %v", store.ErrCorrupt, ls.name, err)
 	}
 	ls.lim, ls.limKV = &l, lim[0]
 	if err := addCounts(ls, counts); err != nil {
@@ -263,6 +260,7 @@ func addRecords(st *lstate, ls *limState, records, tickets []*mvccpb.KeyValue) e
 // a settle decides on.
 func sameRec(a, b rec) bool {
 	return a.ID == b.ID && a.Limit == b.Limit && a.Key == b.Key && slices.Equal(a.names(), b.names()) && a.Weight == b.Weight &&
+		a.Priority == b.Priority && a.Share == b.Share &&
 		a.State == b.State && a.Lease == b.Lease && slices.EqualFunc(a.names(), b.names(), func(n, _ string) bool { return slices.Equal(a.in(n), b.in(n)) })
 }
 
@@ -547,7 +545,7 @@ const ttlInFlight = 64
 func (s *Store) view(e *entry, position int, remaining time.Duration) store.Ticket {
 	r := &e.r
 	t := store.Ticket{ID: r.ID, Limit: r.Limit, State: r.State, Fence: uint64(e.fence), Slot: r.Slot,
-		TTL: r.TTL, Holder: r.Holder, Created: r.Created, Admitted: r.Admitted, Key: r.Key}
+		TTL: r.TTL, Holder: r.Holder, Created: r.Created, Admitted: r.Admitted, Key: r.Key, Priority: r.Priority, Share: r.Share}
 	if r.Stop != nil {
 		stop := *r.Stop
 		t.Stop = &stop
@@ -589,6 +587,38 @@ func positions(es []*entry) map[*entry]int {
 	return out
 }
 
+// positionsIn numbers the waiting entries of limit name in st as its
+// policy admits them at now (store.Policy.Arrange, as a snapshot numbers
+// them): queue order for a FIFO limit.
+func (s *Store) positionsIn(st *lstate, name string, now time.Time) map[*entry]int {
+	return positions(s.arranged(st, name, now))
+}
+
+// arranged is the tickets of limit name in st, its holders first, then its
+// waiters in the order its policy admits them at now (store.Policy.
+// Arrange): the queue itself when the limit is FIFO.
+func (s *Store) arranged(st *lstate, name string, now time.Time) []*entry {
+	es := st.queue(name)
+	l := st.lim(name)
+	if l == nil || l.Policy.Ordered() == store.FIFO {
+		return es
+	}
+	var held, waiting []*store.Ticket
+	var out, we []*entry
+	for _, e := range es {
+		t := new(s.view(e, 0, 0))
+		if e.r.State == store.Held {
+			held, out = append(held, t), append(out, e)
+		} else {
+			waiting, we = append(waiting, t), append(we, e)
+		}
+	}
+	for _, i := range l.Policy.Arrange(held, waiting, now) {
+		out = append(out, we[i])
+	}
+	return out
+}
+
 // viewOf is the Ticket of id in st.
 func (s *Store) viewOf(ctx context.Context, st *lstate, id string) (store.Ticket, bool) {
 	e, _ := st.find(id)
@@ -599,7 +629,7 @@ func (s *Store) viewOf(ctx context.Context, st *lstate, id string) (store.Ticket
 	if e.live() || e.onHold() {
 		rem = s.remaining(ctx, e.r.keyLease())
 	}
-	return s.view(e, positions(st.queue(e.r.Limit))[e], rem), true
+	return s.view(e, s.positionsIn(st, e.r.Limit, time.Now())[e], rem), true
 }
 
 // limitName extracts <limit> from P/<kind>/<limit>/<rest>.
