@@ -225,9 +225,10 @@ func (e *Entry) Sweep(ctx context.Context) {
 }
 
 // Expiry is how long to sleep before Sweep, when this ticket is next in
-// line: until the first holder's lease runs out (HeadExpiry). Only the head
-// of the queue watches, so a long queue costs one read per wake-up, not one
-// per waiter. ok is false when there is nothing to watch.
+// line: until the first holder's lease runs out, or a spent rate's window
+// opens (HeadExpiry). Only the head of the queue watches, so a long queue
+// costs one read per wake-up, not one per waiter. ok is false when there is
+// nothing to watch.
 //
 // A ticket of several limits may be the first waiter in one of them and not
 // in its first (Position counts its first limit only), so it reads all of
@@ -316,10 +317,14 @@ func (e *Entry) unwatch() {
 }
 
 // HeadExpiry is how long the head of a limit's queue sleeps before it sweeps
-// the limit: until the first holder's lease in snap runs out. ok is false
-// when snap has no holder. A few ms past the deadline, so that the store's
-// clock agrees it passed; no sooner than 50 ms after an expired lease, so
-// that a sweep that failed (a locked store) is not retried in a hot loop.
+// the limit: until the first holder's lease in snap runs out or, for a
+// limit whose rate is spent, its window opens (store.Limit.Opens), whichever
+// comes first. The sweep is a settle, which admits the head once the rate
+// allows: a waiter that renews nothing (a quiet bbolt waiter) or a limit
+// nobody holds would otherwise wait for its next poll. ok is false when snap
+// has neither. A few ms past the deadline, so that the store's clock agrees
+// it passed; no sooner than 50 ms after one already past, so that a sweep
+// that failed (a locked store) is not retried in a hot loop.
 func HeadExpiry(snap store.Snapshot) (d time.Duration, ok bool) {
 	return headExpiry(snap, func(string) bool { return true })
 }
@@ -348,6 +353,14 @@ func headExpiry(snap store.Snapshot, in func(limit string) bool) (d time.Duratio
 	for _, t := range snap.Tickets {
 		if t.State == store.Held && in(t.Limit) && (!found || t.Remaining < first) {
 			first, found = t.Remaining, true
+		}
+	}
+	for _, l := range snap.Limits {
+		if l.Opens.IsZero() || !in(l.Name) {
+			continue
+		}
+		if opens := l.Opens.Sub(snap.Now); !found || opens < first {
+			first, found = opens, true
 		}
 	}
 	if !found {

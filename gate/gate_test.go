@@ -606,3 +606,82 @@ func TestJoinQueueFullWritesNothing(t *testing.T) {
 		t.Fatalf("Enqueue of the refused id afterwards: %s, %v; want waiting (nothing was written for it)", tk.State, err)
 	}
 }
+
+// TestHeadExpiryRateOpens: the head of a limit whose rate is spent sweeps
+// when the window opens (Limit.Opens), or at its holder's expiry if that
+// comes first; a limit of another ticket's head does not count.
+func TestHeadExpiryRateOpens(t *testing.T) {
+	now := time.Date(2026, 3, 14, 9, 0, 0, 0, time.UTC)
+	rated := store.Limit{Name: "r", Slots: 2, Opens: now.Add(2 * time.Second)}
+	snap := store.Snapshot{Now: now, Limits: []store.Limit{rated}, Tickets: []store.Ticket{
+		{ID: "w", Limit: "r", State: store.Waiting, Position: 1, Remaining: time.Minute},
+	}}
+	if d, ok := HeadExpiry(snap); !ok || d != 2*time.Second+5*time.Millisecond {
+		t.Errorf("no holder, window opens in 2s: HeadExpiry = %v, %v; want 2.005s, true", d, ok)
+	}
+	snap.Tickets = append(snap.Tickets, store.Ticket{ID: "h", Limit: "r", State: store.Held, Remaining: time.Second})
+	if d, ok := HeadExpiry(snap); !ok || d != time.Second+5*time.Millisecond {
+		t.Errorf("holder expires in 1s, window in 2s: HeadExpiry = %v, %v; want 1.005s, true", d, ok)
+	}
+	snap.Tickets[1].Remaining = 10 * time.Second
+	if d, ok := HeadExpiry(snap); !ok || d != 2*time.Second+5*time.Millisecond {
+		t.Errorf("holder expires in 10s, window in 2s: HeadExpiry = %v, %v; want 2.005s, true", d, ok)
+	}
+
+	// Two limits: the waiter heads "a" (rate spent) but not "r", where an
+	// older ticket waits and watches r's window itself.
+	w := store.Ticket{ID: "w", Limit: "a", Limits: []string{"a", "r"}, State: store.Waiting, Slot: -1, Fence: 5}
+	var two store.Snapshot
+	two.Now = now
+	two.AddLimit(store.Limit{Name: "a", Slots: 1}, []store.Ticket{w})
+	two.AddLimit(store.Limit{Name: "r", Slots: 1}, []store.Ticket{{ID: "older", Limit: "r", State: store.Waiting, Slot: -1, Fence: 2}, w})
+	two.Limits[0].Opens = now.Add(3 * time.Second)
+	two.Limits[1].Opens = now.Add(time.Second)
+	if d, ok := TicketExpiry(two, w); !ok || d != 3*time.Second+5*time.Millisecond {
+		t.Errorf("TicketExpiry = %v, %v; want 3.005s (a's window), true", d, ok)
+	}
+}
+
+// TestWaitRateWindowOpens: the head of a limit whose rate is spent, with
+// no holder to expire and no poll for an hour, sweeps when the window
+// opens and is admitted then, with no other write to the store.
+func TestWaitRateWindowOpens(t *testing.T) {
+	s, err := boltstore.New(filepath.Join(t.TempDir(), "slots.db"), boltstore.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	g := &Gate{Store: s, PollEvery: time.Hour, QuietPollEvery: time.Hour}
+	ctx := context.Background()
+	if _, err := s.SetLimit(ctx, "r", 2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.SetPolicy(ctx, "r", store.PolicyChange{Rate: &store.Rate{N: 1, Per: time.Second}}); err != nil {
+		t.Fatal(err)
+	}
+	first := join(t, g, request("r", 2))
+	if first.Ticket().State != store.Held {
+		t.Fatalf("the first run is %s, want held (the rate's one admission)", first.Ticket().State)
+	}
+	if ok, err := first.Leave(ctx, store.Released); !ok || err != nil {
+		t.Fatalf("Leave = %v, %v", ok, err)
+	}
+	e := join(t, g, request("r", 2))
+	defer e.Close()
+	if e.Ticket().State != store.Waiting {
+		t.Fatalf("the second run is %s, want waiting: the rate of 1/1s is spent", e.Ticket().State)
+	}
+	snap, err := s.Snapshot(ctx, "r")
+	if err != nil || len(snap.Limits) != 1 || !snap.Limits[0].Opens.After(snap.Now) {
+		t.Fatalf("snapshot: %+v, %v; want the limit's window to open later", snap.Limits, err)
+	}
+	// A bound for a loaded machine: the window opens within a second, the
+	// poll not for an hour.
+	got, err := e.Wait(ctx, time.Minute, nil)
+	if err != nil {
+		t.Fatalf("Wait: %v; want admitted when the window opened", err)
+	}
+	if got.State != store.Held {
+		t.Errorf("admitted as %s", got.State)
+	}
+}

@@ -97,15 +97,7 @@ func estimateWait(holds, elapsed []time.Duration, ahead []int, weight, slots int
 // t's place is then its own Position, and a waiter ahead that snap does not
 // list is taken to weigh 1.
 func estimateIn(holds []time.Duration, snap store.Snapshot, l store.Limit, t store.Ticket) (time.Duration, bool) {
-	pos := 0
-	if t.Limit == l.Name && t.State == store.Waiting {
-		pos = t.Position
-	}
-	for _, x := range snap.Tickets {
-		if x.Limit == l.Name && x.ID == t.ID && x.State == store.Waiting {
-			pos = x.Position
-		}
-	}
+	pos := placeIn(snap, l, t)
 	if pos < 1 {
 		return 0, false
 	}
@@ -134,9 +126,43 @@ func estimateIn(holds []time.Duration, snap store.Snapshot, l store.Limit, t sto
 	return estimateWait(holds, elapsed, weights, t.Weighs(), l.Slots)
 }
 
+// placeIn is waiting ticket t's place in the queue of limit l of snap:
+// where snap lists it there, else its own Position when t is read under
+// l; 0 when it does not wait there.
+func placeIn(snap store.Snapshot, l store.Limit, t store.Ticket) int {
+	pos := 0
+	if t.Limit == l.Name && t.State == store.Waiting {
+		pos = t.Position
+	}
+	for _, x := range snap.Tickets {
+		if x.Limit == l.Name && x.ID == t.ID && x.State == store.Waiting {
+			pos = x.Position
+		}
+	}
+	return pos
+}
+
+// estimateRated is estimateIn with l's rate: no earlier than the rate lets
+// the waiter at t's place in (store.Policy.Opens). Without an estimate
+// from the holds, the rate alone is the estimate for a first waiter that
+// has room: nothing but the rate keeps it out.
+func estimateRated(holds []time.Duration, snap store.Snapshot, l store.Limit, t store.Ticket) (time.Duration, bool) {
+	e, ok := estimateIn(holds, snap, l, t)
+	pos := placeIn(snap, l, t)
+	r := rateWait(l, snap.Now, pos)
+	if !ok {
+		if r > 0 && pos == 1 && l.Slots-l.Held >= t.Weighs() {
+			return r, true
+		}
+		return 0, false
+	}
+	return max(e, r), true
+}
+
 // estimate is the ", ~4m" of the waiting line of ticket t in the limits of
 // snap that keep it waiting (names; all of snap's when nil): the latest of
-// its estimates there, or "" when one of them has none.
+// its estimates there (each no earlier than the limit's rate allows), or
+// "" when one of them has none.
 func (s *statusLine) estimate(ctx context.Context, snap store.Snapshot, t store.Ticket, names map[string]bool) string {
 	now := time.Now()
 	if s.f.Now != nil {
@@ -156,7 +182,7 @@ func (s *statusLine) estimate(ctx context.Context, snap store.Snapshot, t store.
 			holds = recentHolds(ctx, s.st, l.Name)
 			s.holds[l.Name] = holds
 		}
-		e, ok := estimateIn(holds, snap, l, t)
+		e, ok := estimateRated(holds, snap, l, t)
 		if !ok {
 			return ""
 		}

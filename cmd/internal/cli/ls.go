@@ -38,6 +38,12 @@ change.`,
 then the waiters in queue order. A ticket whose lease has expired but that no
 admission or reap has removed yet shows as expired.
 
+The queue order is the limit's policy (slotctl limit set --order): where a
+limit listed orders by priority, a PRIO column shows each waiter's effective
+priority; where one is fair, a SHARE column what each ticket counts against;
+where one has a policy other than FIFO, a POLICY column ends the limits
+table, with when a spent rate's window opens (docs/scheduling.md).
+
 On a terminal the tables are coloured and fit its width (long commands are
 cut with an ellipsis; -o wide shows them whole); piped, or with NO_COLOR, they
 are plain aligned text. -o json is a stable schema for scripts (docs/ls.md).
@@ -126,7 +132,7 @@ func writeLs(out tableOut, storeURL string, snap store.Snapshot, format string) 
 	if format == outJSON {
 		return writeLsJSON(out.w, lsJSONOf(storeURL, snap))
 	}
-	if err := drawLimits(out, snap.Limits); err != nil {
+	if err := drawLimits(out, snap.Limits, snap.Now); err != nil {
 		return err
 	}
 	if len(snap.Tickets) == 0 {
@@ -138,21 +144,34 @@ func writeLs(out tableOut, storeURL string, snap store.Snapshot, format string) 
 
 var limitHeaders = []string{"LIMIT", "SLOTS", "HELD", "WAITING", "PAUSED"}
 
-// drawLimits is the limits table, shared by ls and limit ls.
-func drawLimits(out tableOut, limits []store.Limit) error {
+// drawLimits is the limits table, shared by ls and limit ls, at now. A
+// POLICY column (store.Policy.String, and when a spent rate opens) follows
+// when some limit has a policy other than FIFO.
+func drawLimits(out tableOut, limits []store.Limit, now time.Time) error {
+	headers := limitHeaders
+	policy := anyPolicy(limits)
+	if policy {
+		headers = append(slices.Clip(headers), "POLICY")
+	}
 	rows := make([][]string, 0, len(limits))
 	for _, l := range limits {
 		paused := "no"
 		if l.Slots == 0 {
 			paused = "yes"
 		}
-		rows = append(rows, []string{store.Printable(l.Name), strconv.Itoa(l.Slots), strconv.Itoa(l.Held), strconv.Itoa(l.Waiting), paused})
+		row := []string{store.Printable(l.Name), strconv.Itoa(l.Slots), strconv.Itoa(l.Held), strconv.Itoa(l.Waiting), paused}
+		if policy {
+			row = append(row, policyCell(l, now))
+		}
+		rows = append(rows, row)
 	}
-	return out.draw(limitHeaders, rows, -1, func(row, col int) string {
+	return out.draw(headers, rows, -1, func(row, col int) string {
 		switch {
 		case col == 4 && rows[row][4] == "yes":
 			return colorYellow
 		case col == 3 && rows[row][3] != "0":
+			return colorYellow
+		case col == 5 && limits[row].Opens.After(now):
 			return colorYellow
 		}
 		return ""
@@ -182,6 +201,26 @@ func drawTickets(out tableOut, snap store.Snapshot, wide bool) error {
 	if weighted {
 		headers = append(append(slices.Clip(ticketHeaders[:3]), "W"), ticketHeaders[3:]...)
 	}
+	// PRIO (a waiter's effective priority) and SHARE (what a ticket counts
+	// against) appear only when a limit listed orders by priority or is
+	// fair: the default table stays as narrow as FIFO needs.
+	orders := ordersOf(snap.Limits)
+	prio, share := orders[store.ByPriority], orders[store.Fair]
+	if prio || share {
+		n := slices.Index(headers, "TICKET")
+		extra := []string{}
+		if prio {
+			extra = append(extra, "PRIO")
+		}
+		if share {
+			extra = append(extra, "SHARE")
+		}
+		headers = append(append(slices.Clip(headers[:n]), extra...), headers[n:]...)
+	}
+	fair := map[string]bool{}
+	for _, l := range snap.Limits {
+		fair[l.Name] = l.Policy.Ordered() == store.Fair
+	}
 	if wide {
 		// -o wide shows where each run comes from (docs/leases.md §2.1
 		// items 10 and 11): its key and CI URL, before the whole command.
@@ -191,7 +230,25 @@ func drawTickets(out tableOut, snap store.Snapshot, wide bool) error {
 	col := func(name string) int { return slices.Index(headers, name) }
 	rows := make([][]string, 0, len(snap.Tickets))
 	for _, t := range snap.Tickets {
-		rows = append(rows, ticketRow(t, snap.Now, weighted, wide))
+		row := ticketRow(t, snap.Now, weighted, wide)
+		if prio || share {
+			n := 3
+			if weighted {
+				n = 4
+			}
+			var extra []string
+			if prio {
+				extra = append(extra, priorityCell(t))
+			}
+			if share {
+				extra = append(extra, "-")
+				if fair[t.Limit] {
+					extra[len(extra)-1] = store.Printable(t.ShareKey())
+				}
+			}
+			row = append(append(slices.Clip(row[:n]), extra...), row[n:]...)
+		}
+		rows = append(rows, row)
 	}
 	all, fit := headers, len(headers)-1
 	cols := make([]int, len(headers)) // the columns shown: all but on a narrow terminal
@@ -201,7 +258,8 @@ func drawTickets(out tableOut, snap store.Snapshot, wide bool) error {
 	if wide {
 		fit = -1
 	} else if out.width > 0 {
-		// Least needed first: FENCE, PID, HOST, USER, SLOT.
+		// Least needed first: FENCE, PID, HOST, USER, SLOT (a column not
+		// shown is -1, which drops nothing).
 		cols = narrowColumns(all, rows, out.width, []int{col("FENCE"), col("PID"), col("HOST"), col("USER"), col("SLOT")})
 		headers, rows = project(all, rows, cols)
 		fit = len(cols) - 1
@@ -344,6 +402,13 @@ type ticketJSON struct {
 	URL      string         `json:"url"`
 	Stop     *successorJSON `json:"stop"`     // a held ticket a newer run asked to stop; else null
 	Replaces []string       `json:"replaces"` // the held tickets this one waits to replace; else null
+	// Scheduling (docs/scheduling.md), added to version 1: the run's
+	// --priority, its effective priority while it waits in a limit that
+	// orders by priority (else null), and the share it counts against in
+	// a fair limit (--share, else its user).
+	Priority          int    `json:"priority"`
+	EffectivePriority *int   `json:"effective_priority"`
+	Share             string `json:"share"`
 }
 
 // successorJSON is the newer run that asked a ticket to stop.
@@ -397,7 +462,7 @@ func writeLsJSON(w io.Writer, v lsJSON) error {
 func lsJSONOf(storeURL string, snap store.Snapshot) lsJSON {
 	out := lsJSON{SchemaVersion: 1, Store: storeURL, Now: rfc3339(snap.Now), Limits: []limitEntry{}, Tickets: []ticketJSON{}}
 	for _, l := range snap.Limits {
-		out.Limits = append(out.Limits, limitEntryOf(l))
+		out.Limits = append(out.Limits, limitEntryOf(l, snap.Now))
 	}
 	for _, t := range snap.Tickets {
 		j := ticketJSON{ID: t.ID, Limit: t.Limit, State: ticketState(t), Held: t.State == store.Held, Fence: t.Fence,
@@ -409,6 +474,7 @@ func lsJSONOf(storeURL string, snap store.Snapshot) lsJSON {
 		}
 		j.Limits, j.Weight = t.Names(), t.Weighs()
 		j.Key, j.URL, j.Replaces = t.Key, t.Holder.URL, t.Replaces
+		j.Priority, j.EffectivePriority, j.Share = t.Priority, t.Effective, t.ShareKey()
 		if s := t.Stop; s != nil {
 			j.Stop = &successorJSON{Ticket: s.Ticket, Host: s.Host, Pid: s.Pid, URL: s.URL}
 		}
@@ -494,11 +560,12 @@ type changeNotifier interface {
 	Changes(context.Context) (<-chan struct{}, error)
 }
 
-// snapshotKey is what a change means off a terminal: who holds, who waits, sizes.
+// snapshotKey is what a change means off a terminal: who holds, who waits
+// (in which order), sizes and policies.
 func snapshotKey(s store.Snapshot) string {
 	var b strings.Builder
 	for _, l := range s.Limits {
-		fmt.Fprintf(&b, "%s=%d;", l.Name, l.Slots)
+		fmt.Fprintf(&b, "%s=%d:%s;", l.Name, l.Slots, l.Policy)
 	}
 	for _, t := range s.Tickets {
 		fmt.Fprintf(&b, "%s:%s:%s:%v:%d:%s;", t.ID, t.Limit, t.State, t.In(t.Limit), t.Position, ticketState(t))

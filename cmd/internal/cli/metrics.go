@@ -22,12 +22,14 @@ func newMetricsCmd(f *Factory, g *globalOptions, runF func(*MetricsOptions) erro
 		Use:   "metrics [LIMIT...]",
 		Short: "Print the limits' gauges, counters and histograms for Prometheus",
 		Long: `Print the store's state in the Prometheus text exposition format: per limit
-its gauges (slots, held, waiting, paused, oldest waiter and holder), counters
-of runs by outcome, and histograms of wait and hold times. --textfile writes
+its gauges (slots, held, waiting, paused, oldest waiter and holder, policy
+and rate), counters of runs by outcome, and histograms of wait and hold times. --textfile writes
 it atomically, for node_exporter's textfile collector.`,
 		Annotations: manPage(`Print the store's state in the Prometheus text exposition format: per limit
 its slots, held slots, waiting tickets, whether it is paused, and the age of
-its oldest waiter and oldest holder (gauges); how many runs were admitted,
+its oldest waiter and oldest holder, its order (slotctl_limit_policy_info),
+and where it has them its aging, its rate, the admissions the rate allows
+now and the seconds until it allows the next (gauges); how many runs were admitted,
 released, cancelled, busy (not admitted within --wait), superseded, replaced,
 reaped, lost and force-released since the limit was created (counters); and
 how long runs waited and held their slots (histograms, in seconds).

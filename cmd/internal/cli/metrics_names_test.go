@@ -12,4 +12,11 @@ const (
 	metricHolderAge = promtext.HolderAge
 	metricWaitTime  = promtext.WaitTime
 	metricHoldTime  = promtext.HoldTime
+
+	metricPolicyInfo = promtext.PolicyInfo
+	metricAging      = promtext.Aging
+	metricRateN      = promtext.RateN
+	metricRatePer    = promtext.RatePer
+	metricRateLeft   = promtext.RateLeft
+	metricRateOpens  = promtext.RateOpens
 )

@@ -18,6 +18,7 @@ var pgScripts = []string{
 	"acquire_basic", "bad_input_newer", "limit_cmds", "limit_pause", "log_basic", "release_basic", "release_multi",
 	"run_busy", "run_estimate", "run_exit_codes", "run_fifo", "run_nested_multi",
 	"run_newer_first", "run_signals", "run_slots_conflict", "run_two_slots", "stats_basic",
+	"sched_aging", "sched_bad_input", "sched_fair", "sched_priority", "sched_rate",
 }
 
 // TestScriptPostgres runs pgScripts with SLOTCTL_STORE a new PostgreSQL

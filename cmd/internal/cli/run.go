@@ -43,6 +43,10 @@ type RunOptions struct {
 	Supersede  bool
 	Replace    bool
 	MaxWaiting int
+	// Priority and Share order the run in limits whose policy asks for
+	// them (limit set --order priority, fair); Share "" is the user.
+	Priority int
+	Share    string
 	// URL is the job's CI run: --url, else the CI's variables.
 	URL string
 	// Jobserver makes slotctl the child's GNU make jobserver, its tokens
@@ -129,12 +133,16 @@ func addRunFlags(cmd *cobra.Command, f *Factory, opts *RunOptions, wait *string,
 	fl.BoolVar(&opts.Supersede, "supersede", false, "remove the older waiting runs of the same --key (required): they exit 75 without running")
 	fl.BoolVar(&opts.Replace, "replace", false, "like --supersede, and also stop the runs of the same --key (required) that hold a slot (they exit 143)")
 	fl.IntVar(&opts.MaxWaiting, "max-waiting", -1, "exit 75 at once rather than wait behind N or more waiting runs of a limit (default: no bound)")
+	fl.IntVar(&opts.Priority, "priority", 0, "where a limit orders by priority: `P` of -100..100, higher first (a waiter gains a point per --aging the limit sets)")
+	fl.StringVar(&opts.Share, "share", "", "where a limit is fair: the `KEY` the run counts against (default: your user), e.g. a team or a project")
 	fl.StringVar(&opts.URL, "url", "", "where the job comes from, shown by ls (default: the CI run's URL from its variables)")
 	fl.StringVar(&opts.Ping, "ping", "", "cron monitor URL told when COMMAND starts and ends, or that it was skipped (healthchecks.io, Cronitor)")
 	fl.StringVar(&opts.progressEvery, "progress-every", "", "while waiting, print a line this often saying who holds the slots, when stderr is not a terminal (default: 30s in CI, else off; 0 = off)")
 	addJobserverFlags(cmd, opts)
 	_ = cmd.RegisterFlagCompletionFunc("key", f.completeRunKeys)
 	_ = cmd.RegisterFlagCompletionFunc("url", cobra.NoFileCompletions)
+	_ = cmd.RegisterFlagCompletionFunc("priority", cobra.FixedCompletions([]string{"-10", "0", "10", "50"}, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("share", cobra.NoFileCompletions)
 	_ = cmd.RegisterFlagCompletionFunc("ping", cobra.NoFileCompletions)
 	_ = cmd.RegisterFlagCompletionFunc("progress-every", cobra.FixedCompletions([]string{"30s", "1m", "0"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("max-waiting", cobra.FixedCompletions([]string{"0", "1"}, cobra.ShellCompDirectiveNoFileComp))
@@ -144,7 +152,8 @@ func addRunFlags(cmd *cobra.Command, f *Factory, opts *RunOptions, wait *string,
 
 // runLong is slotctl run's help.
 const runLong = `Run COMMAND once a slot of each --limit is free, and keep the slot until
-COMMAND exits. Runs wait their turn in arrival order. A limit that does not
+COMMAND exits. Runs wait their turn in arrival order, or in the limit's
+order (slotctl limit set --order: --priority, --share). A limit that does not
 exist is created with --slots (else the config file's limits.NAME, else 1).
 Should the job or its machine die, the slot comes back within --ttl.
 
@@ -154,7 +163,8 @@ lease was lost, 124 when --max-hold ran out, 143 when replaced (--replace).`
 // runManPage is slotctl run's man page, after the help.
 const runManPage = `Run COMMAND once a slot of the limit is free, keeping the slot until it exits.
 
-slotctl writes a waiting ticket, waits its turn in arrival order, starts
+slotctl writes a waiting ticket, waits its turn (in arrival order, unless a
+limit has another order: see below), starts
 COMMAND with SLOTCTL_LIMIT, SLOTCTL_TICKET, SLOTCTL_FENCE, SLOTCTL_SLOT,
 SLOTCTL_SLOTS and SLOTCTL_STORE in its environment, renews the ticket's lease
 while it runs, and releases the slot when it has exited. A limit that does not exist is created
@@ -162,9 +172,9 @@ with --slots (else the config file's limits.NAME, else 1).
 
 --limit may be repeated: the run is admitted to all of its limits in one step
 or to none, and never holds one while it waits for another. --weight N makes
-it take N slots of each. Arrival order holds across limits: an older ticket
-waiting in any of its limits goes first, so a heavy run at the head is not
-overtaken by lighter ones. SLOTCTL_LIMIT is then the names joined by commas,
+it take N slots of each. The queue's order holds across limits: a ticket
+ahead of it in any of its limits goes first, so a heavy run at the head is
+not overtaken by lighter ones. SLOTCTL_LIMIT is then the names joined by commas,
 SLOTCTL_SLOT the lowest slot index in the first limit, and SLOTCTL_SLOTS the
 indexes held in each, e.g. "build=0 db=2,3".
 
@@ -180,6 +190,17 @@ waiting runs of one of its limits. --url records where the job comes from
 (default: the CI's variables: GITHUB_SERVER_URL/GITHUB_REPOSITORY/actions/
 runs/GITHUB_RUN_ID, CI_JOB_URL, BUILDKITE_BUILD_URL, BUILD_URL), shown by
 ls -o wide and the waiting and busy messages.
+
+Scheduling: a limit admits its waiters in arrival order unless slotctl
+limit set gave it another order (docs/scheduling.md). Where it orders by
+priority, --priority P (-100..100, default 0) puts the run ahead of lower
+priorities; every waiter gains a point for each of the limit's --aging it
+has waited, so a low priority waits but never starves. Where it is fair,
+--share KEY (default: the user) is what the run counts against: the share
+holding the fewest slots of the limit goes first. A limit's --rate N/D
+admits at most N runs in any window of length D; the waiting line's
+estimate says when the window opens. A run of several limits is admitted
+only when it is first in each of them.
 
 --ping URL (or ping: in the config file) tells a cron monitor about the
 run, in healthchecks.io's conventions: URL/start when COMMAND starts, and
@@ -292,6 +313,9 @@ func (o *RunOptions) resolveFlags(f *Factory, cmd *cobra.Command, wait string, n
 		return usageError("--max-waiting %d: want 0 or more", o.MaxWaiting)
 	}
 	if err := o.resolveNewer(f, cmd.Flags().Changed("key"), cmd.Flags().Changed("url")); err != nil {
+		return err
+	}
+	if err := o.checkRunPolicy(cmd.Flags().Changed("share")); err != nil {
 		return err
 	}
 	if err := o.resolve(f, cmd, wait, noWait); err != nil {
@@ -596,7 +620,7 @@ func runUnderAncestor(ctx context.Context, f *Factory, log *logger, st store.Sto
 // config's sizes of the limits it creates and its newer-runs-first flags.
 func runRequest(f *Factory, o *RunOptions, limits []string) store.EnqueueRequest {
 	req := store.EnqueueRequest{ID: gate.NewID(), Slots: o.sizeOf(limits[0]), CheckSlots: o.SlotsSet, TTL: o.TTL, Holder: holderIdentity(f, o),
-		Key: o.Key, Supersede: o.Supersede || o.Replace, Replace: o.Replace}
+		Key: o.Key, Supersede: o.Supersede || o.Replace, Replace: o.Replace, Priority: o.Priority, Share: o.Share}
 	if o.MaxWaiting >= 0 {
 		n := o.MaxWaiting
 		req.MaxWaiting = &n
@@ -1070,15 +1094,15 @@ func short(id string) string {
 // kept it out: too few free slots for its weight, or older waiters.
 func busyError(ctx context.Context, st store.Store, limits []string, weight int, noWait bool) error {
 	if len(limits) == 1 && weight == 1 {
-		held, slots, urls := "?", "?", ""
+		held, slots, spent, urls := "?", "?", "", ""
 		if snap, err := store.Heads(ctx, st, limits[0]); err == nil && len(snap.Limits) == 1 {
 			held, slots = strconv.Itoa(snap.Limits[0].Held), strconv.Itoa(snap.Limits[0].Slots)
-			urls = heldByURLs(snap, limits)
+			spent, urls = rateSpent(snap.Limits[0], snap.Now), heldByURLs(snap, limits)
 		}
 		if noWait {
-			return fmt.Errorf("limit %q is full (%s/%s held)%s", limits[0], held, slots, urls)
+			return fmt.Errorf("limit %q is full (%s/%s held%s)%s", limits[0], held, slots, spent, urls)
 		}
-		return fmt.Errorf("limit %q: not admitted within --wait (%s/%s held)%s", limits[0], held, slots, urls)
+		return fmt.Errorf("limit %q: not admitted within --wait (%s/%s held%s)%s", limits[0], held, slots, spent, urls)
 	}
 	what := limitsPhrase(limits)
 	if weight > 1 {
@@ -1088,8 +1112,8 @@ func busyError(ctx context.Context, st store.Store, limits []string, weight int,
 	if snap, err := store.Heads(ctx, st, limits...); err == nil {
 		var blocked []string
 		for _, l := range snap.Limits {
-			if l.Slots-l.Held < weight || l.Waiting > 0 {
-				blocked = append(blocked, limitState(l))
+			if l.Slots-l.Held < weight || l.Waiting > 0 || l.Opens.After(snap.Now) {
+				blocked = append(blocked, limitState(l, snap.Now))
 			}
 		}
 		if len(blocked) > 0 {
@@ -1130,9 +1154,9 @@ func heldByURLs(snap store.Snapshot, limits []string) string {
 	return "; held by " + strings.Join(parts, ", ")
 }
 
-// limitState is one limit in a busy or waiting message: "build" 2/2 held,
-// and its waiters if any.
-func limitState(l store.Limit) string {
+// limitState is one limit in a busy or waiting message at now: "build"
+// 2/2 held, and its waiters and a spent rate if any.
+func limitState(l store.Limit, now time.Time) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%q ", l.Name)
 	if l.Slots == 0 {
@@ -1143,6 +1167,7 @@ func limitState(l store.Limit) string {
 	if l.Waiting > 0 {
 		fmt.Fprintf(&b, ", %d waiting", l.Waiting)
 	}
+	b.WriteString(rateSpent(l, now))
 	b.WriteString(")")
 	return b.String()
 }

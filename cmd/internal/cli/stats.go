@@ -120,8 +120,14 @@ var statsHeaders = []string{"LIMIT", "SLOTS", "RUNS", "WAIT P50", "P95", "MAX", 
 var statsDropOrder = []int{12, 11, 4, 7, 5, 8, 1}
 
 // drawStats is the table of stats: one row per limit, fitted to a
-// terminal's width by dropping columns (statsDropOrder).
+// terminal's width by dropping columns (statsDropOrder; POLICY, last, is
+// what a narrow terminal cuts).
 func drawStats(out tableOut, stats []limitStats) error {
+	// A POLICY column when some limit has a policy other than FIFO.
+	policy := false
+	for i := range stats {
+		policy = policy || !stats[i].Policy.IsFIFO()
+	}
 	rows := make([][]string, 0, len(stats))
 	for i := range stats {
 		s := &stats[i]
@@ -141,9 +147,15 @@ func drawStats(out tableOut, stats []limitStats) error {
 		for _, k := range statsKinds[:5] {
 			row = append(row, strconv.Itoa(s.Kinds[k]))
 		}
+		if policy {
+			row = append(row, policyCell(s.limit(), s.To))
+		}
 		rows = append(rows, row)
 	}
 	headers := statsHeaders
+	if policy {
+		headers = append(slices.Clip(headers), "POLICY")
+	}
 	if out.width > 0 {
 		// On a narrow terminal the rarer figures go first, then the p95s.
 		keep := narrowColumns(headers, rows, out.width, statsDropOrder)
@@ -261,6 +273,7 @@ type limitStatsJSON struct {
 	Cancelled            int           `json:"cancelled"`
 	ForceReleased        int           `json:"force_released"`
 	Timeline             timelineJSON  `json:"timeline"`
+	Policy               policyJSON    `json:"policy"` // now, as in limit ls -o json
 }
 
 // durationsJSON summarizes waits or holds; the figures are null when count is 0.
@@ -290,7 +303,8 @@ func statsJSONOf(storeURL string, now time.Time, since time.Duration, stats []li
 			Busy: s.Kinds[string(store.Busy)], Superseded: s.Kinds[string(store.Superseded)], Replaced: s.Kinds["replaced"],
 			Reaped: s.Kinds[string(store.Reaped)], Lost: s.Kinds[string(store.Lost)], Released: s.Kinds[string(store.Released)],
 			Cancelled: s.Kinds[string(store.Cancelled)], ForceReleased: s.Kinds[string(store.ForceReleased)],
-			Timeline: timelineJSON{Cells: statsJSONCells, CellSeconds: seconds(since / statsJSONCells), Utilization: []*float64{}}}
+			Timeline: timelineJSON{Cells: statsJSONCells, CellSeconds: seconds(since / statsJSONCells), Utilization: []*float64{}},
+			Policy:   policyJSONOf(s.limit(), now)}
 		if u, ok := s.Utilization(); ok {
 			j.Utilization = ptr(round4(u))
 		}

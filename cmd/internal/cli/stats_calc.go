@@ -14,6 +14,11 @@ import (
 type limitStats struct {
 	Limit string
 	Slots int // now: the log does not record resizes of the limit
+	// Policy, Starts and Opens are the limit's scheduling policy and its
+	// rate's state now, as the snapshot read them (store.Limit).
+	Policy store.Policy
+	Starts []time.Time
+	Opens  time.Time
 	// From and To bound the window of this limit: the requested window,
 	// starting no earlier than the limit's creation or the oldest event the
 	// store still keeps (a pruned log knows nothing before it).
@@ -157,7 +162,7 @@ func statsWindows(events []store.Event, snap store.Snapshot, from time.Time, ful
 		if full && len(events) > 0 {
 			f = maxTime(f, events[0].Time)
 		}
-		out[i] = limitStats{Limit: l.Name, Slots: l.Slots, From: f, To: snap.Now, Kinds: map[string]int{}}
+		out[i] = limitStats{Limit: l.Name, Slots: l.Slots, Policy: l.Policy, Starts: l.Starts, Opens: l.Opens, From: f, To: snap.Now, Kinds: map[string]int{}}
 		index[l.Name] = &out[i]
 	}
 	return out, index
@@ -299,4 +304,9 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 	}
 	i := int(math.Ceil(p/100*float64(len(sorted)))) - 1
 	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+// limit is the limit s describes, as policyCell and policyJSONOf read it.
+func (s *limitStats) limit() store.Limit {
+	return store.Limit{Name: s.Limit, Slots: s.Slots, Policy: s.Policy, Starts: s.Starts, Opens: s.Opens}
 }

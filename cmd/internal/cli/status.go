@@ -124,7 +124,7 @@ func (s *statusLine) describe(ctx context.Context, t store.Ticket, width int, ls
 		if l.Slots == 0 {
 			fmt.Fprintf(&b, " (paused: 0 slots)")
 		} else {
-			fmt.Fprintf(&b, " (%d/%d held)", l.Held, l.Slots)
+			fmt.Fprintf(&b, " (%d/%d held%s)", l.Held, l.Slots, rateSpent(l, snap.Now))
 		}
 		found := false
 		for _, x := range snap.Tickets {
@@ -178,15 +178,15 @@ func (s *statusLine) multiText(ctx context.Context, t store.Ticket, ls lineStyle
 	blocking := map[string]bool{}
 	var parts []string
 	for _, l := range snap.Limits {
-		if pos[l.Name] <= 1 && l.Slots-l.Held >= t.Weighs() {
-			continue // first in line with room: not what it waits for
+		if pos[l.Name] <= 1 && l.Slots-l.Held >= t.Weighs() && !l.Opens.After(snap.Now) {
+			continue // first in line with room (and a rate not spent): not what it waits for
 		}
 		blocking[l.Name] = true
 		p := fmt.Sprintf("%q ", l.Name)
 		if l.Slots == 0 {
 			p += "(paused: 0 slots)"
 		} else {
-			p += fmt.Sprintf("(%d/%d held)", l.Held, l.Slots)
+			p += fmt.Sprintf("(%d/%d held%s)", l.Held, l.Slots, rateSpent(l, snap.Now))
 		}
 		if pos[l.Name] > 0 {
 			p += fmt.Sprintf(", %s in queue", ordinal(pos[l.Name]))

@@ -44,6 +44,16 @@ const (
 	WaitTime   = "slotctl_limit_wait_seconds"
 	HoldTime   = "slotctl_limit_hold_seconds"
 	CounterFmt = "slotctl_limit_%s_total"
+
+	// The scheduling policy (docs/scheduling.md): the order of every
+	// limit; the aging of those that order by priority; the rate of those
+	// that have one, and its state now.
+	PolicyInfo = "slotctl_limit_policy_info"
+	Aging      = "slotctl_limit_aging_seconds"
+	RateN      = "slotctl_limit_rate_admissions"
+	RatePer    = "slotctl_limit_rate_window_seconds"
+	RateLeft   = "slotctl_limit_rate_remaining_admissions"
+	RateOpens  = "slotctl_limit_rate_opens_in_seconds"
 )
 
 // Counters are the counter families: name (without slotctl_limit_ and
@@ -136,6 +146,7 @@ func metricFamilies(snap store.Snapshot, counts []store.Counts) []*dto.MetricFam
 		gauge(WaiterAge, "Seconds the oldest waiting ticket has waited; 0 when none waits.", func(g *limitGauge) float64 { return g.waiterAge }),
 		gauge(HolderAge, "Seconds since the longest-holding ticket was admitted; 0 when none holds.", func(g *limitGauge) float64 { return g.holderAge }),
 	}
+	fams = append(fams, policyFamilies(snap)...)
 	for _, c := range Counters {
 		fam := family(fmt.Sprintf(CounterFmt, c.name), c.help, dto.MetricType_COUNTER)
 		for _, l := range snap.Limits {
@@ -161,6 +172,48 @@ func metricFamilies(snap store.Snapshot, counts []store.Counts) []*dto.MetricFam
 		fams = append(fams, fam)
 	}
 	return fams
+}
+
+// policyFamilies are the gauges of the limits' scheduling policies: a
+// series per limit for the order, and for the aging and the rate only
+// where the limit has them (a family without series is left out).
+func policyFamilies(snap store.Snapshot) []*dto.MetricFamily {
+	gauge := func(name, help string, v func(l store.Limit) (float64, bool)) *dto.MetricFamily {
+		fam := family(name, help, dto.MetricType_GAUGE)
+		for _, l := range snap.Limits {
+			if x, ok := v(l); ok {
+				fam.Metric = append(fam.Metric, &dto.Metric{Label: limitLabel(l.Name), Gauge: &dto.Gauge{Value: ptr(x)}})
+			}
+		}
+		return fam
+	}
+	info := family(PolicyInfo, "1, with the order in which the limit admits its waiters: fifo, priority or fair.", dto.MetricType_GAUGE)
+	for _, l := range snap.Limits {
+		labels := append(limitLabel(l.Name), &dto.LabelPair{Name: ptr("order"), Value: ptr(string(l.Policy.Ordered()))})
+		info.Metric = append(info.Metric, &dto.Metric{Label: labels, Gauge: &dto.Gauge{Value: ptr(1.0)}})
+	}
+	rated := func(l store.Limit) bool { return l.Policy.Rate.N > 0 }
+	return []*dto.MetricFamily{
+		info,
+		gauge(Aging, "Where the limit orders by priority: the wait that gains a waiter one point of priority.", func(l store.Limit) (float64, bool) {
+			return l.Policy.AgingOr().Seconds(), l.Policy.Ordered() == store.ByPriority
+		}),
+		gauge(RateN, "Where the limit has a rate: the admissions it allows in any window.", func(l store.Limit) (float64, bool) {
+			return float64(l.Policy.Rate.N), rated(l)
+		}),
+		gauge(RatePer, "Where the limit has a rate: the length of its sliding window.", func(l store.Limit) (float64, bool) {
+			return l.Policy.Rate.Per.Seconds(), rated(l)
+		}),
+		gauge(RateLeft, "Where the limit has a rate: the admissions it allows now.", func(l store.Limit) (float64, bool) {
+			return float64(l.Policy.Tokens(l.Starts, snap.Now)), rated(l)
+		}),
+		gauge(RateOpens, "Where the limit has a rate: seconds until it allows the next admission; 0 while it allows one now.", func(l store.Limit) (float64, bool) {
+			if !l.Opens.After(snap.Now) {
+				return 0, rated(l)
+			}
+			return l.Opens.Sub(snap.Now).Seconds(), rated(l)
+		}),
+	}
 }
 
 // histogramOf turns the store's per-bucket counts into Prometheus's
