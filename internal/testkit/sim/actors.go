@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"slices"
 	"time"
 
 	"github.com/slotctl/slotctl/store"
@@ -67,9 +68,10 @@ func (r *reaper) crash() {
 // it read may be stale by then), and resizes or pauses limits. In the
 // quiescent phase it puts every limit back to its size.
 type operator struct {
-	s       *sim
-	c       *conn
-	pending *pendingRelease
+	s        *sim
+	c        *conn
+	pending  *pendingRelease
+	reopened bool // no rate is left closed by a step back of the wall clock (reopen)
 }
 
 type pendingRelease struct {
@@ -122,7 +124,9 @@ func (o *operator) act1() bool {
 	return false
 }
 
-// restore puts one limit back to its configured size; false when all are.
+// restore puts one limit back to its configured size, or clears a rate
+// that a step back of the wall clock keeps closed (sched.go); false when
+// there is nothing left to do.
 func (o *operator) restore() bool {
 	s := o.s
 	for _, l := range s.limits {
@@ -132,5 +136,32 @@ func (o *operator) restore() bool {
 			return true
 		}
 	}
+	return o.reopen()
+}
+
+// reopen clears the rate of one limit whose window counts admissions
+// ahead of the wall clock, after the clock stepped back: the window stays
+// closed until the clock passes them, which may be hours. false when no
+// rate is left so.
+func (o *operator) reopen() bool {
+	s := o.s
+	if !s.sched || s.wallBacks == 0 || o.reopened {
+		return false
+	}
+	snap, err := s.checker.Snapshot(s.ctx)
+	if err != nil {
+		s.fail("S12", "snapshot: %v", err)
+		return false
+	}
+	for _, l := range snap.Limits {
+		if l.Policy.Rate.N == 0 || !slices.ContainsFunc(l.Starts, func(t time.Time) bool { return t.After(snap.Now) }) {
+			continue
+		}
+		none := store.Rate{}
+		lim, err := o.c.SetPolicy(s.ctx, l.Name, store.PolicyChange{Rate: &none})
+		s.tracef("operator clears %s's rate (its window counts admissions ahead of the wall clock): %s %s", l.Name, lim.Policy, errString(err))
+		return true
+	}
+	o.reopened = true
 	return false
 }

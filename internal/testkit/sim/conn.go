@@ -14,7 +14,7 @@ import (
 type op struct {
 	who   string
 	owner *holder // the holder whose request this is, if any
-	kind  string  // enqueue renew release get setchild reap scan setlimit snapshot resize
+	kind  string  // enqueue renew release get setchild reap scan setlimit setpolicy snapshot resize
 	req   store.EnqueueRequest
 	t     store.Ticket
 	ttl   time.Duration
@@ -23,10 +23,12 @@ type op struct {
 	slots int
 	lims  []string // a reap's limits; none means all
 	first bool     // the step's first call
+	ch    store.PolicyChange
 
 	res      store.Ticket
 	removed  bool
 	removals []store.Removal
+	lim      store.Limit // a setpolicy's answer
 	err      error
 }
 
@@ -215,6 +217,13 @@ func (c *conn) Snapshot(ctx context.Context, limits ...string) (store.Snapshot, 
 func (c *conn) SetLimit(ctx context.Context, name string, slots int) (store.Limit, error) {
 	l, err := c.st.SetLimit(untimed(ctx), name, slots)
 	c.record(&op{kind: "setlimit", name: name, slots: slots, err: err})
+	return l, err
+}
+
+// SetPolicy implements store.Store.
+func (c *conn) SetPolicy(ctx context.Context, name string, ch store.PolicyChange) (store.Limit, error) {
+	l, err := c.st.SetPolicy(untimed(ctx), name, ch)
+	c.record(&op{kind: "setpolicy", name: name, ch: ch, lim: l, err: err})
 	return l, err
 }
 

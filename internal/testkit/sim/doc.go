@@ -60,6 +60,14 @@
 //     late duplicates of its own earlier resizes. These draws come from a
 //     stream of their own, so that switching them off leaves a seed's other
 //     draws as they were.
+//   - Scheduling policies (sched.go, fault "policies"): in a share of the
+//     runs the operator sets each limit's policy before the first job
+//     (every limit by priority with one short aging, every one fair, or
+//     each its own, FIFO included; some with a rate of 1-3 admissions per
+//     2-8 s) and changes one part of one now and then (SetPolicy); jobs
+//     send --priority (mostly near the top, so that aging reorders them)
+//     and --share (a few keys). The other runs stay FIFO-only, draw for
+//     draw as before: these draws come from a stream of their own too.
 //
 // # Faults
 //
@@ -121,9 +129,10 @@
 //	S17 a held ticket is never removed by a supersede
 //	S18 a replace asks exactly the held tickets of its key sharing a limit
 //	    to stop, with a replaced event in each of their limits; every
-//	    answer and listing shows the request; a holder that
-//	    heard it (its bell, a renewal's answer) has sent its child SIGTERM
-//	    before the clock moves on, and ends replaced
+//	    answer and listing shows the request; a holder that heard it
+//	    (its bell, a renewal's answer) has sent its child SIGTERM before
+//	    the clock moves on, and ends replaced (or read it in the answer
+//	    that admitted it: Run starts the job and stops it when told again)
 //	S19 a replacing ticket is admitted only once every ticket it replaces
 //	    is gone; its child never runs beside a replaced job's (outside a
 //	    stopped supervisor or an operator's forced release)
@@ -152,6 +161,22 @@
 //	L10 no cycle of jobs each waiting for a slot the next one holds
 //	L2  at quiescence every holder has finished and no ticket is left
 //
+// and, for the scheduling policies (sched.go, where the conditions under
+// which an order rule judges are worked out):
+//
+//	S23 a rated limit admits at most N tickets in any window (t-Per, t] of
+//	    the store's clock
+//	L11 no ticket is admitted to a priority limit while a waiter that its
+//	    order puts ahead (effective priority at the step's clock, ties to
+//	    the older ticket) still waits there
+//	L12 nor while a waiter created more than (100 - its priority + 1) ×
+//	    aging before it still waits there
+//	L13 no ticket is admitted to a fair limit while a waiter that
+//	    store.Policy.Arrange puts ahead still waits there
+//
+// L3 judges only tickets whose limits are all FIFO without a rate (time
+// alone reorders or opens the others), and L4 only FIFO limits.
+//
 // Slot indexes are unique. Overlap that the design cannot prevent (a paused
 // supervisor's child running on beside a newly admitted one) is measured and
 // reported, not failed.
@@ -168,9 +193,13 @@
 // enqueue) as S17, and with S17 ignored as the child it leaves running
 // unleased (S2); resize-past-waiter (H4, policy.PlanResize) as S21,
 // resize-over-size (H5) as S1, resize-no-settle (a shrink that admits
-// nobody) as L3. The switches exist only in a build with the tag
-// slotctl_mutations, so those tests (and TestReduce, which needs a failing
-// run) run only with it:
+// nobody) as L3; order-first-limit (P1) as L11, rate-stale (P2: two
+// handles, each settling on its own earlier read of a rated limit's
+// starts) as S23, aging-off (P3) as L11 (or L12). The bugs of the
+// policies are searched in runs with policies, the others in FIFO-only
+// runs, where they were always found. The switches exist only in a build
+// with the tag slotctl_mutations, so those tests (and TestReduce, which
+// needs a failing run) run only with it:
 //
 //	go test -tags slotctl_mutations ./internal/testkit/sim -run 'TestMutations|TestReduce'
 //

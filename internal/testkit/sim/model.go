@@ -39,6 +39,12 @@ type model struct {
 	counts map[string]store.Counts // each limit's counts at the last check (S22, counts.go)
 	grew   []growth                // this step's resizes that took slots (S21)
 	shrank bool                    // this step shrank a ticket
+
+	// This step's waiters: those that waited before it and those it
+	// enqueued (fresh), whatever became of them: every waiter a settle of
+	// the step may have ordered (sched.go).
+	waiters map[string]*mTicket
+	fresh   map[string]bool
 }
 
 // A supStep is one enqueue of this step with --supersede or --replace (or
@@ -70,6 +76,13 @@ type mTicket struct {
 	key    string
 	stop   string   // the newer ticket that asked it to stop (--replace)
 	repl   []string // the held tickets it replaces, as its enqueue answered
+	// Scheduling (sched.go): its priority and share as enqueued, its
+	// creation on the store's wall clock (as stored), and how many times
+	// the wall clock had stepped back when it was enqueued.
+	prio    int
+	share   string
+	created time.Time
+	epoch   int
 }
 
 // shares: t names one of the limits.
@@ -98,13 +111,18 @@ type goneRec struct {
 
 type mLimit struct {
 	slots int
-	over  int // held beyond slots allowed after a shrink; shrinks as they leave
+	over  int          // held beyond slots allowed after a shrink; shrinks as they leave
+	pol   store.Policy // as the operator set it
+	// admits is when the model saw admissions to a rated limit, on the
+	// store's wall clock, since its rate was last set or the wall clock
+	// last stepped back (S23).
+	admits []time.Time
 }
 
 func newModel(s *sim) *model {
 	return &model{s: s, live: map[string]*mTicket{}, refused: map[string]bool{}, removals: map[string]int{},
 		gone: map[string]goneRec{}, limits: map[string]*mLimit{}, overSince: map[string]time.Duration{},
-		owners: map[string]*holder{}, replace: map[string][]string{}}
+		owners: map[string]*holder{}, replace: map[string][]string{}, waiters: map[string]*mTicket{}, fresh: map[string]bool{}}
 }
 
 func (m *model) fail(rule, format string, args ...any) { m.s.fail(rule, format, args...) }
@@ -229,6 +247,13 @@ func (m *model) check() {
 	now := s.now()
 	if len(s.log) > 0 {
 		m.sups, m.qfull, m.grew, m.shrank = m.sups[:0], m.qfull[:0], m.grew[:0], false
+		clear(m.waiters)
+		clear(m.fresh)
+		for _, t := range m.live {
+			if t.state != store.Held {
+				m.waiters[t.id] = t
+			}
+		}
 		for i, o := range s.log {
 			o.first = i == 0
 			m.apply(o, now)
@@ -316,7 +341,11 @@ func (m *model) apply(o *op, now Instant) {
 			}
 			t := &mTicket{id: id, limits: slices.Clone(o.req.Names()), weight: o.req.Weighs(), fence: o.res.Fence, state: store.Waiting,
 				boot: now.Boot, dl: now.Mono + o.req.TTL, ttl: o.req.TTL, owner: o.owner, key: o.req.Key,
-				quiet: o.res.Quiet}
+				quiet: o.res.Quiet, prio: o.req.Priority, share: o.req.Share, created: now.Wall, epoch: m.s.wallBacks}
+			if t.share == "" {
+				t.share = o.req.Holder.User // store.Ticket.ShareKey
+			}
+			m.waiters[id], m.fresh[id] = t, true
 			m.owners[id] = o.owner
 			if !m.newer(o, t, now) {
 				return
@@ -422,6 +451,8 @@ func (m *model) apply(o *op, now Instant) {
 		l := m.limit(o.name, o.slots)
 		l.slots = o.slots
 		l.over = max(0, m.held(o.name)-o.slots)
+	case "setpolicy":
+		m.setPolicy(o)
 	}
 }
 
@@ -448,6 +479,10 @@ func (m *model) view(what string, v store.Ticket, t *mTicket) bool {
 	}
 	if v.Key != t.key {
 		m.fail("S8", "%s of %s: key %q; it was enqueued with %q", what, short(t.id), v.Key, t.key)
+		return false
+	}
+	if v.Priority != t.prio || v.ShareKey() != t.share {
+		m.fail("S8", "%s of %s: priority %d, share %q; it was enqueued with %d, %q", what, short(t.id), v.Priority, v.ShareKey(), t.prio, t.share)
 		return false
 	}
 	if got := v.Stop; (got == nil) != (t.stop == "") || got != nil && (got.Ticket != t.stop || m.owners[t.stop] != nil && got.Pid != m.owners[t.stop].pid) {
@@ -512,7 +547,7 @@ func (m *model) diff(snap store.Snapshot, now Instant) {
 				m.fail("S15", "ticket %s is %s under %s and %s under %s: admitted to some of its limits %v", short(t.id),
 					st.State, st.Limit, v.State, v.Limit, t.limits)
 				return
-			case !m.view("the snapshot", v, t):
+			case !m.view("the snapshot", v, t) || !m.shown(v, t, snap.Now):
 				return
 			}
 			under = append(under, v.Limit)
@@ -579,6 +614,10 @@ func (m *model) diff(snap store.Snapshot, now Instant) {
 			m.fail("S1", "limit %s has %d slots in the store, not %v", l.Name, l.Slots, ml)
 			return
 		}
+		if l.Policy != ml.pol {
+			m.fail("S1", "limit %s has policy %s in the store, not %s", l.Name, l.Policy, ml.pol)
+			return
+		}
 		held, waiting, slots := 0, []*mTicket{}, map[int]*mTicket{}
 		for _, t := range all {
 			switch {
@@ -616,8 +655,11 @@ func (m *model) diff(snap store.Snapshot, now Instant) {
 					m.fail("S1", "ticket %s admitted to slots %v of %s, which has %d", short(p.id), ix, l.Name, l.Slots)
 					return
 				}
+				// A FIFO limit's waiters go in ticket order whatever the
+				// orders of their other limits (sched.go); the others' are
+				// L11-L13's.
 				for _, w := range waiting {
-					if w.fence < p.fence {
+					if w.fence < p.fence && ml.pol.Ordered() == store.FIFO {
 						m.fail("L4", "limit %s admitted %s (fence %d, weight %d, limits %v) before waiting %s (fence %d, weight %d, limits %v)",
 							l.Name, short(p.id), p.fence, p.weight, p.limits, short(w.id), w.fence, w.weight, w.limits)
 						return
@@ -630,6 +672,9 @@ func (m *model) diff(snap store.Snapshot, now Instant) {
 			return
 		}
 		ml.over = min(ml.over, max(0, held-l.Slots))
+	}
+	if m.scheduled(promoted, now); m.s.viol != nil {
+		return
 	}
 	for _, p := range promoted {
 		if h := p.owner; h != nil && h.phase == hWait {
@@ -649,7 +694,9 @@ func (m *model) diff(snap store.Snapshot, now Instant) {
 // heads checks L3: no waiting ticket is the oldest waiter of each of its
 // limits while each has room for its weight. Every write that frees or adds
 // room settles every limit its tickets connect, in the same step, so the
-// step that made room admits it.
+// step that made room admits it. Only a ticket of FIFO limits without a
+// rate is judged: elsewhere time alone reorders the waiters (aging) or
+// opens room (a rate's window), and the next write admits them.
 func (m *model) heads(all []*mTicket) {
 	blocked := map[string]*mTicket{} // limit -> its oldest waiter
 	for _, t := range all {
@@ -667,7 +714,7 @@ func (m *model) heads(all []*mTicket) {
 				head = false // it waits for those it replaces, and blocks its limits meanwhile (S19)
 			}
 		}
-		if head {
+		if head && m.plain(t) {
 			var room []string
 			for _, name := range t.limits {
 				held, size := m.held(name), m.limits[name].slots

@@ -52,7 +52,8 @@ func (m *model) keyed(req store.EnqueueRequest, first bool) *supStep {
 // supersede's victims, as its enqueue's settle may leave them: at most hi,
 // at least lo. The settle may remove tickets that a sweep may take, and
 // admit the waiters behind them or behind the victims; else it admits
-// nobody (L3 held after the last step), so lo = hi.
+// nobody (L3 held after the last step), so lo = hi. Where a limit has a
+// policy, time alone may have made a waiter next (sched.go): lo = 0.
 func (m *model) waitingIn(limit string, victims map[string]bool, self string, now Instant) (lo, hi int) {
 	for _, t := range m.live {
 		if t.state == store.Held || t.id == self || victims[t.id] || !t.names(limit) {
@@ -60,7 +61,7 @@ func (m *model) waitingIn(limit string, victims map[string]bool, self string, no
 		}
 		hi++
 	}
-	if len(victims) > 0 {
+	if len(victims) > 0 || m.scheduling() {
 		return 0, hi
 	}
 	for _, t := range m.live {
@@ -153,6 +154,9 @@ func (m *model) admits(req store.EnqueueRequest, st *supStep, now Instant) bool 
 		return false
 	}
 	for _, name := range req.Names() {
+		if l := m.limits[name]; l != nil && l.pol.Rate.N > 0 {
+			return false // its window may be spent
+		}
 		size := m.size(name, req)
 		if _, hi := m.waitingIn(name, st.victims, req.ID, now); hi > 0 || size == 0 || m.held(name)+req.Weighs() > size {
 			return false
@@ -350,8 +354,8 @@ func (m *model) outcome(h *holder, o gh.Outcome) {
 		m.fail("S16", "%s's ticket %s was superseded by %s, and its run ends %s", h.name, short(h.id), short(g.by), h.exit)
 	case o.Replaced != nil && !slices.Contains(m.replace[o.Replaced.Ticket], h.id):
 		m.fail("S18", "%s ends replaced by %s, which does not replace its ticket %s", h.name, short(o.Replaced.Ticket), short(h.id))
-	case o.Replaced != nil && !h.stopHeard:
-		m.fail("S18", "%s ends replaced by %s, but it never heard of it (bell or renewal)", h.name, short(o.Replaced.Ticket))
+	case o.Replaced != nil && !h.stopHeard && !h.stopAdmitted:
+		m.fail("S18", "%s ends replaced by %s, but it never heard of it (bell, renewal or its admission)", h.name, short(o.Replaced.Ticket))
 	case o.Replaced == nil && h.stopHeard && h.stopHow == "its bell" && o.Result == gh.Ran && !o.Lost:
 		// Its bell made it read its ticket, with the stop request in it.
 		m.fail("S18", "%s heard by its bell that %s replaces it, and its run ends %s, not replaced", h.name, short(h.stopBy), h.exit)

@@ -35,11 +35,12 @@ const (
 	Judge      Fault = "judge"       // reapers may prove a holder dead (else only the TTL frees)
 	LostRing   Fault = "lost-ring"   // a bell's ring is lost: its holder learns at its next poll or renewal
 	JobResize  Fault = "job-resize"  // a job grows and shrinks its ticket while it runs (a jobserver's slots)
+	Policies   Fault = "policies"    // limits order by priority or fairly and rate admissions; an operator changes them (sched.go)
 )
 
 // AllFaults lists every Fault.
 func AllFaults() []Fault {
-	return []Fault{Crash, Pause, RenewDelay, RenewFail, Restart, WallJump, Retry, LostReply, Reboot, Signal, OpRelease, OpResize, Judge, LostRing, JobResize}
+	return []Fault{Crash, Pause, RenewDelay, RenewFail, Restart, WallJump, Retry, LostReply, Reboot, Signal, OpRelease, OpResize, Judge, LostRing, JobResize, Policies}
 }
 
 // A FaultSet is the kinds switched on; nil means all.
@@ -125,6 +126,12 @@ type Stats struct {
 	// those that grew the ticket, that shrank it, that asked for more and got
 	// nothing, and the waiters admitted in the step of a shrink.
 	Resizes, Grown, Shrunk, GrowthRefused, ShrinkAdmits int
+	// Scheduling policies (sched.go): runs whose limits have them, the
+	// operator's changes of a policy, admissions to a limit ordered by
+	// priority or fairly and to a rated one, and the admissions the order
+	// rules (L11-L13) judged past a waiter that the limit's order puts ahead
+	// (none may be: each is a violation or excused by a disagreement).
+	PolicyRuns, PolicyChanges, OrderedAdmits, RatedAdmits, OrderJudged, OrderExcused int
 	// PauseOverlap is the longest time a paused (or just resumed) holder's
 	// child ran without a lease beside a full limit: what fencing is for.
 	PauseOverlap time.Duration
@@ -154,6 +161,7 @@ var ttls = []time.Duration{5 * time.Second, 8 * time.Second, 12 * time.Second}
 type limitCfg struct {
 	name  string
 	slots int
+	pol   store.Policy // set at the start (sched.go); the operator may change it
 }
 
 type sim struct {
@@ -162,6 +170,12 @@ type sim struct {
 	// resizeRng draws the resizes (resize.go): a stream of their own, so
 	// that switching them on leaves the other draws of a seed where they were.
 	resizeRng *rand.Rand
+	// policyRng draws the scheduling policies, the jobs' priorities and
+	// shares and the policy changes (sched.go): a stream of their own, so
+	// that the runs that stay FIFO-only keep every draw of their seed.
+	policyRng *rand.Rand
+	sched     bool // this run's limits have policies
+	wallBacks int  // how many times the wall clock stepped back
 	be        Backend
 	ctx       context.Context
 	step      int
@@ -198,7 +212,8 @@ const never = time.Duration(math.MaxInt64)
 
 // Run runs one simulation.
 func Run(cfg Config) (res Result) {
-	s := &sim{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x5107c71)), resizeRng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x12e512e)), ctx: context.Background(),
+	s := &sim{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x5107c71)), resizeRng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x12e512e)),
+		policyRng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x5c4ed)), ctx: context.Background(),
 		byPid: map[int]*holder{}, judged: map[string]bool{}}
 	res.Config = cfg
 	defer func() {
@@ -271,6 +286,7 @@ func (s *sim) setup() {
 	s.ops = &operator{s: s}
 	s.ops.c = s.newConn("operator", nil)
 	s.start = s.now().Mono
+	s.setPolicies()
 }
 
 func (s *sim) now() Instant { return s.be.Now() }
@@ -313,7 +329,9 @@ func (s *sim) fail(rule, format string, args ...any) {
 func (s *sim) doStep() {
 	s.log = s.log[:0]
 	clear(s.judged)
-	s.desc = ""
+	if s.step > 1 {
+		s.desc = "" // the first step's line also tells the policies set up (setPolicies)
+	}
 	before := s.now()
 	s.pick()
 	if s.viol == nil {
@@ -365,6 +383,9 @@ func (s *sim) actors() []actor {
 // next moment someone must act.
 func (s *sim) pick() {
 	if !s.quiet && s.cfg.Faults.Has(JobResize) && s.resizeRng.Float64() < 0.04 && s.resizeOne() {
+		return
+	}
+	if !s.quiet && s.sched && s.policyRng.Float64() < policyChange && s.changePolicy() {
 		return
 	}
 	if !s.quiet {
@@ -448,6 +469,9 @@ func (s *sim) arrive() bool {
 	if h.maxWaiting != nil {
 		newer += fmt.Sprintf(" --max-waiting %d", *h.maxWaiting)
 	}
+	if s.sched {
+		newer += fmt.Sprintf(" --priority %d --share %q", h.priority, h.share)
+	}
 	s.tracef("%s arrives (limits %v, weight %d, ttl %v, wait %s, job %v, key %q%s)", h.name, h.limits, h.weight, h.ttl, wait, h.runFor.Round(time.Millisecond), h.key, newer)
 	return true
 }
@@ -509,6 +533,10 @@ func (s *sim) inject() bool {
 		}
 		if !s.be.StepWall(d) {
 			return false
+		}
+		if d < 0 {
+			s.wallBacks++
+			s.m.wallBack()
 		}
 		s.tracef("wall clock stepped %+v", d)
 		return true

@@ -190,6 +190,12 @@ func TestSim(t *testing.T) {
 		total.Shrunk += s.Shrunk
 		total.GrowthRefused += s.GrowthRefused
 		total.ShrinkAdmits += s.ShrinkAdmits
+		total.PolicyRuns += s.PolicyRuns
+		total.PolicyChanges += s.PolicyChanges
+		total.OrderedAdmits += s.OrderedAdmits
+		total.RatedAdmits += s.RatedAdmits
+		total.OrderJudged += s.OrderJudged
+		total.OrderExcused += s.OrderExcused
 		total.PauseOverlap = max(total.PauseOverlap, s.PauseOverlap)
 		if r.Violation != nil {
 			failed = append(failed, r)
@@ -206,6 +212,9 @@ func TestSim(t *testing.T) {
 		total.Superseded, total.StopRequests, total.Replaced, total.HeardByBell, total.HeardByRenewal, total.QueueFull)
 	t.Logf("resizes: %d (%d grew, %d shrank, %d asked for more and got nothing; %d waiters admitted by shrinks)",
 		total.Resizes, total.Grown, total.Shrunk, total.GrowthRefused, total.ShrinkAdmits)
+	t.Logf("policies: %d runs, %d changes; %d admissions by priority or fair order, %d to rated limits; %d passed a waiter ahead by its order, "+
+		"%d of those where limits may disagree (L11-L13)", total.PolicyRuns, total.PolicyChanges, total.OrderedAdmits, total.RatedAdmits,
+		total.OrderJudged+total.OrderExcused, total.OrderExcused)
 	if len(failed) > 0 {
 		r := failed[0]
 		red := sim.Reduce(r, d.next)
@@ -222,6 +231,10 @@ func TestSim(t *testing.T) {
 	if seeds*base.Steps >= longSeeds*defaultSteps && base.Faults == nil && min(total.Grown, total.Shrunk, total.GrowthRefused, total.ShrinkAdmits) < 20 {
 		t.Errorf("resizes barely ran: %d grew, %d shrank, %d refused, %d admitted by shrinks; want 20 of each",
 			total.Grown, total.Shrunk, total.GrowthRefused, total.ShrinkAdmits)
+	}
+	if seeds*base.Steps >= longSeeds*defaultSteps && base.Faults == nil && min(total.PolicyChanges, total.OrderedAdmits, total.RatedAdmits) < 20 {
+		t.Errorf("policies barely ran: %d changes, %d admissions by order, %d to rated limits; want 20 of each",
+			total.PolicyChanges, total.OrderedAdmits, total.RatedAdmits)
 	}
 }
 

@@ -38,6 +38,9 @@ type holder struct {
 	supersede  bool
 	replace    bool
 	maxWaiting *int
+	// run --priority and --share (sched.go), sent in runs with policies.
+	priority int
+	share    string
 
 	phase          hphase
 	crashed        bool
@@ -82,6 +85,9 @@ type holder struct {
 	stopHeardAt time.Duration
 	stopBy      string
 	stopHow     string
+	// stopAdmitted: the answer that admitted it already carried the stop
+	// request.
+	stopAdmitted bool
 
 	child      child
 	sigterm    bool
@@ -187,6 +193,7 @@ func newHolder(s *sim, n int) *holder {
 		n := s.rng.IntN(3)
 		h.maxWaiting = &n
 	}
+	h.priority, h.share = s.drawPriority(), s.drawShare()
 	h.c = s.newConn(h.name, h)
 	return h
 }
@@ -208,9 +215,10 @@ func (h *holder) heard(now time.Duration, by, how string) {
 		return
 	}
 	h.stopHeard, h.stopHeardAt, h.stopBy, h.stopHow = true, now, by, how
-	if how == "its bell" {
+	switch how {
+	case "its bell":
 		h.s.stats.HeardByBell++
-	} else {
+	case "a renewal's answer":
 		h.s.stats.HeardByRenewal++
 	}
 	h.s.tracef("%s hears that %s replaces it (%s)", h.name, short(by), how)
@@ -348,6 +356,9 @@ func (h *holder) start() {
 	h.id = s.newID()
 	req := store.EnqueueRequest{ID: h.id, Slots: s.size(h.limits[0]), TTL: h.ttl, Holder: store.Holder{Host: "sim", Pid: h.pid, Label: h.name},
 		Key: h.key, Supersede: h.supersede, Replace: h.replace, MaxWaiting: h.maxWaiting}
+	if s.sched {
+		req.Priority, req.Share = h.priority, h.share
+	}
 	if len(h.limits) == 1 {
 		req.Limit = h.limits[0]
 	} else {
@@ -537,6 +548,12 @@ func (h *holder) startChild(_ context.Context, t store.Ticket) (gh.Child, error)
 	}
 	h.child = child{start: now, end: now + h.runFor, running: true, exited: make(chan struct{})}
 	h.phase = hRun
+	if t.Stop != nil {
+		// Asked to stop between its admission and the answer that told it
+		// of it (a --replace enqueued in between): Run starts the job and
+		// stops it when its bell or a renewal tells it again.
+		h.stopAdmitted = true
+	}
 	return simChild{h}, nil
 }
 
