@@ -99,16 +99,35 @@ func (x *step) charge(starts map[string][]time.Time) error {
 // when that limit's policy orders them otherwise than by ticket (ok false
 // for a FIFO limit: count by fence).
 func (x *step) arrangedPosition(r Rec) (pos int, ok bool, err error) {
-	lim, found, err := x.tx.Limit(r.Limit)
-	if err != nil || !found || lim.Policy.Ordered() == store.FIFO {
+	pol, ok, err := x.ordering(r.Limit)
+	if err != nil || !ok {
 		return 0, false, err
 	}
 	q, err := x.tx.Queue(r.Limit)
 	if err != nil {
 		return 0, false, err
 	}
+	return x.placeIn(q, r, pol), true, nil
+}
+
+// ordering is limit's policy when it orders waiters otherwise than by
+// ticket (ok false for a FIFO limit, or one that is gone).
+func (x *step) ordering(limit string) (store.Policy, bool, error) {
+	lim, found, err := x.tx.Limit(limit)
+	if err != nil || !found || lim.Policy.Ordered() == store.FIFO {
+		return store.Policy{}, false, err
+	}
+	return lim.Policy, true, nil
+}
+
+// placeIn is waiting r's 1-based place among the waiters of its first
+// limit in recs (tickets of any limits), as pol orders them.
+func (x *step) placeIn(recs []Rec, r Rec, pol store.Policy) int {
 	var held, waiting []*store.Ticket
-	for _, o := range q {
+	for _, o := range recs {
+		if !o.Has(r.Limit) {
+			continue
+		}
 		t := x.view(o, 0)
 		if o.State == store.Held {
 			held = append(held, &t)
@@ -116,9 +135,8 @@ func (x *step) arrangedPosition(r Rec) (pos int, ok bool, err error) {
 			waiting = append(waiting, &t)
 		}
 	}
-	order := lim.Policy.Arrange(held, waiting, x.now.Wall)
-	at := slices.IndexFunc(order, func(i int) bool { return waiting[i].ID == r.ID })
-	return at + 1, true, nil
+	order := pol.Arrange(held, waiting, x.now.Wall)
+	return slices.IndexFunc(order, func(i int) bool { return waiting[i].ID == r.ID }) + 1
 }
 
 // staleStarts is the rate-stale mutation's memory: the starts this handle

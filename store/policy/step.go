@@ -345,7 +345,9 @@ func (x *step) viewIn(recs []Rec, id string) (store.Ticket, bool) {
 			continue
 		}
 		pos := 0
-		if r.State == store.Waiting {
+		if pol, ok, err := x.ordering(r.Limit); r.State == store.Waiting && ok && err == nil {
+			pos = x.placeIn(recs, r, pol)
+		} else if r.State == store.Waiting {
 			pos = 1
 			for _, o := range recs[:i] {
 				if o.State == store.Waiting && o.Has(r.Limit) {

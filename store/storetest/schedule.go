@@ -384,6 +384,9 @@ func testPriorityOrder(s *suite) {
 	}
 	s.wantQueue("p", e, b, c, a, d)
 	f := s.enqP("F", lims("p"), 1, 1, 5, "")
+	if f.Position != 4 {
+		s.Fatalf("Enqueue F (priority 5) returned position %d, want 4: behind E (10), B and C (5, older), ahead of A (0) and D (-3)", f.Position)
+	}
 	s.wantQueue("p", e, b, c, f, a, d)
 	s.release(h, true)
 	s.wantHeld(e, 0)
