@@ -128,8 +128,13 @@ from the store. The keeper also lets go when --max-hold passes (default
 its slotctl run is stopped (a lost lease, --replace by a newer run).
 
 The keeper's directory is slotctl-UID/acquire-* in $TMPDIR (else /tmp),
-mode 0700: it holds the socket and the log of the keeper's slotctl run
-(run.log). The keeper obeys only processes of the same user.
+mode 0700: it holds the socket, the log of the keeper's slotctl run
+(run.log) and which processes use it (acquire.id, keeper.id). release
+removes it; a keeper that ended otherwise leaves it, with its log, until
+the next acquire or release of the same user, which removes the
+directories whose processes are all provably gone (pid and start time, on
+this boot and pid namespace). The keeper obeys only processes of the same
+user.
 
 EXIT STATUS
   0    admitted: the keeper holds the slot, the variables are printed
@@ -253,6 +258,7 @@ func runAcquire(ctx context.Context, f *Factory, g *globalOptions, o *AcquireOpt
 	if err != nil {
 		return err
 	}
+	recordAcquire(k.dir, run.Process.Pid)
 	exited := make(chan struct{})
 	go func() {
 		_ = run.Wait()
@@ -324,6 +330,19 @@ func startKeeperRun(f *Factory, o *AcquireOptions, self string, k *keeperDir) (*
 	return run, nil
 }
 
+// recordAcquire records in the keeper's directory that this acquire and
+// its slotctl run, pid, use it: until both are gone (and the keeper, which
+// records itself), no sweep removes it. Without the record the directory is
+// only never swept.
+func recordAcquire(dir string, pid int) {
+	self, ok := proc.SelfMarker()
+	start, err := proc.StartTime(pid) // acquire's child, not yet reaped: pid is still run's
+	if !ok || err != nil {
+		return
+	}
+	_ = writeKeeperID(dir, acquireID, []proc.Marker{self, {Pid: pid, Start: start, PidNS: self.PidNS}})
+}
+
 // runEnded is acquire's end when its slotctl run ended before the keeper
 // held the slot: run's status, its message already relayed.
 func runEnded(ps *os.ProcessState) error {
@@ -359,7 +378,9 @@ func prepareKeeper(f *Factory) (*keeperDir, error) {
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp(base, "acquire-") // 0700
+	// A keeper that ended other than by release left its directory.
+	sweepKeeperDirs(base)
+	dir, err := os.MkdirTemp(base, keeperDirPrefix) // 0700
 	if err != nil {
 		return nil, fmt.Errorf("make the keeper's directory: %w", err)
 	}

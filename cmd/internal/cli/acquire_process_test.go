@@ -13,12 +13,15 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/slotctl/slotctl/internal/proc"
 	"github.com/slotctl/slotctl/internal/testkit/testguard"
@@ -469,7 +472,7 @@ func TestAcquireStoppedWhileWaiting(t *testing.T) {
 		t.Errorf("the next run exited %d, want 0; stderr:\n%s", code, stderr)
 	}
 	if dirs := acqKeeperDirs(t, e); len(dirs) != 1 {
-		t.Errorf("keeper directories: %q; want the killed acquire's (nobody removes it)", dirs)
+		t.Errorf("keeper directories: %q; want the killed acquire's (no acquire or release has swept it since)", dirs)
 	}
 }
 
@@ -522,4 +525,241 @@ func TestAcquireKeepsNoDescriptor(t *testing.T) {
 		t.Fatalf("release exited %d; stderr:\n%s", code, rel.stderr())
 	}
 	acqNoneLeft(t, sc, "after release")
+}
+
+// TestAcquireSweepsEndedKeepers: keepers that end otherwise than by
+// release — the process they are bound to exits, the keeper is SIGKILLed,
+// its slotctl run is SIGKILLed — leave their directories; the next acquire
+// removes them, and the next release those that ended since. A live
+// keeper's directory, one that records no process, and a symbolic link
+// (and what it points to) are left.
+func TestAcquireSweepsEndedKeepers(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("no process is proved gone here: nothing is swept")
+	}
+	e := newPTEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*acqTimeout)
+	defer cancel()
+	base := filepath.Join(e.path("tmp"), "slotctl-"+strconv.Itoa(os.Getuid()))
+	dirOf := func(vars [][2]string) string { return filepath.Base(filepath.Dir(acqGet(t, vars, keeperVar))) }
+	keeperPid := func(sc testguard.Scope) int {
+		for _, p := range sc.Running() {
+			if f := strings.Fields(p.Argv); len(f) > 1 && f[1] == keeperCmdName {
+				return p.Pid
+			}
+		}
+		t.Fatalf("no keeper running in its scope: %v", sc.Running())
+		return 0
+	}
+	kill := func(pid int) {
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	scBound := testguard.Test(t)
+	sleep := exec.CommandContext(ctx, "sleep", "1000")
+	sleep.Env = append(os.Environ(), scBound.Env())
+	if err := sleep.Start(); err != nil {
+		t.Fatal(err)
+	}
+	e.notePid(sleep.Process.Pid)
+	bound := dirOf(acqAcquire(ctx, t, e, scBound, "acquire-bound", nil, "--limit", "b", "--bind-pid", strconv.Itoa(sleep.Process.Pid)))
+	scKeeper := testguard.Test(t)
+	killedKeeper := dirOf(acqAcquire(ctx, t, e, scKeeper, "acquire-keeper", nil, "--limit", "k"))
+	scRun := testguard.Test(t)
+	runVars := acqAcquire(ctx, t, e, scRun, "acquire-run", nil, "--limit", "r", "--ttl", "2s")
+	killedRun := dirOf(runVars)
+	scLive := testguard.Test(t)
+	liveVars := acqAcquire(ctx, t, e, scLive, "acquire-live", nil, "--limit", "l")
+	live := dirOf(liveVars)
+
+	// What records no process, and a link to a directory of a keeper that
+	// has ended: neither is proved to be an ended keeper's directory.
+	if err := os.Mkdir(filepath.Join(base, "acquire-unrecorded"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	outside := e.path("outside")
+	if err := os.Mkdir(outside, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(base, "acquire-link")); err != nil {
+		t.Fatal(err)
+	}
+
+	_ = sleep.Process.Kill()
+	_ = sleep.Wait()
+	kill(keeperPid(scKeeper))
+	m, err := proc.ParseMarker(acqGet(t, runVars, proc.SupervisorVar))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kill(m.Pid)
+	acqNoneLeft(t, scBound, "after the bound process exited")
+	acqNoneLeft(t, scKeeper, "after the keeper was killed")
+	acqNoneLeft(t, scRun, "after the keeper's run was killed")
+	for _, d := range []string{bound, killedKeeper, killedRun} {
+		acqWaitEnded(t, filepath.Join(base, d))
+	}
+	// The killed run's keeper left its files there too; keep one.
+	for _, f := range []string{acquireID, keeperID, keeperLog} {
+		if !ptExists(filepath.Join(base, killedRun, f)) {
+			t.Errorf("%s: no %s left by the keeper whose run was killed", killedRun, f)
+		}
+	}
+	if err := os.Rename(filepath.Join(base, killedRun, acquireID), filepath.Join(outside, acquireID)); err != nil {
+		t.Fatal(err)
+	}
+
+	dirs := func() []string {
+		entries, err := os.ReadDir(base)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		return names
+	}
+	sorted := func(names ...string) []string { slices.Sort(names); return names }
+	if got, want := dirs(), sorted(bound, killedKeeper, killedRun, live, "acquire-unrecorded", "acquire-link"); !slices.Equal(got, want) {
+		t.Fatalf("before another acquire, %s holds %q, want %q", base, got, want)
+	}
+
+	scNext := testguard.Test(t)
+	next := dirOf(acqAcquire(ctx, t, e, scNext, "acquire-next", nil, "--limit", "n"))
+	if got, want := dirs(), sorted(live, next, "acquire-unrecorded", "acquire-link"); !slices.Equal(got, want) {
+		t.Errorf("after another acquire, %s holds %q, want %q", base, got, want)
+	}
+	if !ptExists(filepath.Join(outside, acquireID)) {
+		t.Errorf("the sweep removed a file through a symbolic link")
+	}
+
+	// The next keeper ends unreleased; the live one's release removes its
+	// own directory and the next one's.
+	kill(keeperPid(scNext))
+	acqNoneLeft(t, scNext, "after the keeper was killed")
+	acqWaitEnded(t, filepath.Join(base, next))
+	rel := e.startWith(ctx, "release", acqEnv(liveVars), "release")
+	if code := rel.wait(t, acqTimeout); code != 0 {
+		t.Fatalf("release exited %d; stderr:\n%s", code, rel.stderr())
+	}
+	if got, want := dirs(), sorted("acquire-unrecorded", "acquire-link"); !slices.Equal(got, want) {
+		t.Errorf("after release, %s holds %q, want %q", base, got, want)
+	}
+	acqNoneLeft(t, scLive, "after release")
+}
+
+// acqWaitEnded waits until the keeper's directory dir is one a sweep
+// removes: its processes, gone from the scope, may still be exiting.
+func acqWaitEnded(t *testing.T, dir string) {
+	t.Helper()
+	ptWaitFor(t, "the processes of "+dir+" to be provably gone", acqTimeout, func() bool {
+		fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(fd)
+		return keeperDirEnded(fd)
+	})
+}
+
+// TestReleaseUsesTheKeepersStore: the keeper holds its ticket in one
+// store; release without TICKET waits for it there, whatever store the
+// releasing step names: another one (SLOTCTL_STORE, --store), one that
+// cannot be opened, or none (only --keeper given). Each keeper's slotctl
+// run and guard are stopped (SIGSTOP) before release asks the keeper: the
+// ticket then stays in the keeper's store until its lease expires, and
+// release says so — a release looking in another store would find no
+// ticket and call it released at once.
+func TestReleaseUsesTheKeepersStore(t *testing.T) {
+	e := newPTEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*acqTimeout)
+	defer cancel()
+	keeperStore := e.path("keeper.db")
+	other := e.path("slots.db") // e.env's SLOTCTL_STORE
+	notDir := e.path("not-a-dir")
+	if err := os.WriteFile(notDir, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	type release struct {
+		name string
+		sc   testguard.Scope
+		vars [][2]string
+		env  []string
+		args []string
+	}
+	// Every acquire before any run is stopped: nothing but the releases'
+	// reads touches the keeper's store once they are.
+	var releases []*release
+	for _, name := range []string{"env", "flag", "unopenable", "none"} {
+		r := &release{name: name, sc: testguard.Test(t), args: []string{"release"}}
+		r.vars = acqAcquire(ctx, t, e, r.sc, "acquire-"+name, []string{"SLOTCTL_STORE=" + keeperStore}, "--limit", name, "--ttl", "2s")
+		if got := acqGet(t, r.vars, storeExportedVar); !strings.HasSuffix(got, keeperStore) {
+			t.Fatalf("%s=%q, want the keeper's store %s", storeExportedVar, got, keeperStore)
+		}
+		r.env = acqEnv(r.vars)
+		switch name {
+		case "env":
+			r.env = append(r.env, "SLOTCTL_STORE="+other)
+		case "flag":
+			r.args = append(r.args, "--store", other)
+		case "unopenable":
+			r.env = append(r.env, "SLOTCTL_STORE="+filepath.Join(notDir, "slots.db"))
+		case "none":
+			r.env = []string{"SLOTCTL_STORE="}
+			r.args = append(r.args, "--keeper", acqGet(t, r.vars, keeperVar))
+		}
+		releases = append(releases, r)
+	}
+	for _, r := range releases {
+		acqStopRun(t, r.sc, keeperStore+".lock")
+	}
+	procs := make([]*ptProc, len(releases))
+	for i, r := range releases { // they wait for the leases to expire side by side
+		procs[i] = e.startWith(ctx, "release-"+r.name, r.env, r.args...)
+	}
+	for i, r := range releases {
+		code := procs[i].wait(t, acqTimeout)
+		id := acqGet(t, r.vars, proc.TicketVar)
+		if want := "ticket " + short(id) + " (limit " + r.name + ") was not released by its keeper's slotctl run, but its lease has expired"; code != 0 || !strings.Contains(procs[i].stderr(), want) {
+			t.Errorf("%s: release exited %d, want 0 saying %q; stderr:\n%s", r.name, code, want, procs[i].stderr())
+		}
+	}
+	if tickets := acqTickets(t, e); len(tickets) != 0 {
+		t.Errorf("the other store %s holds tickets: %+v", other, tickets)
+	}
+}
+
+// acqStopRun stops (SIGSTOP) every process of a keeper's scope sc but the
+// keeper itself — its slotctl run and guard: nothing renews or releases its
+// ticket then. They are stopped at a moment when none of them holds the
+// store's lock (lock), which would stop every other user of the store.
+func acqStopRun(t *testing.T, sc testguard.Scope, lock string) {
+	t.Helper()
+	f, err := os.Open(lock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	ptWaitFor(t, "a moment when the keeper's run does not hold "+lock, acqTimeout, func() bool {
+		var stopped []int
+		for _, p := range sc.Running() {
+			if f := strings.Fields(p.Argv); (len(f) < 2 || f[1] != keeperCmdName) && syscall.Kill(p.Pid, syscall.SIGSTOP) == nil {
+				stopped = append(stopped, p.Pid)
+			}
+		}
+		if len(stopped) == 0 {
+			t.Fatalf("no process of the keeper's run to stop; running: %v", sc.Running())
+		}
+		if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil {
+			_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
+			return true
+		}
+		for _, pid := range stopped {
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+		}
+		return false
+	})
 }

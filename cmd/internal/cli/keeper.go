@@ -9,7 +9,8 @@ package cli
 // job, and if run dies the guard kills the keeper with the rest of the job.
 //
 // Its directory, made by acquire, is private (0700, this user's): it holds
-// the socket, the FIFO the variables go through and run's log. A request
+// the socket, the FIFO the variables go through, run's log and the records
+// of which processes use it (keeper_dir.go). A request
 // is obeyed only from a process of the same user (SO_PEERCRED on Linux);
 // nothing in the store authorises anything here.
 
@@ -105,6 +106,19 @@ func runKeeper(f *Factory, o *keeperOptions) error {
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT)
 
+	// Recorded before acquire is told and may exit: from then on this
+	// record and acquire's (which names the run) keep a later acquire or
+	// release from removing the directory while any of them runs
+	// (keeper_dir.go).
+	if self, ok := proc.SelfMarker(); ok {
+		ms := []proc.Marker{self}
+		if sup, err := proc.ParseMarker(f.Getenv(proc.SupervisorVar)); err == nil {
+			ms = append(ms, sup)
+		}
+		if err := writeKeeperID(o.Dir, keeperID, ms); err != nil {
+			log.warn("keeper: %v", err)
+		}
+	}
 	sock := filepath.Join(o.Dir, keeperSocket)
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
 	if err != nil {
@@ -112,7 +126,7 @@ func runKeeper(f *Factory, o *keeperOptions) error {
 	}
 	defer ln.Close() // removes the socket
 	requests := make(chan *net.UnixConn)
-	go serveKeeper(ln, log, requests)
+	go serveKeeper(ln, log, requests, os.Getuid())
 
 	if err := tellAcquire(filepath.Join(o.Dir, keeperReady), keeperVars(f, sock)); err != nil {
 		// acquire is gone (killed while it waited): nobody knows of this
@@ -175,15 +189,16 @@ func tellAcquire(fifo string, vars []string) error {
 }
 
 // serveKeeper accepts connections: a "release" line from a process of
-// this user goes to requests; anything else is answered and dropped.
-func serveKeeper(ln *net.UnixListener, log *logger, requests chan<- *net.UnixConn) {
+// user uid (this keeper's) goes to requests; a connection from another
+// user is closed unanswered, anything else answered and dropped.
+func serveKeeper(ln *net.UnixListener, log *logger, requests chan<- *net.UnixConn, uid int) {
 	for {
 		c, err := ln.AcceptUnix()
 		if err != nil {
 			return
 		}
-		if uid, err := peerUID(c); err != nil || uid != os.Getuid() {
-			log.warn("keeper: refused a connection from uid %d (%v): only uid %d may release", uid, err, os.Getuid())
+		if peer, err := peerUID(c); err != nil || peer != uid {
+			log.warn("keeper: refused a connection from uid %d (%v): only uid %d may release", peer, err, uid)
 			c.Close()
 			continue
 		}
@@ -208,6 +223,11 @@ var errNoKeeper = errors.New("no keeper listens there")
 // directory must be private to this user, and the process listening this
 // user's.
 func askKeeper(sock string) (keeperReply, *net.UnixConn, error) {
+	return askKeeperOf(sock, os.Getuid())
+}
+
+// askKeeperOf is askKeeper for a keeper that must be user uid's.
+func askKeeperOf(sock string, uid int) (keeperReply, *net.UnixConn, error) {
 	if err := checkPrivateDir(filepath.Dir(sock)); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return keeperReply{}, nil, errNoKeeper
@@ -221,9 +241,9 @@ func askKeeper(sock string) (keeperReply, *net.UnixConn, error) {
 		}
 		return keeperReply{}, nil, fmt.Errorf("keeper %s: %w", sock, err)
 	}
-	if uid, err := peerUID(c); err != nil || uid != os.Getuid() {
+	if peer, err := peerUID(c); err != nil || peer != uid {
 		c.Close()
-		return keeperReply{}, nil, fmt.Errorf("keeper %s: listened on by uid %d, not this user's %d (%v)", sock, uid, os.Getuid(), err)
+		return keeperReply{}, nil, fmt.Errorf("keeper %s: listened on by uid %d, not this user's %d (%v)", sock, peer, uid, err)
 	}
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 	if _, err := io.WriteString(c, "release\n"); err != nil {
@@ -284,11 +304,8 @@ func fileOwner(st os.FileInfo) (int, bool) {
 // slotctl-UID in $TMPDIR (else /tmp), made 0700 if missing and refused if
 // it is not this user's own.
 func keeperBase(f *Factory) (string, error) {
-	tmp := f.Getenv("TMPDIR")
-	if tmp == "" || !filepath.IsAbs(tmp) {
-		tmp = "/tmp"
-	}
-	base := filepath.Join(tmp, "slotctl-"+strconv.Itoa(os.Getuid()))
+	base := keeperBasePath(f)
+	tmp := filepath.Dir(base)
 	if err := os.Mkdir(base, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return "", &ExitError{Code: exitUsage, Err: fmt.Errorf("make the keeper's directory in %s: %v", tmp, unwrapPathError(err)),
 			Hint: "set TMPDIR to a directory of yours"}
@@ -297,6 +314,15 @@ func keeperBase(f *Factory) (string, error) {
 		return "", &ExitError{Code: exitUsage, Err: fmt.Errorf("%v", err), Hint: "set TMPDIR to a directory of yours"}
 	}
 	return base, nil
+}
+
+// keeperBasePath is where keeperBase makes the keepers' directories.
+func keeperBasePath(f *Factory) string {
+	tmp := f.Getenv("TMPDIR")
+	if tmp == "" || !filepath.IsAbs(tmp) {
+		tmp = "/tmp"
+	}
+	return filepath.Join(tmp, "slotctl-"+strconv.Itoa(os.Getuid()))
 }
 
 // parseBindPid reads the keeper's --bind-pid PID:START.

@@ -37,11 +37,13 @@ alive on this host is refused unless --force.`,
 the keeper named by SLOTCTL_KEEPER (which acquire prints and puts in
 $GITHUB_ENV or its --env-file), or by --keeper, to let go, and waits until
 the keeper's slotctl run has ended its job and removed the ticket from the
-store. Only a keeper of the same user answers. When no keeper answers, release
-looks for SLOTCTL_TICKET in the store: gone, it was already released (exit
-0); still held by a slotctl run on this host, release waits for that run to
-finish; held elsewhere, release says so and exits 64 (it goes when its lease
-expires, or by hand with release TICKET). With neither SLOTCTL_KEEPER nor
+keeper's store (SLOTCTL_STORE_EXPORTED, or the one the keeper names,
+whatever SLOTCTL_STORE or --store say). Only a keeper of the same user
+answers. When no keeper answers, release looks for SLOTCTL_TICKET in that
+store: gone, it was already released (exit 0); still held by a slotctl run
+on this host, release waits for that run to finish; held elsewhere, release
+says so and exits 64 (it goes when its lease expires, or by hand with
+release TICKET). With neither SLOTCTL_KEEPER nor
 TICKET, or with only a SLOTCTL_TICKET that a slotctl run holds, there is
 nothing to ask: exit 64.
 

@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/slotctl/slotctl/internal/proc"
 	"github.com/slotctl/slotctl/store"
 )
@@ -30,6 +32,9 @@ const releasePoll = 100 * time.Millisecond
 // is gone).
 func runReleaseKeeper(ctx context.Context, f *Factory, g *globalOptions, o *ReleaseOptions) error {
 	log := newLogger(f, g)
+	// Keepers that ended otherwise than by a release left their
+	// directories: once this release is done, whatever it said.
+	defer sweepEndedKeepers(f)
 	sock := o.Keeper
 	if sock == "" {
 		sock = f.Getenv(keeperVar)
@@ -40,7 +45,7 @@ func runReleaseKeeper(ctx context.Context, f *Factory, g *globalOptions, o *Rele
 	}
 	if sock == "" {
 		if ticket != "" {
-			st, err := f.openStore(withStore(g, exportedStore(f)))
+			st, err := f.openStore(withStore(g, ticketStore(f)))
 			if err != nil {
 				return err
 			}
@@ -53,7 +58,7 @@ func runReleaseKeeper(ctx context.Context, f *Factory, g *globalOptions, o *Rele
 	// The store first, before the keeper is asked: a store that only
 	// slotctl-etcd serves makes this process that one now, and a store
 	// that cannot be opened is said while the slot is still held.
-	st, err := f.openStore(withStore(g, exportedStore(f)))
+	st, err := f.openStore(withStore(g, ticketStore(f)))
 	if err != nil {
 		return err
 	}
@@ -71,6 +76,11 @@ func runReleaseKeeper(ctx context.Context, f *Factory, g *globalOptions, o *Rele
 	c.Close()
 	if reply.Store != "" && reply.Store != st.String() {
 		// The keeper's word on where its ticket is: it is this user's.
+		// Should that store be etcd, slotctl-etcd takes this process's
+		// place with its arguments and environment: these tell it which
+		// ticket to look for, and where, now that the keeper has gone.
+		_ = os.Setenv(storeExportedVar, reply.Store)
+		_ = os.Setenv(proc.TicketVar, reply.Ticket)
 		st.Close()
 		if st, err = f.openStore(withStore(g, reply.Store)); err != nil {
 			return err
@@ -91,21 +101,24 @@ func removeKeeperDir(sock string) {
 	if filepath.Base(sock) != keeperSocket || checkPrivateDir(dir) != nil {
 		return
 	}
-	for _, name := range []string{keeperSocket, keeperReady, keeperLog} {
-		_ = os.Remove(filepath.Join(dir, name))
+	pfd, err := unix.Open(filepath.Dir(dir), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return
 	}
-	_ = os.Remove(dir) // only if nothing else is there
+	defer unix.Close(pfd)
+	dfd, err := openPrivateAt(pfd, filepath.Base(dir))
+	if err != nil {
+		return
+	}
+	defer unix.Close(dfd)
+	removeKeeperDirAt(pfd, dfd, filepath.Base(dir))
 }
 
-// exportedStore is the store acquire exported with its variables (the
-// ticket's store): SLOTCTL_STORE while it equals SLOTCTL_STORE_EXPORTED,
-// else "" (the store as configured).
-func exportedStore(f *Factory) string {
-	if exp := f.Getenv(storeExportedVar); exp != "" && f.Getenv(storeVar) == exp {
-		return exp
-	}
-	return ""
-}
+// ticketStore is the store of the ticket the job's variables name:
+// SLOTCTL_STORE_EXPORTED, which the run holding it (the keeper's, after
+// acquire) exports beside SLOTCTL_TICKET, whatever SLOTCTL_STORE or --store
+// name in the releasing step; "" without it (the store as configured).
+func ticketStore(f *Factory) string { return f.Getenv(storeExportedVar) }
 
 // withStore is g with its store set to url when url is not empty.
 func withStore(g *globalOptions, url string) *globalOptions {
@@ -138,7 +151,7 @@ func waitTicketGone(ctx context.Context, st store.Store, log *logger, id string,
 		case err != nil:
 			lastErr = err
 		case t.Expired():
-			log.warn("%s (%s) was not released by its keeper's slotctl run, but its lease has expired: the next admission frees the slot", what, ticketLimits(t))
+			log.warn("ticket %s (%s) was not released by its keeper's slotctl run, but its lease has expired: the next admission frees the slot", shortID(id), ticketLimits(t))
 			return nil
 		default:
 			lastErr = nil

@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"time"
 )
 
 // find reads every process's environment for the mark (or a mark below
@@ -52,29 +51,5 @@ func carries(env, want []byte) bool {
 }
 
 func kill(mark string) []Proc {
-	var all []Proc
-	seen := map[int]bool{}
-	// A process in the middle of exec reads with an empty environment, so
-	// one empty scan is not proof: stop after two in a row.
-	empty := 0
-	for range 50 {
-		ps := find(mark)
-		if len(ps) == 0 {
-			if empty++; empty == 2 {
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
-			continue
-		}
-		empty = 0
-		for _, p := range ps {
-			_ = syscall.Kill(p.Pid, syscall.SIGKILL)
-			if !seen[p.Pid] {
-				seen[p.Pid] = true
-				all = append(all, p)
-			}
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return all
+	return sweep(mark, find, func(pid int) { _ = syscall.Kill(pid, syscall.SIGKILL) })
 }

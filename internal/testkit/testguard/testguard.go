@@ -86,6 +86,36 @@ func (s Scope) Running() []Proc { return find(s.mark) }
 // may fork while it is being killed) and returns those it found.
 func (s Scope) Kill() []Proc { return kill(s.mark) }
 
+// sweep is Kill with its scan of the scope and its signal given: it
+// signals what each scan finds, until two scans in a row find nothing (a
+// process in the middle of exec reads with an empty environment, so one
+// empty scan is not proof), and returns each process once.
+func sweep(mark string, scan func(string) []Proc, signal func(pid int)) []Proc {
+	var all []Proc
+	seen := map[int]bool{}
+	empty := 0
+	for range 50 {
+		ps := scan(mark)
+		if len(ps) == 0 {
+			if empty++; empty == 2 {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		empty = 0
+		for _, p := range ps {
+			signal(p.Pid)
+			if !seen[p.Pid] {
+				seen[p.Pid] = true
+				all = append(all, p)
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return all
+}
+
 // Test is a scope for one test: what is still running in it when the test
 // ends is killed. Its processes are in the root scope too.
 func Test(t testing.TB) Scope {
