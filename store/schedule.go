@@ -1,7 +1,6 @@
 package store
 
 import (
-	"cmp"
 	"fmt"
 	"slices"
 	"strconv"
@@ -194,11 +193,16 @@ func (t Ticket) ShareKey() string {
 // Effective is t's effective priority at now under p: its Priority plus
 // one point per p.AgingOr() since it was created.
 func (p Policy) Effective(t Ticket, now time.Time) int {
-	waited := now.Sub(t.Created)
+	return p.effective(t.Priority, t.Created, now)
+}
+
+func (p Policy) effective(priority int, created, now time.Time) int {
+	waited := now.Sub(created)
 	if waited <= 0 {
-		return t.Priority
+		return priority
 	}
-	return t.Priority + int(waited/p.AgingOr())
+	// Ten years of waiting at most: the points fit Arrange's keys.
+	return priority + int(min(waited, 10*365*24*time.Hour)/p.AgingOr())
 }
 
 // InWindow is the starts of admissions that count against p's rate at now:
@@ -277,25 +281,40 @@ func (p Policy) Arrange(held, waiting []*Ticket, now time.Time) []int {
 	for i := range ix {
 		ix[i] = i
 	}
+	// Each waiter's sort key, its index in the low bits: one sort of
+	// integers, ties in ticket order.
+	var keys []int64
 	switch p.Ordered() {
 	case ByPriority:
-		eff := make([]int, len(waiting))
+		keys = make([]int64, len(waiting))
 		for i, t := range waiting {
-			eff[i] = p.Effective(*t, now)
+			keys[i] = -int64(p.effective(t.Priority, t.Created, now))<<32 | int64(i)
 		}
-		slices.SortStableFunc(ix, func(a, b int) int { return cmp.Compare(eff[b], eff[a]) })
 	case Fair:
-		load := map[string]int{}
+		load := map[string]*int{} // by share: one lookup a ticket
+		at := func(t *Ticket) *int {
+			n := load[t.ShareKey()]
+			if n == nil {
+				n = new(int)
+				load[t.ShareKey()] = n
+			}
+			return n
+		}
 		for _, t := range held {
-			load[t.ShareKey()] += t.Weighs()
+			*at(t) += t.Weighs()
 		}
-		key := make([]int, len(waiting))
+		keys = make([]int64, len(waiting))
 		for i, t := range waiting {
-			s := t.ShareKey()
-			key[i] = load[s]
-			load[s] += t.Weighs()
+			n := at(t)
+			keys[i] = int64(*n)<<32 | int64(i)
+			*n += t.Weighs()
 		}
-		slices.SortStableFunc(ix, func(a, b int) int { return cmp.Compare(key[a], key[b]) })
+	default:
+		return ix
+	}
+	slices.Sort(keys)
+	for k, key := range keys {
+		ix[k] = int(key & (1<<32 - 1))
 	}
 	return ix
 }

@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/slotctl/slotctl/internal/mutation"
@@ -73,47 +74,44 @@ func (s *settling) waits(i int, q Queued) bool {
 // the holders the settle keeps so far.
 func (s *settling) sequences() [][]int {
 	type queue struct {
+		name          string
 		held, waiting []*store.Ticket
 		idx           []int
 	}
-	qs := map[string]*queue{}
+	qs := make(map[*count]*queue, len(s.per))
+	for name, c := range s.per {
+		qs[c] = &queue{name: name}
+	}
+	firstOnly := s.in.Mutations.Has(mutation.OrderFirstLimit)
 	for i := range s.in.Tickets {
 		q := &s.in.Tickets[i]
-		if s.gone[i] {
+		cs, _, ok := s.known(i)
+		if s.gone[i] || !ok {
 			continue
 		}
-		waits := s.waits(i, *q)
-		for k, name := range q.Ticket.Names() {
-			if s.per[name] == nil {
+		held := q.Ticket.State == store.Held
+		for _, c := range cs {
+			if !held && firstOnly && c != s.per[q.Ticket.Names()[0]] { // mutation (test-only): only a waiter's first limit orders it (P1)
 				continue
 			}
-			if k > 0 && waits && s.in.Mutations.Has(mutation.OrderFirstLimit) { // mutation (test-only): only a waiter's first limit orders it (P1)
-				continue
-			}
-			l := qs[name]
-			if l == nil {
-				l = &queue{}
-				qs[name] = l
-			}
-			if q.Ticket.State == store.Held {
+			l := qs[c]
+			if held {
 				l.held = append(l.held, &q.Ticket)
-			} else if waits {
+			} else {
 				l.waiting, l.idx = append(l.waiting, &q.Ticket), append(l.idx, i)
 			}
 		}
 	}
-	names := make([]string, 0, len(qs))
-	for name := range qs {
-		names = append(names, name)
-	}
-	slices.Sort(names) // the sequences' order decides nothing; keep it stable anyway
-	var seqs [][]int
-	for _, name := range names {
-		l := qs[name]
-		if len(l.waiting) == 0 {
-			continue
+	ls := make([]*queue, 0, len(qs))
+	for _, l := range qs {
+		if len(l.waiting) > 0 {
+			ls = append(ls, l)
 		}
-		pol := s.in.Policies[name]
+	}
+	slices.SortFunc(ls, func(a, b *queue) int { return strings.Compare(a.name, b.name) }) // the sequences' order decides nothing; keep it stable anyway
+	seqs := make([][]int, 0, len(ls))
+	for _, l := range ls {
+		pol := s.in.Policies[l.name]
 		if s.in.Mutations.Has(mutation.AgingOff) { // mutation (test-only): priority without aging (P3)
 			pol.Aging = math.MaxInt64
 		}
