@@ -1000,6 +1000,9 @@ func (r *runner) tellLease(c Child) {
 // later (after a suspend, when the slot may already be another's) gets the
 // same half margin, for the job's SIGTERM handler.
 func (r *runner) killBy() time.Duration {
+	if r.bug(mutation.LateLossGrace) && r.now() > r.lease.Deadline() { // mutation (test-only): a loss noticed late keeps the whole kill grace (D4)
+		return never
+	}
 	return r.now() + (r.lease.Expiry()-r.lease.Deadline())/2
 }
 

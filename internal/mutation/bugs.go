@@ -96,11 +96,16 @@ const (
 	// ones while it waits for the next: two jobs that name the same limits
 	// in other orders deadlock (H1).
 	HoldAndWait Bug = "hold-and-wait"
+	// LateLossGrace: a lease loss noticed past the local deadline (by a
+	// supervisor resumed from a stop) gives the job its whole kill grace
+	// before SIGKILL, not half the margin, so a job whose slot may be
+	// another's already runs on beside it for the grace (D4, S24).
+	LateLossGrace Bug = "late-loss-grace"
 )
 
 // All lists every Bug, store-side first.
 func All() []Bug {
 	return []Bug{BlindReap, ReleaseCounter, ReleaseNoCompare, RenewExpired, StaleVerdict, NoTombstone, WallClock,
 		WeightIgnored, BargePastHead, ReplaceBeside, SupersedeHeld, OrderFirstLimit, RateStale, AgingOff, ResizePastWaiter, ResizeOverSize, ResizeNoSettle,
-		WaiterNotRenewed, ReleaseBeforeExit, HoldAndWait}
+		WaiterNotRenewed, ReleaseBeforeExit, HoldAndWait, LateLossGrace}
 }

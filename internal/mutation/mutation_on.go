@@ -17,7 +17,7 @@ type Bug string
 
 // InStore reports whether b is switched in the store (else in the holder).
 func (b Bug) InStore() bool {
-	return b != WaiterNotRenewed && b != ReleaseBeforeExit && b != HoldAndWait
+	return b != WaiterNotRenewed && b != ReleaseBeforeExit && b != HoldAndWait && b != LateLossGrace
 }
 
 // A Set is the bugs switched on. The nil Set is production: none.

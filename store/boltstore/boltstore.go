@@ -363,9 +363,10 @@ func (s *Store) open(ctx context.Context, write bool) (*bolt.DB, func(), error) 
 	})
 	if err != nil {
 		f.Close() // bbolt closed it already, unless it faulted
-		if write && size == 0 && noSpace(err) {
-			// bbolt's first pages did not fit: leave the file empty, as it
-			// was (an empty file is an empty store), not half initialised.
+		if write && size == 0 && (noSpace(err) || ioError(err)) {
+			// bbolt's first pages did not fit or reach the disk: leave the
+			// file empty, as it was (an empty file is an empty store), not
+			// half initialised.
 			if g, _, ferr := regularFile(s.fds.dir, s.name, s.path, unix.O_RDWR, false, 0); ferr == nil {
 				_ = g.Truncate(0)
 				g.Close()
@@ -384,6 +385,30 @@ func (s *Store) open(ctx context.Context, write bool) (*bolt.DB, func(), error) 
 // of space: full (ENOSPC) or over the user's quota (EDQUOT).
 func noSpace(err error) bool {
 	return errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT)
+}
+
+// ioError reports whether err is the disk's: an I/O error (a write or its
+// fsync failed: EIO) or a file system gone read-only (EROFS).
+func ioError(err error) bool {
+	return errors.Is(err, unix.EIO) || errors.Is(err, unix.EROFS)
+}
+
+// writeError is the error of a commit that failed after the transaction's
+// work was done: the disk's (EIO from a write or an fsync), whatever bbolt
+// wrapped it in. bbolt writes the new meta page last, only after the pages
+// it points to reached the disk: a commit that failed before it left the
+// store as it was.
+func (s *Store) writeError(err error) error {
+	cause := err.Error()
+	var errno unix.Errno
+	if errors.As(err, &errno) {
+		cause = errno.Error()
+	} else if i := strings.LastIndex(cause, ": "); i >= 0 {
+		// Growing the file, bbolt formats the error with %s ("file sync
+		// error: sync PATH: input/output error"): its last part is the cause.
+		cause = cause[i+2:]
+	}
+	return fmt.Errorf("%w: cannot write store %s: %s", store.ErrUnavailable, s.path, cause)
 }
 
 // noSpaceError says that the store could not be written for want of space.
@@ -408,6 +433,8 @@ func (s *Store) openError(err error) error {
 	switch {
 	case noSpace(err):
 		return s.noSpaceError(err)
+	case ioError(err):
+		return fmt.Errorf("%w: cannot open store %s: %v", store.ErrUnavailable, s.path, unwrapPath(err))
 	case errors.Is(err, fs.ErrPermission):
 		return fmt.Errorf("%w: open store %s: permission denied", store.ErrUnavailable, s.path)
 	case errors.Is(err, berrors.ErrTimeout):
@@ -436,17 +463,28 @@ func (s *Store) update(ctx context.Context, fn func(x *txn) error) (err error) {
 	}
 	defer closeDB()
 	x := &txn{s: s, now: s.now()}
+	done := false // fn succeeded: an error after it is the commit's
 	err = s.guard(func() error {
 		return db.Update(func(tx *bolt.Tx) error {
 			x.tx = tx
 			if err := x.init(); err != nil {
 				return err
 			}
-			return fn(x)
+			if err := fn(x); err != nil {
+				return err
+			}
+			done = true
+			return nil
 		})
 	})
 	if noSpace(err) {
 		return s.noSpaceError(err)
+	}
+	if err != nil && done && !errors.Is(err, store.ErrCorrupt) {
+		// bbolt's own errors (a failed fsync, a write) name neither the
+		// store nor, once it formats them, the errno: they are the
+		// disk's, not the caller's (exit 69, not 70).
+		return s.writeError(err)
 	}
 	if err != nil {
 		return err

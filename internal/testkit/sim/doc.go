@@ -32,15 +32,18 @@
 //     with renew.Lease, the Keeper's own arithmetic, and retried after
 //     renew.RetryDelay. The supervisor-side mutations
 //     (mutation.WaiterNotRenewed, mutation.ReleaseBeforeExit,
-//     mutation.HoldAndWait) switch gate/holder's code through its
-//     Config.Mutations.
+//     mutation.HoldAndWait, mutation.LateLossGrace) switch gate/holder's
+//     code through its Config.Mutations.
 //   - A holder's job names 1-3 of the run's 1-4 limits (sizes 1-3), in a
 //     random order, and takes 1 or 2 slots of each: one ticket
 //     (EnqueueRequest Limits and Weight), never heavier than a limit at its
 //     enqueue nor than its configured size (operators may shrink it later).
 //   - A child runs from its start until its holder observes that it exited
 //     or killed it. A crashed holder's child dies with it (parent-death
-//     signal); a paused holder's child runs on.
+//     signal); a paused holder's child runs on: the simulated child has no
+//     guard (its Lease does nothing), so a pause stands for a supervisor
+//     stopped together with its guard, the case the design cannot cover
+//     (S24).
 //   - Reapers scan (a dry-run Reap) and reap a while later; they are cron
 //     jobs, so a crashed reaper only loses what it had read.
 //   - Operators release tickets (a stale read, then Release; --force only
@@ -148,6 +151,11 @@
 //	    invalid, a gone or expired one as lost
 //	S22 a limit's counters never go back, and at quiescence they are the
 //	    tally of its log (each event counted once, in its own step)
+//	S24 a supervisor that resumes past its lease's local deadline has its
+//	    child gone within min(kill grace, margin/2) of the resume, so a
+//	    paused supervisor's child runs beside the slot's next holder for
+//	    at most its pause beyond its ticket's end + min(kill grace,
+//	    margin/2) (below)
 //	L1  a reap leaves no expired ticket of its limits; none outlives three
 //	    reaper periods
 //	L3  no ticket waits that is the oldest waiter of each of its limits
@@ -177,10 +185,25 @@
 // L3 judges only tickets whose limits are all FIFO without a rate (time
 // alone reorders or opens the others), and L4 only FIFO limits.
 //
-// Slot indexes are unique. Overlap that the design cannot prevent (a paused
-// supervisor's child running on beside a newly admitted one) is measured and
-// reported, not failed.
-//
+// Slot indexes are unique. The one overlap the design cannot prevent is
+// bounded (S24), and the bound asserted at every step. A supervisor stopped
+// (SIGSTOP) alone leaves its guard to stop the job at the lease's end
+// (docs/leases.md rule 8); stopped together with its guard, as the
+// simulated child's always is, it cannot stop its child, so the child runs
+// on while its ticket expires in the store, is reaped and its slot given to
+// a newly admitted job. Its ticket's end E is at the earliest the store's
+// expiry, its local deadline + margin (S9), or an operator's forced
+// release. On SIGCONT the supervisor checks its lease before anything
+// else, finds it lost and stops the child: SIGTERM at once, SIGKILL within
+// the kill grace cut to half the margin (gate/holder's killBy, as for a loss
+// noticed in time). A supervisor that resumes at r past its local deadline
+// thus has its child gone by r + min(kill grace, margin/2), and its child
+// runs beside the slot's next holder for at most
+// (r - E) + min(kill grace, margin/2): the pause beyond the ticket's end,
+// plus a twentieth of the TTL with the runs' kill grace (TTL/5) and margin
+// (TTL/10). Pauses last up to 3 TTLs. The longest such overlap and how many
+// children ran on past their ticket are in the Stats.
+
 // # Mutations
 //
 // Each bug class of docs/leases.md that the design prevents can be switched
@@ -193,7 +216,9 @@
 // enqueue) as S17, and with S17 ignored as the child it leaves running
 // unleased (S2); resize-past-waiter (H4, policy.PlanResize) as S21,
 // resize-over-size (H5) as S1, resize-no-settle (a shrink that admits
-// nobody) as L3; order-first-limit (P1) as L11, rate-stale (P2: two
+// nobody) as L3; late-loss-grace (D4: a loss noticed on resuming keeps the
+// whole kill grace, gate/holder's killBy) as S24, which alone sees it (the
+// child is gone within the grace, which every other rule allows); order-first-limit (P1) as L11, rate-stale (P2: two
 // handles, each settling on its own earlier read of a rated limit's
 // starts) as S23, aging-off (P3) as L11 (or L12). The bugs of the
 // policies are searched in runs with policies, the others in FIFO-only

@@ -25,8 +25,6 @@ type model struct {
 	maxFence uint64
 	limits   map[string]*mLimit
 
-	overSince map[string]time.Duration // limit -> since when more children run than it has slots
-
 	// Newer runs first (docs/leases.md §2.1 item 10), this step's: the
 	// superseding enqueues and the refusals of --max-waiting. owners
 	// outlives the live set: a replacing job's child must not overlap the
@@ -107,6 +105,7 @@ type goneRec struct {
 	by     string        // superseded: the newer ticket
 	sure   bool          // superseded while no sweep could have removed it first
 	limits []string      // superseded: its limits
+	at     time.Duration // when it left the live set
 }
 
 type mLimit struct {
@@ -121,7 +120,7 @@ type mLimit struct {
 
 func newModel(s *sim) *model {
 	return &model{s: s, live: map[string]*mTicket{}, refused: map[string]bool{}, removals: map[string]int{},
-		gone: map[string]goneRec{}, limits: map[string]*mLimit{}, overSince: map[string]time.Duration{},
+		gone: map[string]goneRec{}, limits: map[string]*mLimit{},
 		owners: map[string]*holder{}, replace: map[string][]string{}, waiters: map[string]*mTicket{}, fresh: map[string]bool{}}
 }
 
@@ -195,6 +194,7 @@ func (m *model) remove(t *mTicket, g goneRec) {
 		m.fail("S5", "ticket %s of %s left the live set %d times", short(t.id), ownerName(t.owner), n)
 	}
 	m.refused[t.id] = true
+	g.at = m.s.now().Mono
 	m.gone[t.id] = g
 }
 
@@ -862,39 +862,20 @@ func (m *model) stepCalls() string {
 	return fmt.Sprintf(" (this step: %v)", out)
 }
 
-// holders checks the children and the holders' beliefs (S2, S9).
+// holders checks the children and the holders' beliefs (S2, S9, S24).
 func (m *model) holders(now Instant) {
-	s := m.s
-	running := map[string]int{}
-	exempt := map[string]bool{}
-	for _, h := range s.holders {
+	for _, h := range m.s.holders {
 		if h.crashed {
 			continue
 		}
-		m.holder(h, now, running, exempt)
-		if s.viol != nil {
+		m.holder(h, now)
+		if m.s.viol != nil {
 			return
-		}
-	}
-	for _, l := range s.limits {
-		ml := m.limits[l.name]
-		if ml == nil {
-			continue
-		}
-		if running[l.name] > ml.slots+ml.over && exempt[l.name] {
-			since, ok := m.overSince[l.name]
-			if !ok {
-				since = now.Mono
-				m.overSince[l.name] = since
-			}
-			s.stats.PauseOverlap = max(s.stats.PauseOverlap, now.Mono-since)
-		} else {
-			delete(m.overSince, l.name)
 		}
 	}
 }
 
-func (m *model) holder(h *holder, now Instant, running map[string]int, exempt map[string]bool) {
+func (m *model) holder(h *holder, now Instant) {
 	t := m.live[h.id]
 	if h.leased && !h.lost && t != nil && t.boot == now.Boot && h.lease.Deadline()+h.margin > t.dl {
 		m.fail("S9", "%s counts on its lease until %v from now, but the store's ends in %v", h.name,
@@ -907,8 +888,8 @@ func (m *model) holder(h *holder, now Instant, running map[string]int, exempt ma
 	if m.replacedRuns(h, now); m.s.viol != nil {
 		return
 	}
-	for _, name := range h.limits {
-		running[name] += h.weight
+	if m.pausedPast(h, now); m.s.viol != nil {
+		return
 	}
 	stopped := h.paused || h.wasPaused && now.Mono <= h.resumedAt+h.grace
 	if t == nil || t.state != store.Held {
@@ -916,9 +897,6 @@ func (m *model) holder(h *holder, now Instant, running map[string]int, exempt ma
 		until := never
 		switch {
 		case stopped:
-			for _, name := range h.limits {
-				exempt[name] = true
-			}
 		case g.force:
 			until = h.lease.Deadline() + h.margin + h.grace
 		case g.swept:
@@ -952,6 +930,45 @@ func (m *model) holder(h *holder, now Instant, running map[string]int, exempt ma
 	if h.lost && now.Mono > h.lostAt+h.grace || h.handledSig && now.Mono > h.sigtermAt+h.grace {
 		m.fail("S9", "%s's child still runs more than the kill grace %v after it was stopped", h.name, h.grace)
 	}
+}
+
+// pausedPast checks the child of a supervisor that was stopped (SIGSTOP)
+// past its lease (S24). A stopped supervisor cannot stop its child, and the
+// simulated child has no guard to do it instead, so the child runs on and
+// its ticket expires and is reaped: its slot may be another's. On SIGCONT
+// the supervisor checks its lease first, finds it lost and stops the child
+// with SIGKILL at most stopAfterResume later (gate/holder's killBy). The
+// child's run beside the slot's next holder, from its ticket's end (at the
+// earliest the store's expiry, or an operator's forced release) to its own,
+// is thus at most the pause beyond the ticket's end plus that.
+func (m *model) pausedPast(h *holder, now Instant) {
+	if !h.paused && !h.resumedLate {
+		return
+	}
+	g, gone := m.gone[h.id]
+	if gone {
+		overlap := now.Mono - g.at
+		m.s.stats.PauseOverlap = max(m.s.stats.PauseOverlap, overlap)
+		if !h.overlapped {
+			h.overlapped = true
+			m.s.stats.PauseOverlaps++
+		}
+	}
+	if h.paused {
+		return // the fault itself: nothing runs to stop the child
+	}
+	k := h.stopAfterResume()
+	if now.Mono <= h.resumedAt+k {
+		return
+	}
+	if gone {
+		m.fail("S24", "%s's child runs %v after its ticket %s was %s, %v past its bound: the pause beyond the ticket's end (%v) "+
+			"+ %v (the kill grace %v cut to half the margin %v: its supervisor resumed past its lease's local deadline)",
+			h.name, now.Mono-g.at, short(h.id), g.why, now.Mono-(h.resumedAt+k), h.resumedAt-g.at, k, h.grace, h.margin)
+		return
+	}
+	m.fail("S24", "%s resumed past its lease's local deadline %v ago and its child still runs (bound %v: the kill grace %v cut to half the margin %v)",
+		h.name, now.Mono-h.resumedAt, k, h.grace, h.margin)
 }
 
 // reclaimed checks that no expired ticket outlives the reapers (L1).

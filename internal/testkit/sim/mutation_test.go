@@ -136,3 +136,24 @@ func TestMutationConsequences(t *testing.T) {
 		})
 	}
 }
+
+// TestPausedOverlapBound: a supervisor that resumes past its lease gives
+// its job the whole kill grace (late-loss-grace), so the job runs on beside
+// the slot's next holder longer than the bound of S24. Only S24 sees it: the
+// child is still gone within the grace of the resume, which every other
+// rule allows, so with S24 ignored the same seed runs clean (and so do all
+// mutSeeds seeds). Seed and step as TestMutationsCaught finds them.
+func TestPausedOverlapBound(t *testing.T) {
+	const seed, step = 34, 237
+	d := &dirs{root: t.TempDir()}
+	c := sim.Config{Seed: seed, Steps: step, Faults: mutFaults(mutation.LateLossGrace), Mutations: mutation.Of(mutation.LateLossGrace), Dir: d.next()}
+	r := sim.Run(c)
+	if v := r.Violation; v == nil || v.Rule != "S24" || v.Step != step {
+		t.Fatalf("late-loss-grace at seed %d: %v, want S24 at step %d", seed, v, step)
+	}
+	c.Steps, c.Ignore, c.Dir = mutSteps, []string{"S24"}, d.next()
+	r = sim.Run(c)
+	if r.Violation != nil || r.Stats.Ignored == 0 {
+		t.Fatalf("with S24 ignored: %v, %d ignored; want no other rule broken and S24's breaches counted", r.Violation, r.Stats.Ignored)
+	}
+}

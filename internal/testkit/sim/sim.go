@@ -132,9 +132,13 @@ type Stats struct {
 	// rules (L11-L13) judged past a waiter that the limit's order puts ahead
 	// (none may be: each is a violation or excused by a disagreement).
 	PolicyRuns, PolicyChanges, OrderedAdmits, RatedAdmits, OrderJudged, OrderExcused int
-	// PauseOverlap is the longest time a paused (or just resumed) holder's
-	// child ran without a lease beside a full limit: what fencing is for.
-	PauseOverlap time.Duration
+	// PauseOverlap is the longest time a child ran on after its ticket's
+	// end while its supervisor was stopped (or resumed past its lease and
+	// was stopping it), when its slot could be another's: what fencing is
+	// for; PauseOverlaps counts those children. Each is within its bound
+	// (S24).
+	PauseOverlap  time.Duration
+	PauseOverlaps int
 }
 
 // Result is what a run found.

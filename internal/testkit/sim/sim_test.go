@@ -197,6 +197,7 @@ func TestSim(t *testing.T) {
 		total.OrderJudged += s.OrderJudged
 		total.OrderExcused += s.OrderExcused
 		total.PauseOverlap = max(total.PauseOverlap, s.PauseOverlap)
+		total.PauseOverlaps += s.PauseOverlaps
 		if r.Violation != nil {
 			failed = append(failed, r)
 		}
@@ -205,9 +206,9 @@ func TestSim(t *testing.T) {
 		seeds, seed0, base.Steps, total.Steps, total.StoreCalls, elapsed.Round(time.Millisecond),
 		float64(total.Steps)/elapsed.Seconds(), float64(total.StoreCalls)/elapsed.Seconds(), runtime.GOMAXPROCS(0))
 	t.Logf("%d holders, %d admitted (%d to several limits, %d of weight 2), %d leases lost, %d crashes, %d pauses, %d faults, %d reaped; "+
-		"longest overlap behind a paused supervisor %v; %d violations",
+		"%d children ran on past their ticket behind a stopped supervisor, the longest %v (each within its bound, S24); %d violations",
 		total.Holders, total.Admitted, total.AdmittedMulti, total.AdmittedHeavy, total.Lost, total.Crashes, total.Pauses, total.Faults, total.Reaped,
-		total.PauseOverlap.Round(time.Millisecond), len(failed))
+		total.PauseOverlaps, total.PauseOverlap.Round(time.Millisecond), len(failed))
 	t.Logf("newer runs first: %d superseded, %d stop requests, %d runs replaced (heard by bell %d, by renewal %d), %d refused by --max-waiting",
 		total.Superseded, total.StopRequests, total.Replaced, total.HeardByBell, total.HeardByRenewal, total.QueueFull)
 	t.Logf("resizes: %d (%d grew, %d shrank, %d asked for more and got nothing; %d waiters admitted by shrinks)",

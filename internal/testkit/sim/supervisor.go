@@ -49,7 +49,13 @@ type holder struct {
 	resumeAt       time.Duration
 	wasPaused      bool
 	resumedAt      time.Duration
-	outageUntil    time.Duration // renewals fail until then
+	// resumedLate: it resumed with its child running and its lease lost or
+	// past its local deadline, so its child must be gone within
+	// stopAfterResume (S24); overlapped: its child ran on after its
+	// ticket's end while it was stopped.
+	resumedLate bool
+	overlapped  bool
+	outageUntil time.Duration // renewals fail until then
 
 	c  *conn
 	id string
@@ -209,6 +215,11 @@ func (h *holder) stoppedAt(now time.Duration) bool {
 	return h.paused || h.wasPaused && now <= h.resumedAt+h.grace
 }
 
+// stopAfterResume is how long the child of a supervisor that resumes past
+// its lease may still run: SIGTERM at once and SIGKILL within the kill
+// grace, cut to half the margin for a lost lease (gate/holder's killBy).
+func (h *holder) stopAfterResume() time.Duration { return min(h.grace, h.margin/2) }
+
 // heard records that h heard its stop request, how.
 func (h *holder) heard(now time.Duration, by, how string) {
 	if h.stopHeard || h.phase != hRun {
@@ -302,6 +313,7 @@ func (h *holder) act() {
 	switch {
 	case h.paused:
 		h.paused, h.resumedAt = false, now
+		h.resumedLate = h.child.running && (h.lost || h.leased && h.lease.Expired(now))
 		s.tracef("%s resumes (SIGCONT) and checks its lease", h.name)
 		h.deliver(gh.Event{Kind: gh.Signal, Signal: syscall.SIGCONT})
 		return
