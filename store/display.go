@@ -51,12 +51,17 @@ func IsPrintable(s string) bool {
 
 // shellJoin renders argv the way a shell user would type it, for display only.
 func shellJoin(argv []string) string {
+	n := 0
+	for _, a := range argv {
+		n += len(a) + 3 // a space and the quotes
+	}
 	var b strings.Builder
+	b.Grow(n) // ls joins every ticket's command: one allocation each
 	for i, a := range argv {
 		if i > 0 {
 			b.WriteByte(' ')
 		}
-		if a != "" && !strings.ContainsAny(a, " \t\n'\"\\$`!*?[]{}()<>|&;#~") {
+		if a != "" && !needsQuotes(a) {
 			b.WriteString(a)
 			continue
 		}
@@ -65,4 +70,20 @@ func shellJoin(argv []string) string {
 		b.WriteByte('\'')
 	}
 	return b.String()
+}
+
+// shellSpecial is the bytes a shell would read as more than a letter of a word.
+var shellSpecial = [256]bool{' ': true, '\t': true, '\n': true, '\'': true, '"': true, '\\': true, '$': true, '`': true, '!': true,
+	'*': true, '?': true, '[': true, ']': true, '{': true, '}': true, '(': true, ')': true, '<': true, '>': true, '|': true,
+	'&': true, ';': true, '#': true, '~': true}
+
+// needsQuotes is strings.ContainsAny(a, the shell's special characters),
+// by a table: they are all ASCII, so no byte of a longer character matches.
+func needsQuotes(a string) bool {
+	for i := 0; i < len(a); i++ {
+		if shellSpecial[a[i]] {
+			return true
+		}
+	}
+	return false
 }

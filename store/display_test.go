@@ -74,3 +74,19 @@ func FuzzPrintable(f *testing.F) {
 		}
 	})
 }
+
+// TestNeedsQuotes: the table is strings.ContainsAny of the shell's
+// special characters, on every byte and on longer text.
+func TestNeedsQuotes(t *testing.T) {
+	const special = " \t\n'\"\\$`!*?[]{}()<>|&;#~"
+	for c := range 256 {
+		for _, s := range []string{string(rune(c)), string([]byte{byte(c)}), "ab" + string([]byte{byte(c)}) + "cdefghij"} {
+			if got, want := needsQuotes(s), strings.ContainsAny(s, special); got != want {
+				t.Errorf("needsQuotes(%q) = %v, want %v", s, got, want)
+			}
+		}
+	}
+	if got := shellJoin([]string{"make", "", "it's", "a b", "é", "-j4"}); got != `make '' 'it'\''s' 'a b' é -j4` {
+		t.Errorf("shellJoin = %s", got)
+	}
+}

@@ -15,30 +15,35 @@ import (
 // under l (Ticket.Under): a ticket of several limits is added under each.
 // Set s.Now first.
 func (s *Snapshot) AddLimit(l Limit, tickets []Ticket) {
-	tickets = slices.Clone(tickets)
-	slices.SortStableFunc(tickets, func(a, b Ticket) int { return cmp.Compare(a.Fence, b.Fence) })
+	// The caller's tickets are read, not reordered or changed: each is
+	// copied once, into s (a store's Snapshot of thousands copies a lot).
+	byFence := func(a, b Ticket) int { return cmp.Compare(a.Fence, b.Fence) }
+	if !slices.IsSortedFunc(tickets, byFence) { // a backend reads them in fence order
+		tickets = slices.Clone(tickets)
+		slices.SortStableFunc(tickets, byFence)
+	}
 	l.Held, l.Waiting = 0, 0
-	var held, waiting []*Ticket
+	s.Tickets = slices.Grow(s.Tickets, len(tickets))
+	var held, waiting []*Ticket // Arrange reads what Under leaves alone
 	for i := range tickets {
 		t := &tickets[i]
-		*t = t.Under(l.Name)
 		if t.State == Held {
 			l.Held += t.Weighs()
 			held = append(held, t)
-			s.Tickets = append(s.Tickets, *t)
+			s.Tickets = append(s.Tickets, t.Under(l.Name))
 			continue
 		}
 		waiting = append(waiting, t)
 	}
 	for _, i := range l.Policy.Arrange(held, waiting, s.Now) {
-		t := *waiting[i]
+		s.Tickets = append(s.Tickets, waiting[i].Under(l.Name))
+		t := &s.Tickets[len(s.Tickets)-1]
 		l.Waiting++
 		t.Position = l.Waiting
 		if l.Policy.Order == ByPriority {
-			e := l.Policy.Effective(t, s.Now)
+			e := l.Policy.Effective(*t, s.Now)
 			t.Effective = &e
 		}
-		s.Tickets = append(s.Tickets, t)
 	}
 	l.Starts = l.Policy.InWindow(l.Starts, s.Now)
 	if l.Policy.Tokens(l.Starts, s.Now) == 0 {

@@ -2,17 +2,23 @@ package store
 
 import (
 	"reflect"
+	"slices"
 	"testing"
 )
 
 func TestSnapshotAddLimit(t *testing.T) {
 	var s Snapshot
-	s.AddLimit(Limit{Name: "a", Slots: 1, Held: 9}, []Ticket{
+	in := []Ticket{
 		{ID: "w2", State: Waiting, Fence: 5, Slot: -1},
 		{ID: "h", State: Held, Fence: 3},
 		{ID: "w1", State: Waiting, Fence: 1, Slot: -1},
-	})
+	}
+	kept := slices.Clone(in)
+	s.AddLimit(Limit{Name: "a", Slots: 1, Held: 9}, in)
 	s.AddLimit(Limit{Name: "b"}, nil)
+	if !reflect.DeepEqual(in, kept) {
+		t.Errorf("AddLimit changed the caller's tickets: %+v, was %+v", in, kept)
+	}
 	var ids []string
 	var pos []int
 	for _, tk := range s.Tickets {

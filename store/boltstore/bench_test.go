@@ -2,6 +2,7 @@ package boltstore
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -243,6 +244,58 @@ func BenchmarkSnapshot10k(b *testing.B) {
 			b.Fatalf("snapshot has %d tickets in %d limits, want 10000 in 100", len(snap.Tickets), len(snap.Limits))
 		}
 	}
+}
+
+// BenchmarkHeads10k is store.Heads of all limits (what slotctl metrics
+// reads) on BenchmarkSnapshot10k's store: the held tickets and first
+// waiter of each limit decoded, the other waiters counted.
+func BenchmarkHeads10k(b *testing.B) {
+	path := filepath.Join(b.TempDir(), "slots.db")
+	clock := bench10k(b, path)
+	s, err := New(path, Options{Clock: clock})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		snap, err := store.Heads(ctx, s)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(snap.Limits) != 100 || snap.Limits[0].Waiting+snap.Limits[0].Held != 100 {
+			b.Fatalf("heads of %d limits, the first with %+v", len(snap.Limits), snap.Limits[0])
+		}
+	}
+}
+
+// BenchmarkDecodeTicket is one stored ticket decoded and checked as a
+// queue's reader decodes it (decodeTicket: the fast reader), against
+// encoding/json alone on the same bytes.
+func BenchmarkDecodeTicket(b *testing.B) {
+	r := seedTicket()
+	r.Holder.Argv = []string{"make", "-C", "/srv/ci/limit-001", "-j4", "job=12"}
+	uid := uint32(1000)
+	r.BellUID = &uid
+	v := encode(r)
+	b.Run("fast", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			var t ticketRec
+			if err := decodeTicket(v, &t); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("encoding-json", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			var t ticketRec
+			if err := json.Unmarshal(v, &t); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
 
 // BenchmarkWaiterQueue is what one queued waiter costs the store per wake-up,

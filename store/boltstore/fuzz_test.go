@@ -283,6 +283,7 @@ func FuzzStoredTicket(f *testing.F) {
 			{"Get(b)", func() error { _, err := s.Get(ctx, "b"); return err }},
 			{"Snapshot", func() error { _, err := s.Snapshot(ctx); return err }},
 			{"Snapshot(x)", func() error { _, err := s.Snapshot(ctx, "x"); return err }},
+			{"Heads", func() error { _, err := store.Heads(ctx, s); return err }}, // b is the first waiter of both limits: read whole
 			{"Renew(b)", func() error {
 				_, err := s.Renew(ctx, store.Ticket{ID: "b", Limit: "x", Fence: 2}, testTTL)
 				return err

@@ -134,25 +134,70 @@ func (r *eventRec) check() error {
 	return policy.CheckEvent(r.Event)
 }
 
-// decode parses a stored value; anything it cannot read exactly, or that a
-// request could not have written, is ErrCorrupt.
+// decode parses a stored value into r, a zero record; anything it cannot
+// read exactly, or that a request could not have written, is ErrCorrupt.
 func decode(b []byte, r record) error {
 	// Measured before anything reads it: a value is a slice of the store's
 	// memory map, and an oversized one is never touched.
 	if err := store.CheckRecordSize(len(b)); err != nil {
 		return err
 	}
-	if err := json.Unmarshal(b, r); err != nil {
-		return fmt.Errorf("%w: undecodable record: %v", store.ErrCorrupt, err)
+	if t, ok := r.(*ticketRec); ok {
+		return decodeTicket(b, t)
 	}
-	if v := r.version(); v != formatVersion && v != legacyVersion {
-		return fmt.Errorf("%w: record format version %d: this slotctl reads versions %d and %d", store.ErrCorrupt, v, legacyVersion, formatVersion)
+	if err := json.Unmarshal(b, r); err != nil {
+		return undecodable(err)
+	}
+	return checkRecord(r.version(), r.check, r.upgrade)
+}
+
+// decodeTicket is decode of a ticket: the fast reader, else encoding/json.
+// It keeps r from escaping (encoding/json decodes into a copy), so that a
+// caller decoding a whole queue does not allocate each record on the heap.
+func decodeTicket(b []byte, r *ticketRec) error {
+	if err := store.CheckRecordSize(len(b)); err != nil {
+		return err
+	}
+	if !decodeTicketFast(b, r) {
+		var slow ticketRec // not what the fast reader wrote before it gave up
+		err := json.Unmarshal(b, &slow)
+		if *r = slow; err != nil {
+			return undecodable(err)
+		}
+	}
+	if v := r.V; v != formatVersion && v != legacyVersion {
+		return badVersion(v)
 	}
 	if err := r.check(); err != nil {
-		return fmt.Errorf("%w: invalid record: %v", store.ErrCorrupt, strings.TrimPrefix(err.Error(), store.ErrInvalid.Error()+": "))
+		return invalid(err)
 	}
-	r.upgrade() // check read a version 1 record as version 2 says
+	r.upgrade()
 	return nil
+}
+
+// checkRecord refuses a record of another version or one that a request
+// could not have written, and upgrades one of the previous version.
+func checkRecord(v int, check func() error, upgrade func()) error {
+	if v != formatVersion && v != legacyVersion {
+		return badVersion(v)
+	}
+	if err := check(); err != nil {
+		return invalid(err)
+	}
+	upgrade() // check read a version 1 record as version 2 says
+	return nil
+}
+
+func undecodable(err error) error {
+	return fmt.Errorf("%w: undecodable record: %v", store.ErrCorrupt, err)
+}
+
+func badVersion(v int) error {
+	return fmt.Errorf("%w: record format version %d: this slotctl reads versions %d and %d", store.ErrCorrupt, v, legacyVersion, formatVersion)
+}
+
+func invalid(err error) error {
+	return fmt.Errorf("%w: invalid record: %v", store.ErrCorrupt, strings.TrimPrefix(err.Error(), store.ErrInvalid.Error()+": "))
 }
 
 func encode(r any) []byte {

@@ -43,6 +43,7 @@ var (
 	_ policy.Tx         = (*txn)(nil)
 	_ policy.Positioner = (*txn)(nil)
 	_ policy.Settler    = (*txn)(nil)
+	_ policy.HeadQueuer = (*txn)(nil)
 )
 
 // formatMeta is the meta bucket's format this slotctl writes; it reads the
@@ -197,20 +198,18 @@ func (x *txn) Queue(limit string) ([]policy.Rec, error) {
 	if err != nil || b == nil {
 		return nil, err
 	}
+	n := 0 // counted first, so that the records are copied once
+	c := b.Cursor()
+	for k, _ := c.First(); k != nil; k, _ = c.Next() {
+		n++
+	}
 	var out []policy.Rec
+	if n > 0 {
+		out = make([]policy.Rec, 0, n)
+	}
 	err = b.ForEach(func(k, v []byte) error {
-		fence, err := keyU64(k)
-		if err != nil {
-			return fmt.Errorf("ticket of limit %q: %w", limit, err)
-		}
 		var r ticketRec
-		if err := decode(v, &r); err != nil {
-			return fmt.Errorf("ticket %x of limit %q: %w", k, limit, err)
-		}
-		if r.Fence != fence || !r.Has(limit) {
-			return fmt.Errorf("%w: ticket %s of limits %q, fence %d, stored as ticket %d of limit %q", store.ErrCorrupt, r.ID, r.Names(), r.Fence, fence, limit)
-		}
-		if err := x.sameEverywhere(r, v, limit); err != nil {
+		if err := x.queued(limit, k, v, &r); err != nil {
 			return err
 		}
 		out = append(out, r.Rec)
@@ -219,9 +218,60 @@ func (x *txn) Queue(limit string) ([]policy.Rec, error) {
 	return out, err
 }
 
+// queued decodes the record v stored under key k in limit's queue into r,
+// and checks that it sits under its own fence, names the limit, and (a
+// ticket of several limits) is the same bytes in the queue of each.
+func (x *txn) queued(limit string, k, v []byte, r *ticketRec) error {
+	fence, err := keyU64(k)
+	if err != nil {
+		return fmt.Errorf("ticket of limit %q: %w", limit, err)
+	}
+	if err := decodeTicket(v, r); err != nil {
+		return fmt.Errorf("ticket %x of limit %q: %w", k, limit, err)
+	}
+	if r.Fence != fence || !r.Has(limit) {
+		return fmt.Errorf("%w: ticket %s of limits %q, fence %d, stored as ticket %d of limit %q", store.ErrCorrupt, r.ID, r.Names(), r.Fence, fence, limit)
+	}
+	return x.sameEverywhere(r, v, limit)
+}
+
+// QueueHeads implements policy.HeadQueuer: the limit's held tickets and
+// its oldest waiter, decoded and checked as Queue checks them. The waiters
+// behind it are only counted, by their state read without decoding them
+// (fastState, as Position counts them): metrics and a waiting run's status
+// line show a queue's length, not its records.
+func (x *txn) QueueHeads(limit string) ([]policy.Rec, int, error) {
+	b, err := x.queue(limit, false)
+	if err != nil || b == nil {
+		return nil, 0, err
+	}
+	var out []policy.Rec
+	waiting := 0
+	err = b.ForEach(func(k, v []byte) error {
+		if waiting > 0 && len(k) == 8 {
+			if state, ok := fastState(v); ok && state == store.Waiting {
+				waiting++
+				return nil
+			}
+		}
+		var r ticketRec
+		if err := x.queued(limit, k, v, &r); err != nil {
+			return err
+		}
+		if r.State == store.Waiting {
+			if waiting++; waiting > 1 {
+				return nil
+			}
+		}
+		out = append(out, r.Rec)
+		return nil
+	})
+	return out, waiting, err
+}
+
 // sameEverywhere checks, once per transaction, that a ticket of several
 // limits read in limit is the same bytes in the queue of each of its limits.
-func (x *txn) sameEverywhere(r ticketRec, v []byte, limit string) error {
+func (x *txn) sameEverywhere(r *ticketRec, v []byte, limit string) error {
 	if len(r.Limits) < 2 || x.checked[r.Fence] {
 		return nil
 	}
@@ -331,7 +381,7 @@ func (x *txn) Lookup(id string) (policy.Rec, bool, error) {
 		return policy.Rec{}, false, fmt.Errorf("%w: ticket id %s points to missing ticket %d of limit %q", store.ErrCorrupt, id, ir.Fence, ir.Limit)
 	}
 	var r ticketRec
-	if err := decode(tv, &r); err != nil {
+	if err := decodeTicket(tv, &r); err != nil {
 		return r.Rec, false, fmt.Errorf("ticket %s: %w", id, err)
 	}
 	if r.ID != id || r.Fence != ir.Fence || r.Limit != ir.Limit {
@@ -472,7 +522,7 @@ func (x *txn) Position(r policy.Rec) (int, error) {
 		state, ok := fastState(v)
 		if !ok {
 			var full ticketRec
-			if err := decode(v, &full); err != nil {
+			if err := decodeTicket(v, &full); err != nil {
 				return 0, fmt.Errorf("ticket %x of limit %q: %w", k, r.Limit, err)
 			}
 			state = full.State
@@ -545,7 +595,7 @@ func (x *txn) Settled(limits []string) (bool, error) {
 		sc.in.Judge = func(t store.Ticket, act bool) (string, bool) {
 			i, _ := strconv.Atoi(t.ID)
 			var r ticketRec
-			if err := decode(sc.raw[i], &r); err != nil {
+			if err := decodeTicket(sc.raw[i], &r); err != nil {
 				return "", true // not quiet: let the full settle report it
 			}
 			return x.s.dead(x.view(r, 0), act)

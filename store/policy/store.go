@@ -358,6 +358,14 @@ func (s *Store) Snapshot(ctx context.Context, limits ...string) (store.Snapshot,
 		if err != nil {
 			return err
 		}
+		// Every queue is read before out.Tickets is made, at its size: grown
+		// a limit at a time, it would copy thousands of tickets several times.
+		type limitQueue struct {
+			lim store.Limit
+			q   []Rec
+		}
+		all := make([]limitQueue, 0, len(names))
+		total, most := 0, 0
 		for _, name := range names {
 			lim, ok, err := x.tx.Limit(name)
 			if err != nil {
@@ -370,11 +378,76 @@ func (s *Store) Snapshot(ctx context.Context, limits ...string) (store.Snapshot,
 			if err != nil {
 				return err
 			}
-			ts := make([]store.Ticket, len(q))
-			for i, r := range q {
-				ts[i] = x.view(r, 0)
+			all = append(all, limitQueue{limitOf(name, lim), q})
+			total, most = total+len(q), max(most, len(q))
+		}
+		out.Tickets = make([]store.Ticket, 0, total)
+		ts := make([]store.Ticket, 0, most) // one limit's views at a time: AddLimit copies them
+		for _, l := range all {
+			ts = ts[:0]
+			for i := range l.q {
+				ts = append(ts, x.view(l.q[i], 0))
 			}
+			out.AddLimit(l.lim, ts)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// Heads implements [store.HeadReader]: Snapshot cut to each limit's held
+// tickets and first waiter (store.Snapshot.Heads). In a FIFO limit the
+// first waiter is the oldest: a HeadQueuer reads it and only counts the
+// others. Any other order may put any waiter first, and the whole queue is
+// read.
+func (s *Store) Heads(ctx context.Context, limits ...string) (store.Snapshot, error) {
+	for _, l := range limits {
+		if err := store.CheckLimitName(l); err != nil {
+			return store.Snapshot{}, err
+		}
+	}
+	var out store.Snapshot
+	err := s.view(ctx, func(x *step) error {
+		out = store.Snapshot{Now: x.now.Wall, Limits: []store.Limit{}, Tickets: []store.Ticket{}}
+		names, err := x.limitNames(limits)
+		if err != nil {
+			return err
+		}
+		hq, _ := x.tx.(HeadQueuer)
+		for _, name := range names {
+			lim, ok, err := x.tx.Limit(name)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return fmt.Errorf("%w: %q", store.ErrLimitNotFound, name)
+			}
+			var q []Rec
+			waiting := -1 // counted by AddLimit
+			if hq != nil && lim.Policy.Ordered() == store.FIFO {
+				q, waiting, err = hq.QueueHeads(name)
+			} else {
+				q, err = x.tx.Queue(name)
+			}
+			if err != nil {
+				return err
+			}
+			ts := make([]store.Ticket, len(q))
+			for i := range q {
+				ts[i] = x.view(q[i], 0)
+			}
+			n := len(out.Tickets)
 			out.AddLimit(limitOf(name, lim), ts)
+			if waiting >= 0 {
+				out.Limits[len(out.Limits)-1].Waiting = waiting
+			}
+			heads := out.Tickets[:n]
+			for _, t := range out.Tickets[n:] {
+				if t.State == store.Held || t.Position == 1 {
+					heads = append(heads, t)
+				}
+			}
+			out.Tickets = heads
 		}
 		return nil
 	})

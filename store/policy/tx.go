@@ -62,6 +62,14 @@ type Positioner interface {
 	Position(r Rec) (int, error)
 }
 
+// A HeadQueuer is a Tx that reads the head of a queue without decoding the
+// waiters behind it (store.HeadReader's cost does not grow with the queue).
+type HeadQueuer interface {
+	// QueueHeads is limit's held tickets and its oldest waiting one, in
+	// fence order, and how many of its tickets wait.
+	QueueHeads(limit string) (heads []Rec, waiting int, err error)
+}
+
 // A Settler is a Tx that tells, more cheaply than a settle, that a settle
 // of limits would change nothing: a waiter's renewal asks it first, since
 // hundreds of waiters renew a full limit all the time.

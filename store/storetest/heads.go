@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"time"
 
 	"github.com/slotctl/slotctl/store"
 )
@@ -33,7 +34,11 @@ func testHeads(s *suite) {
 
 	check := func(when string, limits ...string) {
 		s.Helper()
-		want := s.snap(limits...).Heads()
+		full, err := s.st.Snapshot(s.ctx, limits...) // not s.snap: its checks hold for FIFO limits only
+		if err != nil {
+			s.Fatalf("%s: Snapshot(%q): %v", when, limits, err)
+		}
+		want := full.Heads()
 		got, err := store.Heads(s.ctx, s.st, limits...)
 		if err != nil {
 			s.Fatalf("%s: Heads(%q): %v", when, limits, err)
@@ -60,6 +65,28 @@ func testHeads(s *suite) {
 	s.release(a2, true) // AB1 is admitted in both limits
 	check("A2 released")
 	check("A2 released", "a", "b")
+
+	// Orders whose first waiter is not the oldest (priority, fair), and a
+	// FIFO limit with a rate: the heads are still Snapshot's.
+	s.setLimit("p", 1)
+	s.enq("P0", "p", 1)
+	s.enqP("P1", lims("p"), 1, 1, 0, "")
+	s.enqP("P2", lims("p"), 1, 1, 7, "")
+	s.enqP("P3", lims("p"), 1, 1, 3, "")
+	s.setPolicy("p", store.PolicyChange{Order: ordP(store.ByPriority)}, store.Policy{Order: store.ByPriority})
+	s.setLimit("f", 2)
+	s.enqP("F0", lims("f"), 1, 2, 0, "u1")
+	s.enqP("F1", lims("f"), 1, 2, 0, "u1")
+	s.enqP("F2", lims("f"), 1, 2, 0, "u1")
+	s.enqP("F3", lims("f"), 1, 2, 0, "u2")
+	s.setPolicy("f", store.PolicyChange{Order: ordP(store.Fair)}, store.Policy{Order: store.Fair})
+	s.setLimit("r", 1)
+	s.enq("R0", "r", 1)
+	s.enq("R1", "r", 1)
+	s.enq("R2", "r", 1)
+	s.setPolicy("r", store.PolicyChange{Rate: rateP(1, time.Hour)}, store.Policy{Rate: store.Rate{N: 1, Per: time.Hour}})
+	check("policies")
+	check("policies", "p", "f", "r")
 
 	// A limit that does not exist: as Snapshot answers.
 	_, want := s.st.Snapshot(s.ctx, "a", "nope")
