@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"runtime/debug"
 	"slices"
 	"strconv"
@@ -113,7 +114,7 @@ func runLs(ctx context.Context, f *Factory, g *globalOptions, o *LsOptions) erro
 		// One snapshot, drawn, and the process ends: the heap grows from a
 		// few MB to tens on a large store, and at Go's default the
 		// collector runs at every doubling on the way (ls -o json of
-		// 10,000 tickets: 246 -> 202 ms, 42 -> 59 MB peak). Only in
+		// 10,000 tickets: 58 ms at the default, 45 ms so). Only in
 		// slotctl's own process: the setting is the whole process's.
 		debug.SetGCPercent(lsGCPercent)
 	}
@@ -130,7 +131,7 @@ const lsGCPercent = 400
 // writeLs draws a snapshot in the chosen format.
 func writeLs(out tableOut, storeURL string, snap store.Snapshot, format string) error {
 	if format == outJSON {
-		return writeLsJSON(out.w, lsJSONOf(storeURL, snap))
+		return writeLsJSON(out.w, storeURL, snap)
 	}
 	if err := drawLimits(out, snap.Limits, snap.Now); err != nil {
 		return err
@@ -340,26 +341,33 @@ func joinInts(ix []int) string {
 }
 
 // human is a duration as people read it in a table: 45s, 3m12s, 2h5m, 3d4h.
+// It appends digits rather than formatting: ls draws two a ticket.
 func human(d time.Duration) string {
-	neg := d < 0
-	if neg {
-		d = -d
+	var buf [32]byte
+	b := buf[:0]
+	if d < 0 {
+		b, d = append(b, '-'), -d
 	}
-	var s string
+	two := func(b []byte, n int) []byte { // %02d of 0..59
+		if n < 10 {
+			b = append(b, '0')
+		}
+		return strconv.AppendInt(b, int64(n), 10)
+	}
 	switch {
 	case d < time.Minute:
-		s = fmt.Sprintf("%ds", int(d.Seconds()))
+		b = append(strconv.AppendInt(b, int64(int(d.Seconds())), 10), 's')
 	case d < time.Hour:
-		s = fmt.Sprintf("%dm%02ds", int(d.Minutes()), int(d.Seconds())%60)
+		b = append(strconv.AppendInt(b, int64(int(d.Minutes())), 10), 'm')
+		b = append(two(b, int(d.Seconds())%60), 's')
 	case d < 48*time.Hour:
-		s = fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
+		b = append(strconv.AppendInt(b, int64(int(d.Hours())), 10), 'h')
+		b = append(two(b, int(d.Minutes())%60), 'm')
 	default:
-		s = fmt.Sprintf("%dd%02dh", int(d.Hours())/24, int(d.Hours())%24)
+		b = append(strconv.AppendInt(b, int64(int(d.Hours())/24), 10), 'd')
+		b = append(two(b, int(d.Hours())%24), 'h')
 	}
-	if neg {
-		return "-" + s
-	}
-	return s
+	return string(b)
 }
 
 // lsJSON is the schema of ls -o json, version 1 (documented in docs/ls.md).
@@ -419,14 +427,14 @@ type successorJSON struct {
 	URL    string `json:"url"`
 }
 
-// writeLsJSON writes what writeJSON(w, v) writes, byte for byte, a ticket
-// at a time: ten thousand tickets are several megabytes of JSON, which
-// writeJSON would marshal into one buffer and indent into another (half
-// of ls -o json's time on such a store).
-func writeLsJSON(w io.Writer, v lsJSON) error {
-	tickets := v.Tickets
-	v.Tickets = []ticketJSON{}
-	head, err := json.MarshalIndent(v, "", "  ")
+// writeLsJSON writes what writeJSON(w, lsJSONOf(storeURL, snap)) writes,
+// byte for byte, a ticket at a time: ten thousand tickets are several
+// megabytes of JSON, which writeJSON would marshal into one buffer and
+// indent into another, its reflection most of the cost. Each ticket is made
+// into its ticketJSON only when written, and its fields appended by hand
+// (appendTicketJSON); TestLsJSONStreamed holds both to the same bytes.
+func writeLsJSON(w io.Writer, storeURL string, snap store.Snapshot) error {
+	head, err := json.MarshalIndent(lsJSONOf(storeURL, store.Snapshot{Now: snap.Now, Limits: snap.Limits}), "", "  ")
 	if err != nil {
 		return err
 	}
@@ -436,68 +444,203 @@ func writeLsJSON(w io.Writer, v lsJSON) error {
 		return fmt.Errorf("ls -o json: the tickets are not the document's last field")
 	}
 	bw := bufio.NewWriterSize(w, 64<<10)
-	if len(tickets) == 0 {
+	if len(snap.Tickets) == 0 {
 		_, _ = bw.Write(escapeJSON(head))
 		_ = bw.WriteByte('\n')
 		return bw.Flush()
 	}
 	_, _ = bw.Write(escapeJSON(head[:len(head)-len(emptyTail)]))
 	_, _ = bw.WriteString("[\n")
-	for i, t := range tickets {
-		b, err := json.MarshalIndent(t, "    ", "  ")
+	for i := range snap.Tickets {
+		j := ticketJSONOf(&snap.Tickets[i], snap.Now)
+		b := append(bw.AvailableBuffer(), "    "...) // no copy while the ticket fits the buffer's free space
+		b, err := appendTicketJSON(b, &j)
 		if err != nil {
 			return err
 		}
-		_, _ = bw.WriteString("    ")
-		_, _ = bw.Write(escapeJSON(b)) // whole values: no character is cut in two
-		if i < len(tickets)-1 {
-			_ = bw.WriteByte(',')
+		if i < len(snap.Tickets)-1 {
+			b = append(b, ',')
 		}
-		_ = bw.WriteByte('\n')
+		_, _ = bw.Write(append(b, '\n'))
 	}
 	_, _ = bw.WriteString("  ]\n}\n")
 	return bw.Flush()
 }
 
+// appendTicketJSON appends what json.MarshalIndent(t, "    ", "  ") and
+// escapeJSON make of t, field by field in ticketJSON's order.
+func appendTicketJSON(b []byte, t *ticketJSON) ([]byte, error) {
+	const field = ",\n      \"" // every field but the first starts a line at depth 1
+	var err error
+	b = append(b, "{\n      \"id\": "...)
+	b = appendJSONString(b, t.ID)
+	b = appendJSONString(append(b, field+`limit": `...), t.Limit)
+	b = appendJSONString(append(b, field+`state": `...), t.State)
+	b = strconv.AppendBool(append(b, field+`held": `...), t.Held)
+	b = appendJSONIntPtr(append(b, field+`slot": `...), t.Slot)
+	b = appendJSONIntPtr(append(b, field+`position": `...), t.Position)
+	b = appendJSONStrings(append(b, field+`limits": `...), t.Limits)
+	b = strconv.AppendInt(append(b, field+`weight": `...), int64(t.Weight), 10)
+	b = appendJSONInts(append(b, field+`indexes": `...), t.Indexes)
+	b = strconv.AppendUint(append(b, field+`fence": `...), t.Fence, 10)
+	b = appendJSONString(append(b, field+`host": `...), t.Host)
+	b = strconv.AppendInt(append(b, field+`pid": `...), int64(t.Pid), 10)
+	b = appendJSONString(append(b, field+`user": `...), t.User)
+	b = appendJSONString(append(b, field+`command": `...), t.Command)
+	b = strconv.AppendBool(append(b, field+`labelled": `...), t.Labelled)
+	b = appendJSONString(append(b, field+`created": `...), t.Created)
+	b = appendJSONStringPtr(append(b, field+`admitted": `...), t.Admitted)
+	b = appendJSONStringPtr(append(b, field+`renewed": `...), t.Renewed)
+	if b, err = appendJSONFloat(append(b, field+`age_seconds": `...), t.AgeSeconds); err != nil {
+		return nil, err
+	}
+	if b, err = appendJSONFloat(append(b, field+`ttl_seconds": `...), t.TTLSeconds); err != nil {
+		return nil, err
+	}
+	if b, err = appendJSONFloat(append(b, field+`lease_remaining_seconds": `...), t.LeaseRemainingSeconds); err != nil {
+		return nil, err
+	}
+	b = strconv.AppendBool(append(b, field+`quiet": `...), t.Quiet)
+	b = appendJSONString(append(b, field+`key": `...), t.Key)
+	b = appendJSONString(append(b, field+`url": `...), t.URL)
+	b = append(b, field+`stop": `...)
+	if s := t.Stop; s == nil {
+		b = append(b, "null"...)
+	} else {
+		b = appendJSONString(append(b, "{\n        \"ticket\": "...), s.Ticket)
+		b = appendJSONString(append(b, ",\n        \"host\": "...), s.Host)
+		b = strconv.AppendInt(append(b, ",\n        \"pid\": "...), int64(s.Pid), 10)
+		b = appendJSONString(append(b, ",\n        \"url\": "...), s.URL)
+		b = append(b, "\n      }"...)
+	}
+	b = appendJSONStrings(append(b, field+`replaces": `...), t.Replaces)
+	b = strconv.AppendInt(append(b, field+`priority": `...), int64(t.Priority), 10)
+	b = appendJSONIntPtr(append(b, field+`effective_priority": `...), t.EffectivePriority)
+	b = appendJSONString(append(b, field+`share": `...), t.Share)
+	return append(b, "\n    }"...), nil
+}
+
+// appendJSONString appends s as encoding/json quotes it (escaping <, > and
+// &, as Marshal does) and escapeJSON then escapes it. Printable ASCII that
+// needs no escape, nearly every string ls shows, is copied as it is.
+func appendJSONString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			q, _ := json.Marshal(s) // a string always encodes
+			return append(b, escapeJSON(q)...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
+}
+
+func appendJSONStringPtr(b []byte, s *string) []byte {
+	if s == nil {
+		return append(b, "null"...)
+	}
+	return appendJSONString(b, *s)
+}
+
+func appendJSONIntPtr(b []byte, n *int) []byte {
+	if n == nil {
+		return append(b, "null"...)
+	}
+	return strconv.AppendInt(b, int64(*n), 10)
+}
+
+// appendJSONStrings appends a list as a field of depth 1 is indented.
+func appendJSONStrings(b []byte, l []string) []byte {
+	switch {
+	case l == nil:
+		return append(b, "null"...)
+	case len(l) == 0:
+		return append(b, "[]"...)
+	}
+	for i, s := range l {
+		if i == 0 {
+			b = append(b, "[\n        "...)
+		} else {
+			b = append(b, ",\n        "...)
+		}
+		b = appendJSONString(b, s)
+	}
+	return append(b, "\n      ]"...)
+}
+
+func appendJSONInts(b []byte, l []int) []byte {
+	switch {
+	case l == nil:
+		return append(b, "null"...)
+	case len(l) == 0:
+		return append(b, "[]"...)
+	}
+	for i, n := range l {
+		if i == 0 {
+			b = append(b, "[\n        "...)
+		} else {
+			b = append(b, ",\n        "...)
+		}
+		b = strconv.AppendInt(b, int64(n), 10)
+	}
+	return append(b, "\n      ]"...)
+}
+
+// appendJSONFloat appends f as encoding/json does: 'f' format between 1e-6
+// and 1e21, where every figure ls shows is; encoding/json itself elsewhere.
+func appendJSONFloat(b []byte, f float64) ([]byte, error) {
+	if a := math.Abs(f); a == 0 || a >= 1e-6 && a < 1e21 {
+		return strconv.AppendFloat(b, f, 'f', -1, 64), nil
+	}
+	q, err := json.Marshal(f)
+	return append(b, q...), err
+}
+
 func lsJSONOf(storeURL string, snap store.Snapshot) lsJSON {
-	out := lsJSON{SchemaVersion: 1, Store: storeURL, Now: rfc3339(snap.Now), Limits: []limitEntry{}, Tickets: []ticketJSON{}}
+	out := lsJSON{SchemaVersion: 1, Store: storeURL, Now: rfc3339(snap.Now), Limits: []limitEntry{}, Tickets: make([]ticketJSON, 0, len(snap.Tickets))}
 	for _, l := range snap.Limits {
 		out.Limits = append(out.Limits, limitEntryOf(l, snap.Now))
 	}
-	for _, t := range snap.Tickets {
-		j := ticketJSON{ID: t.ID, Limit: t.Limit, State: ticketState(t), Held: t.State == store.Held, Fence: t.Fence,
-			Host: t.Holder.Host, Pid: t.Holder.Pid, User: t.Holder.User, Command: t.Holder.Command(),
-			Labelled: t.Holder.Label != "", Created: rfc3339(t.Created),
-			AgeSeconds: seconds(snap.Now.Sub(t.Created)), TTLSeconds: seconds(t.TTL), LeaseRemainingSeconds: seconds(t.Remaining), Quiet: t.Quiet}
-		if t.Quiet {
-			j.LeaseRemainingSeconds = j.TTLSeconds
-		}
-		j.Limits, j.Weight = t.Names(), t.Weighs()
-		j.Key, j.URL, j.Replaces = t.Key, t.Holder.URL, t.Replaces
-		j.Priority, j.EffectivePriority, j.Share = t.Priority, t.Effective, t.ShareKey()
-		if s := t.Stop; s != nil {
-			j.Stop = &successorJSON{Ticket: s.Ticket, Host: s.Host, Pid: s.Pid, URL: s.URL}
-		}
-		if t.State == store.Held {
-			j.Slot = &t.Slot
-			j.Indexes = t.In(t.Limit)
-			if j.Indexes == nil {
-				j.Indexes = []int{t.Slot}
-			}
-		} else {
-			j.Position = &t.Position
-		}
-		if !t.Admitted.IsZero() {
-			a := rfc3339(t.Admitted)
-			j.Admitted = &a
-		}
-		if !t.Renewed.IsZero() {
-			r := rfc3339(t.Renewed)
-			j.Renewed = &r
-		}
-		out.Tickets = append(out.Tickets, j)
+	for i := range snap.Tickets {
+		out.Tickets = append(out.Tickets, ticketJSONOf(&snap.Tickets[i], snap.Now))
 	}
 	return out
+}
+
+// ticketJSONOf is t in a snapshot read at now. Its Slot and Position
+// point into t.
+func ticketJSONOf(t *store.Ticket, now time.Time) ticketJSON {
+	j := ticketJSON{ID: t.ID, Limit: t.Limit, State: ticketState(*t), Held: t.State == store.Held, Fence: t.Fence,
+		Host: t.Holder.Host, Pid: t.Holder.Pid, User: t.Holder.User, Command: t.Holder.Command(),
+		Labelled: t.Holder.Label != "", Created: rfc3339(t.Created),
+		AgeSeconds: seconds(now.Sub(t.Created)), TTLSeconds: seconds(t.TTL), LeaseRemainingSeconds: seconds(t.Remaining), Quiet: t.Quiet}
+	if t.Quiet {
+		j.LeaseRemainingSeconds = j.TTLSeconds
+	}
+	j.Limits, j.Weight = t.Names(), t.Weighs()
+	j.Key, j.URL, j.Replaces = t.Key, t.Holder.URL, t.Replaces
+	j.Priority, j.EffectivePriority, j.Share = t.Priority, t.Effective, t.ShareKey()
+	if s := t.Stop; s != nil {
+		j.Stop = &successorJSON{Ticket: s.Ticket, Host: s.Host, Pid: s.Pid, URL: s.URL}
+	}
+	if t.State == store.Held {
+		j.Slot = &t.Slot
+		j.Indexes = t.In(t.Limit)
+		if j.Indexes == nil {
+			j.Indexes = []int{t.Slot}
+		}
+	} else {
+		j.Position = &t.Position
+	}
+	if !t.Admitted.IsZero() {
+		a := rfc3339(t.Admitted)
+		j.Admitted = &a
+	}
+	if !t.Renewed.IsZero() {
+		r := rfc3339(t.Renewed)
+		j.Renewed = &r
+	}
+	return j
 }
 
 // seconds rounds to milliseconds: enough for a lease, stable in golden files.

@@ -17,6 +17,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -934,17 +935,86 @@ func TestLsJSONStreamed(t *testing.T) {
 		tickets = append(tickets, store.Ticket{ID: fmt.Sprintf("%032x", i), Limit: "l", State: []store.State{store.Held, store.Waiting}[i%2], Fence: uint64(i + 1),
 			Created: now.Add(-time.Minute), TTL: time.Minute, Remaining: 30 * time.Second, Holder: hostile, Key: "k\u2028"})
 	}
-	for _, n := range []int{0, 1, 3} {
+	// Every field of the schema set, in each of the forms it takes.
+	prio, by := 12, store.Successor{Ticket: "n<1>", Host: "h\x7f", Pid: 43, URL: "https://ci/r?x=1&y=\u2029"}
+	tickets = append(tickets,
+		store.Ticket{ID: "multi", Limit: "a", Limits: []string{"a", "b\u0085"}, Weight: 2, State: store.Held, Fence: 9, Slot: 1,
+			Indexes: map[string][]int{"a": {1, 2}, "b\u0085": {0, 3}}, TTL: 90 * time.Second, Remaining: -1500 * time.Millisecond,
+			Created: now.Add(-49 * time.Hour), Admitted: now.Add(-time.Hour), Renewed: now.Add(-time.Second), Key: "main", Stop: &by,
+			Holder: store.Holder{Host: "\xff\xfeh", Pid: 1 << 30, User: "\U0001f600\U000e0001", Label: "label \"q\" \\", URL: "u"}, Priority: -3, Share: "team"},
+		store.Ticket{ID: "w", Limit: "a", State: store.Waiting, Fence: 10, Slot: -1, Position: 4, Quiet: true, TTL: 7 * time.Millisecond,
+			Created: now.Add(time.Minute), Replaces: []string{"multi", "x&y"}, Priority: 5, Effective: &prio, Share: "\t"},
+		store.Ticket{ID: "e", Limit: "a", State: store.Waiting, Fence: 11, Slot: -1, Position: 5, Replaces: []string{}, Created: now,
+			Holder: store.Holder{Argv: []string{"a b", "", "\u202e'"}}})
+	for _, n := range []int{0, 1, 3, len(tickets)} {
 		snap := store.Snapshot{Now: now, Limits: []store.Limit{{Name: "l", Slots: 2, Held: 1, Waiting: 1}}, Tickets: tickets[:n]}
 		var want, got bytes.Buffer
 		if err := writeJSON(&want, lsJSONOf("bolt:///s.db", snap)); err != nil {
 			t.Fatal(err)
 		}
-		if err := writeLsJSON(&got, lsJSONOf("bolt:///s.db", snap)); err != nil {
+		if err := writeLsJSON(&got, "bolt:///s.db", snap); err != nil {
 			t.Fatal(err)
 		}
 		if got.String() != want.String() {
 			t.Errorf("%d tickets: streamed\n%s\nwant\n%s", n, got.String(), want.String())
+		}
+	}
+	// Forms no ticket of a store takes, which the encoder must still write
+	// as encoding/json does: empty lists, numbers past its float formats.
+	odd := ticketJSONOf(&tickets[0], now)
+	odd.Limits, odd.Indexes = []string{}, []int{}
+	odd.AgeSeconds, odd.TTLSeconds, odd.LeaseRemainingSeconds = 1e21, -1e-7, math.Copysign(0, -1)
+	want, err := json.MarshalIndent(odd, "    ", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := appendTicketJSON(nil, &odd); err != nil || string(got) != string(escapeJSON(want)) {
+		t.Errorf("appendTicketJSON = %s, %v; want\n%s", got, err, escapeJSON(want))
+	}
+}
+
+// TestAppendJSONFloat: the hand-written float matches encoding/json's
+// on both sides of its format switches.
+func TestAppendJSONFloat(t *testing.T) {
+	for _, f := range []float64{0, math.Copysign(0, -1), 1e-7, 1e-6, 0.001, 1.5, -2.25, 123456789.123, 1e20, 1e21, -1e21, 5e-324, math.MaxFloat64} {
+		want, _ := json.Marshal(f)
+		got, err := appendJSONFloat(nil, f)
+		if err != nil || string(got) != string(want) {
+			t.Errorf("appendJSONFloat(%g) = %s, %v; want %s", f, got, err, want)
+		}
+	}
+	if _, err := appendJSONFloat(nil, math.NaN()); err == nil {
+		t.Error("appendJSONFloat(NaN): no error; encoding/json refuses it")
+	}
+}
+
+// TestHuman: the table's durations, as fmt would have written them.
+func TestHuman(t *testing.T) {
+	ref := func(d time.Duration) string {
+		neg := d < 0
+		if neg {
+			d = -d
+		}
+		var s string
+		switch {
+		case d < time.Minute:
+			s = fmt.Sprintf("%ds", int(d.Seconds()))
+		case d < time.Hour:
+			s = fmt.Sprintf("%dm%02ds", int(d.Minutes()), int(d.Seconds())%60)
+		case d < 48*time.Hour:
+			s = fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
+		default:
+			s = fmt.Sprintf("%dd%02dh", int(d.Hours())/24, int(d.Hours())%24)
+		}
+		if neg {
+			return "-" + s
+		}
+		return s
+	}
+	for _, d := range []time.Duration{0, 999 * time.Millisecond, time.Second, 59 * time.Second, time.Minute, 61 * time.Second, 9*time.Minute + 5*time.Second,
+		time.Hour - 1, time.Hour, 2*time.Hour + 3*time.Minute, 48*time.Hour - 1, 48 * time.Hour, 100*24*time.Hour + 7*time.Hour, math.MaxInt64, math.MinInt64, -90 * time.Second} {
+		if got, want := human(d), ref(d); got != want {
+			t.Errorf("human(%v) = %q, want %q", d, got, want)
 		}
 	}
 }
