@@ -343,21 +343,29 @@ type EventReader interface {
 	Events(ctx context.Context, limit string, n int) ([]store.Event, error)
 }
 
-// Snapshot implements [store.Store]: a ticket of several limits is listed
-// under each (store.Snapshot.AddLimit).
-func (s *Store) Snapshot(ctx context.Context, limits ...string) (store.Snapshot, error) {
+// viewLimits checks the named limits and reads them in one view: fn gets
+// them sorted and each once, or all the store's when none is named.
+func (s *Store) viewLimits(ctx context.Context, limits []string, fn func(x *step, names []string) error) error {
 	for _, l := range limits {
 		if err := store.CheckLimitName(l); err != nil {
-			return store.Snapshot{}, err
+			return err
 		}
 	}
-	var out store.Snapshot
-	err := s.view(ctx, func(x *step) error {
-		out = store.Snapshot{Now: x.now.Wall, Limits: []store.Limit{}, Tickets: []store.Ticket{}}
+	return s.view(ctx, func(x *step) error {
 		names, err := x.limitNames(limits)
 		if err != nil {
 			return err
 		}
+		return fn(x, names)
+	})
+}
+
+// Snapshot implements [store.Store]: a ticket of several limits is listed
+// under each (store.Snapshot.AddLimit).
+func (s *Store) Snapshot(ctx context.Context, limits ...string) (store.Snapshot, error) {
+	var out store.Snapshot
+	err := s.viewLimits(ctx, limits, func(x *step, names []string) error {
+		out = store.Snapshot{Now: x.now.Wall, Limits: []store.Limit{}, Tickets: []store.Ticket{}}
 		// Every queue is read before out.Tickets is made, at its size: grown
 		// a limit at a time, it would copy thousands of tickets several times.
 		type limitQueue struct {
@@ -401,18 +409,9 @@ func (s *Store) Snapshot(ctx context.Context, limits ...string) (store.Snapshot,
 // others. Any other order may put any waiter first, and the whole queue is
 // read.
 func (s *Store) Heads(ctx context.Context, limits ...string) (store.Snapshot, error) {
-	for _, l := range limits {
-		if err := store.CheckLimitName(l); err != nil {
-			return store.Snapshot{}, err
-		}
-	}
 	var out store.Snapshot
-	err := s.view(ctx, func(x *step) error {
+	err := s.viewLimits(ctx, limits, func(x *step, names []string) error {
 		out = store.Snapshot{Now: x.now.Wall, Limits: []store.Limit{}, Tickets: []store.Ticket{}}
-		names, err := x.limitNames(limits)
-		if err != nil {
-			return err
-		}
 		hq, _ := x.tx.(HeadQueuer)
 		for _, name := range names {
 			lim, ok, err := x.tx.Limit(name)
