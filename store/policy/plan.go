@@ -91,10 +91,13 @@ type Admit struct {
 	Indexes map[string][]int
 }
 
-// A SettlePlan is what a settle does, each list in queue order. A backend
-// that cannot apply all of Remove in one step applies a prefix and none of
-// Admit (the admissions may rest on the removals), then settles again; it
-// may apply a prefix of Admit (FIFO holds for any prefix).
+// A SettlePlan is what a settle does: Remove, Line and Wake in input
+// order, Admit in the order the waiters were admitted (the input's when
+// every limit is FIFO). A backend that cannot apply all of Remove in one
+// step applies a prefix and none of Admit (the admissions may rest on the
+// removals), then settles again; it may apply a prefix of Admit (each
+// limit's order holds for any prefix), and then charges the rate for that
+// prefix only, not Starts.
 type SettlePlan struct {
 	Remove []Remove
 	Admit  []Admit
