@@ -204,6 +204,14 @@ func (p *Pending) Close() {
 	_, _ = p.guard.Wait()
 }
 
+// Abort ends a guard whose command was never started without waiting for
+// it to notice: it may still be starting.
+func (p *Pending) Abort() {
+	p.conn.Close()
+	_ = p.guard.Kill()
+	_, _ = p.guard.Wait()
+}
+
 // abandon ends a guard that did not start the command.
 func (j *Job) abandon(err error) {
 	j.conn.Close()

@@ -90,16 +90,29 @@ func startChild(f *Factory, path string, argv, env []string, log *logger) (*chil
 // startChildFiles is startChild with extra descriptors for the child, at
 // 3 and up (the jobserver's pipe).
 func startChildFiles(f *Factory, path string, argv, env []string, log *logger, extra []*os.File) (*child, error) {
-	environ := os.Environ
-	if f.Environ != nil {
-		environ = f.Environ
-	}
 	fg := f.IO.InTTY && foregroundTTY()
-	c, err := startJob(f.IO, path, argv, childEnv(environ(), env), extra, fg, log)
+	c, err := startJob(f.IO, path, argv, childEnv(f.environ(), env), extra, fg, log)
 	if err != nil {
 		return nil, startError(argv[0], err)
 	}
 	return c, nil
+}
+
+// startPrepared is startChild under a guard already started (earlyGuard).
+func startPrepared(f *Factory, pj *preparedJob, path string, argv, env []string, log *logger) (*child, error) {
+	c, err := pj.start(path, argv, childEnv(f.environ(), env), log)
+	if err != nil {
+		return nil, startError(argv[0], err)
+	}
+	return c, nil
+}
+
+// environ is the environment slotctl runs in (Factory.Environ in tests).
+func (f *Factory) environ() []string {
+	if f.Environ != nil {
+		return f.Environ()
+	}
+	return os.Environ()
 }
 
 func startError(name string, err error) error {

@@ -109,3 +109,62 @@ var guardExe = sync.OnceValue(func() string {
 	}
 	return path
 })
+
+// An earlyGuard is a guard started as the run enqueues: its process start
+// then overlaps the store's write instead of following it, which is most of
+// what an uncontended run costs above its own start. A run that has to wait
+// drops it (an idle process per waiter would cost the waiters' quiet), and
+// its job gets a guard started the usual way once admitted.
+type earlyGuard struct {
+	ready chan struct{}
+	pj    *preparedJob
+	err   error
+	once  sync.Once
+}
+
+// startEarlyGuard starts a guard for the run's job in the background. Its
+// own environment carries the job's marks (the ticket and the supervisor)
+// from the start, as a guard started at admission does.
+func startEarlyGuard(f *Factory, marks []string) *earlyGuard {
+	g := &earlyGuard{ready: make(chan struct{})}
+	fg := f.IO.InTTY && foregroundTTY()
+	env := childEnv(f.environ(), marks)
+	go func() {
+		defer close(g.ready)
+		g.pj, g.err = prepareJob(f.IO, env, nil, fg)
+	}()
+	return g
+}
+
+// take hands the guard over, once; nil when it could not be started or was
+// dropped (the caller starts one the usual way).
+func (g *earlyGuard) take() *preparedJob {
+	if g == nil {
+		return nil
+	}
+	var pj *preparedJob
+	g.once.Do(func() {
+		<-g.ready
+		pj = g.pj
+	})
+	return pj
+}
+
+// drop ends the guard if nobody took it.
+func (g *earlyGuard) drop() {
+	if g == nil {
+		return
+	}
+	g.once.Do(func() {
+		<-g.ready
+		if g.pj != nil {
+			g.pj.abort()
+		}
+	})
+}
+
+// abort ends a prepared guard whose command will not come.
+func (pj *preparedJob) abort() {
+	pj.p.Abort()
+	pj.files.abandon()
+}

@@ -64,3 +64,17 @@ func groupAlive(pgid int) bool {
 	err := syscall.Kill(-pgid, 0)
 	return err == nil || errors.Is(err, syscall.EPERM)
 }
+
+// An earlyGuard is nothing here: there is no guard to start early.
+type earlyGuard struct{}
+
+func startEarlyGuard(*Factory, []string) *earlyGuard { return nil }
+
+type preparedJob struct{}
+
+func (*earlyGuard) take() *preparedJob { return nil }
+func (*earlyGuard) drop()              {}
+
+func (*preparedJob) start(string, []string, []string, *logger) (*child, error) {
+	return nil, errors.New("no guard on this platform")
+}

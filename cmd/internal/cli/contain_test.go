@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -292,5 +293,55 @@ func TestGuardKilledAlone(t *testing.T) {
 	}
 	if code, out, _ := crashRun(ctx, t, e, 10*time.Second, "run", "--limit", "g", "--no-wait", "--", "true"); code != 0 {
 		t.Errorf("the slot is not free after slotctl exited: %d %s", code, out)
+	}
+}
+
+// TestGuardStartedEarly: a run's guard starts beside its enqueue, before
+// the run knows it will be admitted. It carries the job's marks in its own
+// environment from the start, as the judge needs of every process of a job;
+// a run that has to wait ends it (an idle process per waiter would cost the
+// queue), and the job it runs once admitted still has its guard.
+func TestGuardStartedEarly(t *testing.T) {
+	e := newPTEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := syscall.Mkfifo(e.path("go.fifo"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	holder := e.start(ctx, "holder", "run", "--limit", "early", "--", "sh", "-c", `echo $SLOTCTL_TICKET > held.tmp; mv held.tmp held; read _ < go.fifo`)
+	ptWaitFor(t, "the holder's job", 20*time.Second, func() bool { return ptExists(e.path("held")) })
+	held, err := os.ReadFile(e.path("held"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ticket := strings.TrimSpace(string(held))
+	guard := crashChildNamed(t, holder.cmd.Process.Pid, "slotctl-guard", 5*time.Second)
+	env, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(guard), "environ"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	vars := strings.Split(string(env), "\x00")
+	if !slices.Contains(vars, "SLOTCTL_TICKET="+ticket) || !slices.ContainsFunc(vars, func(v string) bool { return strings.HasPrefix(v, "SLOTCTL_SUPERVISOR=") }) {
+		t.Errorf("the guard's environment lacks the job's marks (SLOTCTL_TICKET=%s, SLOTCTL_SUPERVISOR): %q", ticket, vars)
+	}
+
+	waiter := e.start(ctx, "waiter", "run", "--limit", "early", "--", "sh", "-c", `echo ran > waiter-ran`)
+	ptWaitFor(t, "the waiter queued", 20*time.Second, func() bool { return strings.Contains(waiter.stderr(), "waiting for limit") })
+	ptWaitFor(t, "the waiter's early guard ended", 10*time.Second, func() bool {
+		for _, c := range crashChildren(waiter.cmd.Process.Pid) {
+			if c.comm == "slotctl-guard" {
+				return false
+			}
+		}
+		return true
+	})
+	if err := os.WriteFile(e.path("go.fifo"), []byte("go\n"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if code := holder.wait(t, 20*time.Second); code != 0 {
+		t.Fatalf("holder exited %d: %s", code, holder.stderr())
+	}
+	if code := waiter.wait(t, 20*time.Second); code != 0 || !ptExists(e.path("waiter-ran")) {
+		t.Fatalf("waiter exited %d (ran: %v): %s", code, ptExists(e.path("waiter-ran")), waiter.stderr())
 	}
 }

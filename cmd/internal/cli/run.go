@@ -576,11 +576,28 @@ func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) er
 	cfg.Notify = summary.notify(pings.notify(runNotes(ctx, f, log, st, o, limits)))
 	unmark := func() {} // the job's marker, removed once holder.Run has released
 	defer func() { unmark() }()
+	var early *earlyGuard
+	if !o.Jobserver {
+		early = startEarlyGuard(f, append([]string{proc.TicketVar + "=" + cfg.Request.ID}, supervisorVar()...))
+		defer early.drop()
+		notify := cfg.Notify
+		cfg.Notify = func(n holder.Note) {
+			if n.Kind == holder.WaitStart {
+				early.drop()
+			}
+			if notify != nil {
+				notify(n)
+			}
+		}
+	}
 	cfg.Start = func(jobCtx context.Context, t store.Ticket) (holder.Child, error) {
 		env := jobVars(o.Limits, t, anc, held, st.String(), f)
 		unmark = markJob(st, log, t.ID, env)
 		if o.Jobserver {
 			return startJobserved(jobCtx, f, st, log, o, path, env, t)
+		}
+		if pj := early.take(); pj != nil {
+			return startPrepared(f, pj, path, o.Argv, env, log)
 		}
 		return startChild(f, path, o.Argv, env, log)
 	}
