@@ -112,9 +112,11 @@ var guardExe = sync.OnceValue(func() string {
 
 // An earlyGuard is a guard started as the run enqueues: its process start
 // then overlaps the store's write instead of following it, which is most of
-// what an uncontended run costs above its own start. A run that has to wait
-// drops it (an idle process per waiter would cost the waiters' quiet), and
-// its job gets a guard started the usual way once admitted.
+// what an uncontended run costs above its own start. A run that waits
+// keeps it only while it is next in line, where it shortens the handoff; one
+// further back drops it (an idle process per waiter would cost the quiet of
+// a long queue), and its job gets a guard started the usual way once
+// admitted.
 type earlyGuard struct {
 	ready chan struct{}
 	pj    *preparedJob

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -298,9 +299,10 @@ func TestGuardKilledAlone(t *testing.T) {
 
 // TestGuardStartedEarly: a run's guard starts beside its enqueue, before
 // the run knows it will be admitted. It carries the job's marks in its own
-// environment from the start, as the judge needs of every process of a job;
-// a run that has to wait ends it (an idle process per waiter would cost the
-// queue), and the job it runs once admitted still has its guard.
+// environment from the start, as the judge needs of every process of a job.
+// A run that waits keeps it while it is next in line and ends it further
+// back (an idle process per waiter would cost a long queue); either way its
+// job runs under a guard once admitted.
 func TestGuardStartedEarly(t *testing.T) {
 	e := newPTEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -325,23 +327,35 @@ func TestGuardStartedEarly(t *testing.T) {
 		t.Errorf("the guard's environment lacks the job's marks (SLOTCTL_TICKET=%s, SLOTCTL_SUPERVISOR): %q", ticket, vars)
 	}
 
-	waiter := e.start(ctx, "waiter", "run", "--limit", "early", "--", "sh", "-c", `echo ran > waiter-ran`)
-	ptWaitFor(t, "the waiter queued", 20*time.Second, func() bool { return strings.Contains(waiter.stderr(), "waiting for limit") })
-	ptWaitFor(t, "the waiter's early guard ended", 10*time.Second, func() bool {
-		for _, c := range crashChildren(waiter.cmd.Process.Pid) {
+	guards := func(p *ptProc) int {
+		n := 0
+		for _, c := range crashChildren(p.cmd.Process.Pid) {
 			if c.comm == "slotctl-guard" {
-				return false
+				n++
 			}
 		}
-		return true
-	})
+		return n
+	}
+	var waiters []*ptProc
+	for i := range 2 {
+		w := e.start(ctx, fmt.Sprintf("waiter%d", i), "run", "--limit", "early", "--", "sh", "-c", fmt.Sprintf("echo ran > waiter%d-ran", i))
+		ptWaitFor(t, fmt.Sprintf("waiter %d queued", i), 20*time.Second, func() bool { return strings.Contains(w.stderr(), "waiting for limit") })
+		waiters = append(waiters, w)
+	}
+	ptWaitFor(t, "the second waiter's early guard ended", 10*time.Second, func() bool { return guards(waiters[1]) == 0 })
+	if n := guards(waiters[0]); n != 1 {
+		t.Errorf("the waiter next in line has %d guards, want its early one", n)
+	}
 	if err := os.WriteFile(e.path("go.fifo"), []byte("go\n"), 0); err != nil {
 		t.Fatal(err)
 	}
 	if code := holder.wait(t, 20*time.Second); code != 0 {
 		t.Fatalf("holder exited %d: %s", code, holder.stderr())
 	}
-	if code := waiter.wait(t, 20*time.Second); code != 0 || !ptExists(e.path("waiter-ran")) {
-		t.Fatalf("waiter exited %d (ran: %v): %s", code, ptExists(e.path("waiter-ran")), waiter.stderr())
+	for i, w := range waiters {
+		ran := e.path(fmt.Sprintf("waiter%d-ran", i))
+		if code := w.wait(t, 20*time.Second); code != 0 || !ptExists(ran) {
+			t.Fatalf("waiter %d exited %d (ran: %v): %s", i, code, ptExists(ran), w.stderr())
+		}
 	}
 }

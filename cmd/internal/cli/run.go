@@ -582,8 +582,8 @@ func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) er
 		defer early.drop()
 		notify := cfg.Notify
 		cfg.Notify = func(n holder.Note) {
-			if n.Kind == holder.WaitStart {
-				early.drop()
+			if n.Kind == holder.WaitStart && n.Ticket.Position != 1 {
+				early.drop() // the next in line keeps it: its handoff is what it saves
 			}
 			if notify != nil {
 				notify(n)
