@@ -31,14 +31,16 @@ func decodeTicketFast(v []byte, r *ticketRec) bool {
 		if !ok {
 			return false
 		}
-		f := ticketField(name)
-		if f <= last {
-			return false // unknown, repeated or out of order
+		var f int
+		if len(name) <= 5 {
+			f, ok = p.shortTicketField(name, r)
+		} else {
+			f, ok = p.longTicketField(name, r)
+		}
+		if f <= last || !ok {
+			return false // unknown, repeated, out of order or unreadable
 		}
 		last = f
-		if !p.ticketValue(f, r) {
-			return false
-		}
 		if p.byte(',') {
 			continue
 		}
@@ -46,117 +48,94 @@ func decodeTicketFast(v []byte, r *ticketRec) bool {
 	}
 }
 
-// ticketField is a ticketRec field's place in its JSON: 0 for a name
-// encoding/json does not write.
-func ticketField(name []byte) int {
+// shortTicketField reads the value of the ticketRec field called name (of
+// five bytes or fewer) into r, and returns the field's place in the JSON: 0
+// for a name encoding/json does not write. A field's value is read where
+// its name is matched, so that it costs one call; splitting the names by
+// length keeps each switch small for one compare more.
+func (p *recReader) shortTicketField(name []byte, r *ticketRec) (f int, ok bool) {
 	switch string(name) {
 	case "v":
-		return 1
+		r.V, ok = p.int()
+		return 1, ok
 	case "id":
-		return 2
+		r.ID, ok = p.str()
+		return 2, ok
 	case "limit":
-		return 3
+		r.Limit, ok = p.str()
+		return 3, ok
 	case "state":
-		return 4
-	case "limits":
-		return 5
-	case "weight":
-		return 6
+		r.State, ok = p.state()
+		return 4, ok
 	case "fence":
-		return 7
+		r.Fence, ok = p.uint(math.MaxUint64)
+		return 7, ok
 	case "slot":
-		return 8
-	case "indexes":
-		return 9
-	case "ttl_ns":
-		return 10
-	case "deadline_boot":
-		return 11
-	case "deadline_mono_ns":
-		return 12
+		r.Slot, ok = p.int()
+		return 8, ok
 	case "quiet":
-		return 13
-	case "created":
-		return 14
-	case "admitted":
-		return 15
-	case "renewed":
-		return 16
-	case "holder":
-		return 17
-	case "bell_uid":
-		return 18
+		r.Quiet, ok = p.bool()
+		return 13, ok
 	case "key":
-		return 19
+		r.Key, ok = p.str()
+		return 19, ok
 	case "stop":
-		return 20
-	case "replaces":
-		return 21
-	case "priority":
-		return 22
+		r.Stop = new(store.Successor)
+		return 20, p.successor(r.Stop)
 	case "share":
-		return 23
+		r.Share, ok = p.str()
+		return 23, ok
 	}
-	return 0
+	return 0, false
 }
 
-func (p *recReader) ticketValue(f int, r *ticketRec) (ok bool) {
-	switch f {
-	case 1:
-		r.V, ok = p.int()
-	case 2:
-		r.ID, ok = p.str()
-	case 3:
-		r.Limit, ok = p.str()
-	case 4:
-		r.State, ok = p.state()
-	case 5:
+// longTicketField is shortTicketField for the names of six bytes or more.
+func (p *recReader) longTicketField(name []byte, r *ticketRec) (f int, ok bool) {
+	switch string(name) {
+	case "limits":
 		r.Limits, ok = p.strs()
-	case 6:
+		return 5, ok
+	case "weight":
 		r.Weight, ok = p.int()
-	case 7:
-		r.Fence, ok = p.uint(math.MaxUint64)
-	case 8:
-		r.Slot, ok = p.int()
-	case 9:
+		return 6, ok
+	case "indexes":
 		r.Indexes, ok = p.indexes()
-	case 10:
+		return 9, ok
+	case "ttl_ns":
 		r.TTL, ok = p.duration()
-	case 11:
+		return 10, ok
+	case "deadline_boot":
 		r.DeadlineBoot, ok = p.str()
-	case 12:
+		return 11, ok
+	case "deadline_mono_ns":
 		r.DeadlineMono, ok = p.duration()
-	case 13:
-		r.Quiet, ok = p.bool()
-	case 14:
-		ok = p.time(&r.Created)
-	case 15:
-		ok = p.time(&r.Admitted)
-	case 16:
-		ok = p.time(&r.Renewed)
-	case 17:
-		ok = p.holder(&r.Holder)
-	case 18:
+		return 12, ok
+	case "created":
+		return 14, p.time(&r.Created)
+	case "admitted":
+		return 15, p.time(&r.Admitted)
+	case "renewed":
+		return 16, p.time(&r.Renewed)
+	case "holder":
+		return 17, p.holder(&r.Holder)
+	case "bell_uid":
 		var n uint64
 		if n, ok = p.uint(math.MaxUint32); ok {
 			u := uint32(n)
 			r.BellUID = &u
 		}
-	case 19:
-		r.Key, ok = p.str()
-	case 20:
-		r.Stop = new(store.Successor)
-		ok = p.successor(r.Stop)
-	case 21:
+		return 18, ok
+	case "replaces":
 		r.Replaces, ok = p.strs()
-	case 22:
+		return 21, ok
+	case "priority":
 		r.Priority, ok = p.int()
-	case 23:
-		r.Share, ok = p.str()
+		return 22, ok
 	}
-	return ok
+	return 0, false
 }
 
+// holder reads a ticket's holder, each field as its name is matched.
 func (p *recReader) holder(h *store.Holder) bool {
 	if !p.byte('{') {
 		return false
@@ -171,64 +150,49 @@ func (p *recReader) holder(h *store.Holder) bool {
 		switch string(name) {
 		case "host":
 			f = 1
+			h.Host, ok = p.str()
 		case "user":
 			f = 2
+			h.User, ok = p.str()
 		case "boot_id":
 			f = 3
+			h.BootID, ok = p.str()
 		case "pidns":
 			f = 4
+			h.PidNS, ok = p.uint(math.MaxUint64)
 		case "pid":
 			f = 5
+			h.Pid, ok = p.int()
 		case "pid_start":
 			f = 6
+			h.PidStart, ok = p.uint(math.MaxUint64)
 		case "pgid":
 			f = 7
+			h.Pgid, ok = p.int()
 		case "pgid_start":
 			f = 8
+			h.PgidStart, ok = p.uint(math.MaxUint64)
 		case "argv":
 			f = 9
+			h.Argv, ok = p.strs()
 		case "label":
 			f = 10
+			h.Label, ok = p.str()
 		case "url":
 			f = 11
-		}
-		if f <= last {
-			return false
-		}
-		last = f
-		switch f {
-		case 1:
-			h.Host, ok = p.str()
-		case 2:
-			h.User, ok = p.str()
-		case 3:
-			h.BootID, ok = p.str()
-		case 4:
-			h.PidNS, ok = p.uint(math.MaxUint64)
-		case 5:
-			h.Pid, ok = p.int()
-		case 6:
-			h.PidStart, ok = p.uint(math.MaxUint64)
-		case 7:
-			h.Pgid, ok = p.int()
-		case 8:
-			h.PgidStart, ok = p.uint(math.MaxUint64)
-		case 9:
-			h.Argv, ok = p.strs()
-		case 10:
-			h.Label, ok = p.str()
-		case 11:
 			h.URL, ok = p.str()
 		}
-		if !ok {
-			return false
+		if f <= last || !ok {
+			return false // unknown (f is 0), repeated, out of order or unreadable
 		}
+		last = f
 		if !p.byte(',') {
 			return p.byte('}')
 		}
 	}
 }
 
+// successor reads a ticket's successor, each field as its name is matched.
 func (p *recReader) successor(s *store.Successor) bool {
 	if !p.byte('{') {
 		return false
@@ -243,30 +207,21 @@ func (p *recReader) successor(s *store.Successor) bool {
 		switch string(name) {
 		case "ticket":
 			f = 1
+			s.Ticket, ok = p.str()
 		case "host":
 			f = 2
+			s.Host, ok = p.str()
 		case "pid":
 			f = 3
+			s.Pid, ok = p.int()
 		case "url":
 			f = 4
-		}
-		if f <= last {
-			return false
-		}
-		last = f
-		switch f {
-		case 1:
-			s.Ticket, ok = p.str()
-		case 2:
-			s.Host, ok = p.str()
-		case 3:
-			s.Pid, ok = p.int()
-		case 4:
 			s.URL, ok = p.str()
 		}
-		if !ok {
-			return false
+		if f <= last || !ok {
+			return false // unknown (f is 0), repeated, out of order or unreadable
 		}
+		last = f
 		if !p.byte(',') {
 			return p.byte('}')
 		}
