@@ -308,18 +308,9 @@ func (s *Store) open(ctx context.Context, write bool) (*bolt.DB, func(), error) 
 	}
 	var f *os.File
 	if !write {
-		var size int64
 		var err error
-		f, size, err = regularFile(s.fds.dir, s.name, s.path, unix.O_RDONLY, false, 0)
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil, nil, errNoFile
-		}
-		if err != nil {
-			return nil, nil, s.fileError(err)
-		}
-		if size == 0 {
-			f.Close()
-			return nil, nil, errNoFile
+		if f, err = s.openToRead(); err != nil {
+			return nil, nil, err
 		}
 	}
 	timeout := s.timeout
@@ -364,13 +355,7 @@ func (s *Store) open(ctx context.Context, write bool) (*bolt.DB, func(), error) 
 	if err != nil {
 		f.Close() // bbolt closed it already, unless it faulted
 		if write && size == 0 && (noSpace(err) || ioError(err)) {
-			// bbolt's first pages did not fit or reach the disk: leave the
-			// file empty, as it was (an empty file is an empty store), not
-			// half initialised.
-			if g, _, ferr := regularFile(s.fds.dir, s.name, s.path, unix.O_RDWR, false, 0); ferr == nil {
-				_ = g.Truncate(0)
-				g.Close()
-			}
+			s.emptyAgain()
 		}
 		unlock()
 		if errors.Is(err, store.ErrCorrupt) {
@@ -379,6 +364,33 @@ func (s *Store) open(ctx context.Context, write bool) (*bolt.DB, func(), error) 
 		return nil, nil, s.openError(err)
 	}
 	return db, func() { db.Close(); unlock() }, nil
+}
+
+// openToRead opens the store file for a reader, before the lock:
+// errNoFile when there is none yet, or an empty one.
+func (s *Store) openToRead() (*os.File, error) {
+	f, size, err := regularFile(s.fds.dir, s.name, s.path, unix.O_RDONLY, false, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, errNoFile
+	}
+	if err != nil {
+		return nil, s.fileError(err)
+	}
+	if size == 0 {
+		f.Close()
+		return nil, errNoFile
+	}
+	return f, nil
+}
+
+// emptyAgain leaves the store file empty, as it was, after bbolt's first
+// pages did not fit or reach the disk: an empty file is an empty store, a
+// half initialised one is not. Best effort.
+func (s *Store) emptyAgain() {
+	if g, _, err := regularFile(s.fds.dir, s.name, s.path, unix.O_RDWR, false, 0); err == nil {
+		_ = g.Truncate(0)
+		g.Close()
+	}
 }
 
 // noSpace reports whether err is a write the file system refused for want
