@@ -191,65 +191,14 @@ func ticketState(t store.Ticket) string {
 
 // drawTickets is the tickets table: held first, then waiters by position.
 // A ticket of several limits has a row under each, its SLOT there the
-// indexes it holds in that limit ("2,3" for a weight of 2); a W column
-// (the weight) appears when some ticket weighs more than one slot.
+// indexes it holds in that limit ("2,3" for a weight of 2).
 func drawTickets(out tableOut, snap store.Snapshot, wide bool) error {
-	weighted := false
-	for _, t := range snap.Tickets {
-		weighted = weighted || t.Weighs() > 1
-	}
-	headers := ticketHeaders
-	if weighted {
-		headers = append(append(slices.Clip(ticketHeaders[:3]), "W"), ticketHeaders[3:]...)
-	}
-	// PRIO (a waiter's effective priority) and SHARE (what a ticket counts
-	// against) appear only when a limit listed orders by priority or is
-	// fair: the default table stays as narrow as FIFO needs.
-	orders := ordersOf(snap.Limits)
-	prio, share := orders[store.ByPriority], orders[store.Fair]
-	if prio || share {
-		n := slices.Index(headers, "TICKET")
-		extra := []string{}
-		if prio {
-			extra = append(extra, "PRIO")
-		}
-		if share {
-			extra = append(extra, "SHARE")
-		}
-		headers = append(append(slices.Clip(headers[:n]), extra...), headers[n:]...)
-	}
-	fair := map[string]bool{}
-	for _, l := range snap.Limits {
-		fair[l.Name] = l.Policy.Ordered() == store.Fair
-	}
-	if wide {
-		// -o wide shows where each run comes from (docs/leases.md §2.1
-		// items 10 and 11): its key and CI URL, before the whole command.
-		n := len(headers) - 1
-		headers = append(append(slices.Clip(headers[:n]), "KEY", "URL"), headers[n:]...)
-	}
+	tc := ticketColumnsOf(snap, wide)
+	headers := tc.headers()
 	col := func(name string) int { return slices.Index(headers, name) }
 	rows := make([][]string, 0, len(snap.Tickets))
 	for _, t := range snap.Tickets {
-		row := ticketRow(t, snap.Now, weighted, wide)
-		if prio || share {
-			n := 3
-			if weighted {
-				n = 4
-			}
-			var extra []string
-			if prio {
-				extra = append(extra, priorityCell(t))
-			}
-			if share {
-				extra = append(extra, "-")
-				if fair[t.Limit] {
-					extra[len(extra)-1] = store.Printable(t.ShareKey())
-				}
-			}
-			row = append(append(slices.Clip(row[:n]), extra...), row[n:]...)
-		}
-		rows = append(rows, row)
+		rows = append(rows, tc.row(t, snap.Now))
 	}
 	all, fit := headers, len(headers)-1
 	cols := make([]int, len(headers)) // the columns shown: all but on a narrow terminal
@@ -283,6 +232,83 @@ func drawTickets(out tableOut, snap store.Snapshot, wide bool) error {
 		}
 		return ""
 	})
+}
+
+// ticketColumns are the tickets table's optional columns: W (the weight)
+// when some ticket weighs more than one slot, PRIO and SHARE for the
+// policies of the limits listed, KEY and URL with -o wide.
+type ticketColumns struct {
+	weighted bool
+	// PRIO (a waiter's effective priority) and SHARE (what a ticket counts
+	// against) appear only when a limit listed orders by priority or is
+	// fair: the default table stays as narrow as FIFO needs.
+	prio, share bool
+	fair        map[string]bool // by limit: its tickets have a SHARE
+	wide        bool
+}
+
+// ticketColumnsOf is the columns of snap's table.
+func ticketColumnsOf(snap store.Snapshot, wide bool) ticketColumns {
+	tc := ticketColumns{fair: map[string]bool{}, wide: wide}
+	for _, t := range snap.Tickets {
+		tc.weighted = tc.weighted || t.Weighs() > 1
+	}
+	orders := ordersOf(snap.Limits)
+	tc.prio, tc.share = orders[store.ByPriority], orders[store.Fair]
+	for _, l := range snap.Limits {
+		tc.fair[l.Name] = l.Policy.Ordered() == store.Fair
+	}
+	return tc
+}
+
+// headers are the table's headers: W after SLOT, PRIO and SHARE before
+// TICKET, KEY and URL before COMMAND.
+func (tc ticketColumns) headers() []string {
+	headers := ticketHeaders
+	if tc.weighted {
+		headers = append(append(slices.Clip(ticketHeaders[:3]), "W"), ticketHeaders[3:]...)
+	}
+	if tc.prio || tc.share {
+		n := slices.Index(headers, "TICKET")
+		extra := []string{}
+		if tc.prio {
+			extra = append(extra, "PRIO")
+		}
+		if tc.share {
+			extra = append(extra, "SHARE")
+		}
+		headers = append(append(slices.Clip(headers[:n]), extra...), headers[n:]...)
+	}
+	if tc.wide {
+		// -o wide shows where each run comes from (docs/leases.md §2.1
+		// items 10 and 11): its key and CI URL, before the whole command.
+		n := len(headers) - 1
+		headers = append(append(slices.Clip(headers[:n]), "KEY", "URL"), headers[n:]...)
+	}
+	return headers
+}
+
+// row is ticket t's row at now, under headers.
+func (tc ticketColumns) row(t store.Ticket, now time.Time) []string {
+	row := ticketRow(t, now, tc.weighted, tc.wide)
+	if !tc.prio && !tc.share {
+		return row
+	}
+	n := 3
+	if tc.weighted {
+		n = 4
+	}
+	var extra []string
+	if tc.prio {
+		extra = append(extra, priorityCell(t))
+	}
+	if tc.share {
+		extra = append(extra, "-")
+		if tc.fair[t.Limit] {
+			extra[len(extra)-1] = store.Printable(t.ShareKey())
+		}
+	}
+	return append(append(slices.Clip(row[:n]), extra...), row[n:]...)
 }
 
 // ticketRow is ticket t's row of the tickets table at now, with the W
