@@ -79,38 +79,7 @@ func newLimitSetCmd(f *Factory, g *globalOptions, runF func(*LimitSetOptions) er
 its waiters: --order fifo, priority (run --priority) or fair (by user or run
 --share), --aging for priority, --rate N/D. Without these flags the limit
 keeps its policy; --order fifo and --rate 0 remove it (docs/scheduling.md).`,
-		Annotations: manPage(`Create a limit or change its number of slots and how it admits its waiters.
-
-0 slots pauses the limit: nobody new is admitted. Shrinking never evicts a
-holder: new admissions wait until fewer than SLOTS are held. Growing admits
-waiters at once.
-
---order fifo admits waiters in arrival order (the default). --order
-priority admits the waiter of the highest effective priority first: its
-slotctl run --priority P (-100..100, default 0) plus one point for each
---aging DURATION it has waited (default 1m), ties in arrival order; a low
-priority waits, but every waiter is passed only by the tickets that came
-less than (100 - P + 1) x aging after it, so it never starves. --order fair
-admits first the waiter whose user (or slotctl run --share KEY) holds the
-fewest slots of the limit, counting its own waiters ahead of it, ties in
-arrival order: one user's hundred queued runs take turns with another's one.
-
---rate N/D admits at most N runs in any window of length D (10/1m, 1/1h),
-each admission counting once whatever its weight; waiters beyond it wait,
-and the waiting line's estimate says when the window opens. --rate 0
-removes the rate.
-
-Without --order, --aging or --rate the limit keeps its policy; --order fifo
-clears the order and its aging. A run of several limits is admitted only
-when it is first in all of them; where limits of different orders
-disagree, arrival order breaks the tie, so no set of waiters deadlocks.
-slotctl limit ls and slotctl ls show the policy, each waiter's effective
-priority and when a rate's window opens.
-
-EXIT STATUS
-  0    the limit has SLOTS slots and the policy asked for
-  64   bad name, slot count, order, aging or rate
-  69   the store cannot be opened or reached`),
+		Annotations: manPage(limitSetManPage),
 		Example: `  slotctl limit set build 4
   slotctl limit set deploy 0   # pause deploys
   slotctl limit set ci 8 --order priority --aging 5m
@@ -159,6 +128,40 @@ EXIT STATUS
 	cmd.ValidArgsFunction = f.completeLimitSet
 	return cmd
 }
+
+// limitSetManPage is slotctl limit set's man page, after the help.
+const limitSetManPage = `Create a limit or change its number of slots and how it admits its waiters.
+
+0 slots pauses the limit: nobody new is admitted. Shrinking never evicts a
+holder: new admissions wait until fewer than SLOTS are held. Growing admits
+waiters at once.
+
+--order fifo admits waiters in arrival order (the default). --order
+priority admits the waiter of the highest effective priority first: its
+slotctl run --priority P (-100..100, default 0) plus one point for each
+--aging DURATION it has waited (default 1m), ties in arrival order; a low
+priority waits, but every waiter is passed only by the tickets that came
+less than (100 - P + 1) x aging after it, so it never starves. --order fair
+admits first the waiter whose user (or slotctl run --share KEY) holds the
+fewest slots of the limit, counting its own waiters ahead of it, ties in
+arrival order: one user's hundred queued runs take turns with another's one.
+
+--rate N/D admits at most N runs in any window of length D (10/1m, 1/1h),
+each admission counting once whatever its weight; waiters beyond it wait,
+and the waiting line's estimate says when the window opens. --rate 0
+removes the rate.
+
+Without --order, --aging or --rate the limit keeps its policy; --order fifo
+clears the order and its aging. A run of several limits is admitted only
+when it is first in all of them; where limits of different orders
+disagree, arrival order breaks the tie, so no set of waiters deadlocks.
+slotctl limit ls and slotctl ls show the policy, each waiter's effective
+priority and when a rate's window opens.
+
+EXIT STATUS
+  0    the limit has SLOTS slots and the policy asked for
+  64   bad name, slot count, order, aging or rate
+  69   the store cannot be opened or reached`
 
 // runLimitSet is slotctl limit set: create or resize, and set the policy
 // flags given. An existing limit gets its policy first, so that the slots a

@@ -33,41 +33,7 @@ to let go of its slot, and wait until the ticket is gone.
 With TICKET: remove it by hand and admit the next waiters. TICKET is a full
 ticket id or a unique prefix of one (slotctl ls shows them). A holder still
 alive on this host is refused unless --force.`,
-		Annotations: manPage(`Without TICKET, release lets go of the slot that slotctl acquire took: it asks
-the keeper named by SLOTCTL_KEEPER (which acquire prints and puts in
-$GITHUB_ENV or its --env-file), or by --keeper, to let go, and waits until
-the keeper's slotctl run has ended its job and removed the ticket from the
-keeper's store (SLOTCTL_STORE_EXPORTED, or the one the keeper names,
-whatever SLOTCTL_STORE or --store say). Only a keeper of the same user
-answers. When no keeper answers, release looks for SLOTCTL_TICKET in that
-store: gone, it was already released (exit 0); still held by a slotctl run
-on this host, release waits for that run to finish; held elsewhere, release
-says so and exits 64 (it goes when its lease expires, or by hand with
-release TICKET). With neither SLOTCTL_KEEPER nor
-TICKET, or with only a SLOTCTL_TICKET that a slotctl run holds, there is
-nothing to ask: exit 64.
-
-With TICKET, release is the operator's override: it removes the ticket by
-hand and admits the next waiters. TICKET is a full ticket id or a unique
-prefix of one (slotctl ls shows them).
-
-On a terminal slotctl asks first, unless --yes. A holder that is provably
-still alive on this host is refused unless --force: its job still runs, and
-releasing its slot lets another job in beside it. The holder notices at its
-next renewal and applies its --on-lost (by default it stops its job, exit 76).
-A dead holder's ticket needs no release: slotctl reap removes it, and every
-admission does too, within the ticket's TTL.
-
-EXIT STATUS
-  0    released (or already gone); without TICKET: the keeper let go and
-       the ticket is gone, or the keeper had ended and its ticket was gone
-  1    not confirmed at the prompt
-  64   no ticket matches, a prefix matches several, or the holder is alive and --force was not given;
-       without TICKET: no keeper to ask (SLOTCTL_KEEPER not set), a ticket held by
-       a slotctl run rather than a keeper, no keeper answers while its ticket is
-       held elsewhere, or a keeper directory that is not this user's alone
-  69   the store cannot be opened or reached, or the ticket was still there
-       past its TTL after its keeper let go`),
+		Annotations: manPage(releaseManPage),
 		Example: `  # a later CI step, after slotctl acquire
   slotctl release
   # the operator's override
@@ -104,6 +70,43 @@ EXIT STATUS
 	cmd.Flags().StringVar(&o.Keeper, "keeper", "", "without TICKET: the keeper's socket to ask (default $SLOTCTL_KEEPER)")
 	return cmd
 }
+
+// releaseManPage is slotctl release's man page, after the help.
+const releaseManPage = `Without TICKET, release lets go of the slot that slotctl acquire took: it asks
+the keeper named by SLOTCTL_KEEPER (which acquire prints and puts in
+$GITHUB_ENV or its --env-file), or by --keeper, to let go, and waits until
+the keeper's slotctl run has ended its job and removed the ticket from the
+keeper's store (SLOTCTL_STORE_EXPORTED, or the one the keeper names,
+whatever SLOTCTL_STORE or --store say). Only a keeper of the same user
+answers. When no keeper answers, release looks for SLOTCTL_TICKET in that
+store: gone, it was already released (exit 0); still held by a slotctl run
+on this host, release waits for that run to finish; held elsewhere, release
+says so and exits 64 (it goes when its lease expires, or by hand with
+release TICKET). With neither SLOTCTL_KEEPER nor
+TICKET, or with only a SLOTCTL_TICKET that a slotctl run holds, there is
+nothing to ask: exit 64.
+
+With TICKET, release is the operator's override: it removes the ticket by
+hand and admits the next waiters. TICKET is a full ticket id or a unique
+prefix of one (slotctl ls shows them).
+
+On a terminal slotctl asks first, unless --yes. A holder that is provably
+still alive on this host is refused unless --force: its job still runs, and
+releasing its slot lets another job in beside it. The holder notices at its
+next renewal and applies its --on-lost (by default it stops its job, exit 76).
+A dead holder's ticket needs no release: slotctl reap removes it, and every
+admission does too, within the ticket's TTL.
+
+EXIT STATUS
+  0    released (or already gone); without TICKET: the keeper let go and
+       the ticket is gone, or the keeper had ended and its ticket was gone
+  1    not confirmed at the prompt
+  64   no ticket matches, a prefix matches several, or the holder is alive and --force was not given;
+       without TICKET: no keeper to ask (SLOTCTL_KEEPER not set), a ticket held by
+       a slotctl run rather than a keeper, no keeper answers while its ticket is
+       held elsewhere, or a keeper directory that is not this user's alone
+  69   the store cannot be opened or reached, or the ticket was still there
+       past its TTL after its keeper let go`
 
 // runRelease is slotctl release: find every ticket first, refuse live
 // holders without --force, ask on a terminal, then release them.
