@@ -576,20 +576,8 @@ func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) er
 	cfg.Notify = summary.notify(pings.notify(runNotes(ctx, f, log, st, o, limits)))
 	unmark := func() {} // the job's marker, removed once holder.Run has released
 	defer func() { unmark() }()
-	var early *earlyGuard
-	if !o.Jobserver {
-		early = startEarlyGuard(f, append([]string{proc.TicketVar + "=" + cfg.Request.ID}, supervisorVar()...))
-		defer early.drop()
-		notify := cfg.Notify
-		cfg.Notify = func(n holder.Note) {
-			if n.Kind == holder.WaitStart && n.Ticket.Position != 1 {
-				early.drop() // the next in line keeps it: its handoff is what it saves
-			}
-			if notify != nil {
-				notify(n)
-			}
-		}
-	}
+	early := guardEarly(f, o, &cfg)
+	defer early.drop()
 	cfg.Start = func(jobCtx context.Context, t store.Ticket) (holder.Child, error) {
 		env := jobVars(o.Limits, t, anc, held, st.String(), f)
 		unmark = markJob(st, log, t.ID, env)
@@ -606,6 +594,27 @@ func runRun(ctx context.Context, f *Factory, g *globalOptions, o *RunOptions) er
 	summary.finish(out, err)
 	pings.finish(ctx, st, limits, cfg.Request.ID, out, err) // after the release: the next run never waits for a ping
 	return err
+}
+
+// guardEarly starts the guard of the job of cfg's request as the run
+// enqueues (earlyGuard), and has cfg's Notify end it should the run wait
+// further back than next in line, where it would only sit idle. A jobserver's
+// job is started apart: nil.
+func guardEarly(f *Factory, o *RunOptions, cfg *holder.Config) *earlyGuard {
+	if o.Jobserver {
+		return nil
+	}
+	early := startEarlyGuard(f, append([]string{proc.TicketVar + "=" + cfg.Request.ID}, supervisorVar()...))
+	notify := cfg.Notify
+	cfg.Notify = func(n holder.Note) {
+		if n.Kind == holder.WaitStart && n.Ticket.Position != 1 {
+			early.drop() // the next in line keeps it: its handoff is what it saves
+		}
+		if notify != nil {
+			notify(n)
+		}
+	}
+	return early
 }
 
 // runUnderAncestor runs a nested run whose ancestor's ticket anc holds all
