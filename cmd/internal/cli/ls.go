@@ -214,9 +214,15 @@ func drawTickets(out tableOut, snap store.Snapshot, wide bool) error {
 		headers, rows = project(all, rows, cols)
 		fit = len(cols) - 1
 	}
-	tickets := snap.Tickets
-	state, lease, command := col("STATE"), col("LEASE"), col("COMMAND")
-	return out.draw(headers, rows, fit, func(row, c int) string {
+	return out.draw(headers, rows, fit, ticketStyle(snap.Tickets, all, cols))
+}
+
+// ticketStyle colours the tickets table's cells: the state, a lease close to
+// its end, a labelled command. cols maps each column shown to its place in
+// all, the table's columns before a narrow terminal dropped some.
+func ticketStyle(tickets []store.Ticket, all []string, cols []int) cellStyle {
+	state, lease, command := slices.Index(all, "STATE"), slices.Index(all, "LEASE"), slices.Index(all, "COMMAND")
+	return func(row, c int) string {
 		t := tickets[row]
 		switch cols[c] {
 		case state:
@@ -231,7 +237,7 @@ func drawTickets(out tableOut, snap store.Snapshot, wide bool) error {
 			}
 		}
 		return ""
-	})
+	}
 }
 
 // ticketColumns are the tickets table's optional columns: W (the weight)

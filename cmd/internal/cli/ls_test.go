@@ -547,6 +547,13 @@ func TestLsTerminal(t *testing.T) {
 			if !strings.Contains(got, "\x1b[") {
 				t.Errorf("no colour escapes on a terminal:\n%s", got)
 			}
+			// The colours stay on their columns when a narrow terminal
+			// drops others: red leases, the labelled command grey.
+			for _, want := range []string{"\x1b[31m-36s", "\x1b[31m8s", "\x1b[90mnightly"} {
+				if !strings.Contains(got, want) {
+					t.Errorf("no %q at width %d:\n%q", want, width, got)
+				}
+			}
 			plain := lsANSI.ReplaceAllString(got, "")
 			if strings.Contains(plain, long) {
 				t.Errorf("the long command was not cut at width %d:\n%s", width, plain)
