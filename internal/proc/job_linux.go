@@ -50,18 +50,20 @@ func (e errNotTheJob) Error() string { return e.why }
 // cannot be read is not known to be. A job whose processes name different
 // supervisors, or none, or that includes this very process, is not provably
 // one job either.
-func findJob(id string, pgid int) (job, error) {
+func findJob(id string, pgid int) (job, error) { return local.findJob(id, pgid) }
+
+func (r reader) findJob(id string, pgid int) (job, error) {
 	var j job
 	if id == "" {
 		return j, errNotTheJob{"no ticket id"}
 	}
-	entries, err := os.ReadDir("/proc")
+	pids, err := r.h.Pids()
 	if err != nil {
 		return j, errNotTheJob{err.Error()}
 	}
-	s := jobScan{id: id, pgid: pgid, self: os.Getpid()}
-	for _, e := range entries {
-		if err := s.visit(e.Name()); err != nil {
+	s := jobScan{r: r, id: id, pgid: pgid, self: r.h.Self()}
+	for _, pid := range pids {
+		if err := s.visit(pid); err != nil {
 			return s.j, err
 		}
 	}
@@ -71,6 +73,7 @@ func findJob(id string, pgid int) (job, error) {
 // jobScan is findJob's state while it reads /proc: the job found so far.
 // Its own type so that each process's judgement is a method of its own.
 type jobScan struct {
+	r    reader
 	id   string // the ticket
 	pgid int    // the recorded process group, 0 if none
 	self int    // this process, which must not be the job's
@@ -78,25 +81,21 @@ type jobScan struct {
 	j    job
 }
 
-// visit reads the process /proc/<name> (any other entry is skipped): one
-// of the job's processes is added to it, one in the way fails the scan.
-func (s *jobScan) visit(name string) error {
-	pid, err := strconv.Atoi(name)
-	if err != nil || pid <= 0 {
-		return nil
-	}
-	st, err := readStat(pid)
-	if err != nil || dying(pid, st) {
+// visit reads process pid: one of the job's processes is added to it, one
+// in the way fails the scan.
+func (s *jobScan) visit(pid int) error {
+	st, err := s.r.stat(pid)
+	if err != nil || s.r.h.Dying(pid, st) {
 		return nil
 	}
 	inGroup := s.pgid > 0 && st.Pgrp == s.pgid
-	env, err := os.ReadFile("/proc/" + name + "/environ")
+	env, err := s.r.h.Environ(pid)
 	if err != nil {
 		return s.unreadable(pid, st, inGroup, err)
 	}
 	ticket, ok := getenv(env, TicketVar)
 	if !ok || ticket != s.id {
-		if inGroup && !goneSince(pid, st) {
+		if inGroup && !s.r.goneSince(pid, st) {
 			return errNotTheJob{fmt.Sprintf("member %d of process group %d is not the job of ticket %s", pid, s.pgid, s.id)}
 		}
 		return nil
@@ -108,11 +107,11 @@ func (s *jobScan) visit(name string) error {
 // (err): in the group it fails the scan; elsewhere it is counted, as one
 // that might be the job's, unless it cannot be (a kernel thread, an
 // ancestor of this process) or has gone since.
-func (s *jobScan) unreadable(pid int, st stat, inGroup bool, err error) error {
-	if inGroup && !goneSince(pid, st) {
+func (s *jobScan) unreadable(pid int, st Stat, inGroup bool, err error) error {
+	if inGroup && !s.r.goneSince(pid, st) {
 		return errNotTheJob{fmt.Sprintf("member %d of process group %d cannot be read: %v", pid, s.pgid, unwrap(err))}
 	}
-	if st.Flags&pfKthread == 0 && !IsAncestor(pid, st.Start) && !goneSince(pid, st) {
+	if st.Flags&pfKthread == 0 && !s.r.isAncestor(pid, st.Start) && !s.r.goneSince(pid, st) {
 		s.j.unread++
 	}
 	return nil
@@ -121,7 +120,7 @@ func (s *jobScan) unreadable(pid int, st stat, inGroup bool, err error) error {
 // carrier adds process pid, which carries the ticket (env), to the job,
 // unless it shows the processes are not provably one job: a malformed
 // marker, another supervisor than the others name, or this very process.
-func (s *jobScan) carrier(pid int, st stat, env []byte) error {
+func (s *jobScan) carrier(pid int, st Stat, env []byte) error {
 	raw, _ := getenv(env, SupervisorVar)
 	m, err := ParseMarker(raw)
 	if err != nil {
@@ -134,7 +133,7 @@ func (s *jobScan) carrier(pid int, st stat, env []byte) error {
 		return errNotTheJob{"this process belongs to the job"}
 	}
 	s.j.marker, s.seen = m, true
-	s.j.procs = append(s.j.procs, jobProc{pid: pid, start: st.Start, pgrp: st.Pgrp, uid: procUID(pid)})
+	s.j.procs = append(s.j.procs, jobProc{pid: pid, start: st.Start, pgrp: st.Pgrp, uid: s.r.h.UID(pid)})
 	return nil
 }
 
@@ -166,9 +165,9 @@ func procUID(pid int) int {
 // goneSince reports whether process pid, seen running as st, has exited
 // since (or is exiting): a process that dies while it is read shows no
 // environment, or none that can be read, and is not a stranger for that.
-func goneSince(pid int, st stat) bool {
-	now, err := readStat(pid)
-	return err != nil || now.Start != st.Start || dying(pid, now)
+func (r reader) goneSince(pid int, st Stat) bool {
+	now, err := r.stat(pid)
+	return err != nil || now.Start != st.Start || r.h.Dying(pid, now)
 }
 
 func unwrap(err error) error {
@@ -193,12 +192,12 @@ func getenv(env []byte, name string) (string, bool) {
 
 // carries reports whether process p is still the one found (same start
 // time, running) and still carries the job's ticket and marker.
-func (p jobProc) carries(id string, m Marker) bool {
-	st, err := readStat(p.pid)
-	if err != nil || st.Start != p.start || dying(p.pid, st) {
+func (r reader) carries(p jobProc, id string, m Marker) bool {
+	st, err := r.stat(p.pid)
+	if err != nil || st.Start != p.start || r.h.Dying(p.pid, st) {
 		return false
 	}
-	env, err := os.ReadFile("/proc/" + strconv.Itoa(p.pid) + "/environ")
+	env, err := r.h.Environ(p.pid)
 	if err != nil {
 		return false
 	}
@@ -214,41 +213,12 @@ var pidfdOpen = unix.PidfdOpen
 // errNotOurs: the kernel refused to let this process signal the job.
 var errNotOurs = errors.New("not permitted to signal the job")
 
-// kill sends SIGKILL to p through a pidfd: the pidfd is opened first, then
-// p is checked again (start time, ticket, marker), and the signal goes to
-// the process the pidfd names, never to whatever has the pid by then. On a
-// kernel without pidfds (before 5.3, or a seccomp filter that refuses
-// pidfd_open) it checks p and then kill(2)s the pid:
-// a process that exits between the check and the kill, and whose pid is
-// handed out again within that instant, would be hit (README, Security).
-func (p jobProc) kill(id string, m Marker) error {
-	fd, err := pidfdOpen(p.pid, 0)
-	switch {
-	case errors.Is(err, unix.ESRCH):
-		return nil // gone already
-	case errors.Is(err, unix.ENOSYS), errors.Is(err, unix.EPERM):
-		// No pidfd_open: an old kernel, or a seccomp filter that refuses
-		// it (pidfd_open itself checks no permission).
-		if !p.carries(id, m) {
-			return nil
-		}
-		err = unix.Kill(p.pid, unix.SIGKILL)
-	case err != nil:
-		return fmt.Errorf("pidfd_open(%d): %w", p.pid, err)
-	default:
-		defer unix.Close(fd)
-		if !p.carries(id, m) {
-			return nil // exited, or the pid is another process's now: not ours
-		}
-		err = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
-	}
-	switch {
-	case err == nil, errors.Is(err, unix.ESRCH):
-		return nil
-	case errors.Is(err, unix.EPERM):
-		return errNotOurs
-	}
-	return err
+// kill sends SIGKILL to p through a pidfd, after checking p again (start
+// time, ticket, marker): see Host.SignalIf.
+func (p jobProc) kill(id string, m Marker) error { return local.kill(p, id, m) }
+
+func (r reader) kill(p jobProc, id string, m Marker) error {
+	return r.h.SignalIf(p.pid, unix.SIGKILL, func() bool { return r.carries(p, id, m) })
 }
 
 // killJob kills the job of ticket id found by findJob, again and again until
@@ -256,16 +226,20 @@ func (p jobProc) kill(id string, m Marker) error {
 // too) or wait runs out. It reports false when the kernel refused a signal,
 // when something not provably the job's joined its group, or in time.
 func killJob(id string, pgid int, j job, wait time.Duration) bool {
+	return local.killJob(id, pgid, j, wait)
+}
+
+func (r reader) killJob(id string, pgid int, j job, wait time.Duration) bool {
 	deadline := time.Now().Add(wait)
 	var killed []jobProc
 	for ; ; time.Sleep(5 * time.Millisecond) {
 		for _, p := range j.procs {
-			if err := p.kill(id, j.marker); err != nil {
+			if err := r.kill(p, id, j.marker); err != nil {
 				return false
 			}
 		}
 		killed = append(killed, j.procs...)
-		next, err := findJob(id, pgid)
+		next, err := r.findJob(id, pgid)
 		if err != nil || (len(next.procs) > 0 && next.marker != j.marker) {
 			return false
 		}
@@ -280,8 +254,8 @@ func killJob(id string, pgid int, j job, wait time.Duration) bool {
 	// Every process is past its own code; wait for each to be done exiting.
 	for _, p := range killed {
 		for {
-			st, err := readStat(p.pid)
-			if err != nil || st.Start != p.start || exited(p.pid, st) {
+			st, err := r.stat(p.pid)
+			if err != nil || st.Start != p.start || r.h.Exited(p.pid, st) {
 				break
 			}
 			if time.Now().After(deadline) {
@@ -299,18 +273,20 @@ func AncestryKnown() bool { return true }
 // IsAncestor reports whether process (pid, start) is on this process's
 // parent chain, in this pid namespace: a parent, a grandparent, ... It walks
 // /proc/PID/stat upwards, at most 4096 steps.
-func IsAncestor(pid int, start uint64) bool {
+func IsAncestor(pid int, start uint64) bool { return local.isAncestor(pid, start) }
+
+func (r reader) isAncestor(pid int, start uint64) bool {
 	if pid <= 0 || start == 0 {
 		return false
 	}
-	cur := os.Getpid()
+	cur := r.h.Self()
 	for range 4096 {
-		st, err := readStat(cur)
+		st, err := r.stat(cur)
 		if err != nil || st.Ppid <= 0 {
 			return false
 		}
 		if st.Ppid == pid {
-			pst, err := readStat(pid)
+			pst, err := r.stat(pid)
 			return err == nil && pst.Start == start
 		}
 		cur = st.Ppid

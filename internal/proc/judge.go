@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/slotctl/slotctl/internal/mutation"
 	"github.com/slotctl/slotctl/store"
 )
 
@@ -15,6 +16,11 @@ type Judge struct {
 	// not released: the supervisor it names. With it, Dead may kill what is
 	// left of an orphaned job (reap); nil, it never signals anyone.
 	Authority func(uid int, id string) (Marker, bool)
+	// Host is the machine judged on; nil is this process's own.
+	Host Host
+	// Mutations is test-only (internal/mutation): known judge bugs
+	// switched back on. Without the build tag it is empty.
+	Mutations mutation.Set
 }
 
 // Dead is the judge that kills nobody: Judge{}.Dead.
@@ -51,20 +57,20 @@ func Dead(t store.Ticket, act bool) (string, bool) { return Judge{}.Dead(t, act)
 // or may not be signalled, the ticket is left to the TTL. Without act (a
 // dry run) it only says what it would do.
 func (jd Judge) Dead(t store.Ticket, act bool) (string, bool) {
-	h := t.Holder
-	sup, ok := supervisorGone(h)
+	r, h := jd.r(), t.Holder
+	sup, ok := r.supervisorGone(h)
 	if !ok {
 		return "", false
 	}
-	if h.Pgid > 0 && !sameGroup(h.Pgid, h.PgidStart) {
+	if h.Pgid > 0 && !r.sameGroup(h.Pgid, h.PgidStart) {
 		return "", false // the recorded group is another now: nothing to prove by it
 	}
-	j, err := findJob(t.ID, h.Pgid)
+	j, err := r.findJob(t.ID, h.Pgid)
 	if err != nil {
 		return "", false
 	}
 	if len(j.procs) == 0 {
-		return noJobLeft(t, j, sup)
+		return r.noJobLeft(t, j, sup)
 	}
 	return jd.orphanedJob(t, j, sup, act)
 }
@@ -73,14 +79,14 @@ func (jd Judge) Dead(t store.Ticket, act bool) (string, bool) {
 // ticket is of this boot and pid namespace, the only ones judged here, and
 // its supervisor is not alive. Otherwise ok is false: the holder is not
 // proved dead.
-func supervisorGone(h store.Holder) (sup string, ok bool) {
-	if h.BootID == "" || h.Pid <= 0 || h.BootID != BootID() {
+func (r reader) supervisorGone(h store.Holder) (sup string, ok bool) {
+	if h.BootID == "" || h.Pid <= 0 || h.BootID != r.h.BootID() {
 		return "", false
 	}
-	if h.PidNS == 0 || h.PidNS != PidNS() {
+	if h.PidNS == 0 || h.PidNS != r.h.PidNS() {
 		return "", false
 	}
-	switch Identify(h.Pid, h.PidStart) {
+	switch r.identify(h.Pid, h.PidStart) {
 	case Alive:
 		return "", false
 	case Gone:
@@ -93,10 +99,10 @@ func supervisorGone(h store.Holder) (sup string, ok bool) {
 
 // noJobLeft judges a holder whose supervisor is gone (sup) and of whose
 // job no process was found (j): dead only when that absence proves it.
-func noJobLeft(t store.Ticket, j job, sup string) (string, bool) {
+func (r reader) noJobLeft(t store.Ticket, j job, sup string) (string, bool) {
 	h := t.Holder
 	switch {
-	case h.Pgid > 0 && GroupEmpty(h.Pgid):
+	case h.Pgid > 0 && r.groupEmpty(h.Pgid):
 		return fmt.Sprintf("%s, process group %d empty", sup, h.Pgid), true
 	case h.Pgid > 0:
 		return "", false // a member we cannot see
@@ -119,8 +125,8 @@ func noJobLeft(t store.Ticket, j job, sup string) (string, bool) {
 // j still runs: dead once the job is killed, which only the owner's
 // evidence allows (act false: only says it would be).
 func (jd Judge) orphanedJob(t store.Ticket, j job, sup string, act bool) (string, bool) {
-	h := t.Holder
-	if !orphaned(j) || !jd.authorised(t.ID, j) {
+	r, h := jd.r(), t.Holder
+	if !r.orphaned(j) || !jd.authorised(t, j) {
 		return "", false
 	}
 	what := fmt.Sprintf("orphaned job of %d processes", len(j.procs))
@@ -130,16 +136,16 @@ func (jd Judge) orphanedJob(t store.Ticket, j job, sup string, act bool) (string
 	if !act {
 		return fmt.Sprintf("%s, %s still running: would be killed", sup, what), true
 	}
-	if !killJob(t.ID, h.Pgid, j, 2*time.Second) {
+	if !r.killJob(t.ID, h.Pgid, j, 2*time.Second) {
 		return "", false
 	}
 	return fmt.Sprintf("%s, %s killed", sup, what), true
 }
 
 // authorised: the owner of every process of job j (one uid for all) keeps
-// evidence that ticket id's job under the supervisor they name was never
+// evidence that ticket t's job under the supervisor they name was never
 // released.
-func (jd Judge) authorised(id string, j job) bool {
+func (jd Judge) authorised(t store.Ticket, j job) bool {
 	if jd.Authority == nil || len(j.procs) == 0 {
 		return false
 	}
@@ -149,15 +155,15 @@ func (jd Judge) authorised(id string, j job) bool {
 			return false
 		}
 	}
-	m, ok := jd.Authority(uid, id)
+	m, ok := jd.Authority(uid, t.ID)
 	return ok && m == j.marker
 }
 
 // orphaned: the supervisor the job's own processes name is provably gone —
 // in this pid namespace, its pid free or another process's.
-func orphaned(j job) bool {
+func (r reader) orphaned(j job) bool {
 	m := j.marker
-	return m.PidNS == PidNS() && m.PidNS != 0 && Identify(m.Pid, m.Start) != Alive
+	return m.PidNS == r.h.PidNS() && m.PidNS != 0 && r.identify(m.Pid, m.Start) != Alive
 }
 
 func allIn(j job, pgid int) bool {
@@ -173,15 +179,15 @@ func allIn(j job, pgid int) bool {
 // although its supervisor is gone: an orphaned job, which reap would stop
 // before freeing its slot.
 func JobRunning(t store.Ticket) bool {
-	h := t.Holder
-	if h.BootID != BootID() || h.PidNS == 0 || h.PidNS != PidNS() || h.Pgid <= 0 {
+	r, h := local, t.Holder
+	if h.BootID != r.h.BootID() || h.PidNS == 0 || h.PidNS != r.h.PidNS() || h.Pgid <= 0 {
 		return false
 	}
-	if Identify(h.Pid, h.PidStart) == Alive || !sameGroup(h.Pgid, h.PgidStart) {
+	if r.identify(h.Pid, h.PidStart) == Alive || !r.sameGroup(h.Pgid, h.PgidStart) {
 		return false
 	}
-	j, err := findJob(t.ID, h.Pgid)
-	return err == nil && len(j.procs) > 0 && orphaned(j)
+	j, err := r.findJob(t.ID, h.Pgid)
+	return err == nil && len(j.procs) > 0 && r.orphaned(j)
 }
 
 // SupervisorAlive reports whether a ticket's supervisor provably runs on
@@ -195,5 +201,5 @@ func SupervisorAlive(t store.Ticket) bool {
 	if h.BootID == "" || h.BootID != BootID() || h.PidNS == 0 || h.PidNS != PidNS() || h.Pid <= 0 || h.PidStart == 0 {
 		return false
 	}
-	return running(h.Pid, h.PidStart)
+	return local.running(h.Pid, h.PidStart)
 }

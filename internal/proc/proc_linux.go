@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -83,22 +84,6 @@ func parseTimensOffsets(b []byte) (time.Duration, error) {
 // moved by at most ten years (the kernel's own bound is smaller).
 const maxOffsetSecs = 10 * 366 * 24 * 3600
 
-// userHZ is the unit of /proc/PID/stat's start time (USER_HZ, which
-// sysconf(_SC_CLK_TCK) reports): 100 on every architecture Linux runs Go on.
-const userHZ = 100
-
-// offsetTicks is a boottime offset in /proc/PID/stat's clock ticks. The
-// kernel adds the reader's offset to every start time it shows there; an
-// offset that is not a whole number of ticks (no tool sets one) is
-// rounded down, as the kernel rounds the sum.
-func offsetTicks(off time.Duration) int64 {
-	t := int64(off / (time.Second / userHZ))
-	if off < 0 && off%(time.Second/userHZ) != 0 {
-		t--
-	}
-	return t
-}
-
 // PidNS is the inode of this process's pid namespace, 0 if unknown.
 func PidNS() uint64 {
 	var st unix.Stat_t
@@ -108,41 +93,98 @@ func PidNS() uint64 {
 	return st.Ino
 }
 
-// stat is what slotctl reads of /proc/PID/stat.
-type stat struct {
-	State byte   // field 3: R, S, D, Z (zombie), X (dead), ...
-	Ppid  int    // field 4
-	Pgrp  int    // field 5
-	Flags uint64 // field 9: the kernel's flags (PF_EXITING: in exit, past running code)
-	Start uint64 // field 22, clock ticks after boot
+// realHost is this process's host, read through /proc.
+type realHost struct{}
+
+func (realHost) BootID() string            { return BootID() }
+func (realHost) PidNS() uint64             { return PidNS() }
+func (realHost) TimeOffset() time.Duration { return bootOffset() }
+func (realHost) Self() int                 { return os.Getpid() }
+func (realHost) UID(pid int) int           { return procUID(pid) }
+
+func (realHost) Hostname() string {
+	h, _ := os.Hostname()
+	return h
 }
 
-func readStat(pid int) (stat, error) {
+func (realHost) Pids() ([]int, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	pids := make([]int, 0, len(entries))
+	for _, e := range entries {
+		if pid, err := strconv.Atoi(e.Name()); err == nil && pid > 0 {
+			pids = append(pids, pid)
+		}
+	}
+	return pids, nil
+}
+
+func (realHost) Stat(pid int) (Stat, error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return stat{}, err
+		return Stat{}, err
 	}
-	st, err := parseStat(b)
-	if err != nil {
-		return st, err
-	}
-	st.Start = hostTicks(st.Start, bootOffset())
-	return st, nil
+	return parseStat(b)
 }
 
-// hostTicks is a start time read in a time namespace with boottime offset
-// off, on the host's clock: what a reader outside the namespace reads.
-func hostTicks(start uint64, off time.Duration) uint64 {
-	return uint64(int64(start) - offsetTicks(off))
+func (realHost) Exited(pid int, st Stat) bool { return exited(pid, st) }
+
+// Dying: exited, or on its way there (every thread exiting). A process
+// being killed is exiting a moment before it is a zombie, and reads then as
+// one without an environment: it is gone, not a stranger.
+func (realHost) Dying(pid int, st Stat) bool { return allTasks(pid, st, Stat.gone) }
+
+func (realHost) Environ(pid int) ([]byte, error) {
+	return os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ")
 }
+
+func (realHost) Kill(pid int, sig syscall.Signal) error { return unix.Kill(pid, sig) }
+
+// SignalIf implements Host through a pidfd: it is opened first, then check
+// runs, and the signal goes to the process the pidfd names, never to
+// whatever has the pid by then. On a kernel without pidfds (before 5.3,
+// or a seccomp filter that refuses pidfd_open) it checks and then kill(2)s
+// the pid: a process that exits between the check and the kill, and whose
+// pid is handed out again within that instant, would be hit (README,
+// Security).
+func (realHost) SignalIf(pid int, sig syscall.Signal, check func() bool) error {
+	fd, err := pidfdOpen(pid, 0)
+	switch {
+	case errors.Is(err, unix.ESRCH):
+		return nil // gone already
+	case errors.Is(err, unix.ENOSYS), errors.Is(err, unix.EPERM):
+		// No pidfd_open: an old kernel, or a seccomp filter that refuses
+		// it (pidfd_open itself checks no permission).
+		if !check() {
+			return nil
+		}
+		err = unix.Kill(pid, sig)
+	case err != nil:
+		return fmt.Errorf("pidfd_open(%d): %w", pid, err)
+	default:
+		defer unix.Close(fd)
+		if !check() {
+			return nil // exited, or the pid is another process's now: not ours
+		}
+		err = unix.PidfdSendSignal(fd, sig, nil, 0)
+	}
+	switch {
+	case err == nil, errors.Is(err, unix.ESRCH):
+		return nil
+	case errors.Is(err, unix.EPERM):
+		return errNotOurs
+	}
+	return err
+}
+
+func readStat(pid int) (Stat, error) { return local.stat(pid) }
 
 // StartTime is the start time of process pid in clock ticks after boot
 // (/proc/PID/stat field 22); with the boot id and pid it names one process
 // for good, even after its pid is reused.
-func StartTime(pid int) (uint64, error) {
-	st, err := readStat(pid)
-	return st.Start, err
-}
+func StartTime(pid int) (uint64, error) { return Judge{}.StartTime(pid) }
 
 // parseStatStart takes field 22 of a /proc/PID/stat line.
 func parseStatStart(b []byte) (uint64, error) {
@@ -152,33 +194,33 @@ func parseStatStart(b []byte) (uint64, error) {
 
 // parseStat reads a /proc/PID/stat line; the command name (field 2) may
 // hold spaces and parentheses, so fields count from the last ')'.
-func parseStat(b []byte) (stat, error) {
+func parseStat(b []byte) (Stat, error) {
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
-		return stat{}, fmt.Errorf("malformed stat line")
+		return Stat{}, fmt.Errorf("malformed stat line")
 	}
 	f := strings.Fields(string(b[i+1:]))
 	// f[0] is field 3 (state); field 4 is f[1], 5 is f[2]; field 22 is f[19].
 	if len(f) < 20 || len(f[0]) != 1 {
-		return stat{}, fmt.Errorf("malformed stat line: %d fields", len(f)+2)
+		return Stat{}, fmt.Errorf("malformed stat line: %d fields", len(f)+2)
 	}
 	ppid, err := strconv.Atoi(f[1])
 	if err != nil {
-		return stat{}, fmt.Errorf("malformed stat line: ppid %q", f[1])
+		return Stat{}, fmt.Errorf("malformed stat line: ppid %q", f[1])
 	}
 	pgrp, err := strconv.Atoi(f[2])
 	if err != nil {
-		return stat{}, fmt.Errorf("malformed stat line: pgrp %q", f[2])
+		return Stat{}, fmt.Errorf("malformed stat line: pgrp %q", f[2])
 	}
 	flags, err := strconv.ParseUint(f[6], 10, 64)
 	if err != nil {
-		return stat{}, fmt.Errorf("malformed stat line: flags %q", f[6])
+		return Stat{}, fmt.Errorf("malformed stat line: flags %q", f[6])
 	}
 	start, err := strconv.ParseUint(f[19], 10, 64)
 	if err != nil {
-		return stat{}, fmt.Errorf("malformed stat line: start time %q", f[19])
+		return Stat{}, fmt.Errorf("malformed stat line: start time %q", f[19])
 	}
-	return stat{State: f[0][0], Ppid: ppid, Pgrp: pgrp, Flags: flags, Start: start}, nil
+	return Stat{State: f[0][0], Ppid: ppid, Pgrp: pgrp, Flags: flags, Start: start}, nil
 }
 
 // Liveness is what a probe can say of one process identity.
@@ -194,18 +236,20 @@ const (
 // Identify probes the process (pid, start) on this host. EPERM means alive:
 // a process we may not signal still exists. A pid whose start time differs
 // is another process (the pid was reused), never a reason to signal it.
-func Identify(pid int, start uint64) Liveness {
+func Identify(pid int, start uint64) Liveness { return local.identify(pid, start) }
+
+func (r reader) identify(pid int, start uint64) Liveness {
 	if pid <= 0 {
 		return Gone
 	}
-	if err := unix.Kill(pid, 0); errors.Is(err, unix.ESRCH) {
+	if err := r.h.Kill(pid, 0); errors.Is(err, unix.ESRCH) {
 		return Gone
 	}
-	st, err := readStat(pid)
+	st, err := r.stat(pid)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		// It existed a moment ago; gone now, or hidden (hidepid): not proof.
-		if unix.Kill(pid, 0) == unix.ESRCH {
+		if errors.Is(r.h.Kill(pid, 0), unix.ESRCH) {
 			return Gone
 		}
 		return Alive
@@ -213,7 +257,7 @@ func Identify(pid int, start uint64) Liveness {
 		return Alive
 	case start != 0 && st.Start != start:
 		return Reused
-	case exited(pid, st):
+	case r.h.Exited(pid, st):
 		return Gone
 	}
 	return Alive
@@ -221,40 +265,40 @@ func Identify(pid int, start uint64) Liveness {
 
 // running reports whether pid is a running (or stopped) process that
 // started at start, as read from /proc: no guess on an error.
-func running(pid int, start uint64) bool {
-	st, err := readStat(pid)
-	return err == nil && st.Start == start && !exited(pid, st)
+func running(pid int, start uint64) bool { return local.running(pid, start) }
+
+func (r reader) running(pid int, start uint64) bool {
+	st, err := r.stat(pid)
+	return err == nil && st.Start == start && !r.h.Exited(pid, st)
 }
 
 // GroupEmpty reports whether process group pgid has no running member. A
 // group of only zombies (exited, not yet reaped by a parent that may never
 // do it) is empty. A member we may not signal, or cannot see, keeps it
 // non-empty: only what can be proven counts.
-func GroupEmpty(pgid int) bool {
+func GroupEmpty(pgid int) bool { return local.groupEmpty(pgid) }
+
+func (r reader) groupEmpty(pgid int) bool {
 	if pgid <= 0 {
 		return false
 	}
-	err := unix.Kill(-pgid, 0)
+	err := r.h.Kill(-pgid, 0)
 	if errors.Is(err, unix.ESRCH) {
 		return true
 	}
 	if err != nil {
 		return false // EPERM: a member exists that is not ours
 	}
-	entries, err := os.ReadDir("/proc")
+	pids, err := r.h.Pids()
 	if err != nil {
 		return false
 	}
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
+	for _, pid := range pids {
+		st, err := r.stat(pid)
 		if err != nil {
 			continue
 		}
-		st, err := readStat(pid)
-		if err != nil {
-			continue
-		}
-		if st.Pgrp == pgid && !exited(pid, st) {
+		if st.Pgrp == pgid && !r.h.Exited(pid, st) {
 			return false
 		}
 	}
@@ -264,8 +308,10 @@ func GroupEmpty(pgid int) bool {
 // sameGroup reports whether process group pgid is still the group whose
 // leader started at start: its leader is that process, or has exited (a
 // group's id is not handed out again while any member lives).
-func sameGroup(pgid int, start uint64) bool {
-	st, err := readStat(pgid)
+func sameGroup(pgid int, start uint64) bool { return local.sameGroup(pgid, start) }
+
+func (r reader) sameGroup(pgid int, start uint64) bool {
+	st, err := r.stat(pgid)
 	if errors.Is(err, fs.ErrNotExist) {
 		return true
 	}
@@ -298,23 +344,18 @@ func KillGroup(pgid int, wait time.Duration) bool {
 const pfExiting = 0x4
 
 // zombie: the task has exited ('Z'/'X').
-func (st stat) zombie() bool { return st.State == 'Z' || st.State == 'X' }
+func (st Stat) zombie() bool { return st.State == 'Z' || st.State == 'X' }
 
 // gone: a zombie, or a task that is exiting.
-func (st stat) gone() bool { return st.zombie() || st.Flags&pfExiting != 0 }
+func (st Stat) gone() bool { return st.zombie() || st.Flags&pfExiting != 0 }
 
 // exited: a zombie ('Z'/'X') with no live thread. A leader that called
 // pthread_exit shows 'Z' while its other threads run.
-func exited(pid int, st stat) bool { return allTasks(pid, st, stat.zombie) }
-
-// dying: exited, or on its way there (every thread exiting). A process
-// being killed is exiting a moment before it is a zombie, and reads then as
-// one without an environment: it is gone, not a stranger.
-func dying(pid int, st stat) bool { return allTasks(pid, st, stat.gone) }
+func exited(pid int, st Stat) bool { return allTasks(pid, st, Stat.zombie) }
 
 // allTasks reports whether the process's leader (st) and each of its other
 // threads is done.
-func allTasks(pid int, st stat, done func(stat) bool) bool {
+func allTasks(pid int, st Stat, done func(Stat) bool) bool {
 	if !done(st) {
 		return false
 	}
