@@ -46,6 +46,21 @@ func (r *reaper) act() {
 		}
 		s.tracef("reaper%d reaps %v %s", r.n, ids, errString(err))
 	}
+	r.replayed()
+}
+
+// replayed: now and then a reaper's sweep meets a record of a finished
+// run that a member of the store wrote back (the file's owner can write
+// anything, past any tombstone), and hands it to the judge.
+func (r *reaper) replayed() {
+	s := r.s
+	if !s.judgeOn || len(s.records) == 0 || s.pt.rng.IntN(4) != 0 {
+		return
+	}
+	t := s.records[s.pt.rng.IntN(len(s.records))]
+	s.stats.Procs.Replays++
+	why, dead := s.judge(t, true)
+	s.tracef("reaper%d judges a replayed record of %s: dead=%v %s", r.n, short(t.ID), dead, why)
 }
 
 // crash: the reaper process dies; the timer starts a new one, which knows
@@ -106,7 +121,7 @@ func (o *operator) act1() bool {
 			return true
 		}
 		t := snap.Tickets[s.rng.IntN(len(snap.Tickets))]
-		if h := s.byPid[t.Holder.Pid]; h != nil && h.live() && !s.chance(0.15) {
+		if h := s.byHolder(t.Holder); h != nil && h.live() && !s.chance(0.15) {
 			// slotctl release refuses a provably alive holder without --force.
 			s.tracef("operator would release %s of live %s: refused without --force", short(t.ID), h.name)
 			return true

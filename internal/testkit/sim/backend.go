@@ -38,8 +38,8 @@ type Backend interface {
 }
 
 // NewBackend makes the backend of one run. judge proves holders dead the
-// way the host would (the simulation knows which processes are gone); mut
-// is the set of store-side bugs switched on.
+// way the host would (the real judge, reading the simulation's process
+// table); mut is the set of store-side bugs switched on.
 type NewBackend func(dir string, judge store.Judge, mut mutation.Set) (Backend, error)
 
 // Bolt is the bbolt store on a real file, judged by a FakeClock the

@@ -38,14 +38,36 @@
 //     random order, and takes 1 or 2 slots of each: one ticket
 //     (EnqueueRequest Limits and Weight), never heavier than a limit at its
 //     enqueue nor than its configured size (operators may shrink it later).
-//   - A child runs from its start until its holder observes that it exited
-//     or killed it. A crashed holder's child dies with it (parent-death
-//     signal); a paused holder's child runs on: the simulated child has no
-//     guard (its Lease does nothing), so a pause stands for a supervisor
+//   - Processes (ptable.go): each supervisor is a process of a modelled
+//     host, with a pid, a start time, a uid and an environment. Most run
+//     on the store's host, some of those in a pid namespace or a time
+//     namespace of their own; others on a clone of it (the same host name,
+//     another boot id) or another host, pids meeting across hosts. Its
+//     ticket's Holder is what it reads of itself through the real
+//     internal/proc (boot id, pid namespace, pid, start time on the host's
+//     clock), and so is the group its job's command leads (SetChild).
+//   - A job is a tree: a guard under the supervisor, the command under the
+//     guard (leading a group of its own, or in the supervisor's group on a
+//     terminal), carrying SLOTCTL_TICKET and SLOTCTL_SUPERVISOR, and 0-3
+//     processes under it that may move to a session of their own (setsid),
+//     ignore SIGTERM, clear their environment (env -i) or outlive the
+//     command; now and then a daemon handed to a service manager, outside
+//     the tree but carrying the job's variables. A signal goes to the whole
+//     tree, as the guard sends it. The command runs from its start until
+//     its holder observes that it exited or killed it; the holder then
+//     drains what it left, as gate/holder does, and releases once nothing
+//     of the job is left. When a supervisor dies, the kernel closes its
+//     end of the guard's socket and the guard kills the tree. A paused holder's job runs on: the guard keeps no lease
+//     here (its Lease does nothing), so a pause stands for a supervisor
 //     stopped together with its guard, the case the design cannot cover
 //     (S24).
 //   - Reapers scan (a dry-run Reap) and reap a while later; they are cron
-//     jobs, so a crashed reaper only loses what it had read.
+//     jobs, so a crashed reaper only loses what it had read. The store's
+//     death judge is the real proc.Judge, reading the process table as a
+//     root process of the store's host, with the owners' evidence (a run
+//     keeps its supervisor's marker from its job's start to its release)
+//     as its Authority. Now and then a reaper is handed a record of a
+//     finished run, as a member of the store could write it back.
 //   - Operators release tickets (a stale read, then Release; --force only
 //     rarely for a live holder), resize limits and pause them (0 slots).
 //   - Newer runs first (docs/leases.md §2.1 item 10): a job draws a key
@@ -80,7 +102,7 @@
 // delays and failures (before or after the store ran them, and outages),
 // restart (every store handle is dropped and opened again; the bbolt store
 // opens its file for every operation anyway), wall-clock steps of up to ±2 h,
-// reboot (every process dies, new boot id), late duplicates of earlier
+// reboot (every process of every host dies, new boot ids), late duplicates of earlier
 // enqueue, renew and release requests (a retried request), lost enqueue
 // answers, SIGTERM to a supervisor, and lost rings of a supersede or a
 // stop request (a holder that is not told by its bell learns it at its
@@ -156,6 +178,13 @@
 //	    paused supervisor's child runs beside the slot's next holder for
 //	    at most its pause beyond its ticket's end + min(kill grace,
 //	    margin/2) (below)
+//	S25 the judge proves no holder dead while its supervisor or a process
+//	    of its job runs (what the model knows of the processes, not what
+//	    the judge read)
+//	S26 nothing of a job runs past its run's end, nor more than the
+//	    guard's bound past its supervisor's death
+//	S27 a reaper kills only processes of a job whose supervisor is gone
+//	    and whose owner keeps the evidence of it (admitted, not released)
 //	L1  a reap leaves no expired ticket of its limits; none outlives three
 //	    reaper periods
 //	L3  no ticket waits that is the oldest waiter of each of its limits
@@ -189,7 +218,7 @@
 // bounded (S24), and the bound asserted at every step. A supervisor stopped
 // (SIGSTOP) alone leaves its guard to stop the job at the lease's end
 // (docs/leases.md rule 8); stopped together with its guard, as the
-// simulated child's always is, it cannot stop its child, so the child runs
+// simulated job's always is, it cannot stop its child, so the child runs
 // on while its ticket expires in the store, is reaped and its slot given to
 // a newly admitted job. Its ticket's end E is at the earliest the store's
 // expiry, its local deadline + margin (S9), or an operator's forced

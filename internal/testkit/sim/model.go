@@ -485,7 +485,7 @@ func (m *model) view(what string, v store.Ticket, t *mTicket) bool {
 		m.fail("S8", "%s of %s: priority %d, share %q; it was enqueued with %d, %q", what, short(t.id), v.Priority, v.ShareKey(), t.prio, t.share)
 		return false
 	}
-	if got := v.Stop; (got == nil) != (t.stop == "") || got != nil && (got.Ticket != t.stop || m.owners[t.stop] != nil && got.Pid != m.owners[t.stop].pid) {
+	if got := v.Stop; (got == nil) != (t.stop == "") || got != nil && (got.Ticket != t.stop || m.owners[t.stop] != nil && got.Pid != m.owners[t.stop].sup.pid) {
 		m.fail("S18", "%s of %s (%s): stop request %+v; the model's: %q", what, short(t.id), v.State, got, short(t.stop))
 		return false
 	}
@@ -865,6 +865,9 @@ func (m *model) stepCalls() string {
 // holders checks the children and the holders' beliefs (S2, S9, S24).
 func (m *model) holders(now Instant) {
 	for _, h := range m.s.holders {
+		if m.jobOutlives(h, now.Mono); m.s.viol != nil {
+			return
+		}
 		if h.crashed {
 			continue
 		}

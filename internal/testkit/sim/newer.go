@@ -285,8 +285,8 @@ func (m *model) supersededErr(o *op, id string) {
 	switch has := errors.As(o.err, &se); {
 	case has && (g.by == "" || se.By.Ticket != g.by || se.ID != id):
 		m.fail("S16", "%s of %s says %v; the model has it %s", o.kind, short(id), se, g.why)
-	case has && m.owners[g.by] != nil && se.By.Pid != m.owners[g.by].pid:
-		m.fail("S16", "%s of %s names successor pid %d, not %d", o.kind, short(id), se.By.Pid, m.owners[g.by].pid)
+	case has && m.owners[g.by] != nil && se.By.Pid != m.owners[g.by].sup.pid:
+		m.fail("S16", "%s of %s names successor pid %d, not %d", o.kind, short(id), se.By.Pid, m.owners[g.by].sup.pid)
 	case !has && g.by != "" && g.sure:
 		m.fail("S16", "%s of %s, superseded by %s, does not name its successor: %v", o.kind, short(id), short(g.by), o.err)
 	}

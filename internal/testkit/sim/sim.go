@@ -139,6 +139,42 @@ type Stats struct {
 	// (S24).
 	PauseOverlap  time.Duration
 	PauseOverlaps int
+	Procs         ProcStats
+}
+
+// ProcStats sum up the process table (ptable.go): where supervisors ran,
+// what their jobs were made of, and what the real death judge did there.
+type ProcStats struct {
+	// Supervisors on a clone of the store's host (its host name) or
+	// another host; on the store's host in a pid namespace of their own,
+	// in a time namespace; terminals' jobs.
+	Clone, OtherHost, PidNS, TimeNS, Foreground int
+	// Processes started under jobs (the command's included), of those that
+	// moved to a session of their own, ignored SIGTERM, cleared their
+	// environment or outlived their command; daemons handed off.
+	JobProcs, Setsid, IgnoreTerm, ClearEnv, Outlive, Daemons int
+	// Tickets the judge proved dead in a reap (replayed records
+	// included); processes it killed (what an orphaned job left, on its
+	// owner's evidence); replayed records it judged.
+	ProvenDead, JudgeKills, Replays int
+}
+
+// Add adds q's counts to p's.
+func (p *ProcStats) Add(q ProcStats) {
+	p.Clone += q.Clone
+	p.OtherHost += q.OtherHost
+	p.PidNS += q.PidNS
+	p.TimeNS += q.TimeNS
+	p.Foreground += q.Foreground
+	p.JobProcs += q.JobProcs
+	p.Setsid += q.Setsid
+	p.IgnoreTerm += q.IgnoreTerm
+	p.ClearEnv += q.ClearEnv
+	p.Outlive += q.Outlive
+	p.Daemons += q.Daemons
+	p.ProvenDead += q.ProvenDead
+	p.JudgeKills += q.JudgeKills
+	p.Replays += q.Replays
 }
 
 // Result is what a run found.
@@ -188,7 +224,8 @@ type sim struct {
 
 	limits  []limitCfg
 	holders []*holder
-	byPid   map[int]*holder
+	pt      *ptable
+	records []store.Ticket // tickets of finished runs, as their holders last read them: what a member may write back
 	reapers []*reaper
 	ops     *operator
 	netConn *conn // late duplicates travel on their own handle
@@ -218,7 +255,7 @@ const never = time.Duration(math.MaxInt64)
 func Run(cfg Config) (res Result) {
 	s := &sim{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x5107c71)), resizeRng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x12e512e)),
 		policyRng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x5c4ed)), ctx: context.Background(),
-		byPid: map[int]*holder{}, judged: map[string]bool{}}
+		judged: map[string]bool{}}
 	res.Config = cfg
 	defer func() {
 		res.Violation, res.Stats, res.Trace = s.viol, s.stats, s.trace
@@ -266,6 +303,7 @@ func Run(cfg Config) (res Result) {
 func (s *sim) setup() {
 	r := s.rng
 	s.m = newModel(s)
+	s.pt = newPtable(s)
 	n := 1 + r.IntN(2)
 	if multi {
 		n = 1 + r.IntN(4)
@@ -337,6 +375,7 @@ func (s *sim) doStep() {
 		s.desc = "" // the first step's line also tells the policies set up (setPolicies)
 	}
 	before := s.now()
+	s.pt.tidy()
 	s.pick()
 	if s.viol == nil {
 		s.m.check()
@@ -457,7 +496,6 @@ func (s *sim) arrive() bool {
 	}
 	h := newHolder(s, len(s.holders))
 	s.holders = append(s.holders, h)
-	s.byPid[h.pid] = h
 	s.stats.Holders++
 	wait := "without bound"
 	if h.waitFor >= 0 {
@@ -648,6 +686,7 @@ func (s *sim) reboot() bool {
 			h.inflight = nil // the request died with its process
 		}
 	}
+	s.pt.reboot()
 	s.rebootAt = s.now().Mono
 	s.history = nil
 	for _, r := range s.reapers {
@@ -768,20 +807,6 @@ func (s *sim) failLiveness(after time.Duration) {
 		left = append(left, fmt.Sprintf("ticket %s of %s (%s)", short(t.id), ownerName(t.owner), t.state))
 	}
 	s.fail("L2", "not quiescent %v after the faults stopped: %s", after, strings.Join(left, ", "))
-}
-
-// judge proves a holder dead as the host would: its supervisor's process
-// is gone (crashed or exited), and its child with it.
-func (s *sim) judge(t store.Ticket, act bool) (string, bool) {
-	if !s.judgeOn {
-		return "", false
-	}
-	h := s.byPid[t.Holder.Pid]
-	if h == nil || h.live() {
-		return "", false
-	}
-	s.judged[t.ID] = true
-	return "supervisor gone, process group empty", true
 }
 
 // short is an id's first 6 characters, and a suffix "-N" (the tickets of

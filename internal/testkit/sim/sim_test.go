@@ -198,6 +198,7 @@ func TestSim(t *testing.T) {
 		total.OrderExcused += s.OrderExcused
 		total.PauseOverlap = max(total.PauseOverlap, s.PauseOverlap)
 		total.PauseOverlaps += s.PauseOverlaps
+		total.Procs.Add(s.Procs)
 		if r.Violation != nil {
 			failed = append(failed, r)
 		}
@@ -216,6 +217,11 @@ func TestSim(t *testing.T) {
 	t.Logf("policies: %d runs, %d changes; %d admissions by priority or fair order, %d to rated limits; %d passed a waiter ahead by its order, "+
 		"%d of those where limits may disagree (L11-L13)", total.PolicyRuns, total.PolicyChanges, total.OrderedAdmits, total.RatedAdmits,
 		total.OrderJudged+total.OrderExcused, total.OrderExcused)
+	ps := total.Procs
+	t.Logf("processes: supervisors on a clone of the store's host %d, on another host %d, in a pid namespace %d, a time namespace %d, "+
+		"terminals' jobs %d; %d job processes (setsid %d, ignoring SIGTERM %d, env cleared %d, outliving the command %d), %d daemons handed off; "+
+		"the judge proved %d tickets dead, killed %d processes, judged %d replayed records", ps.Clone, ps.OtherHost, ps.PidNS, ps.TimeNS, ps.Foreground,
+		ps.JobProcs, ps.Setsid, ps.IgnoreTerm, ps.ClearEnv, ps.Outlive, ps.Daemons, ps.ProvenDead, ps.JudgeKills, ps.Replays)
 	if len(failed) > 0 {
 		r := failed[0]
 		red := sim.Reduce(r, d.next)

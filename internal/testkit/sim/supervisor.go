@@ -10,6 +10,7 @@ import (
 
 	"github.com/slotctl/slotctl/gate"
 	gh "github.com/slotctl/slotctl/gate/holder"
+	"github.com/slotctl/slotctl/internal/proc"
 	"github.com/slotctl/slotctl/renew"
 	"github.com/slotctl/slotctl/store"
 )
@@ -24,7 +25,7 @@ import (
 // renew.RetryDelay), and so is its child.
 type holder struct {
 	s          *sim
-	n, pid     int
+	n          int
 	name       string
 	limits     []string // its ticket's limits, in the order it names them
 	weight     int      // the slots it takes in each
@@ -42,8 +43,19 @@ type holder struct {
 	priority int
 	share    string
 
+	// Where it runs (ptable.go): its machine's process, its record in the
+	// ticket (as it read itself), its marker, and whether its owner's
+	// evidence of the job (the marker, kept from the job's start to its
+	// release) is there.
+	sup        *mproc
+	rec        store.Holder
+	foreground bool // a terminal's job: the command stays in the supervisor's group
+	marker     proc.Marker
+	markerKept bool
+
 	phase          hphase
 	crashed        bool
+	diedAt         time.Duration
 	crashAfterCall bool
 	paused         bool
 	resumeAt       time.Duration
@@ -124,6 +136,10 @@ type child struct {
 	running    bool
 	stopAt     time.Duration // SIGTERM sent; 0 if not
 	exited     chan struct{}
+	gone       chan struct{} // nothing of the job is left
+	// Its processes (ptable.go): the guard, the command, what it started.
+	guard, leader *mproc
+	procs         []*mproc
 }
 
 // A renewCall is a renewal in flight: the network delivers it to the store
@@ -182,8 +198,9 @@ func newHolder(s *sim, n int) *holder {
 		weight = 2
 	}
 	ttl := ttls[s.rng.IntN(len(ttls))]
-	h := &holder{s: s, n: n, pid: 1000 + n, name: fmt.Sprintf("h%d", n), limits: lims, weight: weight,
+	h := &holder{s: s, n: n, name: fmt.Sprintf("h%d", n), limits: lims, weight: weight,
 		ttl: ttl, every: ttl / 3, margin: ttl / 10, grace: ttl / 5, waitFor: -1}
+	s.pt.place(h)
 	if s.chance(0.25) {
 		h.waitFor = s.between(ttl/2, 4*ttl)
 	}
@@ -299,6 +316,11 @@ func (h *holder) wake() time.Duration {
 	if h.child.running {
 		w = min(w, h.child.end)
 	}
+	for _, p := range h.tree() {
+		if p.kind == pDescendant {
+			w = min(w, p.end)
+		}
+	}
 	if h.parked && h.wk.At != 0 {
 		w = min(w, h.wk.At)
 	}
@@ -332,9 +354,8 @@ func (h *holder) act() {
 		return
 	}
 	if h.child.running && now >= h.child.end {
-		h.child.running = false
-		close(h.child.exited)
 		s.tracef("%s: child exited (ran %v)", h.name, now-h.child.start)
+		s.pt.exit(h.child.leader)
 	}
 	if ev, ok := h.ready(now); ok {
 		switch ev.Kind {
@@ -366,7 +387,8 @@ func (h *holder) start() {
 	s := h.s
 	h.started = true
 	h.id = s.newID()
-	req := store.EnqueueRequest{ID: h.id, Slots: s.size(h.limits[0]), TTL: h.ttl, Holder: store.Holder{Host: "sim", Pid: h.pid, Label: h.name},
+	h.rec = s.pt.record(h)
+	req := store.EnqueueRequest{ID: h.id, Slots: s.size(h.limits[0]), TTL: h.ttl, Holder: h.rec,
 		Key: h.key, Supersede: h.supersede, Replace: h.replace, MaxWaiting: h.maxWaiting}
 	if s.sched {
 		req.Priority, req.Share = h.priority, h.share
@@ -472,6 +494,11 @@ func (h *holder) finished() {
 	if h.exit == "ok" {
 		h.s.stats.Finished++
 	}
+	h.markerKept = false // released, or never admitted
+	h.s.pt.exit(h.sup)
+	if h.ticket.ID != "" {
+		h.s.records = append(h.s.records, h.ticket)
+	}
 	h.s.m.outcome(h, o)
 	h.s.tracef("%s: run over: %s", h.name, h.exit)
 	h.phase, h.leased = hDone, false
@@ -558,7 +585,10 @@ func (h *holder) startChild(_ context.Context, t store.Ticket) (gh.Child, error)
 	if g := h.s.m.gone[t.ID]; g.by != "" {
 		h.s.fail("S16", "%s starts the job of ticket %s, which %s superseded", h.name, short(t.ID), short(g.by))
 	}
-	h.child = child{start: now, end: now + h.runFor, running: true, exited: make(chan struct{})}
+	h.child = child{start: now, end: now + h.runFor, running: true, exited: make(chan struct{}), gone: make(chan struct{})}
+	h.marker, _ = h.judge().SelfMarker()
+	h.markerKept = true
+	h.s.pt.newJob(h, h.marker)
 	h.phase = hRun
 	if t.Stop != nil {
 		// Asked to stop between its admission and the answer that told it
@@ -573,22 +603,37 @@ func (h *holder) startChild(_ context.Context, t store.Ticket) (gh.Child, error)
 type simChild struct{ h *holder }
 
 func (c simChild) Exited() <-chan struct{}            { return c.h.child.exited }
-func (c simChild) Foreground() bool                   { return false }
-func (c simChild) Group() (int, uint64, bool)         { return c.h.pid + 100000, 1, true }
-func (c simChild) Gone() <-chan struct{}              { return c.h.child.exited }
+func (c simChild) Foreground() bool                   { return c.h.foreground }
+func (c simChild) Gone() <-chan struct{}              { return c.h.child.gone }
 func (c simChild) Close()                             {}
 func (c simChild) Lease(time.Duration, time.Duration) {}
 func (c simChild) Exit() (gh.Exit, error)             { return gh.Exit{}, nil }
 
-// Signal: SIGTERM makes the child exit within 1.5 kill graces (it may
-// ignore it for longer than the grace); SIGKILL ends it at once.
+// Group is the command's group, as the supervisor reads its leader's
+// start time.
+func (c simChild) Group() (int, uint64, bool) {
+	pgid := c.h.child.leader.pgrp
+	start, _ := c.h.judge().StartTime(pgid)
+	return pgid, start, true
+}
+
+// Signal goes to the whole job, as the guard sends it: the command's
+// group and every process under the guard. SIGTERM makes the command exit
+// within 1.5 kill graces (it may ignore it for longer than the grace);
+// SIGKILL ends it at once.
 func (c simChild) Signal(sig syscall.Signal) {
 	h := c.h
 	ch := &h.child
 	now := h.s.now().Mono
+	for _, p := range h.tree() {
+		if p.kind != pCommand {
+			h.s.pt.deliver(p, sig, nil)
+		}
+	}
 	if !ch.running {
 		return
 	}
+	defer func() { ch.leader.end = ch.end }()
 	switch sig {
 	case syscall.SIGTERM:
 		if ch.stopAt != 0 {
@@ -601,6 +646,12 @@ func (c simChild) Signal(sig syscall.Signal) {
 		ch.end = now
 		h.s.tracef("%s: SIGKILL to its child", h.name)
 	}
+}
+
+// judge reads the host as the supervisor does (its own start time, the
+// group it records), with the judge's bugs switched on.
+func (h *holder) judge() proc.Judge {
+	return proc.Judge{Host: view{pt: h.s.pt, mc: h.sup.mc, self: h.sup}, Mutations: h.s.cfg.Mutations}
 }
 
 func (h *holder) sendRenewal(now time.Duration) {
@@ -693,7 +744,8 @@ func (h *holder) crash() {
 	if h.crashed {
 		return
 	}
-	h.crashed, h.paused = true, false
+	h.crashed, h.paused, h.diedAt = true, false, h.s.now().Mono
+	h.s.pt.supervisorDied(h)
 	h.child.running = false
 	h.s.stats.Crashes++
 	h.s.tracef("%s crashes (in %s)", h.name, h.phase)
