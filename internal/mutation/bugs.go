@@ -19,7 +19,9 @@ package mutation
 // policy.PlanSettle and policy.PlanResize (SettleInput.Mutations,
 // ResizeInput.Mutations); only wall-clock is in store/boltstore's clock.
 // The supervisor-side ones are in gate/holder (Config.Mutations), the
-// protocol that slotctl run and the simulation both run.
+// protocol that slotctl run and the simulation both run; the death judge's
+// in internal/proc (Judge.Mutations), but for pdeathsig-only, in the
+// simulation's model of the guard.
 const (
 	// BlindReap: a reaper frees a slot for every ticket its earlier scan
 	// listed, whether or not this reap deleted it, so two reapers free one
@@ -101,11 +103,34 @@ const (
 	// before SIGKILL, not half the margin, so a job whose slot may be
 	// another's already runs on beside it for the grace (D4, S24).
 	LateLossGrace Bug = "late-loss-grace"
+
+	// HostNameIdentity: the death judge (internal/proc) takes a ticket
+	// whose host name is this host's for one of this boot, so a holder on a
+	// clone or a container host of the same name is judged by pids that
+	// are not its own, and reaped alive (docs/leases.md rule 17).
+	HostNameIdentity Bug = "host-name-identity"
+	// TimensIgnored: start times are read without taking the reader's time
+	// namespace's offset off, so a supervisor in one records a start time
+	// the host's reapers never see, and is judged gone (its pid reused)
+	// while it runs (rule 17).
+	TimensIgnored Bug = "timens-ignored"
+	// ReplayedKill: the judge kills an orphaned job on the word of the
+	// ticket in the store (the supervisor its record names), not the
+	// owner's evidence, so a record written back after the job's release
+	// kills what still carries its ticket (rule 17).
+	ReplayedKill Bug = "replayed-kill"
+	// PdeathsigOnly: the job is contained by the parent-death signal alone,
+	// without the guard, so a SIGKILLed supervisor's command dies but the
+	// processes it started run on (rule 16). A bug of the simulation's
+	// model of the guard (internal/testkit/sim), which runs no guard
+	// process.
+	PdeathsigOnly Bug = "pdeathsig-only"
 )
 
-// All lists every Bug, store-side first.
+// All lists every Bug, store-side first, then the holder's and the judge's.
 func All() []Bug {
 	return []Bug{BlindReap, ReleaseCounter, ReleaseNoCompare, RenewExpired, StaleVerdict, NoTombstone, WallClock,
 		WeightIgnored, BargePastHead, ReplaceBeside, SupersedeHeld, OrderFirstLimit, RateStale, AgingOff, ResizePastWaiter, ResizeOverSize, ResizeNoSettle,
-		WaiterNotRenewed, ReleaseBeforeExit, HoldAndWait, LateLossGrace}
+		WaiterNotRenewed, ReleaseBeforeExit, HoldAndWait, LateLossGrace,
+		HostNameIdentity, TimensIgnored, ReplayedKill, PdeathsigOnly}
 }

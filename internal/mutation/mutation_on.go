@@ -15,9 +15,15 @@ const Enabled = true
 // A Bug is one known defect that the design prevents.
 type Bug string
 
-// InStore reports whether b is switched in the store (else in the holder).
+// InStore reports whether b is switched in the store (else in the holder,
+// the death judge or the simulation).
 func (b Bug) InStore() bool {
-	return b != WaiterNotRenewed && b != ReleaseBeforeExit && b != HoldAndWait && b != LateLossGrace
+	switch b {
+	case WaiterNotRenewed, ReleaseBeforeExit, HoldAndWait, LateLossGrace,
+		HostNameIdentity, TimensIgnored, ReplayedKill, PdeathsigOnly:
+		return false
+	}
+	return true
 }
 
 // A Set is the bugs switched on. The nil Set is production: none.

@@ -57,7 +57,9 @@
 //     its holder observes that it exited or killed it; the holder then
 //     drains what it left, as gate/holder does, and releases once nothing
 //     of the job is left. When a supervisor dies, the kernel closes its
-//     end of the guard's socket and the guard kills the tree. A paused holder's job runs on: the guard keeps no lease
+//     end of the guard's socket and the guard kills the tree
+//     (mutation.PdeathsigOnly: only the command dies, by its parent-death
+//     signal). A paused holder's job runs on: the guard keeps no lease
 //     here (its Lease does nothing), so a pause stands for a supervisor
 //     stopped together with its guard, the case the design cannot cover
 //     (S24).
@@ -249,7 +251,14 @@
 // whole kill grace, gate/holder's killBy) as S24, which alone sees it (the
 // child is gone within the grace, which every other rule allows); order-first-limit (P1) as L11, rate-stale (P2: two
 // handles, each settling on its own earlier read of a rated limit's
-// starts) as S23, aging-off (P3) as L11 (or L12). The bugs of the
+// starts) as S23, aging-off (P3) as L11 (or L12); the death judge's
+// (internal/proc, reading the process table): host-name-identity (a
+// holder on a clone of the store's host judged by pids not its own) and
+// timens-ignored (a supervisor in a time namespace judged gone) as S25,
+// replayed-kill (a record written back after a job's release authorising
+// the kill of what still carries its ticket) as S27; pdeathsig-only (the
+// model's guard taken away: a SIGKILLed supervisor's command dies, what it
+// started runs on) as S26. The bugs of the
 // policies are searched in runs with policies, the others in FIFO-only
 // runs, where they were always found. The switches exist only in a build
 // with the tag slotctl_mutations, so those tests (and TestReduce, which

@@ -157,3 +157,36 @@ func TestPausedOverlapBound(t *testing.T) {
 		t.Fatalf("with S24 ignored: %v, %d ignored; want no other rule broken and S24's breaches counted", r.Violation, r.Stats.Ignored)
 	}
 }
+
+// TestJudgeMutations: the death judge's bugs (internal/proc, read through
+// the simulation's process table) and the guard's absence, each at the
+// seed and step where TestMutationsCaught finds it, by the rule that
+// catches it: a holder on a clone of the store's host proven dead by pids
+// that are not its own (S25), a supervisor in a time namespace judged gone
+// (S25), a replayed record's job killed after its release (S27), a
+// SIGKILLed supervisor's descendants running on (S26).
+func TestJudgeMutations(t *testing.T) {
+	for _, c := range []struct {
+		bug        mutation.Bug
+		seed, step int
+		rule       string
+	}{
+		{mutation.HostNameIdentity, 1, 82, "S25"},
+		{mutation.TimensIgnored, 3, 462, "S25"},
+		{mutation.ReplayedKill, 11, 248, "S27"},
+		{mutation.PdeathsigOnly, 1, 141, "S26"},
+	} {
+		t.Run(string(c.bug), func(t *testing.T) {
+			t.Parallel()
+			d := &dirs{root: t.TempDir()}
+			r := sim.Run(sim.Config{Seed: uint64(c.seed), Steps: c.step, Faults: mutFaults(c.bug), Mutations: mutation.Of(c.bug), Dir: d.next()})
+			if v := r.Violation; v == nil || v.Rule != c.rule || v.Step != c.step {
+				t.Fatalf("%s at seed %d: %v, want %s at step %d", c.bug, c.seed, v, c.rule, c.step)
+			}
+			r = sim.Run(sim.Config{Seed: uint64(c.seed), Steps: c.step, Faults: mutFaults(c.bug), Dir: d.next()})
+			if r.Violation != nil {
+				t.Fatalf("without %s, seed %d: %v", c.bug, c.seed, r.Violation)
+			}
+		})
+	}
+}

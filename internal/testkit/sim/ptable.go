@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/slotctl/slotctl/internal/mutation"
 	"github.com/slotctl/slotctl/internal/proc"
 	"github.com/slotctl/slotctl/store"
 )
@@ -288,11 +289,18 @@ func (pt *ptable) newJob(h *holder, m proc.Marker) {
 }
 
 // supervisorDied: the kernel closes the supervisor's end of the guard's
-// socket, and the guard kills the whole job.
+// socket, and the guard kills the whole job; without it
+// (mutation.PdeathsigOnly) only the command, whose parent-death signal is
+// SIGKILL, dies.
 func (pt *ptable) supervisorDied(h *holder) {
 	pt.exit(h.sup)
 	c := &h.child
 	if c.guard == nil {
+		return
+	}
+	if pt.s.cfg.Mutations.Has(mutation.PdeathsigOnly) {
+		pt.exit(c.guard)
+		pt.exit(c.leader)
 		return
 	}
 	for _, p := range h.tree() {
