@@ -187,8 +187,11 @@ func allIn(j job, pgid int) bool {
 // JobRunning reports whether a ticket's job provably still runs on this host
 // although its supervisor is gone: an orphaned job, which reap would stop
 // before freeing its slot.
-func JobRunning(t store.Ticket) bool {
-	r, h := local, t.Holder
+func JobRunning(t store.Ticket) bool { return Judge{}.JobRunning(t) }
+
+// JobRunning is [JobRunning] on the judge's host.
+func (jd Judge) JobRunning(t store.Ticket) bool {
+	r, h := jd.r(), t.Holder
 	if h.BootID != r.h.BootID() || h.PidNS == 0 || h.PidNS != r.h.PidNS() || h.Pgid <= 0 {
 		return false
 	}

@@ -37,10 +37,20 @@ type Backend interface {
 	Reboot() bool
 }
 
-// NewBackend makes the backend of one run. judge proves holders dead the
-// way the host would (the real judge, reading the simulation's process
-// table); mut is the set of store-side bugs switched on.
-type NewBackend func(dir string, judge store.Judge, mut mutation.Set) (Backend, error)
+// NewBackend makes the backend of one run. j is what the host proves of
+// holders (the real judge, reading the simulation's process table); mut is
+// the set of store-side bugs switched on.
+type NewBackend func(dir string, j Judges, mut mutation.Set) (Backend, error)
+
+// Judges are what the store's host proves of a ticket's holder, as
+// slotctl gives them to a store.
+type Judges struct {
+	// Dead proves the holder dead (boltstore.Options.Dead).
+	Dead store.Judge
+	// Keep vouches for an expired ticket whose orphaned job provably runs
+	// (boltstore.Options.Keep): it stays until a reap stops the job.
+	Keep func(store.Ticket) bool
+}
 
 // Bolt is the bbolt store on a real file, judged by a FakeClock the
 // simulation owns, without fsync (the simulation kills processes, not the
@@ -56,10 +66,10 @@ type Bolt struct {
 var simEpoch = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
 // NewBolt is the NewBackend of the bbolt store.
-func NewBolt(dir string, judge store.Judge, mut mutation.Set) (Backend, error) {
+func NewBolt(dir string, j Judges, mut mutation.Set) (Backend, error) {
 	b := &Bolt{path: filepath.Join(dir, "slots.db"), boots: 1}
 	b.clock = boltstore.NewFakeClock(boltstore.Instant{Boot: "boot-1", Mono: time.Hour, Wall: simEpoch})
-	b.opts = boltstore.Options{Clock: b.clock, NoSync: true, Dead: judge, Mutations: mut, Timeout: time.Second}
+	b.opts = boltstore.Options{Clock: b.clock, NoSync: true, Dead: j.Dead, Keep: j.Keep, Mutations: mut, Timeout: time.Second}
 	return b, nil
 }
 
@@ -102,13 +112,13 @@ type Postgres struct {
 // NewPostgres returns the NewBackend of the PostgreSQL store; newDB makes
 // an empty database for the run in dir and returns its URL.
 func NewPostgres(newDB func(dir string) (string, error)) NewBackend {
-	return func(dir string, judge store.Judge, mut mutation.Set) (Backend, error) {
+	return func(dir string, j Judges, mut mutation.Set) (Backend, error) {
 		url, err := newDB(dir)
 		if err != nil {
 			return nil, err
 		}
 		p := &Postgres{url: url, clock: boltstore.NewFakeClock(boltstore.Instant{Boot: "postgres", Wall: simEpoch})}
-		p.opts = pgstore.Options{Judge: judge, Mutations: mut, Timeout: 5 * time.Second,
+		p.opts = pgstore.Options{Judge: j.Dead, Mutations: mut, Timeout: 5 * time.Second,
 			Now: func() time.Time { return p.clock.Now().Wall }}
 		return p, nil
 	}

@@ -59,10 +59,15 @@
 //     of the job is left. When a supervisor dies, the kernel closes its
 //     end of the guard's socket and the guard kills the tree
 //     (mutation.PdeathsigOnly: only the command dies, by its parent-death
-//     signal). A paused holder's job runs on: the guard keeps no lease
-//     here (its Lease does nothing), so a pause stands for a supervisor
-//     stopped together with its guard, the case the design cannot cover
-//     (S24).
+//     signal). Now and then, on the bbolt store with the judge on, the
+//     guard is killed with it (docs/crashes.md): the command dies by its
+//     parent-death signal, what it started runs on, orphaned, until a
+//     reap kills it on its owner's evidence, and the store keeps the
+//     ticket while it provably runs (Judges.Keep, the real
+//     proc.Judge.JobRunning). A paused holder's job runs on: the guard
+//     keeps no lease here (its Lease does nothing), so a pause stands for
+//     a supervisor stopped together with its guard, the case the design
+//     cannot cover (S24).
 //   - Reapers scan (a dry-run Reap) and reap a while later; they are cron
 //     jobs, so a crashed reaper only loses what it had read. The store's
 //     death judge is the real proc.Judge, reading the process table as a
@@ -181,14 +186,19 @@
 //	    at most its pause beyond its ticket's end + min(kill grace,
 //	    margin/2) (below)
 //	S25 the judge proves no holder dead while its supervisor or a process
-//	    of its job runs (what the model knows of the processes, not what
-//	    the judge read)
+//	    of its job that carries its ticket runs (what the model knows of
+//	    the processes, not what the judge read)
 //	S26 nothing of a job runs past its run's end, nor more than the
-//	    guard's bound past its supervisor's death
+//	    guard's bound past its supervisor's death; when the guard was
+//	    killed too, nothing of it that carries its ticket runs once the
+//	    ticket is gone (but after an operator's forced release). Out of
+//	    every reaper's reach, as documented: a process that cleared its
+//	    environment, and the members of a recorded group that holds one
 //	S27 a reaper kills only processes of a job whose supervisor is gone
 //	    and whose owner keeps the evidence of it (admitted, not released)
 //	L1  a reap leaves no expired ticket of its limits; none outlives three
-//	    reaper periods
+//	    reaper periods (but a ticket whose orphaned job runs, which the
+//	    store keeps until a reap stops the job)
 //	L3  no ticket waits that is the oldest waiter of each of its limits
 //	    while each has room for its weight: the step that made the room
 //	    admitted it (every write that frees room settles the limits its

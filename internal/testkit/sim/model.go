@@ -196,6 +196,9 @@ func (m *model) remove(t *mTicket, g goneRec) {
 	m.refused[t.id] = true
 	g.at = m.s.now().Mono
 	m.gone[t.id] = g
+	if h := t.owner; h != nil && !g.force {
+		m.orphansLeft(h, g)
+	}
 }
 
 func (m *model) sweep(t *mTicket, now Instant) {
@@ -440,7 +443,7 @@ func (m *model) apply(o *op, now Instant) {
 		}
 		if o.kind == "reap" {
 			for _, t := range m.sorted() {
-				if m.expired(t, now) && (len(o.lims) == 0 || slices.ContainsFunc(o.lims, t.names)) {
+				if m.expired(t, now) && (len(o.lims) == 0 || slices.ContainsFunc(o.lims, t.names)) && !orphaned(t.owner) {
 					m.fail("L1", "a reap by %s left expired ticket %s of %s (expired %v ago)", o.who, short(t.id),
 						ownerName(t.owner), now.Mono-m.expiry(t, now))
 					return
@@ -975,10 +978,14 @@ func (m *model) pausedPast(h *holder, now Instant) {
 }
 
 // reclaimed checks that no expired ticket outlives the reapers (L1).
+//
+// An expired ticket whose orphaned job still runs (its supervisor and
+// guard killed) may be kept (Judges.Keep): the reap that stops the job
+// frees it.
 func (m *model) reclaimed(now Instant) {
 	bound := 3 * reclaimBound
 	for _, t := range m.sorted() {
-		if m.expired(t, now) && now.Mono-m.expiry(t, now) > bound {
+		if m.expired(t, now) && now.Mono-m.expiry(t, now) > bound && !orphaned(t.owner) {
 			m.fail("L1", "ticket %s of %s expired %v ago and is still there", short(t.id), ownerName(t.owner), now.Mono-m.expiry(t, now))
 			return
 		}

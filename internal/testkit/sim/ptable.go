@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -71,6 +72,7 @@ type ptable struct {
 	machines []*machine
 	reaper   *mproc // the reapers' process: root, in the store's host's root namespaces
 	reboots  int
+	keeps    bool // the store keeps a ticket whose orphaned job provably runs (Judges.Keep)
 }
 
 func newPtable(s *sim) *ptable {
@@ -83,6 +85,7 @@ func newPtable(s *sim) *ptable {
 		}
 		pt.machines = append(pt.machines, mc)
 	}
+	_, pt.keeps = s.be.(*Bolt)
 	pt.boot()
 	return pt
 }
@@ -125,10 +128,11 @@ func (pt *ptable) spawn(mc *machine, parent *mproc, kind pkind, env []byte) *mpr
 		p.env = env
 	}
 	// A free pid, at random: pids of gone processes come back, and pids
-	// of different machines meet.
+	// of different machines meet. As the kernel does, not one that names a
+	// live process group or session.
 	for {
 		p.pid = 300 + pt.rng.IntN(2000)
-		if mc.procs[p.pid] == nil {
+		if !mc.inUse(p.pid) {
 			break
 		}
 	}
@@ -144,7 +148,7 @@ func (pt *ptable) exit(p *mproc) {
 	}
 	delete(p.mc.procs, p.pid)
 	heir := 1
-	if h := p.h; h != nil && h.child.guard.alive() {
+	if h := p.h; h != nil && (p.kind == pCommand || p.kind == pDescendant) && h.child.guard.alive() {
 		heir = h.child.guard.pid
 	}
 	for _, q := range p.mc.procs {
@@ -179,6 +183,18 @@ func (pt *ptable) tidy() {
 	for _, h := range pt.s.holders {
 		h.jobGone()
 	}
+}
+
+func (mc *machine) inUse(pid int) bool {
+	if mc.procs[pid] != nil {
+		return true
+	}
+	for _, q := range mc.procs {
+		if q.pgrp == pid || q.sid == pid {
+			return true
+		}
+	}
+	return false
 }
 
 func (mc *machine) pids() []int {
@@ -284,6 +300,7 @@ func (pt *ptable) newJob(h *holder, m proc.Marker) {
 		d := pt.spawn(sup.mc, sup.mc.procs[1], pDaemon, env)
 		d.uid, d.h, d.end = sup.uid, h, now+h.ttl+time.Duration(pt.rng.Int64N(int64(3*h.ttl)))
 		d.pgrp, d.sid = d.pid, d.pid
+		c.procs = append(c.procs, d)
 		st.Daemons++
 	}
 }
@@ -301,6 +318,19 @@ func (pt *ptable) supervisorDied(h *holder) {
 	if pt.s.cfg.Mutations.Has(mutation.PdeathsigOnly) {
 		pt.exit(c.guard)
 		pt.exit(c.leader)
+		return
+	}
+	if pt.keeps && pt.s.judgeOn && c.guard.alive() && h.reapable() && pt.rng.IntN(4) == 0 {
+		// Killed with its supervisor (each SIGKILLed: the OOM killer
+		// taking one then the other, kill -9 of both): the command dies by its
+		// parent-death signal, and what it started runs on, orphaned,
+		// until a reap kills it on its owner's evidence; the store keeps
+		// the ticket while it provably runs (docs/crashes.md).
+		h.guardKilled = true
+		pt.s.stats.Procs.GuardKilled++
+		pt.exit(c.guard)
+		pt.exit(c.leader)
+		pt.s.tracef("%s's guard is killed with it", h.name)
 		return
 	}
 	for _, p := range h.tree() {
@@ -423,9 +453,10 @@ func (m *model) reaperKill(p *mproc) {
 }
 
 // jobOutlives checks that nothing of a job runs past its supervisor's
-// death by more than the guard's bound, nor past its run's end (S26).
+// death by more than the guard's bound, nor past its run's end (S26). A
+// job whose guard was killed too is the reapers' (orphansLeft).
 func (m *model) jobOutlives(h *holder, now time.Duration) {
-	if h.child.guard == nil || h.live() {
+	if h.child.guard == nil || h.live() || h.guardKilled {
 		return
 	}
 	for _, p := range h.tree() {
@@ -443,6 +474,78 @@ func (m *model) jobOutlives(h *holder, now time.Duration) {
 	}
 }
 
+// orphansLeft checks, as h's ticket leaves the live set other than by an
+// operator's hand (g), that no orphan of its job that a reaper can find
+// runs on (S26): none carries its ticket. Out of reach, as documented
+// (docs/crashes.md): a process that cleared its environment, and the
+// members of a recorded group that holds one (the judge cannot tell that
+// group is the job's).
+func (m *model) orphansLeft(h *holder, g goneRec) {
+	if !h.guardKilled {
+		return
+	}
+	now := m.s.now().Mono
+	group := h.child.leader.pgrp
+	for _, p := range h.tree() {
+		if p.pgrp == group && !p.carries(h.id) && p.end > now {
+			return
+		}
+	}
+	for _, p := range h.carriers() {
+		if p.end > now {
+			m.fail("S26", "%s's ticket %s %s while process %d of its job, orphaned (supervisor and guard killed %v ago), runs", h.name, short(h.id), g.why, p.pid, now-h.diedAt)
+			return
+		}
+	}
+}
+
+// carries reports whether p's environment names ticket id.
+func (p *mproc) carries(id string) bool {
+	return bytes.Contains(p.env, []byte(proc.TicketVar+"="+id+"\x00"))
+}
+
+// reapable: h runs where the store's reapers can prove things, on the
+// store's host and in its pid namespace. Elsewhere an orphaned job is
+// nobody's to stop (on a shared store, the lease's end frees its slot:
+// docs/crashes.md), so its guard is not killed with it here.
+func (h *holder) reapable() bool { return h.sup.mc.n == 0 && h.sup.pidns == rootPidNS }
+
+// orphaned: h's supervisor is dead, and a process that carries its
+// ticket (what its job left when its guard was killed with it, or a
+// daemon it handed off) runs on.
+func orphaned(h *holder) bool {
+	if h == nil || !h.crashed {
+		return false
+	}
+	for _, p := range h.child.procs {
+		if p.alive() && p.carries(h.id) {
+			return true
+		}
+	}
+	return false
+}
+
+// carriers is what is left of h's job that carries its ticket.
+func (h *holder) carriers() []*mproc {
+	var out []*mproc
+	for _, p := range h.tree() {
+		if p.carries(h.id) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// keep is the store's Keep: the real proc.Judge's JobRunning on the
+// reapers' view.
+func (s *sim) keep(t store.Ticket) bool {
+	return s.judgeOn && s.reaperJudge().JobRunning(t)
+}
+
+func (s *sim) reaperJudge() proc.Judge {
+	return proc.Judge{Host: view{pt: s.pt, mc: s.pt.machines[0], self: s.pt.reaper}, Authority: s.authority, Mutations: s.cfg.Mutations}
+}
+
 // judge is the store's death judge: the real one, reading the reapers'
 // view of the store's host. Its verdicts are checked against what the
 // model knows (S25): a holder proven dead has no supervisor and nothing
@@ -451,8 +554,7 @@ func (s *sim) judge(t store.Ticket, act bool) (string, bool) {
 	if !s.judgeOn {
 		return "", false
 	}
-	jd := proc.Judge{Host: view{pt: s.pt, mc: s.pt.machines[0], self: s.pt.reaper}, Authority: s.authority, Mutations: s.cfg.Mutations}
-	why, dead := jd.Dead(t, act)
+	why, dead := s.reaperJudge().Dead(t, act)
 	if !dead {
 		return why, false
 	}
@@ -465,8 +567,8 @@ func (s *sim) judge(t store.Ticket, act bool) (string, bool) {
 	case h == nil:
 	case h.sup.alive():
 		s.fail("S25", "%s's ticket %s proven dead (%s) while its supervisor (pid %d on %s) runs", h.name, short(t.ID), why, h.sup.pid, h.sup.mc.name)
-	case len(h.tree()) > 0 && act:
-		s.fail("S25", "%s's ticket %s proven dead (%s) while process %d of its job runs", h.name, short(t.ID), why, h.tree()[0].pid)
+	case len(h.carriers()) > 0 && act:
+		s.fail("S25", "%s's ticket %s proven dead (%s) while process %d of its job runs", h.name, short(t.ID), why, h.carriers()[0].pid)
 	}
 	return why, true
 }

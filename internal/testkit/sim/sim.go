@@ -153,10 +153,11 @@ type ProcStats struct {
 	// moved to a session of their own, ignored SIGTERM, cleared their
 	// environment or outlived their command; daemons handed off.
 	JobProcs, Setsid, IgnoreTerm, ClearEnv, Outlive, Daemons int
-	// Tickets the judge proved dead in a reap (replayed records
-	// included); processes it killed (what an orphaned job left, on its
-	// owner's evidence); replayed records it judged.
-	ProvenDead, JudgeKills, Replays int
+	// Supervisors whose guard was killed with them; tickets the judge
+	// proved dead in a reap (replayed records included); processes it
+	// killed (what an orphaned job left, on its owner's evidence);
+	// replayed records it judged.
+	GuardKilled, ProvenDead, JudgeKills, Replays int
 }
 
 // Add adds q's counts to p's.
@@ -172,6 +173,7 @@ func (p *ProcStats) Add(q ProcStats) {
 	p.ClearEnv += q.ClearEnv
 	p.Outlive += q.Outlive
 	p.Daemons += q.Daemons
+	p.GuardKilled += q.GuardKilled
 	p.ProvenDead += q.ProvenDead
 	p.JudgeKills += q.JudgeKills
 	p.Replays += q.Replays
@@ -274,7 +276,7 @@ func Run(cfg Config) (res Result) {
 	if nb == nil {
 		nb = NewBolt
 	}
-	be, err := nb(cfg.Dir, s.judge, mutation.InStore(cfg.Mutations))
+	be, err := nb(cfg.Dir, Judges{Dead: s.judge, Keep: s.keep}, mutation.InStore(cfg.Mutations))
 	if err != nil {
 		s.fail("setup", "backend: %v", err)
 		return res

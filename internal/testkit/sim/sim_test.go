@@ -220,8 +220,9 @@ func TestSim(t *testing.T) {
 	ps := total.Procs
 	t.Logf("processes: supervisors on a clone of the store's host %d, on another host %d, in a pid namespace %d, a time namespace %d, "+
 		"terminals' jobs %d; %d job processes (setsid %d, ignoring SIGTERM %d, env cleared %d, outliving the command %d), %d daemons handed off; "+
-		"the judge proved %d tickets dead, killed %d processes, judged %d replayed records", ps.Clone, ps.OtherHost, ps.PidNS, ps.TimeNS, ps.Foreground,
-		ps.JobProcs, ps.Setsid, ps.IgnoreTerm, ps.ClearEnv, ps.Outlive, ps.Daemons, ps.ProvenDead, ps.JudgeKills, ps.Replays)
+		"%d guards killed with their supervisor; the judge proved %d tickets dead, killed %d processes, judged %d replayed records",
+		ps.Clone, ps.OtherHost, ps.PidNS, ps.TimeNS, ps.Foreground, ps.JobProcs, ps.Setsid, ps.IgnoreTerm, ps.ClearEnv, ps.Outlive, ps.Daemons,
+		ps.GuardKilled, ps.ProvenDead, ps.JudgeKills, ps.Replays)
 	if len(failed) > 0 {
 		r := failed[0]
 		red := sim.Reduce(r, d.next)

@@ -56,6 +56,7 @@ type holder struct {
 	phase          hphase
 	crashed        bool
 	diedAt         time.Duration
+	guardKilled    bool // its guard was killed with it: its job's orphans are the reapers
 	crashAfterCall bool
 	paused         bool
 	resumeAt       time.Duration
