@@ -146,6 +146,10 @@ func TestCompare(t *testing.T) {
 	if os.Getenv("SLOTCTL_BENCH_LOADED") != "0" {
 		loops := runtime.NumCPU()
 		t.Run("loaded", func(t *testing.T) {
+			b.base = filepath.Join(base, "loaded") // fresh stores and lock files
+			if err := os.Mkdir(b.base, 0o700); err != nil {
+				t.Fatal(err)
+			}
 			cmpBusyLoops(t, loops)
 			runAll(t)
 		})
