@@ -139,6 +139,10 @@ func Prepare(cfg Config) (*Pending, error) {
 	return &Pending{guard: p, conn: mine}, nil
 }
 
+// ErrNotStarted is a pending guard that ended before it was given its
+// command: nothing of the command ran, and another guard may start it.
+var ErrNotStarted = errors.New("the guard ended before it was given the command")
+
 // StartWait bounds the wait for the guard to say it started the command:
 // far longer than an exec takes on a loaded machine.
 var StartWait = 30 * time.Second
@@ -167,13 +171,13 @@ func (p *Pending) Start(path string, args, env []string, mark string) (*Job, err
 		n := min(len(spec), specChunk)
 		if _, err := p.conn.Write(append([]byte{'d'}, spec[:n]...)); err != nil {
 			p.Close()
-			return nil, fmt.Errorf("guard: %w", err)
+			return nil, fmt.Errorf("guard: %w: %w", ErrNotStarted, err)
 		}
 		spec = spec[n:]
 	}
 	if _, err := p.conn.Write([]byte(msgGo)); err != nil {
 		p.Close()
-		return nil, fmt.Errorf("guard: %w", err)
+		return nil, fmt.Errorf("guard: %w: %w", ErrNotStarted, err)
 	}
 	j := &Job{guard: p.guard, conn: p.conn, mark: mark, exited: make(chan struct{}), gone: make(chan struct{})}
 	// A guard that does not answer (stopped, or not one: another

@@ -99,8 +99,14 @@ func startChildFiles(f *Factory, path string, argv, env []string, log *logger, e
 }
 
 // startPrepared is startChild under a guard already started (earlyGuard).
+// A guard that ended while it waited (killed while its run was next in
+// line) was given nothing: the command starts under a new one.
 func startPrepared(f *Factory, pj *preparedJob, path string, argv, env []string, log *logger) (*child, error) {
 	c, err := pj.start(path, argv, childEnv(f.environ(), env), log)
+	if errors.Is(err, errGuardNotStarted) {
+		log.verbose("the guard started as this run queued has ended (%v): starting another", err)
+		return startChild(f, path, argv, env, log)
+	}
 	if err != nil {
 		return nil, startError(argv[0], err)
 	}

@@ -170,3 +170,6 @@ func (pj *preparedJob) abort() {
 	pj.p.Abort()
 	pj.files.abandon()
 }
+
+// errGuardNotStarted: a prepared guard ended before it had the command.
+var errGuardNotStarted = guard.ErrNotStarted

@@ -78,3 +78,5 @@ func (*earlyGuard) drop()              {}
 func (*preparedJob) start(string, []string, []string, *logger) (*child, error) {
 	return nil, errors.New("no guard on this platform")
 }
+
+var errGuardNotStarted = errors.New("no guard on this platform")

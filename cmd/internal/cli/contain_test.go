@@ -302,7 +302,8 @@ func TestGuardKilledAlone(t *testing.T) {
 // environment from the start, as the judge needs of every process of a job.
 // A run that waits keeps it while it is next in line and ends it further
 // back (an idle process per waiter would cost a long queue); either way its
-// job runs under a guard once admitted.
+// job runs under a guard once admitted, also when the kept one was killed
+// while it waited.
 func TestGuardStartedEarly(t *testing.T) {
 	e := newPTEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -344,8 +345,11 @@ func TestGuardStartedEarly(t *testing.T) {
 	}
 	ptWaitFor(t, "the second waiter's early guard ended", 10*time.Second, func() bool { return guards(waiters[1]) == 0 })
 	if n := guards(waiters[0]); n != 1 {
-		t.Errorf("the waiter next in line has %d guards, want its early one", n)
+		t.Fatalf("the waiter next in line has %d guards, want its early one", n)
 	}
+	// Its guard killed while it waits: once admitted, its job still runs
+	// (under a new guard).
+	crashSignal(t, crashChildNamed(t, waiters[0].cmd.Process.Pid, "slotctl-guard", 5*time.Second), syscall.SIGKILL)
 	if err := os.WriteFile(e.path("go.fifo"), []byte("go\n"), 0); err != nil {
 		t.Fatal(err)
 	}
