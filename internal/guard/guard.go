@@ -208,6 +208,9 @@ func (p *Pending) Close() {
 	_, _ = p.guard.Wait()
 }
 
+// Pid is the pending guard's process id.
+func (p *Pending) Pid() int { return p.guard.Pid }
+
 // Abort ends a guard whose command was never started without waiting for
 // it to notice: it may still be starting.
 func (p *Pending) Abort() {

@@ -100,8 +100,15 @@ func startChildFiles(f *Factory, path string, argv, env []string, log *logger, e
 
 // startPrepared is startChild under a guard already started (earlyGuard).
 // A guard that ended while it waited (killed while its run was next in
-// line) was given nothing: the command starts under a new one.
+// line) was given nothing, and one started for the other side of the
+// terminal's foreground is of no use: the command starts under a new one.
 func startPrepared(f *Factory, pj *preparedJob, path string, argv, env []string, log *logger) (*child, error) {
+	if pj.foreground() != (f.IO.InTTY && foregroundTTY()) {
+		// The run was moved into or out of the terminal's foreground
+		// while it waited: the job's group is chosen now.
+		pj.abort()
+		return startChild(f, path, argv, env, log)
+	}
 	c, err := pj.start(path, argv, childEnv(f.environ(), env), log)
 	if errors.Is(err, errGuardNotStarted) {
 		log.verbose("the guard started as this run queued has ended (%v): starting another", err)

@@ -120,7 +120,6 @@ var guardExe = sync.OnceValue(func() string {
 type earlyGuard struct {
 	ready chan struct{}
 	pj    *preparedJob
-	err   error
 	once  sync.Once
 }
 
@@ -133,7 +132,7 @@ func startEarlyGuard(f *Factory, marks []string) *earlyGuard {
 	env := childEnv(f.environ(), marks)
 	go func() {
 		defer close(g.ready)
-		g.pj, g.err = prepareJob(f.IO, env, nil, fg)
+		g.pj, _ = prepareJob(f.IO, env, nil, fg) // a guard that did not start is started again at admission
 	}()
 	return g
 }
@@ -164,6 +163,10 @@ func (g *earlyGuard) drop() {
 		}
 	})
 }
+
+// foreground is whether the guard was started to stay in slotctl's
+// terminal foreground group.
+func (pj *preparedJob) foreground() bool { return pj.fg }
 
 // abort ends a prepared guard whose command will not come.
 func (pj *preparedJob) abort() {

@@ -75,6 +75,9 @@ type preparedJob struct{}
 func (*earlyGuard) take() *preparedJob { return nil }
 func (*earlyGuard) drop()              {}
 
+func (*preparedJob) foreground() bool { return false }
+func (*preparedJob) abort()           {}
+
 func (*preparedJob) start(string, []string, []string, *logger) (*child, error) {
 	return nil, errors.New("no guard on this platform")
 }
