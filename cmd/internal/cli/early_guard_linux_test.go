@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestEarlyGuardOfTheOtherForeground: a guard prepared for the terminal's
@@ -21,6 +23,10 @@ func TestEarlyGuardOfTheOtherForeground(t *testing.T) {
 		t.Fatal(err)
 	}
 	early := pj.p.Pid()
+	// Starting a job under a guard makes this process a subreaper; the
+	// scripts' own orphans (sh -c '... &') must go to init, not here, where
+	// nobody reaps them.
+	t.Cleanup(func() { _ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0) })
 	log := &logger{w: &errOut}
 	c, err := startPrepared(f, pj, "/bin/sh", []string{"sh", "-c", "echo ran"}, nil, log)
 	if err != nil {
