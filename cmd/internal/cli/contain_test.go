@@ -258,7 +258,7 @@ func TestOrphanKeepsItsSlot(t *testing.T) {
 	// Three TTLs: the ticket has long expired, the waiter renewed and swept.
 	time.Sleep(3 * ttl)
 	if ptGone(orphan) {
-		t.Fatalf("the orphan %d died on its own: the test proves nothing", orphan)
+		t.Fatalf("the orphan %d died on its own: the test proves nothing; the holder's stderr:\n%s", orphan, holder.stderr())
 	}
 	if ptExists(e.path("next-ran")) {
 		t.Fatalf("the waiter's job ran beside the orphaned job %d of the expired ticket", orphan)
