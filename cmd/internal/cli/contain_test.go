@@ -363,3 +363,24 @@ func TestGuardStartedEarly(t *testing.T) {
 		}
 	}
 }
+
+// TestEarlyGuardEndsWithItsRun: the run next in line keeps the guard it
+// started as it queued; SIGKILLed while it waits, it leaves no guard behind
+// (the guard's end of the socket closes, and a guard with no command
+// exits).
+func TestEarlyGuardEndsWithItsRun(t *testing.T) {
+	e := newPTEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	holder := e.start(ctx, "holder", "run", "--limit", "kept", "--", "sh", "-c", `touch held; sleep 1000`)
+	ptWaitFor(t, "the holder's job", 20*time.Second, func() bool { return ptExists(e.path("held")) })
+	waiter := e.start(ctx, "waiter", "run", "--limit", "kept", "--", "true")
+	ptWaitFor(t, "the waiter queued", 20*time.Second, func() bool { return strings.Contains(waiter.stderr(), "waiting for limit") })
+	g := crashChildNamed(t, waiter.cmd.Process.Pid, "slotctl-guard", 5*time.Second)
+	e.notePid(g)
+	crashSignal(t, waiter.cmd.Process.Pid, syscall.SIGKILL)
+	waiter.wait(t, 10*time.Second)
+	ptWaitFor(t, "the killed waiter's guard gone", 20*time.Second, func() bool { return ptGone(g) })
+	crashSignal(t, holder.cmd.Process.Pid, syscall.SIGTERM)
+	holder.wait(t, 20*time.Second)
+}
