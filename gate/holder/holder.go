@@ -900,6 +900,9 @@ func (s *supervision) exited() bool {
 		}
 	}
 	s.draining, s.endC = true, s.c.Gone()
+	if s.r.cfg.Mutations.Has(mutation.DrainBlind) { // mutation (test-only): the drain no longer watches the lease
+		s.lostC = nil
+	}
 	select {
 	case <-s.endC:
 		return true

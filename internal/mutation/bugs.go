@@ -103,6 +103,16 @@ const (
 	// before SIGKILL, not half the margin, so a job whose slot may be
 	// another's already runs on beside it for the grace (D4, S24).
 	LateLossGrace Bug = "late-loss-grace"
+	// DrainBlind: once the job's command has exited, the supervisor drains
+	// what it left without watching the lease, so a leftover that ignores
+	// SIGTERM gets the whole kill grace, past the lease's end, and runs
+	// beside the slot's next holder (rules 8 and 12).
+	DrainBlind Bug = "drain-blind"
+	// LateRenewalDeath: a host-local store takes a waiter's late renewal
+	// for its death: the renewal is refused, and a settle sweeps an
+	// expired waiter whose supervisor provably runs, so a loaded machine
+	// costs a waiter its place and its run (rule 17).
+	LateRenewalDeath Bug = "late-renewal-death"
 
 	// HostNameIdentity: the death judge (internal/proc) takes a ticket
 	// whose host name is this host's for one of this boot, so a holder on a
@@ -130,7 +140,7 @@ const (
 // All lists every Bug, store-side first, then the holder's and the judge's.
 func All() []Bug {
 	return []Bug{BlindReap, ReleaseCounter, ReleaseNoCompare, RenewExpired, StaleVerdict, NoTombstone, WallClock,
-		WeightIgnored, BargePastHead, ReplaceBeside, SupersedeHeld, OrderFirstLimit, RateStale, AgingOff, ResizePastWaiter, ResizeOverSize, ResizeNoSettle,
-		WaiterNotRenewed, ReleaseBeforeExit, HoldAndWait, LateLossGrace,
+		WeightIgnored, BargePastHead, ReplaceBeside, SupersedeHeld, OrderFirstLimit, RateStale, AgingOff, ResizePastWaiter, ResizeOverSize, ResizeNoSettle, LateRenewalDeath,
+		WaiterNotRenewed, ReleaseBeforeExit, HoldAndWait, LateLossGrace, DrainBlind,
 		HostNameIdentity, TimensIgnored, ReplayedKill, PdeathsigOnly}
 }

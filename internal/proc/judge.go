@@ -208,10 +208,13 @@ func (jd Judge) JobRunning(t store.Ticket) bool {
 // of such a waiter is the machine's load, not its death (docs/leases.md
 // rule 17). Only what can be read counts: a process that cannot be read, or
 // a record without a start time, proves nothing.
-func SupervisorAlive(t store.Ticket) bool {
-	h := t.Holder
-	if h.BootID == "" || h.BootID != BootID() || h.PidNS == 0 || h.PidNS != PidNS() || h.Pid <= 0 || h.PidStart == 0 {
+func SupervisorAlive(t store.Ticket) bool { return Judge{}.SupervisorAlive(t) }
+
+// SupervisorAlive is [SupervisorAlive] on the judge's host.
+func (jd Judge) SupervisorAlive(t store.Ticket) bool {
+	r, h := jd.r(), t.Holder
+	if h.BootID == "" || h.BootID != r.h.BootID() || h.PidNS == 0 || h.PidNS != r.h.PidNS() || h.Pid <= 0 || h.PidStart == 0 {
 		return false
 	}
-	return local.running(h.Pid, h.PidStart)
+	return r.running(h.Pid, h.PidStart)
 }

@@ -481,7 +481,8 @@ func (in SettleInput) verdict(q Queued, contended bool) (string, bool) {
 	if in.All || (!expired && contended) || (expired && in.JudgeExpired) {
 		ev, gone = Verdict(q, in.Judge, !in.DryRun)
 	}
-	if gone && ev == q.Expired && in.Keep != nil && in.Keep(q.Ticket) {
+	lateIsDeath := q.Ticket.State == store.Waiting && in.Mutations.Has(mutation.LateRenewalDeath) // mutation (test-only): an expired waiter is not kept
+	if gone && ev == q.Expired && in.Keep != nil && !lateIsDeath && in.Keep(q.Ticket) {
 		return "", false // expired only, and its job runs on
 	}
 	return ev, gone

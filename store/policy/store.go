@@ -112,7 +112,8 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 		// here (and the judge only adds what it knows of an expired one).
 		// A waiter holds no slot: its late renewal is accepted while its
 		// ticket is still here.
-		if ev := x.expiry(r); ev != "" && r.State == store.Held && !x.o.Mutations.Has(mutation.RenewExpired) { // mutation (test-only): renew an expired, unswept ticket (A7)
+		held := r.State == store.Held || x.o.Mutations.Has(mutation.LateRenewalDeath)         // mutation (test-only): a waiter's late renewal refused
+		if ev := x.expiry(r); ev != "" && held && !x.o.Mutations.Has(mutation.RenewExpired) { // mutation (test-only): renew an expired, unswept ticket (A7)
 			ev, _ = Verdict(Queued{Ticket: x.view(r, 0), Expired: ev}, x.o.Judge, true)
 			if err := x.remove(r, store.Reaped, ev, nil); err != nil {
 				return err

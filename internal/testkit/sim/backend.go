@@ -50,6 +50,9 @@ type Judges struct {
 	// Keep vouches for an expired ticket whose orphaned job provably runs
 	// (boltstore.Options.Keep): it stays until a reap stops the job.
 	Keep func(store.Ticket) bool
+	// Alive proves a waiting ticket's supervisor alive on the store's host
+	// (boltstore.Options.Alive): its late renewal is the machine's load.
+	Alive func(store.Ticket) bool
 }
 
 // Bolt is the bbolt store on a real file, judged by a FakeClock the
@@ -69,9 +72,13 @@ var simEpoch = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 func NewBolt(dir string, j Judges, mut mutation.Set) (Backend, error) {
 	b := &Bolt{path: filepath.Join(dir, "slots.db"), boots: 1}
 	b.clock = boltstore.NewFakeClock(boltstore.Instant{Boot: "boot-1", Mono: time.Hour, Wall: simEpoch})
-	b.opts = boltstore.Options{Clock: b.clock, NoSync: true, Dead: j.Dead, Keep: j.Keep, Mutations: mut, Timeout: time.Second}
+	b.opts = boltstore.Options{Clock: b.clock, NoSync: true, Dead: j.Dead, Keep: j.Keep, Alive: j.Alive, Mutations: mut, Timeout: time.Second}
 	return b, nil
 }
+
+// KeepsLiveWaiters: the bbolt store keeps an expired waiter that
+// Judges.Alive proves alive (a host-local store's rule 17).
+func (b *Bolt) KeepsLiveWaiters() bool { return true }
 
 // Open implements Backend.
 func (b *Bolt) Open() (store.Store, error) { return boltstore.New(b.path, b.opts) }

@@ -132,7 +132,9 @@
 //	    limit and below its size
 //	S2  every running child is leased, or its holder lost the ticket at most
 //	    margin + kill grace ago (past its local deadline or the store's
-//	    expiry, whichever is first), or its holder is or just was paused
+//	    expiry, whichever is first), or its holder is or just was paused;
+//	    with S9, this holds for what the command left while its holder
+//	    drains it, as much as for the command
 //	S3  a limit's held slots and waiting count are its tickets'; a ticket
 //	    is listed once under each of its limits
 //	S4  a ticket is removed only by its holder, an operator, or a sweep that
@@ -196,6 +198,11 @@
 //	    environment, and the members of a recorded group that holds one
 //	S27 a reaper kills only processes of a job whose supervisor is gone
 //	    and whose owner keeps the evidence of it (admitted, not released)
+//	S28 on the bbolt store with the judge on, a waiting ticket whose
+//	    supervisor runs where the judge can read it (the store's host and
+//	    pid namespace) is neither swept past its deadline nor refused a
+//	    late renewal (Judges.Alive, the real proc.Judge.SupervisorAlive;
+//	    docs/leases.md rule 17), and Alive vouches only for a running one
 //	L1  a reap leaves no expired ticket of its limits; none outlives three
 //	    reaper periods (but a ticket whose orphaned job runs, which the
 //	    store keeps until a reap stops the job)
@@ -268,7 +275,10 @@
 // replayed-kill (a record written back after a job's release authorising
 // the kill of what still carries its ticket) as S27; pdeathsig-only (the
 // model's guard taken away: a SIGKILLed supervisor's command dies, what it
-// started runs on) as S26. The bugs of the
+// started runs on) as S26; drain-blind (gate/holder: once the command
+// exits, the drain of what it left stops watching the lease) as S9;
+// late-renewal-death (store/policy: a waiter's late renewal refused, an
+// expired waiter whose supervisor provably runs swept) as S28. The bugs of the
 // policies are searched in runs with policies, the others in FIFO-only
 // runs, where they were always found. The switches exist only in a build
 // with the tag slotctl_mutations, so those tests (and TestReduce, which

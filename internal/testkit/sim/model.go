@@ -180,6 +180,16 @@ func (m *model) left(t *mTicket, now Instant) time.Duration {
 }
 
 // mayReap: a sweep may remove t now, expired or its holder proven dead.
+// keptAlive: t is a waiting ticket that the store must keep past its
+// deadline, since its supervisor provably runs on the store's host (the
+// real judge's SupervisorAlive can read it: same boot and pid namespace as
+// the reapers', a start time recorded), as a host-local store does (S28,
+// docs/leases.md rule 17).
+func (m *model) keptAlive(t *mTicket) bool {
+	h := t.owner
+	return m.s.aliveOn && t.state == store.Waiting && h != nil && h.id == t.id && h.sup.alive() && h.reapable() && h.rec.PidStart != 0
+}
+
 func (m *model) mayReap(t *mTicket, now Instant) bool {
 	if m.expired(t, now) {
 		return true
@@ -381,6 +391,8 @@ func (m *model) apply(o *op, now Instant) {
 				t.boot, t.dl = now.Boot, now.Mono+o.ttl
 				m.view("renewal", o.res, t)
 			}
+		case t != nil && t.fence == o.t.Fence && m.expired(t, now) && m.keptAlive(t) && errors.Is(o.err, store.ErrLost):
+			m.fail("S28", "late renewal by %s of waiting ticket %s refused (%v) while its supervisor provably runs", o.who, short(t.id), o.err)
 		case t != nil && t.fence == o.t.Fence && !m.expired(t, now) && !m.sweptBefore(t, now):
 			// (A renewal's own sweep may remove a ticket whose holder is proven dead.)
 			m.fail("S6", "renewal by %s of live ticket %s refused: %v", o.who, short(t.id), o.err)
@@ -443,7 +455,7 @@ func (m *model) apply(o *op, now Instant) {
 		}
 		if o.kind == "reap" {
 			for _, t := range m.sorted() {
-				if m.expired(t, now) && (len(o.lims) == 0 || slices.ContainsFunc(o.lims, t.names)) && !orphaned(t.owner) {
+				if m.expired(t, now) && (len(o.lims) == 0 || slices.ContainsFunc(o.lims, t.names)) && !orphaned(t.owner) && !m.keptAlive(t) {
 					m.fail("L1", "a reap by %s left expired ticket %s of %s (expired %v ago)", o.who, short(t.id),
 						ownerName(t.owner), now.Mono-m.expiry(t, now))
 					return
@@ -888,8 +900,14 @@ func (m *model) holder(h *holder, now Instant) {
 			h.lease.Deadline()+h.margin-now.Mono, t.dl-now.Mono)
 	}
 	m.heardStop(h, now)
-	if !h.child.running || m.s.viol != nil {
+	// The job is the command and, once it exits, what it left: the drain
+	// still watches the lease (docs/leases.md rule 8).
+	if !h.child.running && len(h.tree()) == 0 || m.s.viol != nil {
 		return
+	}
+	job := h.name + "'s child"
+	if !h.child.running {
+		job = h.name + "'s job (its command exited)"
 	}
 	if m.replacedRuns(h, now); m.s.viol != nil {
 		return
@@ -912,10 +930,10 @@ func (m *model) holder(h *holder, now Instant) {
 		}
 		if now.Mono > until {
 			if until == 0 {
-				m.fail("S2", "%s's child runs without a lease: its ticket %s was %s", h.name, short(h.id), g.why)
+				m.fail("S2", "%s runs without a lease: its ticket %s was %s", job, short(h.id), g.why)
 			} else {
-				m.fail("S2", "%s's child runs without a lease: its ticket %s was %s, and the child is %v past the allowed window "+
-					"(margin %v + kill grace %v past the local deadline or the store's expiry)", h.name, short(h.id), g.why, now.Mono-until, h.margin, h.grace)
+				m.fail("S2", "%s runs without a lease: its ticket %s was %s, %v past the allowed window "+
+					"(margin %v + kill grace %v past the local deadline or the store's expiry)", job, short(h.id), g.why, now.Mono-until, h.margin, h.grace)
 			}
 			return
 		}
@@ -924,17 +942,17 @@ func (m *model) holder(h *holder, now Instant) {
 		return
 	}
 	if h.leased && now.Mono > h.lease.Deadline()+h.grace {
-		m.fail("S9", "%s's child runs %v past its local deadline", h.name, now.Mono-h.lease.Deadline())
+		m.fail("S9", "%s runs %v past its local deadline", job, now.Mono-h.lease.Deadline())
 		return
 	}
 	if h.lost && now.Mono > h.lease.Expiry() {
 		// The whole stop fits before the earliest moment the store could
 		// judge the lease expired, whatever the kill grace.
-		m.fail("S9", "%s's child still runs %v after its lost lease could expire in the store (kill grace %v, margin %v)", h.name, now.Mono-h.lease.Expiry(), h.grace, h.margin)
+		m.fail("S9", "%s still runs %v after its lost lease could expire in the store (kill grace %v, margin %v)", job, now.Mono-h.lease.Expiry(), h.grace, h.margin)
 		return
 	}
 	if h.lost && now.Mono > h.lostAt+h.grace || h.handledSig && now.Mono > h.sigtermAt+h.grace {
-		m.fail("S9", "%s's child still runs more than the kill grace %v after it was stopped", h.name, h.grace)
+		m.fail("S9", "%s still runs more than the kill grace %v after it was stopped", job, h.grace)
 	}
 }
 
@@ -981,11 +999,12 @@ func (m *model) pausedPast(h *holder, now Instant) {
 //
 // An expired ticket whose orphaned job still runs (its supervisor and
 // guard killed) may be kept (Judges.Keep): the reap that stops the job
-// frees it.
+// frees it. So is a waiter whose supervisor provably runs (S28): a late
+// renewal on a loaded machine is not its death.
 func (m *model) reclaimed(now Instant) {
 	bound := 3 * reclaimBound
 	for _, t := range m.sorted() {
-		if m.expired(t, now) && now.Mono-m.expiry(t, now) > bound && !orphaned(t.owner) {
+		if m.expired(t, now) && now.Mono-m.expiry(t, now) > bound && !orphaned(t.owner) && !m.keptAlive(t) {
 			m.fail("L1", "ticket %s of %s expired %v ago and is still there", short(t.id), ownerName(t.owner), now.Mono-m.expiry(t, now))
 			return
 		}

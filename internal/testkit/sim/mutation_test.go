@@ -158,14 +158,18 @@ func TestPausedOverlapBound(t *testing.T) {
 	}
 }
 
-// TestJudgeMutations: the death judge's bugs (internal/proc, read through
-// the simulation's process table) and the guard's absence, each at the
+// TestRecordedMutations: the bugs of the death judge (internal/proc, read
+// through the simulation's process table), of the guard's absence, of the
+// drain and of a local store's patience with late waiters, each at the
 // seed and step where TestMutationsCaught finds it, by the rule that
-// catches it: a holder on a clone of the store's host proven dead by pids
-// that are not its own (S25), a supervisor in a time namespace judged gone
-// (S25), a replayed record's job killed after its release (S27), a
-// SIGKILLed supervisor's descendants running on (S26).
-func TestJudgeMutations(t *testing.T) {
+// catches it, and the same seed clean without it: a holder on a clone of
+// the store's host proven dead by pids that are not its own (S25), a
+// supervisor in a time namespace judged gone (S25), a replayed record's
+// job killed after its release (S27), a SIGKILLed supervisor's
+// descendants running on (S26), a drain that no longer watches the lease
+// letting what the command left run past the lease (S9), a waiter whose
+// supervisor provably runs swept for a late renewal (S28).
+func TestRecordedMutations(t *testing.T) {
 	for _, c := range []struct {
 		bug        mutation.Bug
 		seed, step int
@@ -173,17 +177,22 @@ func TestJudgeMutations(t *testing.T) {
 	}{
 		{mutation.HostNameIdentity, 1, 82, "S25"},
 		{mutation.TimensIgnored, 3, 462, "S25"},
-		{mutation.ReplayedKill, 11, 248, "S27"},
+		{mutation.ReplayedKill, 48, 528, "S27"},
 		{mutation.PdeathsigOnly, 1, 141, "S26"},
+		{mutation.DrainBlind, 13, 108, "S9"},
+		{mutation.LateRenewalDeath, 1, 271, "S28"},
 	} {
 		t.Run(string(c.bug), func(t *testing.T) {
 			t.Parallel()
 			d := &dirs{root: t.TempDir()}
-			r := sim.Run(sim.Config{Seed: uint64(c.seed), Steps: c.step, Faults: mutFaults(c.bug), Mutations: mutation.Of(c.bug), Dir: d.next()})
+			// A violation past mutSteps is in the quiescent phase that
+			// follows the random one: it replays with the budget.
+			steps := min(c.step, mutSteps)
+			r := sim.Run(sim.Config{Seed: uint64(c.seed), Steps: steps, Faults: mutFaults(c.bug), Mutations: mutation.Of(c.bug), Dir: d.next()})
 			if v := r.Violation; v == nil || v.Rule != c.rule || v.Step != c.step {
 				t.Fatalf("%s at seed %d: %v, want %s at step %d", c.bug, c.seed, v, c.rule, c.step)
 			}
-			r = sim.Run(sim.Config{Seed: uint64(c.seed), Steps: c.step, Faults: mutFaults(c.bug), Dir: d.next()})
+			r = sim.Run(sim.Config{Seed: uint64(c.seed), Steps: steps, Faults: mutFaults(c.bug), Dir: d.next()})
 			if r.Violation != nil {
 				t.Fatalf("without %s, seed %d: %v", c.bug, c.seed, r.Violation)
 			}

@@ -186,6 +186,11 @@ func (m *model) vanished(t *mTicket, now Instant) bool {
 		}
 		return true
 	}
+	if m.expired(t, now) && m.keptAlive(t) {
+		m.fail("S28", "waiting ticket %s of %s was swept %v after its deadline while its supervisor (pid %d) provably runs%s", short(t.id), ownerName(t.owner),
+			now.Mono-m.expiry(t, now), t.owner.sup.pid, m.stepCalls())
+		return false
+	}
 	if m.mayReap(t, now) {
 		return false
 	}

@@ -542,6 +542,18 @@ func (s *sim) keep(t store.Ticket) bool {
 	return s.judgeOn && s.reaperJudge().JobRunning(t)
 }
 
+// alive is the store's Alive: the real proc.Judge's SupervisorAlive on
+// the reapers' view. A supervisor it vouches for must be running (S28).
+func (s *sim) alive(t store.Ticket) bool {
+	if !s.judgeOn || !s.reaperJudge().SupervisorAlive(t) {
+		return false
+	}
+	if h := s.byHolder(t.Holder); h == nil || !h.sup.alive() {
+		s.fail("S28", "ticket %s's supervisor proven alive, but it is not running", short(t.ID))
+	}
+	return true
+}
+
 func (s *sim) reaperJudge() proc.Judge {
 	return proc.Judge{Host: view{pt: s.pt, mc: s.pt.machines[0], self: s.pt.reaper}, Authority: s.authority, Mutations: s.cfg.Mutations}
 }

@@ -236,7 +236,10 @@ type sim struct {
 
 	maxHolders int
 	judgeOn    bool
-	rebootAt   time.Duration // the boot clock at the last reboot
+	// aliveOn: the store keeps an expired waiter whose supervisor the
+	// judge proves alive (Judges.Alive; S28).
+	aliveOn  bool
+	rebootAt time.Duration // the boot clock at the last reboot
 
 	// this step
 	log    []*op
@@ -276,7 +279,7 @@ func Run(cfg Config) (res Result) {
 	if nb == nil {
 		nb = NewBolt
 	}
-	be, err := nb(cfg.Dir, Judges{Dead: s.judge, Keep: s.keep}, mutation.InStore(cfg.Mutations))
+	be, err := nb(cfg.Dir, Judges{Dead: s.judge, Keep: s.keep, Alive: s.alive}, mutation.InStore(cfg.Mutations))
 	if err != nil {
 		s.fail("setup", "backend: %v", err)
 		return res
@@ -315,6 +318,9 @@ func (s *sim) setup() {
 	}
 	s.maxHolders = 2 + r.IntN(7)
 	s.judgeOn = s.cfg.Faults.Has(Judge) && r.IntN(2) == 0
+	if k, ok := s.be.(interface{ KeepsLiveWaiters() bool }); ok {
+		s.aliveOn = s.judgeOn && k.KeepsLiveWaiters()
+	}
 	var err error
 	if s.checker, err = s.be.Open(); err != nil {
 		s.fail("setup", "open: %v", err)
