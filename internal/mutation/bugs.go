@@ -135,6 +135,12 @@ const (
 	// model of the guard (internal/testkit/sim), which runs no guard
 	// process.
 	PdeathsigOnly Bug = "pdeathsig-only"
+	// ForegroundUndrained: a job run in a terminal's foreground, in its
+	// supervisor's process group, is drained by its command alone (a
+	// group its supervisor is in cannot be waited on as the job's), so
+	// what it left in the background runs on after the release (rule 8).
+	// A bug of the simulation's model of the guard, like pdeathsig-only.
+	ForegroundUndrained Bug = "foreground-undrained"
 )
 
 // All lists every Bug, store-side first, then the holder's and the judge's.
@@ -142,5 +148,5 @@ func All() []Bug {
 	return []Bug{BlindReap, ReleaseCounter, ReleaseNoCompare, RenewExpired, StaleVerdict, NoTombstone, WallClock,
 		WeightIgnored, BargePastHead, ReplaceBeside, SupersedeHeld, OrderFirstLimit, RateStale, AgingOff, ResizePastWaiter, ResizeOverSize, ResizeNoSettle, LateRenewalDeath,
 		WaiterNotRenewed, ReleaseBeforeExit, HoldAndWait, LateLossGrace, DrainBlind,
-		HostNameIdentity, TimensIgnored, ReplayedKill, PdeathsigOnly}
+		HostNameIdentity, TimensIgnored, ReplayedKill, PdeathsigOnly, ForegroundUndrained}
 }

@@ -20,7 +20,7 @@ type Bug string
 func (b Bug) InStore() bool {
 	switch b {
 	case WaiterNotRenewed, ReleaseBeforeExit, HoldAndWait, LateLossGrace, DrainBlind,
-		HostNameIdentity, TimensIgnored, ReplayedKill, PdeathsigOnly:
+		HostNameIdentity, TimensIgnored, ReplayedKill, PdeathsigOnly, ForegroundUndrained:
 		return false
 	}
 	return true

@@ -278,7 +278,9 @@
 // started runs on) as S26; drain-blind (gate/holder: once the command
 // exits, the drain of what it left stops watching the lease) as S9;
 // late-renewal-death (store/policy: a waiter's late renewal refused, an
-// expired waiter whose supervisor provably runs swept) as S28. The bugs of the
+// expired waiter whose supervisor provably runs swept) as S28;
+// foreground-undrained (the model's guard: a terminal's job, in its
+// supervisor's group, drained by its command alone) as S26. The bugs of the
 // policies are searched in runs with policies, the others in FIFO-only
 // runs, where they were always found. The switches exist only in a build
 // with the tag slotctl_mutations, so those tests (and TestReduce, which

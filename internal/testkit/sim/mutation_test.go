@@ -168,7 +168,9 @@ func TestPausedOverlapBound(t *testing.T) {
 // job killed after its release (S27), a SIGKILLed supervisor's
 // descendants running on (S26), a drain that no longer watches the lease
 // letting what the command left run past the lease (S9), a waiter whose
-// supervisor provably runs swept for a late renewal (S28).
+// supervisor provably runs swept for a late renewal (S28), a terminal's
+// job drained by its command alone (S26). Each is a defect once found
+// from outside, with real processes, that the simulation now finds.
 func TestRecordedMutations(t *testing.T) {
 	for _, c := range []struct {
 		bug        mutation.Bug
@@ -181,6 +183,7 @@ func TestRecordedMutations(t *testing.T) {
 		{mutation.PdeathsigOnly, 1, 141, "S26"},
 		{mutation.DrainBlind, 13, 108, "S9"},
 		{mutation.LateRenewalDeath, 1, 271, "S28"},
+		{mutation.ForegroundUndrained, 1, 537, "S26"},
 	} {
 		t.Run(string(c.bug), func(t *testing.T) {
 			t.Parallel()

@@ -222,7 +222,11 @@ func (h *holder) tree() []*mproc {
 // sees no child left, says so and exits).
 func (h *holder) jobGone() {
 	c := &h.child
-	if c.gone == nil || closed(c.gone) || c.running || len(h.tree()) > 0 {
+	left := len(h.tree()) > 0
+	if h.foreground && h.s.cfg.Mutations.Has(mutation.ForegroundUndrained) { // mutation (test-only): a terminal's job drained by its command alone
+		left = false
+	}
+	if c.gone == nil || closed(c.gone) || c.running || left {
 		return
 	}
 	h.s.pt.exit(c.guard)
