@@ -990,6 +990,9 @@ const (
 // store could judge the lease expired — what this process does itself when
 // it notices the loss in time.
 func (r *runner) tellLease(c Child) {
+	if r.bug(mutation.GuardUntold) { // mutation (test-only): the guard keeps no lease
+		return
+	}
 	now, d := r.now(), r.lease.Deadline()
 	m := r.lease.Expiry() - d
 	c.Lease(d-now, d-now+m/2)

@@ -108,6 +108,10 @@ const (
 	// SIGTERM gets the whole kill grace, past the lease's end, and runs
 	// beside the slot's next holder (rules 8 and 12).
 	DrainBlind Bug = "drain-blind"
+	// GuardUntold: the supervisor never tells the job's guard its lease,
+	// so a supervisor stopped alone (kill -STOP) leaves its job running
+	// past the lease's end, beside the slot's next holder (rule 8).
+	GuardUntold Bug = "guard-untold"
 	// LateRenewalDeath: a host-local store takes a waiter's late renewal
 	// for its death: the renewal is refused, and a settle sweeps an
 	// expired waiter whose supervisor provably runs, so a loaded machine
@@ -141,12 +145,17 @@ const (
 	// what it left in the background runs on after the release (rule 8).
 	// A bug of the simulation's model of the guard, like pdeathsig-only.
 	ForegroundUndrained Bug = "foreground-undrained"
+	// OrphansLeft: a supervisor whose guard was killed alone reports its
+	// job gone without killing what the guard left (internal/guard's
+	// killOrphans), so the job's processes run on after the release. A
+	// bug of the simulation's model of the guard, like pdeathsig-only.
+	OrphansLeft Bug = "orphans-left"
 )
 
 // All lists every Bug, store-side first, then the holder's and the judge's.
 func All() []Bug {
 	return []Bug{BlindReap, ReleaseCounter, ReleaseNoCompare, RenewExpired, StaleVerdict, NoTombstone, WallClock,
 		WeightIgnored, BargePastHead, ReplaceBeside, SupersedeHeld, OrderFirstLimit, RateStale, AgingOff, ResizePastWaiter, ResizeOverSize, ResizeNoSettle, LateRenewalDeath,
-		WaiterNotRenewed, ReleaseBeforeExit, HoldAndWait, LateLossGrace, DrainBlind,
-		HostNameIdentity, TimensIgnored, ReplayedKill, PdeathsigOnly, ForegroundUndrained}
+		WaiterNotRenewed, ReleaseBeforeExit, HoldAndWait, LateLossGrace, DrainBlind, GuardUntold,
+		HostNameIdentity, TimensIgnored, ReplayedKill, PdeathsigOnly, ForegroundUndrained, OrphansLeft}
 }

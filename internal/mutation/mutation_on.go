@@ -19,8 +19,8 @@ type Bug string
 // the death judge or the simulation).
 func (b Bug) InStore() bool {
 	switch b {
-	case WaiterNotRenewed, ReleaseBeforeExit, HoldAndWait, LateLossGrace, DrainBlind,
-		HostNameIdentity, TimensIgnored, ReplayedKill, PdeathsigOnly, ForegroundUndrained:
+	case WaiterNotRenewed, ReleaseBeforeExit, HoldAndWait, LateLossGrace, DrainBlind, GuardUntold,
+		HostNameIdentity, TimensIgnored, ReplayedKill, PdeathsigOnly, ForegroundUndrained, OrphansLeft:
 		return false
 	}
 	return true

@@ -64,10 +64,12 @@
 //     parent-death signal, what it started runs on, orphaned, until a
 //     reap kills it on its owner's evidence, and the store keeps the
 //     ticket while it provably runs (Judges.Keep, the real
-//     proc.Judge.JobRunning). A paused holder's job runs on: the guard
-//     keeps no lease here (its Lease does nothing), so a pause stands for
-//     a supervisor stopped together with its guard, the case the design
-//     cannot cover (S24).
+//     proc.Judge.JobRunning). The guard keeps the lease its supervisor
+//     tells it of each renewal (Child.Lease): a pause stops the supervisor
+//     alone (kill -STOP; its guard then stops the job at the lease's end,
+//     SIGTERM at the local deadline and SIGKILL half the margin later) or
+//     together with its guard (a frozen machine or cgroup), the case the
+//     design cannot cover (S24).
 //   - Reapers scan (a dry-run Reap) and reap a while later; they are cron
 //     jobs, so a crashed reaper only loses what it had read. The store's
 //     death judge is the real proc.Judge, reading the process table as a
@@ -104,8 +106,11 @@
 // # Faults
 //
 // crash (an actor stops for good, between steps or right after a store
-// call whose answer it never sees), pause (a supervisor is stopped for up to
-// 3 TTLs, then resumes and checks its lease first, as on SIGCONT), renewal
+// call whose answer it never sees; or a running job's guard is SIGKILLed
+// alone: the command dies by its parent-death signal, and its supervisor,
+// the subreaper, kills what carries the job's marks, as internal/guard
+// does), pause (a supervisor is stopped for up to 3 TTLs, alone or with
+// its guard, then resumes and checks its lease first, as on SIGCONT), renewal
 // delays and failures (before or after the store ran them, and outages),
 // restart (every store handle is dropped and opened again; the bbolt store
 // opens its file for every operation anyway), wall-clock steps of up to ±2 h,
@@ -236,8 +241,10 @@
 // Slot indexes are unique. The one overlap the design cannot prevent is
 // bounded (S24), and the bound asserted at every step. A supervisor stopped
 // (SIGSTOP) alone leaves its guard to stop the job at the lease's end
-// (docs/leases.md rule 8); stopped together with its guard, as the
-// simulated job's always is, it cannot stop its child, so the child runs
+// (docs/leases.md rule 8), and the simulation asserts that nothing of the
+// job runs past the lease's local deadline + margin/2 then (mutation
+// guard-untold: the guard never told its lease). Stopped together with its
+// guard, as half the pauses are, it cannot stop its child, so the child runs
 // on while its ticket expires in the store, is reaped and its slot given to
 // a newly admitted job. Its ticket's end E is at the earliest the store's
 // expiry, its local deadline + margin (S9), or an operator's forced
@@ -280,7 +287,10 @@
 // late-renewal-death (store/policy: a waiter's late renewal refused, an
 // expired waiter whose supervisor provably runs swept) as S28;
 // foreground-undrained (the model's guard: a terminal's job, in its
-// supervisor's group, drained by its command alone) as S26. The bugs of the
+// supervisor's group, drained by its command alone) as S26; guard-untold
+// (gate/holder never tells the guard its lease) as S24; orphans-left (the
+// model's guard: a supervisor whose guard was killed alone leaves what the
+// guard left running) as S26. The bugs of the
 // policies are searched in runs with policies, the others in FIFO-only
 // runs, where they were always found. The switches exist only in a build
 // with the tag slotctl_mutations, so those tests (and TestReduce, which

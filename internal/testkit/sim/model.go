@@ -187,7 +187,7 @@ func (m *model) left(t *mTicket, now Instant) time.Duration {
 // docs/leases.md rule 17).
 func (m *model) keptAlive(t *mTicket) bool {
 	h := t.owner
-	return m.s.aliveOn && t.state == store.Waiting && h != nil && h.id == t.id && h.sup.alive() && h.reapable() && h.rec.PidStart != 0
+	return m.s.aliveOn && t.state == store.Waiting && h != nil && h.sup.alive() && h.reapable() && h.rec.PidStart != 0
 }
 
 func (m *model) mayReap(t *mTicket, now Instant) bool {
@@ -902,7 +902,7 @@ func (m *model) holder(h *holder, now Instant) {
 	m.heardStop(h, now)
 	// The job is the command and, once it exits, what it left: the drain
 	// still watches the lease (docs/leases.md rule 8).
-	if !h.child.running && len(h.tree()) == 0 || m.s.viol != nil {
+	if !h.child.running && !slices.ContainsFunc(h.tree(), func(p *mproc) bool { return !h.hidden(p) }) || m.s.viol != nil {
 		return
 	}
 	job := h.name + "'s child"
@@ -913,6 +913,9 @@ func (m *model) holder(h *holder, now Instant) {
 		return
 	}
 	if m.pausedPast(h, now); m.s.viol != nil {
+		return
+	}
+	if m.guardStops(h, now, job); m.s.viol != nil {
 		return
 	}
 	stopped := h.paused || h.wasPaused && now.Mono <= h.resumedAt+h.grace
@@ -956,9 +959,35 @@ func (m *model) holder(h *holder, now Instant) {
 	}
 }
 
+// guardStops checks the job of a supervisor stopped alone (S24): its guard
+// runs, and stops the job by itself at the lease's end: SIGTERM at the
+// local deadline, SIGKILL half the margin later, before the store could
+// judge the lease expired. So nothing of it runs then, and no slot is
+// shared.
+func (m *model) guardStops(h *holder, now Instant, job string) {
+	if !h.paused || h.child.guardStopped || !h.child.guard.alive() || !h.leased {
+		return
+	}
+	end := h.lease.Deadline() + h.margin/2
+	if now.Mono <= end {
+		return
+	}
+	if h.child.running && h.child.end > now.Mono {
+		m.fail("S24", "%s runs %v past its lease's end while its supervisor is stopped and its guard is not", job, now.Mono-end)
+		return
+	}
+	for _, p := range h.tree() {
+		if p.end > now.Mono {
+			m.fail("S24", "process %d of %s's job runs %v past its lease's end while its supervisor is stopped and its guard is not", p.pid, h.name, now.Mono-end)
+			return
+		}
+	}
+}
+
 // pausedPast checks the child of a supervisor that was stopped (SIGSTOP)
-// past its lease (S24). A stopped supervisor cannot stop its child, and the
-// simulated child has no guard to do it instead, so the child runs on and
+// past its lease (S24). A stopped supervisor cannot stop its child, and a
+// guard stopped with it cannot either (guardStops checks the one that
+// runs), so the child runs on and
 // its ticket expires and is reaped: its slot may be another's. On SIGCONT
 // the supervisor checks its lease first, finds it lost and stops the child
 // with SIGKILL at most stopAfterResume later (gate/holder's killBy). The

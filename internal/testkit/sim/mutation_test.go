@@ -144,7 +144,7 @@ func TestMutationConsequences(t *testing.T) {
 // rule allows, so with S24 ignored the same seed runs clean (and so do all
 // mutSeeds seeds). Seed and step as TestMutationsCaught finds them.
 func TestPausedOverlapBound(t *testing.T) {
-	const seed, step = 20, 337
+	const seed, step = 10, 420
 	d := &dirs{root: t.TempDir()}
 	c := sim.Config{Seed: seed, Steps: step, Faults: mutFaults(mutation.LateLossGrace), Mutations: mutation.Of(mutation.LateLossGrace), Dir: d.next()}
 	r := sim.Run(c)
@@ -169,8 +169,10 @@ func TestPausedOverlapBound(t *testing.T) {
 // descendants running on (S26), a drain that no longer watches the lease
 // letting what the command left run past the lease (S9), a waiter whose
 // supervisor provably runs swept for a late renewal (S28), a terminal's
-// job drained by its command alone (S26). Each is a defect once found
-// from outside, with real processes, that the simulation now finds.
+// job drained by its command alone (S26) — each a defect once found from
+// outside, with real processes —, and a guard never told its lease, so
+// that the job of a supervisor stopped alone runs past the lease (S24),
+// and a lost guard's orphans left running (S26).
 func TestRecordedMutations(t *testing.T) {
 	for _, c := range []struct {
 		bug        mutation.Bug
@@ -178,12 +180,14 @@ func TestRecordedMutations(t *testing.T) {
 		rule       string
 	}{
 		{mutation.HostNameIdentity, 1, 82, "S25"},
-		{mutation.TimensIgnored, 3, 462, "S25"},
-		{mutation.ReplayedKill, 48, 528, "S27"},
+		{mutation.TimensIgnored, 1, 273, "S25"},
+		{mutation.ReplayedKill, 104, 108, "S27"},
 		{mutation.PdeathsigOnly, 1, 141, "S26"},
 		{mutation.DrainBlind, 13, 108, "S9"},
-		{mutation.LateRenewalDeath, 1, 271, "S28"},
-		{mutation.ForegroundUndrained, 1, 537, "S26"},
+		{mutation.LateRenewalDeath, 3, 542, "S28"},
+		{mutation.ForegroundUndrained, 6, 181, "S26"},
+		{mutation.GuardUntold, 1, 490, "S24"},
+		{mutation.OrphansLeft, 5, 405, "S26"},
 	} {
 		t.Run(string(c.bug), func(t *testing.T) {
 			t.Parallel()

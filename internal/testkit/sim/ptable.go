@@ -222,7 +222,8 @@ func (h *holder) tree() []*mproc {
 // sees no child left, says so and exits).
 func (h *holder) jobGone() {
 	c := &h.child
-	left := len(h.tree()) > 0
+	// A lost guard's job is reported gone once its orphans are killed.
+	left := len(h.tree()) > 0 && !h.guardLost
 	if h.foreground && h.s.cfg.Mutations.Has(mutation.ForegroundUndrained) { // mutation (test-only): a terminal's job drained by its command alone
 		left = false
 	}
@@ -342,6 +343,43 @@ func (pt *ptable) supervisorDied(h *holder) {
 	}
 	pt.exit(c.guard)
 }
+
+// killGuardAlone SIGKILLs the guard of a running job, its supervisor
+// alive: the command dies by its parent-death signal, the rest comes to
+// the supervisor, their subreaper, which SIGKILLs every one that carries
+// the job's marks (internal/guard's killOrphans; mutation.OrphansLeft:
+// none) and reports the job exited and gone. What cleared its environment
+// is not found (docs/security.md, "Hidden job processes").
+func (s *sim) killGuardAlone() bool {
+	h := s.anyHolderFrom(s.guardRng, func(h *holder) bool { return h.child.running && h.child.guard.alive() && h.sup.alive() })
+	if h == nil {
+		return false
+	}
+	pt, c := s.pt, &h.child
+	h.guardLost = true
+	s.stats.Procs.GuardKilledAlone++
+	s.tracef("%s's guard is killed (SIGKILL) alone", h.name)
+	pt.exit(c.guard)
+	for _, p := range h.tree() {
+		if p.ppid == 1 {
+			p.ppid = h.sup.pid // the supervisor is the job's subreaper
+		}
+	}
+	pt.exit(c.leader)
+	if !s.cfg.Mutations.Has(mutation.OrphansLeft) {
+		for _, p := range h.tree() {
+			if p.carries(h.id) {
+				pt.exit(p)
+			}
+		}
+	}
+	h.jobGone()
+	return true
+}
+
+// hidden: p is of h's job but out of every reach once the guard was lost:
+// it cleared its environment, so nothing finds it by the job's marks.
+func (h *holder) hidden(p *mproc) bool { return h.guardLost && !p.carries(h.id) }
 
 // A view is the machine as one of its processes sees it: a proc.Host.
 type view struct {
@@ -464,8 +502,8 @@ func (m *model) jobOutlives(h *holder, now time.Duration) {
 		return
 	}
 	for _, p := range h.tree() {
-		if p.end <= now {
-			continue // exits this instant
+		if p.end <= now || h.hidden(p) {
+			continue // exits this instant, or out of reach
 		}
 		if h.crashed && now > h.diedAt+guardBound {
 			m.fail("S26", "process %d of %s's job runs %v after its supervisor died (guard's bound %v)", p.pid, h.name, now-h.diedAt, guardBound)

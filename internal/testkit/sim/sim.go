@@ -139,7 +139,10 @@ type Stats struct {
 	// (S24).
 	PauseOverlap  time.Duration
 	PauseOverlaps int
-	Procs         ProcStats
+	// PausesAlone counts the pauses of a supervisor alone, its guard
+	// running (S24: the guard stops the job at the lease's end).
+	PausesAlone int
+	Procs       ProcStats
 }
 
 // ProcStats sum up the process table (ptable.go): where supervisors ran,
@@ -153,11 +156,12 @@ type ProcStats struct {
 	// moved to a session of their own, ignored SIGTERM, cleared their
 	// environment or outlived their command; daemons handed off.
 	JobProcs, Setsid, IgnoreTerm, ClearEnv, Outlive, Daemons int
-	// Supervisors whose guard was killed with them; tickets the judge
+	// Supervisors whose guard was killed with them, or alone (the
+	// supervisor killing what carries the job's marks); tickets the judge
 	// proved dead in a reap (replayed records included); processes it
 	// killed (what an orphaned job left, on its owner's evidence);
 	// replayed records it judged.
-	GuardKilled, ProvenDead, JudgeKills, Replays int
+	GuardKilled, GuardKilledAlone, ProvenDead, JudgeKills, Replays int
 }
 
 // Add adds q's counts to p's.
@@ -174,6 +178,7 @@ func (p *ProcStats) Add(q ProcStats) {
 	p.Outlive += q.Outlive
 	p.Daemons += q.Daemons
 	p.GuardKilled += q.GuardKilled
+	p.GuardKilledAlone += q.GuardKilledAlone
 	p.ProvenDead += q.ProvenDead
 	p.JudgeKills += q.JudgeKills
 	p.Replays += q.Replays
@@ -216,6 +221,9 @@ type sim struct {
 	// shares and the policy changes (sched.go): a stream of their own, so
 	// that the runs that stay FIFO-only keep every draw of their seed.
 	policyRng *rand.Rand
+	// guardRng draws whether a pause stops the guard with its supervisor:
+	// a stream of its own, so that the other draws of a seed stay.
+	guardRng  *rand.Rand
 	sched     bool // this run's limits have policies
 	wallBacks int  // how many times the wall clock stepped back
 	be        Backend
@@ -259,7 +267,7 @@ const never = time.Duration(math.MaxInt64)
 // Run runs one simulation.
 func Run(cfg Config) (res Result) {
 	s := &sim{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x5107c71)), resizeRng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x12e512e)),
-		policyRng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x5c4ed)), ctx: context.Background(),
+		policyRng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x5c4ed)), guardRng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x6a2d)), ctx: context.Background(),
 		judged: map[string]bool{}}
 	res.Config = cfg
 	defer func() {
@@ -631,7 +639,10 @@ func (s *sim) size(name string) int {
 var multi = true
 
 // anyHolder picks a live holder that ok accepts, at random.
-func (s *sim) anyHolder(ok func(*holder) bool) *holder {
+func (s *sim) anyHolder(ok func(*holder) bool) *holder { return s.anyHolderFrom(s.rng, ok) }
+
+// anyHolderFrom is anyHolder drawing from r.
+func (s *sim) anyHolderFrom(r *rand.Rand, ok func(*holder) bool) *holder {
 	var hs []*holder
 	for _, h := range s.holders {
 		if h.live() && ok(h) {
@@ -641,10 +652,13 @@ func (s *sim) anyHolder(ok func(*holder) bool) *holder {
 	if len(hs) == 0 {
 		return nil
 	}
-	return hs[s.rng.IntN(len(hs))]
+	return hs[r.IntN(len(hs))]
 }
 
 func (s *sim) crashOne() bool {
+	if s.guardRng.IntN(5) == 0 && s.killGuardAlone() {
+		return true
+	}
 	if s.chance(0.15) {
 		r := s.reapers[s.rng.IntN(len(s.reapers))]
 		r.crash()

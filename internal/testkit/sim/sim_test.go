@@ -177,6 +177,7 @@ func TestSim(t *testing.T) {
 		total.Lost += s.Lost
 		total.Crashes += s.Crashes
 		total.Pauses += s.Pauses
+		total.PausesAlone += s.PausesAlone
 		total.Reaped += s.Reaped
 		total.Faults += s.Faults
 		total.Superseded += s.Superseded
@@ -206,9 +207,9 @@ func TestSim(t *testing.T) {
 	t.Logf("%d seeds (from %d) × %d steps: %d steps, %d store calls in %v (%.0f steps/s, %.0f store calls/s on %d CPUs)",
 		seeds, seed0, base.Steps, total.Steps, total.StoreCalls, elapsed.Round(time.Millisecond),
 		float64(total.Steps)/elapsed.Seconds(), float64(total.StoreCalls)/elapsed.Seconds(), runtime.GOMAXPROCS(0))
-	t.Logf("%d holders, %d admitted (%d to several limits, %d of weight 2), %d leases lost, %d crashes, %d pauses, %d faults, %d reaped; "+
+	t.Logf("%d holders, %d admitted (%d to several limits, %d of weight 2), %d leases lost, %d crashes, %d pauses (%d of a supervisor alone, its guard running), %d faults, %d reaped; "+
 		"%d children ran on past their ticket behind a stopped supervisor, the longest %v (each within its bound, S24); %d violations",
-		total.Holders, total.Admitted, total.AdmittedMulti, total.AdmittedHeavy, total.Lost, total.Crashes, total.Pauses, total.Faults, total.Reaped,
+		total.Holders, total.Admitted, total.AdmittedMulti, total.AdmittedHeavy, total.Lost, total.Crashes, total.Pauses, total.PausesAlone, total.Faults, total.Reaped,
 		total.PauseOverlaps, total.PauseOverlap.Round(time.Millisecond), len(failed))
 	t.Logf("newer runs first: %d superseded, %d stop requests, %d runs replaced (heard by bell %d, by renewal %d), %d refused by --max-waiting",
 		total.Superseded, total.StopRequests, total.Replaced, total.HeardByBell, total.HeardByRenewal, total.QueueFull)
@@ -220,9 +221,9 @@ func TestSim(t *testing.T) {
 	ps := total.Procs
 	t.Logf("processes: supervisors on a clone of the store's host %d, on another host %d, in a pid namespace %d, a time namespace %d, "+
 		"terminals' jobs %d; %d job processes (setsid %d, ignoring SIGTERM %d, env cleared %d, outliving the command %d), %d daemons handed off; "+
-		"%d guards killed with their supervisor; the judge proved %d tickets dead, killed %d processes, judged %d replayed records",
+		"%d guards killed with their supervisor, %d alone; the judge proved %d tickets dead, killed %d processes, judged %d replayed records",
 		ps.Clone, ps.OtherHost, ps.PidNS, ps.TimeNS, ps.Foreground, ps.JobProcs, ps.Setsid, ps.IgnoreTerm, ps.ClearEnv, ps.Outlive, ps.Daemons,
-		ps.GuardKilled, ps.ProvenDead, ps.JudgeKills, ps.Replays)
+		ps.GuardKilled, ps.GuardKilledAlone, ps.ProvenDead, ps.JudgeKills, ps.Replays)
 	if len(failed) > 0 {
 		r := failed[0]
 		red := sim.Reduce(r, d.next)

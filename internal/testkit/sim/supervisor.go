@@ -53,10 +53,13 @@ type holder struct {
 	marker     proc.Marker
 	markerKept bool
 
-	phase          hphase
-	crashed        bool
-	diedAt         time.Duration
-	guardKilled    bool // its guard was killed with it: its job's orphans are the reapers
+	phase       hphase
+	crashed     bool
+	diedAt      time.Duration
+	guardKilled bool // its guard was killed with it: its job's orphans are the reapers
+	// guardLost: its guard was killed alone; it killed what the job left
+	// that carries its marks (internal/guard's killOrphans).
+	guardLost      bool
 	crashAfterCall bool
 	paused         bool
 	resumeAt       time.Duration
@@ -141,6 +144,13 @@ type child struct {
 	// Its processes (ptable.go): the guard, the command, what it started.
 	guard, leader *mproc
 	procs         []*mproc
+	// The guard's own timer (Child.Lease): SIGTERM to the job at
+	// guardTerm, SIGKILL at guardKill, should its supervisor not stop it
+	// first (stopped, hung); 0: not told. guardStopped: the guard is
+	// stopped with its supervisor (a pause of both).
+	guardTerm, guardKill time.Duration
+	guardTermSent        bool
+	guardStopped         bool
 }
 
 // A renewCall is a renewal in flight: the network delivers it to the store
@@ -295,7 +305,7 @@ func (h *holder) wake() time.Duration {
 		return never
 	}
 	if h.paused {
-		return h.resumeAt
+		return min(h.resumeAt, h.guardDue())
 	}
 	if !h.started {
 		return 0
@@ -334,6 +344,9 @@ func (h *holder) act() {
 	s := h.s
 	now := s.now().Mono
 	switch {
+	case h.paused && now < h.resumeAt:
+		h.guardActs(now)
+		return
 	case h.paused:
 		h.paused, h.resumedAt = false, now
 		h.resumedLate = h.child.running && (h.lost || h.leased && h.lease.Expired(now))
@@ -603,12 +616,18 @@ func (h *holder) startChild(_ context.Context, t store.Ticket) (gh.Child, error)
 // simChild is the holder's handle on its simulated child.
 type simChild struct{ h *holder }
 
-func (c simChild) Exited() <-chan struct{}            { return c.h.child.exited }
-func (c simChild) Foreground() bool                   { return c.h.foreground }
-func (c simChild) Gone() <-chan struct{}              { return c.h.child.gone }
-func (c simChild) Close()                             {}
-func (c simChild) Lease(time.Duration, time.Duration) {}
-func (c simChild) Exit() (gh.Exit, error)             { return gh.Exit{}, nil }
+func (c simChild) Exited() <-chan struct{} { return c.h.child.exited }
+func (c simChild) Foreground() bool        { return c.h.foreground }
+func (c simChild) Gone() <-chan struct{}   { return c.h.child.gone }
+func (c simChild) Close()                  {}
+
+// Lease arms the guard's timer, as the supervisor tells it of each
+// renewal: it stops the job by itself at the lease's end.
+func (c simChild) Lease(term, kill time.Duration) {
+	ch, now := &c.h.child, c.h.s.now().Mono
+	ch.guardTerm, ch.guardKill, ch.guardTermSent = now+term, now+kill, false
+}
+func (c simChild) Exit() (gh.Exit, error) { return gh.Exit{}, nil }
 
 // Group is the command's group, as the supervisor reads its leader's
 // start time.
@@ -769,7 +788,62 @@ func (h *holder) pause(d time.Duration) {
 	h.paused, h.wasPaused = true, true
 	h.resumeAt = h.s.now().Mono + d
 	h.s.stats.Pauses++
-	h.s.tracef("%s stopped (SIGSTOP) for %v; its child runs on", h.name, d)
+	// SIGSTOP to the supervisor alone (kill -STOP), or to it and its
+	// guard (the whole machine paused, a cgroup frozen).
+	h.child.guardStopped = h.s.guardRng.IntN(2) == 0
+	if h.child.guardStopped || !h.child.guard.alive() {
+		h.s.tracef("%s stopped (SIGSTOP) with its guard for %v; its child runs on", h.name, d)
+		return
+	}
+	h.s.stats.PausesAlone++
+	h.s.tracef("%s stopped (SIGSTOP) for %v; its guard runs", h.name, d)
+}
+
+// guardWatches: the supervisor is stopped, its guard is not, and the job
+// runs: the guard's timer stops it at the lease's end.
+func (h *holder) guardWatches() bool {
+	return h.paused && !h.child.guardStopped && h.child.guard.alive() && h.child.guardKill != 0 && (h.child.running || len(h.tree()) > 0)
+}
+
+// guardDue is when the guard of a stopped supervisor acts next.
+func (h *holder) guardDue() time.Duration {
+	ch := &h.child
+	switch {
+	case !h.guardWatches():
+		return never
+	case !ch.guardTermSent:
+		return ch.guardTerm
+	case ch.running && ch.end < ch.guardKill:
+		return ch.end
+	default:
+		return ch.guardKill
+	}
+}
+
+// guardActs is the guard of a stopped supervisor at its timer: SIGTERM to
+// the job at the lease's local deadline, SIGKILL half the margin later
+// (internal/guard). The supervisor learns of it when it resumes.
+func (h *holder) guardActs(now time.Duration) {
+	ch := &h.child
+	if ch.running && now >= ch.end {
+		h.s.pt.exit(ch.leader)
+	}
+	switch {
+	case !h.guardWatches():
+	case now >= ch.guardKill:
+		h.s.tracef("%s's guard: the lease ran out while its supervisor is stopped: SIGKILL to the job", h.name)
+		simChild{h}.Signal(syscall.SIGKILL)
+		h.s.pt.exit(ch.leader)
+		ch.guardKill = never
+	case now >= ch.guardTerm && !ch.guardTermSent:
+		if h.leased && now < h.lease.Deadline() {
+			h.s.fail("S24", "%s's guard stops the job %v before its lease's local deadline", h.name, h.lease.Deadline()-now)
+			return
+		}
+		ch.guardTermSent = true
+		h.s.tracef("%s's guard: the lease's local deadline passed while its supervisor is stopped: SIGTERM to the job", h.name)
+		simChild{h}.Signal(syscall.SIGTERM)
+	}
 }
 
 func (s *sim) newID() string {
