@@ -253,7 +253,9 @@ func (k *Keeper) Ticket() store.Ticket {
 func (k *Keeper) Check() { k.expired(k.o.Now()) }
 
 // Hold tells the Keeper that the ticket is held and a job runs: with
-// WatchdogOnHold, the watchdog starts now. Idempotent.
+// WatchdogOnHold, the watchdog starts now, and each renewal says the
+// ticket is held (a store that no longer holds it refuses the renewal).
+// Idempotent.
 func (k *Keeper) Hold() { k.holdOnce.Do(func() { close(k.hold) }) }
 
 // Stop stops renewing and waits until the renewing goroutine and any store
@@ -486,6 +488,13 @@ func (l *renewLoop) send() bool {
 	k.mu.Lock()
 	t, left := k.ticket, k.lease.Deadline()-sent
 	k.mu.Unlock()
+	select {
+	case <-k.hold:
+		// Its job runs: it renews a held ticket, and a store that has it
+		// waiting (a file replaced by an older copy) answers lost.
+		t.State = store.Held
+	default:
+	}
 	callCtx, cancel := context.WithTimeout(l.ctx, left)
 	l.cancelCall, l.inflight = cancel, true
 	go func() {

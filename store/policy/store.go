@@ -86,6 +86,19 @@ func (x *step) lookupOwn(t store.Ticket) (r Rec, lost, err error) {
 	return r, nil, nil
 }
 
+// heldNoMore says why a renewal of t, which its holder was told is held,
+// is lost when the store has it waiting: nothing moves a held ticket back
+// into the queue, but a store file replaced by an older copy (a restored
+// backup) can. The store no longer counts its slots, so the job must stop
+// (the renewal is lost), and its ticket goes: left waiting, it would be
+// admitted with nobody behind it.
+func heldNoMore(t store.Ticket, r Rec) string {
+	if t.State != store.Held || r.State == store.Held {
+		return ""
+	}
+	return "was held by its holder but waits in the store (its file replaced by an older copy?)"
+}
+
 // Renew implements [store.Store]. A renewal of a waiting ticket also sweeps
 // its limits (and the limits their tickets reach), so that waiters free a
 // dead holder's slot within its TTL even when nobody runs reap.
@@ -106,6 +119,14 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 		r, lost, err := x.lookupOwn(t)
 		if err != nil || lost != nil {
 			lostErr = lost
+			return err
+		}
+		if ev := heldNoMore(t, r); ev != "" {
+			if err := x.remove(r, store.Reaped, ev, nil); err != nil {
+				return err
+			}
+			lostErr = fmt.Errorf("%w: ticket %s %s", store.ErrLost, t.ID, ev)
+			_, _, err := x.settle(r.Names(), false)
 			return err
 		}
 		// The renewer is alive by definition: only the clock judges it
@@ -172,7 +193,7 @@ func (s *Store) renewShared(ctx context.Context, t store.Ticket, ttl time.Durati
 		out, done = store.Ticket{}, false
 		x := newStep(tx, s)
 		r, lost, err := x.lookupOwn(t)
-		if err != nil || lost != nil || x.expiry(r) != "" {
+		if err != nil || lost != nil || x.expiry(r) != "" || heldNoMore(t, r) != "" {
 			return err
 		}
 		if r.State != store.Held {

@@ -192,6 +192,10 @@
 //	    paused supervisor's child runs beside the slot's next holder for
 //	    at most its pause beyond its ticket's end + min(kill grace,
 //	    margin/2) (below)
+//	S29 a running guard stops its job by itself at the lease's end (the
+//	    supervisor stopped alone, or slow): nothing of the job runs past
+//	    the local deadline + margin/2, and the guard stops nothing before
+//	    the local deadline
 //	S25 the judge proves no holder dead while its supervisor or a process
 //	    of its job that carries its ticket runs (what the model knows of
 //	    the processes, not what the judge read)
@@ -242,7 +246,7 @@
 // bounded (S24), and the bound asserted at every step. A supervisor stopped
 // (SIGSTOP) alone leaves its guard to stop the job at the lease's end
 // (docs/leases.md rule 8), and the simulation asserts that nothing of the
-// job runs past the lease's local deadline + margin/2 then (mutation
+// job runs past the lease's local deadline + margin/2 then (S29; mutation
 // guard-untold: the guard never told its lease). Stopped together with its
 // guard, as half the pauses are, it cannot stop its child, so the child runs
 // on while its ticket expires in the store, is reaped and its slot given to
@@ -273,7 +277,9 @@
 // resize-over-size (H5) as S1, resize-no-settle (a shrink that admits
 // nobody) as L3; late-loss-grace (D4: a loss noticed on resuming keeps the
 // whole kill grace, gate/holder's killBy) as S24, which alone sees it (the
-// child is gone within the grace, which every other rule allows); order-first-limit (P1) as L11, rate-stale (P2: two
+// child is gone within the grace, which every other rule allows), once
+// guard-untold takes away the guard's timer, which would SIGKILL the job
+// as its supervisor resumes; order-first-limit (P1) as L11, rate-stale (P2: two
 // handles, each settling on its own earlier read of a rated limit's
 // starts) as S23, aging-off (P3) as L11 (or L12); the death judge's
 // (internal/proc, reading the process table): host-name-identity (a
@@ -283,12 +289,13 @@
 // the kill of what still carries its ticket) as S27; pdeathsig-only (the
 // model's guard taken away: a SIGKILLed supervisor's command dies, what it
 // started runs on) as S26; drain-blind (gate/holder: once the command
-// exits, the drain of what it left stops watching the lease) as S9;
+// exits, the drain of what it left stops watching the lease) as S9, once
+// guard-untold takes away the guard's timer, which covers it;
 // late-renewal-death (store/policy: a waiter's late renewal refused, an
 // expired waiter whose supervisor provably runs swept) as S28;
 // foreground-undrained (the model's guard: a terminal's job, in its
 // supervisor's group, drained by its command alone) as S26; guard-untold
-// (gate/holder never tells the guard its lease) as S24; orphans-left (the
+// (gate/holder never tells the guard its lease) as S29; orphans-left (the
 // model's guard: a supervisor whose guard was killed alone leaves what the
 // guard left running) as S26. The bugs of the
 // policies are searched in runs with policies, the others in FIFO-only

@@ -959,7 +959,7 @@ func (m *model) holder(h *holder, now Instant) {
 	}
 }
 
-// guardStops checks the job of a supervisor stopped alone (S24): its guard
+// guardStops checks the job of a supervisor stopped alone (S29): its guard
 // runs, and stops the job by itself at the lease's end: SIGTERM at the
 // local deadline, SIGKILL half the margin later, before the store could
 // judge the lease expired. So nothing of it runs then, and no slot is
@@ -973,12 +973,12 @@ func (m *model) guardStops(h *holder, now Instant, job string) {
 		return
 	}
 	if h.child.running && h.child.end > now.Mono {
-		m.fail("S24", "%s runs %v past its lease's end while its supervisor is stopped and its guard is not", job, now.Mono-end)
+		m.fail("S29", "%s runs %v past its lease's end while its supervisor is stopped and its guard is not", job, now.Mono-end)
 		return
 	}
 	for _, p := range h.tree() {
 		if p.end > now.Mono {
-			m.fail("S24", "process %d of %s's job runs %v past its lease's end while its supervisor is stopped and its guard is not", p.pid, h.name, now.Mono-end)
+			m.fail("S29", "process %d of %s's job runs %v past its lease's end while its supervisor is stopped and its guard is not", p.pid, h.name, now.Mono-end)
 			return
 		}
 	}

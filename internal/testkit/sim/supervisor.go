@@ -90,6 +90,7 @@ type holder struct {
 	ticket    store.Ticket // the renewer's ticket, as last acknowledged
 	lease     renew.Lease
 	leased    bool // the renewer runs
+	holds     bool // Run told it a job runs (Lease.Hold): renewals say held
 	lost      bool
 	lostAt    time.Duration
 	lostErr   error
@@ -324,6 +325,7 @@ func (h *holder) wake() time.Duration {
 	if h.renewing() {
 		w = min(w, h.nextRenew)
 	}
+	w = min(w, h.guardDue())
 	if h.child.running {
 		w = min(w, h.child.end)
 	}
@@ -365,6 +367,10 @@ func (h *holder) act() {
 	}
 	if h.leased && !h.lost && h.lease.Expired(now) {
 		h.loseLease(now, renew.ErrDeadline)
+		return
+	}
+	if h.guardDue() <= now {
+		h.guardActs(now)
 		return
 	}
 	if h.child.running && now >= h.child.end {
@@ -567,7 +573,7 @@ type simLease struct{ h *holder }
 func (l simLease) Lost() <-chan struct{}   { return l.h.lostC }
 func (l simLease) Deadline() time.Duration { return l.h.lease.Deadline() }
 func (l simLease) Expiry() time.Duration   { return l.h.lease.Expiry() }
-func (l simLease) Hold()                   {}
+func (l simLease) Hold()                   { l.h.holds = true }
 func (l simLease) Check()                  { l.h.checkLease(l.h.s.now().Mono) }
 
 func (l simLease) Err() error {
@@ -677,6 +683,9 @@ func (h *holder) judge() proc.Judge {
 func (h *holder) sendRenewal(now time.Duration) {
 	s := h.s
 	t := h.ticket
+	if h.holds {
+		t.State = store.Held // as renew.Keeper says once Hold was called
+	}
 	s.remember(request{kind: "renew", t: t, ttl: h.ttl, owner: h, who: h.name})
 	switch {
 	case now < h.outageUntil:
@@ -799,13 +808,15 @@ func (h *holder) pause(d time.Duration) {
 	h.s.tracef("%s stopped (SIGSTOP) for %v; its guard runs", h.name, d)
 }
 
-// guardWatches: the supervisor is stopped, its guard is not, and the job
-// runs: the guard's timer stops it at the lease's end.
+// guardWatches: the guard runs (not stopped with its supervisor), holds a
+// lease, and the job runs: its timer stops the job at the lease's end,
+// whatever its supervisor does meanwhile (stopped, hung, or stopping it).
 func (h *holder) guardWatches() bool {
-	return h.paused && !h.child.guardStopped && h.child.guard.alive() && h.child.guardKill != 0 && (h.child.running || len(h.tree()) > 0)
+	stopped := h.paused && h.child.guardStopped
+	return !stopped && h.child.guard.alive() && h.child.guardKill != 0 && (h.child.running || len(h.tree()) > 0)
 }
 
-// guardDue is when the guard of a stopped supervisor acts next.
+// guardDue is when the guard acts next.
 func (h *holder) guardDue() time.Duration {
 	ch := &h.child
 	switch {
@@ -820,9 +831,9 @@ func (h *holder) guardDue() time.Duration {
 	}
 }
 
-// guardActs is the guard of a stopped supervisor at its timer: SIGTERM to
-// the job at the lease's local deadline, SIGKILL half the margin later
-// (internal/guard). The supervisor learns of it when it resumes.
+// guardActs is the guard at its timer: SIGTERM to the job at the lease's
+// local deadline, SIGKILL half the margin later (internal/guard). A
+// stopped supervisor learns of it when it resumes.
 func (h *holder) guardActs(now time.Duration) {
 	ch := &h.child
 	if ch.running && now >= ch.end {
@@ -837,7 +848,7 @@ func (h *holder) guardActs(now time.Duration) {
 		ch.guardKill = never
 	case now >= ch.guardTerm && !ch.guardTermSent:
 		if h.leased && now < h.lease.Deadline() {
-			h.s.fail("S24", "%s's guard stops the job %v before its lease's local deadline", h.name, h.lease.Deadline()-now)
+			h.s.fail("S29", "%s's guard stops the job %v before its lease's local deadline", h.name, h.lease.Deadline()-now)
 			return
 		}
 		ch.guardTermSent = true
