@@ -174,6 +174,14 @@ type eventOf struct {
 // lowest slot index there, and counts it in the same step.
 func (x *step) log(o eventOf, r Rec) error {
 	for _, name := range r.Names() {
+		// The log is a limit's: a limit that is gone (its store's file
+		// deleted under its holders) logs nothing, so that one made again
+		// counts only its own events.
+		if _, ok, err := x.tx.Limit(name); err != nil {
+			return err
+		} else if !ok {
+			continue
+		}
 		e := store.Event{Time: x.now.Wall, Kind: o.kind, Limit: name, Ticket: r.ID,
 			Fence: r.Fence, Slot: -1, Host: r.Holder.Host, Pid: r.Holder.Pid, User: r.Holder.User,
 			Command: r.Holder.Command(), Evidence: o.evidence, By: o.by}

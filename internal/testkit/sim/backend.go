@@ -2,7 +2,10 @@ package sim
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -79,6 +82,14 @@ func NewBolt(dir string, j Judges, mut mutation.Set) (Backend, error) {
 // KeepsLiveWaiters: the bbolt store keeps an expired waiter that
 // Judges.Alive proves alive (a host-local store's rule 17).
 func (b *Bolt) KeepsLiveWaiters() bool { return true }
+
+// Lose deletes the store's file: the next call starts a new one.
+func (b *Bolt) Lose() error {
+	if err := os.Remove(b.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}
 
 // Open implements Backend.
 func (b *Bolt) Open() (store.Store, error) { return boltstore.New(b.path, b.opts) }

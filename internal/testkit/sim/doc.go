@@ -114,7 +114,11 @@
 // delays and failures (before or after the store ran them, and outages),
 // restart (every store handle is dropped and opened again; the bbolt store
 // opens its file for every operation anyway), wall-clock steps of up to ±2 h,
-// reboot (every process of every host dies, new boot ids), late duplicates of earlier
+// reboot (every process of every host dies, new boot ids), store-lost (the
+// store's file deleted under running holders: every ticket gone as if
+// force-released, the new file refusing no id, its fences from 1, its
+// limits, counters and log empty; each job still stops by its lease's end,
+// S2), late duplicates of earlier
 // enqueue, renew and release requests (a retried request), lost enqueue
 // answers, SIGTERM to a supervisor, and lost rings of a supersede or a
 // stop request (a holder that is not told by its bell learns it at its

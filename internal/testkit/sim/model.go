@@ -100,6 +100,7 @@ func (t *mTicket) slot() int {
 type goneRec struct {
 	why    string
 	force  bool          // an operator's release
+	file   bool          // lost with the store's file (store-lost; force too)
 	swept  bool          // expired or proven dead, removed by a sweep or a reap
 	expiry time.Duration // when its lease ran out (for swept)
 	by     string        // superseded: the newer ticket
@@ -125,6 +126,23 @@ func newModel(s *sim) *model {
 }
 
 func (m *model) fail(rule, format string, args ...any) { m.s.fail(rule, format, args...) }
+
+// storeLost: the store's file was deleted. Every live ticket is gone, as
+// if force-released (its holder's job may run to its lease's end, S2);
+// the new file refuses no id, issues fences from 1 again and knows no
+// limit, counter or event, so neither does the model from now on.
+func (m *model) storeLost() {
+	for _, t := range m.sorted() {
+		m.remove(t, goneRec{why: "lost with the store's file", force: true, file: true})
+	}
+	for id, g := range m.gone {
+		g.sure = false // the store forgot its successor with the file
+		m.gone[id] = g
+	}
+	m.refused, m.removals = map[string]bool{}, map[string]int{}
+	m.maxFence = 0
+	m.limits, m.counts = map[string]*mLimit{}, nil
+}
 
 func (m *model) sorted() []*mTicket {
 	out := make([]*mTicket, 0, len(m.live))
@@ -319,6 +337,9 @@ func (m *model) apply(o *op, now Instant) {
 	if o.kind == "enqueue" && errors.As(o.err, &full) {
 		m.refusedFull(o, full, now)
 		return
+	}
+	if errors.Is(o.err, store.ErrLimitNotFound) && m.s.stats.StoresLost > 0 {
+		return // a limit the store's deleted file took with it, not made again yet
 	}
 	if unexpected(o.err) {
 		m.fail("S12", "%s by %s failed: %v", o.kind, o.who, o.err)

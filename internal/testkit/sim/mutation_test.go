@@ -17,10 +17,10 @@ const (
 
 // mutFaults is the faults a bug is searched with: all for the bugs of
 // scheduling policies, which need runs with policies; all but sim.Policies
-// for the others, so that they are found in the FIFO-only runs they always
-// were, at the same seeds and steps (switching policies off leaves every
-// other draw of a seed as it was). Runs with policies find most of them
-// too, at other seeds.
+// and sim.StoreLost for the others, so that they are found in the
+// FIFO-only runs they always were, at the same seeds and steps (switching
+// those off leaves every other draw of a seed as it was). Runs with
+// policies find most of them too, at other seeds.
 func mutFaults(bug mutation.Bug) sim.FaultSet {
 	switch bug {
 	case mutation.OrderFirstLimit, mutation.RateStale, mutation.AgingOff:
@@ -28,7 +28,7 @@ func mutFaults(bug mutation.Bug) sim.FaultSet {
 	}
 	fs := sim.FaultSet{}
 	for _, f := range sim.AllFaults() {
-		if f != sim.Policies {
+		if f != sim.Policies && f != sim.StoreLost {
 			fs[f] = true
 		}
 	}

@@ -322,7 +322,9 @@ func (m *model) state(id string) string {
 // heardStop checks S18 for h: once it has heard its stop request, its
 // child is stopped before time moves on.
 func (m *model) heardStop(h *holder, now Instant) {
-	if h.stopHeard && now.Mono > h.stopHeardAt && h.child.running && h.child.stopAt == 0 && !h.stoppedAt(now.Mono) {
+	// A request that went with the store's file is not read back: the
+	// lease stops the job (S2).
+	if h.stopHeard && now.Mono > h.stopHeardAt && h.child.running && h.child.stopAt == 0 && !h.stoppedAt(now.Mono) && !m.gone[h.id].file {
 		m.fail("S18", "%s heard at %v that %s replaces it (%s), and its child still runs without a SIGTERM", h.name,
 			h.stopHeardAt-m.s.start, short(h.stopBy), h.stopHow)
 	}

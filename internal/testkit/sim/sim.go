@@ -36,11 +36,12 @@ const (
 	LostRing   Fault = "lost-ring"   // a bell's ring is lost: its holder learns at its next poll or renewal
 	JobResize  Fault = "job-resize"  // a job grows and shrinks its ticket while it runs (a jobserver's slots)
 	Policies   Fault = "policies"    // limits order by priority or fairly and rate admissions; an operator changes them (sched.go)
+	StoreLost  Fault = "store-lost"  // the store's file is deleted under running holders (an operator starting afresh)
 )
 
 // AllFaults lists every Fault.
 func AllFaults() []Fault {
-	return []Fault{Crash, Pause, RenewDelay, RenewFail, Restart, WallJump, Retry, LostReply, Reboot, Signal, OpRelease, OpResize, Judge, LostRing, JobResize, Policies}
+	return []Fault{Crash, Pause, RenewDelay, RenewFail, Restart, WallJump, Retry, LostReply, Reboot, Signal, OpRelease, OpResize, Judge, LostRing, JobResize, Policies, StoreLost}
 }
 
 // A FaultSet is the kinds switched on; nil means all.
@@ -142,7 +143,9 @@ type Stats struct {
 	// PausesAlone counts the pauses of a supervisor alone, its guard
 	// running (S24: the guard stops the job at the lease's end).
 	PausesAlone int
-	Procs       ProcStats
+	// StoresLost counts the deletions of the store's file (store-lost).
+	StoresLost int
+	Procs      ProcStats
 }
 
 // ProcStats sum up the process table (ptable.go): where supervisors ran,
@@ -223,7 +226,9 @@ type sim struct {
 	policyRng *rand.Rand
 	// guardRng draws whether a pause stops the guard with its supervisor:
 	// a stream of its own, so that the other draws of a seed stay.
-	guardRng  *rand.Rand
+	guardRng *rand.Rand
+	// lostRng draws when the store's file is deleted: a stream of its own.
+	lostRng   *rand.Rand
 	sched     bool // this run's limits have policies
 	wallBacks int  // how many times the wall clock stepped back
 	be        Backend
@@ -267,7 +272,7 @@ const never = time.Duration(math.MaxInt64)
 // Run runs one simulation.
 func Run(cfg Config) (res Result) {
 	s := &sim{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x5107c71)), resizeRng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x12e512e)),
-		policyRng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x5c4ed)), guardRng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x6a2d)), ctx: context.Background(),
+		policyRng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x5c4ed)), guardRng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x6a2d)), lostRng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x10575)), ctx: context.Background(),
 		judged: map[string]bool{}}
 	res.Config = cfg
 	defer func() {
@@ -441,6 +446,9 @@ func (s *sim) actors() []actor {
 // holder; else one actor that is due, at random; else time moves on to the
 // next moment someone must act.
 func (s *sim) pick() {
+	if !s.quiet && s.cfg.Faults.Has(StoreLost) && s.lostRng.IntN(1500) == 0 && s.storeLost() {
+		return
+	}
 	if !s.quiet && s.cfg.Faults.Has(JobResize) && s.resizeRng.Float64() < 0.04 && s.resizeOne() {
 		return
 	}
@@ -694,6 +702,27 @@ func (s *sim) restart() {
 		s.fail("setup", "reopen: %v", err)
 	}
 	s.tracef("store handles reopened")
+}
+
+// storeLost deletes the store's file under running holders, as an
+// operator starting afresh would: everything in it is gone at once, as
+// if force-released, and the new file remembers nothing (no tombstones,
+// fences from 1, no limits, counters or events). Every job must still stop
+// by its lease's end (S2, as after a forced release), and each waiter
+// learns that its ticket is gone.
+func (s *sim) storeLost() bool {
+	l, ok := s.be.(interface{ Lose() error })
+	if !ok {
+		return false
+	}
+	if err := l.Lose(); err != nil {
+		s.fail("setup", "delete the store's file: %v", err)
+		return true
+	}
+	s.stats.StoresLost++
+	s.m.storeLost()
+	s.tracef("the store's file is deleted: a new one starts empty")
+	return true
 }
 
 func (s *sim) reboot() bool {
