@@ -173,6 +173,10 @@ func newRunner(cfg Config) *runner {
 	r := &runner{cfg: cfg, now: cfg.Now, w: cfg.Waiter}
 	if r.now == nil {
 		r.now = proc.Boottime
+		if r.bug(mutation.MonotonicDeadline) { // mutation (test-only): CLOCK_MONOTONIC, which stops in suspend (D4)
+			start := time.Now()
+			r.now = func() time.Duration { return time.Since(start) }
+		}
 	}
 	if r.w == nil {
 		r.w = RealWaiter{Now: r.now, Signals: cfg.Signals}

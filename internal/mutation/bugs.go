@@ -117,6 +117,14 @@ const (
 	// expired waiter whose supervisor provably runs, so a loaded machine
 	// costs a waiter its place and its run (rule 17).
 	LateRenewalDeath Bug = "late-renewal-death"
+	// MonotonicDeadline: the supervisor keeps its lease's deadlines on
+	// CLOCK_MONOTONIC (Go's time.Now and time.Since), which stops while the
+	// host is suspended, not on CLOCK_BOOTTIME: after a resume its lease
+	// seems to have the time left that the store's clock already spent, and
+	// its job runs on unleased (D4, rule 6). Switched where the holder's
+	// clock is chosen: gate/holder's default, and the simulation's model of
+	// the host's clocks, which stands in for it there (Config.Now).
+	MonotonicDeadline Bug = "monotonic-deadline"
 
 	// HostNameIdentity: the death judge (internal/proc) takes a ticket
 	// whose host name is this host's for one of this boot, so a holder on a
@@ -156,6 +164,6 @@ const (
 func All() []Bug {
 	return []Bug{BlindReap, ReleaseCounter, ReleaseNoCompare, RenewExpired, StaleVerdict, NoTombstone, WallClock,
 		WeightIgnored, BargePastHead, ReplaceBeside, SupersedeHeld, OrderFirstLimit, RateStale, AgingOff, ResizePastWaiter, ResizeOverSize, ResizeNoSettle, LateRenewalDeath,
-		WaiterNotRenewed, ReleaseBeforeExit, HoldAndWait, LateLossGrace, DrainBlind, GuardUntold,
+		WaiterNotRenewed, ReleaseBeforeExit, HoldAndWait, LateLossGrace, DrainBlind, GuardUntold, MonotonicDeadline,
 		HostNameIdentity, TimensIgnored, ReplayedKill, PdeathsigOnly, ForegroundUndrained, OrphansLeft}
 }

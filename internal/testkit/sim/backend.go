@@ -66,7 +66,11 @@ type Bolt struct {
 	opts  boltstore.Options
 	clock *boltstore.FakeClock
 	boots int
+	lock  *storeLock // held by a stalled process (storelock.go)
 }
+
+// boltTimeout bounds a call's wait for the store's lock (real time).
+const boltTimeout = time.Second
 
 // simEpoch is the wall time a run starts at; fixed, so that runs replay.
 var simEpoch = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -75,7 +79,7 @@ var simEpoch = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 func NewBolt(dir string, j Judges, mut mutation.Set) (Backend, error) {
 	b := &Bolt{path: filepath.Join(dir, "slots.db"), boots: 1}
 	b.clock = boltstore.NewFakeClock(boltstore.Instant{Boot: "boot-1", Mono: time.Hour, Wall: simEpoch})
-	b.opts = boltstore.Options{Clock: b.clock, NoSync: true, Dead: j.Dead, Keep: j.Keep, Alive: j.Alive, Mutations: mut, Timeout: time.Second}
+	b.opts = boltstore.Options{Clock: b.clock, NoSync: true, Dead: j.Dead, Keep: j.Keep, Alive: j.Alive, Mutations: mut, Timeout: boltTimeout}
 	return b, nil
 }
 
@@ -92,7 +96,13 @@ func (b *Bolt) Lose() error {
 }
 
 // Open implements Backend.
-func (b *Bolt) Open() (store.Store, error) { return boltstore.New(b.path, b.opts) }
+func (b *Bolt) Open() (store.Store, error) {
+	st, err := boltstore.New(b.path, b.opts)
+	if err != nil {
+		return nil, err
+	}
+	return lockStore{st, b}, nil
+}
 
 // Now implements Backend.
 func (b *Bolt) Now() Instant {

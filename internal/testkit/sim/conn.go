@@ -87,6 +87,11 @@ func (c *conn) record(o *op) {
 	if errors.Is(o.err, context.Canceled) {
 		return // the store checks the context first: nothing ran
 	}
+	if errors.Is(o.err, errLocked) {
+		c.s.stats.LockRefused++
+		c.lockWait() // nothing ran, after the store's timeout
+		return
+	}
 	o.who, o.owner = c.who, c.owner
 	c.s.log = append(c.s.log, o)
 	if h := c.owner; h != nil && h.crashAfterCall && c != c.s.netConn {
@@ -112,9 +117,10 @@ func (c *conn) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Tic
 		return store.Ticket{}, errReplyLost
 	}
 	t, err := c.st.Enqueue(untimed(ctx), req)
-	if !errors.Is(err, store.ErrQueueFull) || f == 2 {
+	if !errors.Is(err, store.ErrQueueFull) && !errors.Is(err, errLocked) || f == 2 {
 		// A request refused by --max-waiting got its answer, and its id is
-		// never sent again (the refusal wrote nothing, not even a tombstone).
+		// never sent again (the refusal wrote nothing, not even a tombstone);
+		// one that never got the store's lock never left its process.
 		remember()
 	}
 	c.record(&op{kind: "enqueue", req: req, res: t, err: err})

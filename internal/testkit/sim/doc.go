@@ -122,7 +122,22 @@
 // enqueue, renew and release requests (a retried request), lost enqueue
 // answers, SIGTERM to a supervisor, and lost rings of a supersede or a
 // stop request (a holder that is not told by its bell learns it at its
-// next poll or renewal). A late renewal may arrive from a
+// next poll or renewal). Clocks (clocks.go): the store's host's boot clock
+// judges every lease; a supervisor keeps its deadlines on its own host's
+// (the same on the store's host; on the others an offset of up to a month
+// and a rate within ±500 ppm, clock-drift), and a host other than the
+// store's may be suspended for up to 3 TTLs (suspend): its processes stop,
+// its boot clock counts on, its timers fire late by the suspend, and a
+// supervisor whose job runs notices the end of its lease at its Keeper's
+// watchdog tick within a second of the resume. These draws come from a
+// stream of their own. A stalled process (a reaper or a slotctl in its
+// write, an operator's ls in its read) holds the bbolt store's file lock,
+// really taken, for up to 2 TTLs (store-lock, storelock.go; a stream of its
+// own too; opt-in, not in the default set): a call that needs the lock
+// fails as the store's call fails
+// once its lock timeout is over, nothing run; a call of Run's blocks Run
+// for that timeout in simulated time, as it blocks slotctl, the others
+// fail at once. A late renewal may arrive from a
 // holder that reapers have since proven dead: it is lost (see
 // TestRenewOfDeadWaiter, the bug the simulation found there).
 //
@@ -152,7 +167,9 @@
 //	S6  a ticket renewed on time is never reaped, nor listed by a scan
 //	S7  no removed id comes back; an expired ticket is not renewed
 //	S8  fences strictly increase and never change
-//	S9  a holder's local deadline + margin ≤ the store's deadline; a child is
+//	S9  a holder's local deadline + margin ≤ the store's deadline (read on
+//	    the store's clock, + what its host's clock, if slower, drifts over
+//	    a TTL within ±500 ppm); a child is
 //	    stopped within the kill grace of its local deadline, a lost lease or
 //	    a SIGTERM, and a child whose lease was lost is gone by the lease's
 //	    expiry (local deadline + margin), whatever the kill grace
@@ -216,6 +233,13 @@
 //	    pid namespace) is neither swept past its deadline nor refused a
 //	    late renewal (Judges.Alive, the real proc.Judge.SupervisorAlive;
 //	    docs/leases.md rule 17), and Alive vouches only for a running one
+//	S30 a job whose supervisor runs is gone by its ticket's end on the
+//	    store's clock (its deadline there, or its removal), whatever its
+//	    host's clock reads: the whole stop fits inside the lease across
+//	    clocks (outside S24, S31 and an operator's forced release)
+//	S31 a supervisor whose host resumes from a suspend past its lease has
+//	    its job gone within the watchdog (1 s) + min(kill grace, margin/2)
+//	    of the resume
 //	L1  a reap leaves no expired ticket of its limits; none outlives three
 //	    reaper periods (but a ticket whose orphaned job runs, which the
 //	    store keeps until a reap stops the job)
@@ -283,7 +307,10 @@
 // whole kill grace, gate/holder's killBy) as S24, which alone sees it (the
 // child is gone within the grace, which every other rule allows), once
 // guard-untold takes away the guard's timer, which would SIGKILL the job
-// as its supervisor resumes; order-first-limit (P1) as L11, rate-stale (P2: two
+// as its supervisor resumes; monotonic-deadline (a supervisor's deadlines
+// on CLOCK_MONOTONIC, which stops in suspend) only across a suspend, as
+// S9 (and with S9 ignored, as S30: its job runs past its ticket's end);
+// order-first-limit (P1) as L11, rate-stale (P2: two
 // handles, each settling on its own earlier read of a rated limit's
 // starts) as S23, aging-off (P3) as L11 (or L12); the death judge's
 // (internal/proc, reading the process table): host-name-identity (a

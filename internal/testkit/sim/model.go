@@ -81,6 +81,9 @@ type mTicket struct {
 	share   string
 	created time.Time
 	epoch   int
+	// keptAt: the last step at which the store had to keep it expired,
+	// its supervisor provably running (S28): L1's bound counts from then.
+	keptAt time.Duration
 }
 
 // shares: t names one of the limits.
@@ -101,6 +104,7 @@ type goneRec struct {
 	why    string
 	force  bool          // an operator's release
 	file   bool          // lost with the store's file (store-lost; force too)
+	forgot bool          // removed before the store's file was deleted: the store forgot it
 	swept  bool          // expired or proven dead, removed by a sweep or a reap
 	expiry time.Duration // when its lease ran out (for swept)
 	by     string        // superseded: the newer ticket
@@ -136,7 +140,7 @@ func (m *model) storeLost() {
 		m.remove(t, goneRec{why: "lost with the store's file", force: true, file: true})
 	}
 	for id, g := range m.gone {
-		g.sure = false // the store forgot its successor with the file
+		g.forgot, g.sure = true, false // the store forgot it, its successor too, with the file
 		m.gone[id] = g
 	}
 	m.refused, m.removals = map[string]bool{}, map[string]int{}
@@ -916,9 +920,11 @@ func (m *model) holders(now Instant) {
 
 func (m *model) holder(h *holder, now Instant) {
 	t := m.live[h.id]
-	if h.leased && !h.lost && t != nil && t.boot == now.Boot && h.lease.Deadline()+h.margin > t.dl {
-		m.fail("S9", "%s counts on its lease until %v from now, but the store's ends in %v", h.name,
-			h.lease.Deadline()+h.margin-now.Mono, t.dl-now.Mono)
+	// Its lease's end on its own clock, read on the store's: the drift
+	// within the bound may move it by that much over a lease (clocks.go).
+	if h.leased && !h.lost && t != nil && t.boot == now.Boot && h.storeAt(h.lease.Deadline()+h.margin) > t.dl+h.slack(h.ttl) {
+		m.fail("S9", "%s counts on its lease until %v from now, but the store's ends in %v (its host's clock %v)", h.name,
+			h.storeAt(h.lease.Deadline()+h.margin)-now.Mono, t.dl-now.Mono, h.sup.mc.clk)
 	}
 	m.heardStop(h, now)
 	// The job is the command and, once it exits, what it left: the drain
@@ -939,16 +945,22 @@ func (m *model) holder(h *holder, now Instant) {
 	if m.guardStops(h, now, job); m.s.viol != nil {
 		return
 	}
-	stopped := h.paused || h.wasPaused && now.Mono <= h.resumedAt+h.grace
+	if m.sleptPast(h, now); m.s.viol != nil {
+		return
+	}
+	if m.outlivesLease(h, now); m.s.viol != nil {
+		return
+	}
+	stopped := h.stoppedAt(now.Mono)
 	if t == nil || t.state != store.Held {
 		g := m.gone[h.id]
 		until := never
 		switch {
 		case stopped:
 		case g.force:
-			until = h.lease.Deadline() + h.margin + h.grace
+			until = h.storeAt(h.lease.Deadline() + h.margin + h.grace)
 		case g.swept:
-			until = min(h.lease.Deadline()+h.margin, g.expiry) + h.grace
+			until = min(h.storeAt(h.lease.Deadline()+h.margin), g.expiry) + h.span(h.grace)
 		default:
 			until = 0
 		}
@@ -965,17 +977,17 @@ func (m *model) holder(h *holder, now Instant) {
 	if stopped {
 		return
 	}
-	if h.leased && now.Mono > h.lease.Deadline()+h.grace {
-		m.fail("S9", "%s runs %v past its local deadline", job, now.Mono-h.lease.Deadline())
+	// On its own clock, which its timers keep.
+	if local := h.hostNow(); h.leased && local > h.lease.Deadline()+h.grace {
+		m.fail("S9", "%s runs %v past its local deadline", job, local-h.lease.Deadline())
 		return
-	}
-	if h.lost && now.Mono > h.lease.Expiry() {
+	} else if h.lost && local > h.lease.Expiry() {
 		// The whole stop fits before the earliest moment the store could
 		// judge the lease expired, whatever the kill grace.
-		m.fail("S9", "%s still runs %v after its lost lease could expire in the store (kill grace %v, margin %v)", job, now.Mono-h.lease.Expiry(), h.grace, h.margin)
+		m.fail("S9", "%s still runs %v after its lost lease could expire in the store (kill grace %v, margin %v)", job, local-h.lease.Expiry(), h.grace, h.margin)
 		return
 	}
-	if h.lost && now.Mono > h.lostAt+h.grace || h.handledSig && now.Mono > h.sigtermAt+h.grace {
+	if h.lost && now.Mono > h.lostAt+h.span(h.grace) || h.handledSig && now.Mono > h.sigtermAt+h.span(h.grace) {
 		m.fail("S9", "%s still runs more than the kill grace %v after it was stopped", job, h.grace)
 	}
 }
@@ -984,22 +996,23 @@ func (m *model) holder(h *holder, now Instant) {
 // runs, and stops the job by itself at the lease's end: SIGTERM at the
 // local deadline, SIGKILL half the margin later, before the store could
 // judge the lease expired. So nothing of it runs then, and no slot is
-// shared.
+// shared. (A host that slept has its guard's timers late: S31 judges it.)
 func (m *model) guardStops(h *holder, now Instant, job string) {
-	if !h.paused || h.child.guardStopped || !h.child.guard.alive() || !h.leased {
+	if !h.paused || h.child.guardStopped || !h.child.guard.alive() || !h.leased || h.wokeAt != 0 {
 		return
 	}
+	local := h.hostNow()
 	end := h.lease.Deadline() + h.margin/2
-	if now.Mono <= end {
+	if local <= end+time.Microsecond { // (the clocks' conversions round)
 		return
 	}
 	if h.child.running && h.child.end > now.Mono {
-		m.fail("S29", "%s runs %v past its lease's end while its supervisor is stopped and its guard is not", job, now.Mono-end)
+		m.fail("S29", "%s runs %v past its lease's end while its supervisor is stopped and its guard is not", job, local-end)
 		return
 	}
 	for _, p := range h.tree() {
 		if p.end > now.Mono {
-			m.fail("S29", "process %d of %s's job runs %v past its lease's end while its supervisor is stopped and its guard is not", p.pid, h.name, now.Mono-end)
+			m.fail("S29", "process %d of %s's job runs %v past its lease's end while its supervisor is stopped and its guard is not", p.pid, h.name, local-end)
 			return
 		}
 	}
@@ -1031,7 +1044,10 @@ func (m *model) pausedPast(h *holder, now Instant) {
 	if h.paused {
 		return // the fault itself: nothing runs to stop the child
 	}
-	k := h.stopAfterResume()
+	if h.wokeAt > h.resumedAt {
+		return // its host was suspended since: S31 judges its late timers
+	}
+	k := h.span(h.stopAfterResume()) // on its clock
 	if now.Mono <= h.resumedAt+k {
 		return
 	}
@@ -1054,7 +1070,11 @@ func (m *model) pausedPast(h *holder, now Instant) {
 func (m *model) reclaimed(now Instant) {
 	bound := 3 * reclaimBound
 	for _, t := range m.sorted() {
-		if m.expired(t, now) && now.Mono-m.expiry(t, now) > bound && !orphaned(t.owner) && !m.keptAlive(t) {
+		if m.keptAlive(t) {
+			t.keptAt = now.Mono
+			continue
+		}
+		if m.expired(t, now) && now.Mono-max(m.expiry(t, now), t.keptAt) > bound && !orphaned(t.owner) {
 			m.fail("L1", "ticket %s of %s expired %v ago and is still there", short(t.id), ownerName(t.owner), now.Mono-m.expiry(t, now))
 			return
 		}

@@ -21,6 +21,11 @@ const (
 // FIFO-only runs they always were, at the same seeds and steps (switching
 // those off leaves every other draw of a seed as it was). Runs with
 // policies find most of them too, at other seeds.
+//
+// The hosts' clocks (sim.ClockDrift, sim.Suspend) are searched only for
+// the bug that needs them, and stalls with the store's lock held
+// (sim.StoreLock) for none: the others are found as they were, with one
+// clock and a free lock, at the same seeds and steps.
 func mutFaults(bug mutation.Bug) sim.FaultSet {
 	switch bug {
 	case mutation.OrderFirstLimit, mutation.RateStale, mutation.AgingOff:
@@ -28,7 +33,7 @@ func mutFaults(bug mutation.Bug) sim.FaultSet {
 	}
 	fs := sim.FaultSet{}
 	for _, f := range sim.AllFaults() {
-		if f != sim.Policies && f != sim.StoreLost {
+		if f != sim.Policies && f != sim.StoreLost && f != sim.StoreLock && (bug == mutation.MonotonicDeadline || f != sim.ClockDrift && f != sim.Suspend) {
 			fs[f] = true
 		}
 	}
@@ -120,7 +125,8 @@ func TestReduce(t *testing.T) {
 // TestMutationConsequences: the supervisor-side bugs are caught by a rule
 // about the holder itself (S9: its deadline; S10: release after exit). With
 // that rule ignored, the simulation still finds what the bug does: a child
-// running without a lease (S2). Hold-and-wait is caught as a job holding
+// running past its ticket's end on the store's clock (S30), and with that
+// ignored too, once its ticket is gone, without a lease (S2). Hold-and-wait is caught as a job holding
 // while it waits (L9); with that ignored, as the deadlock it makes: a cycle
 // of waiting jobs (L10); with that ignored too, as jobs that never finish
 // once the faults stop (L2).
@@ -130,7 +136,8 @@ func TestMutationConsequences(t *testing.T) {
 		ignore []string
 		want   string
 	}{
-		{mutation.WaiterNotRenewed, []string{"S9"}, "S2"},
+		{mutation.WaiterNotRenewed, []string{"S9"}, "S30"},
+		{mutation.WaiterNotRenewed, []string{"S9", "S30"}, "S2"},
 		{mutation.ReleaseBeforeExit, []string{"S10"}, "S2"},
 		{mutation.HoldAndWait, []string{"L9"}, "L10"},
 		{mutation.HoldAndWait, []string{"L9", "L10"}, "L2"},
@@ -226,4 +233,40 @@ func TestRecordedMutations(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSuspendClock: a supervisor that keeps its deadlines on
+// CLOCK_MONOTONIC (monotonic-deadline) is caught only across a suspend of
+// its host, at the seed and step where TestMutationsCaught finds it: it
+// counts on a lease that the store's clock already spent (S9). Without
+// suspends the same seed runs clean, as any one-clock run does (both
+// clocks read alike). With S9 ignored, what the bug does is caught: the
+// job runs on past its ticket's end on the store's clock (S30) or past the
+// bound after the resume (S31).
+func TestSuspendClock(t *testing.T) {
+	const seed, step = 2, 218
+	bug := mutation.MonotonicDeadline
+	d := &dirs{root: t.TempDir()}
+	c := sim.Config{Seed: seed, Steps: step, Faults: mutFaults(bug), Mutations: mutation.Of(bug), Dir: d.next()}
+	if v := sim.Run(c).Violation; v == nil || v.Rule != "S9" || v.Step != step {
+		t.Fatalf("%s at seed %d: %v, want S9 at step %d", bug, seed, v, step)
+	}
+	c.Steps, c.Dir = mutSteps, d.next()
+	delete(c.Faults, sim.Suspend)
+	if v := sim.Run(c).Violation; v != nil {
+		t.Fatalf("%s at seed %d without suspends: %v", bug, seed, v)
+	}
+	steps := 0
+	for seed := uint64(1); seed <= mutSeeds; seed++ {
+		r := sim.Run(sim.Config{Seed: seed, Steps: mutSteps, Faults: mutFaults(bug), Mutations: mutation.Of(bug), Ignore: []string{"S9"}, Dir: d.next()})
+		steps += r.Stats.Steps
+		if v := r.Violation; v != nil {
+			t.Logf("with S9 ignored: caught at seed %d, step %d (%d steps searched): %v", seed, v.Step, steps, v)
+			if v.Rule != "S30" && v.Rule != "S31" {
+				t.Errorf("caught by %s, want S30 or S31", v.Rule)
+			}
+			return
+		}
+	}
+	t.Errorf("with S9 ignored: not caught in %d seeds × %d steps", mutSeeds, mutSteps)
 }

@@ -36,6 +36,7 @@ type machine struct {
 	n     int
 	name  string // another machine's, for a clone or a container host
 	boot  string // "" on the store's host: its boot is the store clock's
+	clk   *hostClock
 	procs map[int]*mproc
 }
 

@@ -199,6 +199,10 @@ func TestSim(t *testing.T) {
 		total.OrderExcused += s.OrderExcused
 		total.PauseOverlap = max(total.PauseOverlap, s.PauseOverlap)
 		total.PauseOverlaps += s.PauseOverlaps
+		total.Suspends += s.Suspends
+		total.WokePast += s.WokePast
+		total.LockHolds += s.LockHolds
+		total.LockRefused += s.LockRefused
 		total.Procs.Add(s.Procs)
 		if r.Violation != nil {
 			failed = append(failed, r)
@@ -218,6 +222,8 @@ func TestSim(t *testing.T) {
 	t.Logf("policies: %d runs, %d changes; %d admissions by priority or fair order, %d to rated limits; %d passed a waiter ahead by its order, "+
 		"%d of those where limits may disagree (L11-L13)", total.PolicyRuns, total.PolicyChanges, total.OrderedAdmits, total.RatedAdmits,
 		total.OrderJudged+total.OrderExcused, total.OrderExcused)
+	t.Logf("clocks: %d hosts suspended; %d supervisors resumed past their lease with their job running (each stopped within its bound, S31); "+
+		"%d stalls of a process holding the store's lock, which refused %d calls", total.Suspends, total.WokePast, total.LockHolds, total.LockRefused)
 	ps := total.Procs
 	t.Logf("processes: supervisors on a clone of the store's host %d, on another host %d, in a pid namespace %d, a time namespace %d, "+
 		"terminals' jobs %d; %d job processes (setsid %d, ignoring SIGTERM %d, env cleared %d, outliving the command %d), %d daemons handed off; "+

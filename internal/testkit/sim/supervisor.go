@@ -72,6 +72,14 @@ type holder struct {
 	resumedLate bool
 	overlapped  bool
 	outageUntil time.Duration // renewals fail until then
+	// A suspend of its host (clocks.go): how late its parked wait's timer
+	// and its Keeper's deadline timer fire, the watchdog's first tick after
+	// the resume, the resume, and whether it resumed past its lease (S31).
+	timerLate, deadLate time.Duration
+	inCall              bool // Run waits in a store call for the store's lock (storelock.go)
+	contPending         bool // SIGCONT came during that call
+	watchAt, wokeAt     time.Duration
+	resumedPast         bool
 
 	c  *conn
 	id string
@@ -159,7 +167,7 @@ type child struct {
 type renewCall struct {
 	h          *holder
 	t          store.Ticket
-	sent       time.Duration
+	sent       time.Duration // on its holder's clock
 	deliverAt  time.Duration
 	replyDelay time.Duration
 	delivered  bool
@@ -187,7 +195,7 @@ func (c *renewCall) deliver() {
 	n.who, n.owner = "net", nil
 	c.delivered = true
 	c.replyAt = s.now().Mono + c.replyDelay
-	s.tracef("renewal of %s (sent %v ago) reaches the store: %s", c.h.name, s.now().Mono-c.sent, result(c.res, c.err))
+	s.tracef("renewal of %s (sent %v ago) reaches the store: %s", c.h.name, c.h.hostNow()-c.sent, result(c.res, c.err))
 	if c.h.crashed {
 		c.h.inflight = nil // nobody reads the answer
 	}
@@ -238,10 +246,11 @@ var keys = []string{"", "main", "dev"}
 
 func (h *holder) live() bool { return !h.crashed && h.phase != hDone }
 
-// stoppedAt: the supervisor is stopped (SIGSTOP) or was until just now, so
-// it cannot have stopped its child on time.
+// stoppedAt: the supervisor is stopped (SIGSTOP) or was until just now, or
+// its host is suspended or resumed just now (clocks.go), so it cannot have
+// stopped its child on time.
 func (h *holder) stoppedAt(now time.Duration) bool {
-	return h.paused || h.wasPaused && now <= h.resumedAt+h.grace
+	return h.paused || h.wasPaused && now <= h.resumedAt+h.grace || h.late(now) && now <= h.wakeBound()
 }
 
 // stopAfterResume is how long the child of a supervisor that resumes past
@@ -269,13 +278,19 @@ func (h *holder) renewing() bool {
 	return h.leased && !h.lost && h.inflight == nil && (h.phase == hWait || h.phase == hRun)
 }
 
-// ready is the event the parked Run waits for that is ready now, if any.
+// ready is the event the parked Run waits for that is ready now (on its
+// clock), if any.
 func (h *holder) ready(now time.Duration) (gh.Event, bool) {
 	if !h.parked {
 		return gh.Event{}, false
 	}
 	w := h.wk
+	if h.inCall { // in a store call that waits for the lock: its timeout alone ends it
+		return gh.Event{Kind: gh.Timer}, w.At+h.timerLate <= now
+	}
 	switch {
+	case h.contPending:
+		return gh.Event{Kind: gh.Signal, Signal: syscall.SIGCONT}, true
 	case w.Lost != nil && closed(w.Lost):
 		return gh.Event{Kind: gh.Lost}, true
 	case h.sigterm && !h.handledSig:
@@ -286,7 +301,7 @@ func (h *holder) ready(now time.Duration) (gh.Event, bool) {
 		return gh.Event{Kind: gh.Bell}, true
 	case w.Nudge != nil && len(w.Nudge) > 0:
 		return gh.Event{Kind: gh.Nudge}, true
-	case w.At != 0 && w.At <= now:
+	case w.At != 0 && w.At+h.timerLate <= now:
 		return gh.Event{Kind: gh.Timer}, true
 	}
 	return gh.Event{}, false
@@ -305,14 +320,16 @@ func (h *holder) wake() time.Duration {
 	if !h.live() {
 		return never
 	}
+	if h.asleep() {
+		return h.sup.mc.clk.asleepUntil
+	}
 	if h.paused {
 		return min(h.resumeAt, h.guardDue())
 	}
 	if !h.started {
 		return 0
 	}
-	now := h.s.now().Mono
-	if _, ok := h.ready(now); ok {
+	if _, ok := h.ready(h.hostNow()); ok {
 		return 0
 	}
 	w := never
@@ -320,10 +337,10 @@ func (h *holder) wake() time.Duration {
 		w = min(w, c.replyAt)
 	}
 	if h.leased && !h.lost {
-		w = min(w, h.lease.Deadline())
+		w = min(w, h.deadlineWake())
 	}
 	if h.renewing() {
-		w = min(w, h.nextRenew)
+		w = min(w, h.storeAt(h.nextRenew))
 	}
 	w = min(w, h.guardDue())
 	if h.child.running {
@@ -335,7 +352,28 @@ func (h *holder) wake() time.Duration {
 		}
 	}
 	if h.parked && h.wk.At != 0 {
-		w = min(w, h.wk.At)
+		w = min(w, h.storeAt(h.wk.At+h.timerLate))
+	}
+	return w
+}
+
+// deadlineWake is when the Keeper next checks the lease's local deadline,
+// on the store's clock: its deadline timer, late by a suspend that passed
+// since it was armed; while the job runs, the watchdog's next tick past
+// the deadline, if that is sooner.
+func (h *holder) deadlineWake() time.Duration {
+	w := h.storeAt(h.lease.Deadline() + h.deadLate)
+	if h.phase == hRun && (h.watchAt != 0 || h.deadLate > 0) {
+		// The watchdog ticks every second from the resume, or from Hold
+		// (the job's start) if the suspend came before.
+		d, tick := h.storeAt(h.lease.Deadline()), h.watchAt
+		if tick == 0 {
+			tick = h.child.start + watchdog
+		}
+		if d > tick {
+			tick += (d - tick + watchdog - 1) / watchdog * watchdog
+		}
+		w = min(w, tick)
 	}
 	return w
 }
@@ -344,15 +382,19 @@ func (h *holder) wake() time.Duration {
 // supervisor would notice them.
 func (h *holder) act() {
 	s := h.s
-	now := s.now().Mono
+	now, local := s.now().Mono, h.hostNow()
 	switch {
 	case h.paused && now < h.resumeAt:
 		h.guardActs(now)
 		return
 	case h.paused:
 		h.paused, h.resumedAt = false, now
-		h.resumedLate = h.child.running && (h.lost || h.leased && h.lease.Expired(now))
+		h.resumedLate = h.child.running && (h.lost || h.leased && h.lease.Expired(local))
 		s.tracef("%s resumes (SIGCONT) and checks its lease", h.name)
+		if h.inCall {
+			h.contPending = true // Run reads it once its store call is over
+			return
+		}
 		h.deliver(gh.Event{Kind: gh.Signal, Signal: syscall.SIGCONT})
 		return
 	case !h.started:
@@ -362,11 +404,11 @@ func (h *holder) act() {
 	if c := h.inflight; c != nil && c.delivered && c.replyAt <= now {
 		h.inflight = nil
 		s.tracef("%s reads its late renewal answer", h.name)
-		h.answer(now, c.sent, c.res, c.err)
+		h.answer(local, c.sent, c.res, c.err)
 		return
 	}
-	if h.leased && !h.lost && h.lease.Expired(now) {
-		h.loseLease(now, renew.ErrDeadline)
+	if h.leased && !h.lost && h.lease.Expired(local) {
+		h.loseLease(renew.ErrDeadline)
 		return
 	}
 	if h.guardDue() <= now {
@@ -377,9 +419,13 @@ func (h *holder) act() {
 		s.tracef("%s: child exited (ran %v)", h.name, now-h.child.start)
 		s.pt.exit(h.child.leader)
 	}
-	if ev, ok := h.ready(now); ok {
+	if ev, ok := h.ready(local); ok {
 		switch ev.Kind {
 		case gh.Signal:
+			if ev.Signal == syscall.SIGCONT {
+				h.contPending = false
+				break
+			}
 			h.handledSig, h.sigtermAt = true, now
 			s.tracef("%s: SIGTERM", h.name)
 		case gh.Bell:
@@ -392,13 +438,14 @@ func (h *holder) act() {
 		}
 		waiting := h.phase == hWait
 		h.deliver(ev)
-		if g := s.m.gone[h.id]; ev.Kind == gh.Bell && waiting && g.by != "" && h.live() {
+		// Unless its read of the ticket waits for the store's lock (storelock.go).
+		if g := s.m.gone[h.id]; ev.Kind == gh.Bell && waiting && g.by != "" && !g.forgot && h.live() && !h.inCall {
 			s.fail("S16", "%s heard its bell after %s superseded its ticket %s, and still %ss", h.name, short(g.by), short(h.id), h.phase)
 		}
 		return
 	}
-	if h.renewing() && now >= h.nextRenew {
-		h.sendRenewal(now)
+	if h.renewing() && local >= h.nextRenew {
+		h.sendRenewal(now, local)
 	}
 }
 
@@ -437,7 +484,7 @@ func (h *holder) start() {
 		Gate:    gate.Gate{PollEvery: pollEvery, Rand: s.rng.Float64},
 		Request: req,
 		Wait:    h.waitFor, KillAfter: h.grace,
-		Now:       func() time.Duration { return s.now().Mono },
+		Now:       h.hostNow,
 		Waiter:    simWaiter{h},
 		NewLease:  h.newLease,
 		Start:     h.startChild,
@@ -463,7 +510,7 @@ func (h *holder) deliver(ev gh.Event) {
 func (h *holder) await() {
 	select {
 	case w := <-h.park:
-		h.parked, h.wk = true, w
+		h.parked, h.wk, h.timerLate = true, w, 0
 	case <-h.gone:
 		h.finished()
 	}
@@ -541,7 +588,7 @@ func (h *holder) note(n gh.Note) {
 		if h.weight > 1 {
 			s.stats.AdmittedHeavy++
 		}
-		s.tracef("%s: admitted to slot %d, starts its job (local deadline in %v)", h.name, n.Ticket.Slot, h.lease.Deadline()-s.now().Mono)
+		s.tracef("%s: admitted to slot %d, starts its job (local deadline in %v)", h.name, n.Ticket.Slot, h.lease.Deadline()-h.hostNow())
 	case gh.LeaseLost:
 		s.tracef("%s: lease lost while its job runs: stops it", h.name)
 	case gh.Kill:
@@ -558,7 +605,7 @@ func (h *holder) newLease(t store.Ticket, sent time.Duration, onRenew func(store
 	h.ticket = t
 	h.onRenew = onRenew
 	h.lease = renew.NewLease(sent, h.ttl, h.margin)
-	h.leased = true
+	h.leased, h.deadLate = true, 0
 	// A waiter starts a new lease after its own deadline passed (or as it
 	// comes into line): the old one's verdict was the old lease's.
 	h.lost, h.lostErr, h.failures = false, nil, 0
@@ -574,7 +621,7 @@ func (l simLease) Lost() <-chan struct{}   { return l.h.lostC }
 func (l simLease) Deadline() time.Duration { return l.h.lease.Deadline() }
 func (l simLease) Expiry() time.Duration   { return l.h.lease.Expiry() }
 func (l simLease) Hold()                   { l.h.holds = true }
-func (l simLease) Check()                  { l.h.checkLease(l.h.s.now().Mono) }
+func (l simLease) Check()                  { l.h.checkLease(l.h.hostNow()) }
 
 func (l simLease) Err() error {
 	if l.h.lost {
@@ -602,7 +649,7 @@ func (l simLease) Stop() {
 // startChild is Run's Starter.
 func (h *holder) startChild(_ context.Context, t store.Ticket) (gh.Child, error) {
 	now := h.s.now().Mono
-	if g := h.s.m.gone[t.ID]; g.by != "" {
+	if g := h.s.m.gone[t.ID]; g.by != "" && !g.forgot {
 		h.s.fail("S16", "%s starts the job of ticket %s, which %s superseded", h.name, short(t.ID), short(g.by))
 	}
 	h.child = child{start: now, end: now + h.runFor, running: true, exited: make(chan struct{}), gone: make(chan struct{})}
@@ -630,8 +677,10 @@ func (c simChild) Close()                  {}
 // Lease arms the guard's timer, as the supervisor tells it of each
 // renewal: it stops the job by itself at the lease's end.
 func (c simChild) Lease(term, kill time.Duration) {
-	ch, now := &c.h.child, c.h.s.now().Mono
-	ch.guardTerm, ch.guardKill, ch.guardTermSent = now+term, now+kill, false
+	h := c.h
+	ch, local := &h.child, h.hostNow()
+	// On the supervisor's host's clock, kept as the store's readings then.
+	ch.guardTerm, ch.guardKill, ch.guardTermSent = h.storeAt(local+term), h.storeAt(local+kill), false
 }
 func (c simChild) Exit() (gh.Exit, error) { return gh.Exit{}, nil }
 
@@ -680,7 +729,8 @@ func (h *holder) judge() proc.Judge {
 	return proc.Judge{Host: view{pt: h.s.pt, mc: h.sup.mc, self: h.sup}, Mutations: h.s.cfg.Mutations}
 }
 
-func (h *holder) sendRenewal(now time.Duration) {
+// sendRenewal sends a renewal now (local on h's clock).
+func (h *holder) sendRenewal(now, local time.Duration) {
 	s := h.s
 	t := h.ticket
 	if h.holds {
@@ -690,19 +740,19 @@ func (h *holder) sendRenewal(now time.Duration) {
 	switch {
 	case now < h.outageUntil:
 		s.tracef("%s renews: store unreachable", h.name)
-		h.answer(now, now, store.Ticket{}, errReplyLost)
+		h.answer(local, local, store.Ticket{}, errReplyLost)
 		return
 	case !s.quiet && s.cfg.Faults.Has(RenewFail) && s.chance(0.04):
 		s.tracef("%s renews: the call fails before the store", h.name)
-		h.answer(now, now, store.Ticket{}, errReplyLost)
+		h.answer(local, local, store.Ticket{}, errReplyLost)
 		return
 	case !s.quiet && s.cfg.Faults.Has(RenewFail) && s.chance(0.04):
 		res, err := h.c.Renew(s.ctx, t, h.ttl)
 		s.tracef("%s renews: the store answers %s, the answer is lost", h.name, result(res, err))
-		h.answer(now, now, store.Ticket{}, errReplyLost)
+		h.answer(local, local, store.Ticket{}, errReplyLost)
 		return
 	case !s.quiet && s.cfg.Faults.Has(RenewDelay) && s.chance(0.12):
-		c := &renewCall{h: h, t: t, sent: now, deliverAt: now + s.between(0, 3*h.ttl/5), replyDelay: s.between(0, 2*h.ttl/5)}
+		c := &renewCall{h: h, t: t, sent: local, deliverAt: now + s.between(0, 3*h.ttl/5), replyDelay: s.between(0, 2*h.ttl/5)}
 		switch r := s.rng.IntN(10); {
 		case r < 3:
 			c.deliverAt = now // only the answer is late
@@ -718,10 +768,11 @@ func (h *holder) sendRenewal(now time.Duration) {
 	}
 	res, err := h.c.Renew(s.ctx, t, h.ttl)
 	s.tracef("%s renews: %s", h.name, result(res, err))
-	h.answer(now, now, res, err)
+	h.answer(local, local, res, err)
 }
 
-// answer is the Keeper's handling of a renewal's result.
+// answer is the Keeper's handling of a renewal's result; now and sent are
+// on h's clock.
 func (h *holder) answer(now, sent time.Duration, res store.Ticket, err error) {
 	if h.crashed || h.lost || !h.leased {
 		return
@@ -729,23 +780,24 @@ func (h *holder) answer(now, sent time.Duration, res store.Ticket, err error) {
 	switch {
 	case err == nil:
 		if !h.lease.Acked(sent, now) {
-			h.loseLease(now, fmt.Errorf("%w: the ack came after the local deadline", renew.ErrDeadline))
+			h.loseLease(fmt.Errorf("%w: the ack came after the local deadline", renew.ErrDeadline))
 			return
 		}
 		h.ticket = res
 		h.failures = 0
+		h.deadLate = 0 // the deadline timer is armed again
 		h.nextRenew = sent + h.s.jitter(h.every)
 		if res.Stop != nil {
-			h.heard(now, res.Stop.Ticket, "a renewal's answer")
+			h.heard(h.s.now().Mono, res.Stop.Ticket, "a renewal's answer")
 		}
 		if h.onRenew != nil {
 			h.onRenew(res) // as the Keeper does
 		}
 	case errors.Is(err, store.ErrLost):
-		h.loseLease(now, fmt.Errorf("store refused the renewal: %w", err))
+		h.loseLease(fmt.Errorf("store refused the renewal: %w", err))
 	default:
 		if h.lease.Expired(now) {
-			h.loseLease(now, renew.ErrDeadline)
+			h.loseLease(renew.ErrDeadline)
 			return
 		}
 		h.failures++
@@ -755,14 +807,14 @@ func (h *holder) answer(now, sent time.Duration, res store.Ticket, err error) {
 
 func (h *holder) checkLease(now time.Duration) {
 	if h.leased && !h.lost && h.lease.Expired(now) {
-		h.loseLease(now, fmt.Errorf("%w: the local deadline passed while stopped", renew.ErrDeadline))
+		h.loseLease(fmt.Errorf("%w: the local deadline passed while stopped", renew.ErrDeadline))
 	}
 }
 
 // loseLease: the lease is presumed lost; Run learns it from Lost.
-func (h *holder) loseLease(now time.Duration, err error) {
+func (h *holder) loseLease(err error) {
 	s := h.s
-	h.lost, h.lostAt, h.lostErr = true, now, err
+	h.lost, h.lostAt, h.lostErr = true, s.now().Mono, err
 	s.stats.Lost++
 	s.tracef("%s: lease lost: %v", h.name, err)
 	close(h.lostC)
@@ -847,8 +899,8 @@ func (h *holder) guardActs(now time.Duration) {
 		h.s.pt.exit(ch.leader)
 		ch.guardKill = never
 	case now >= ch.guardTerm && !ch.guardTermSent:
-		if h.leased && now < h.lease.Deadline() {
-			h.s.fail("S29", "%s's guard stops the job %v before its lease's local deadline", h.name, h.lease.Deadline()-now)
+		if local := h.hostNow(); h.leased && local < h.lease.Deadline() {
+			h.s.fail("S29", "%s's guard stops the job %v before its lease's local deadline", h.name, h.lease.Deadline()-local)
 			return
 		}
 		ch.guardTermSent = true
