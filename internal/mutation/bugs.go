@@ -86,6 +86,12 @@ const (
 	// AgingOff: the planner orders a priority limit by priority alone, so
 	// a low priority waits as long as higher ones keep coming (P3).
 	AgingOff Bug = "aging-off"
+	// LostRecounted: the etcd store (store/etcdstore, releaseAbsent) logs
+	// a holder's "lost" again on a repeated release (a retried or late
+	// request): the event's key is overwritten, one in the log, but its
+	// limits count it twice (S22). An etcd-only bug: the other stores log
+	// each release as an event of its own.
+	LostRecounted Bug = "lost-recounted"
 
 	// WaiterNotRenewed: the supervisor renews only once admitted, and counts
 	// its lease from the admission it observed (C4).
@@ -163,7 +169,7 @@ const (
 // All lists every Bug, store-side first, then the holder's and the judge's.
 func All() []Bug {
 	return []Bug{BlindReap, ReleaseCounter, ReleaseNoCompare, RenewExpired, StaleVerdict, NoTombstone, WallClock,
-		WeightIgnored, BargePastHead, ReplaceBeside, SupersedeHeld, OrderFirstLimit, RateStale, AgingOff, ResizePastWaiter, ResizeOverSize, ResizeNoSettle, LateRenewalDeath,
+		WeightIgnored, BargePastHead, ReplaceBeside, SupersedeHeld, OrderFirstLimit, RateStale, AgingOff, ResizePastWaiter, ResizeOverSize, ResizeNoSettle, LateRenewalDeath, LostRecounted,
 		WaiterNotRenewed, ReleaseBeforeExit, HoldAndWait, LateLossGrace, DrainBlind, GuardUntold, MonotonicDeadline,
 		HostNameIdentity, TimensIgnored, ReplayedKill, PdeathsigOnly, ForegroundUndrained, OrphansLeft}
 }

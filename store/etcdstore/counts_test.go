@@ -239,3 +239,26 @@ func TestCountsOfNewLimitStartAtZero(t *testing.T) {
 		t.Errorf("counts of a limit made by an enqueue over counts left behind: %+v, want its one admission", got)
 	}
 }
+
+// A "lost" release sent twice (a retried request, or a late duplicate the
+// network delivers) leaves counts that are the log's tally: the event
+// counted as often as the log shows it. The simulation found the second
+// one counted again while it overwrote the first one's event key.
+func TestCountsOfRepeatedLost(t *testing.T) {
+	parallel(t)
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	st := open(t, srv, etcdstore.Options{})
+	ctx := context.Background()
+	a := mustEnqueue(t, st, req("a", "x", 1, 10*time.Second), store.Held)
+	if ok, err := st.Release(ctx, a, store.ForceReleased); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	for range 2 {
+		if ok, err := st.Release(ctx, a, store.Lost); err != nil || ok {
+			t.Fatalf("late Release(lost) of a ticket gone: %v, %v; want false, nil", ok, err)
+		}
+	}
+	if got, want := mustCounts(t, st, "x"), tally(t, st, "x"); got.Lost != want.Lost {
+		t.Fatalf("counts of x say %d lost, the log %d", got.Lost, want.Lost)
+	}
+}

@@ -113,6 +113,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 
+	"github.com/slotctl/slotctl/internal/mutation"
 	"github.com/slotctl/slotctl/store"
 )
 
@@ -144,6 +145,9 @@ type Options struct {
 	// DialOptions are added to the gRPC connection's (tests use them to
 	// inject faults).
 	DialOptions []grpc.DialOption
+	// Mutations switches known bugs back on (tests only, with the build
+	// tag slotctl_mutations; see internal/mutation).
+	Mutations mutation.Set
 
 	// skew (tests only, through the export_test.go hook): a reaper whose
 	// reading of the leases is skew ahead, so that its dry run lists leases

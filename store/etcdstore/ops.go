@@ -12,6 +12,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/slotctl/slotctl/internal/mutation"
 	"github.com/slotctl/slotctl/store"
 	"github.com/slotctl/slotctl/store/policy"
 )
@@ -1036,6 +1037,15 @@ func (s *Store) releaseAbsent(ctx context.Context, t store.Ticket, why store.Rea
 // changed since they were read (the "lost" is counted on them).
 func (s *Store) releaseAbsentOnce(ctx context.Context, t store.Ticket, why store.Reason, idr *idRec, lost bool) (removed, again bool, err error) {
 	st := newState(nil, 0)
+	recount := s.o.Mutations.Has(mutation.LostRecounted) // mutation (test-only): a repeated "lost" counted again
+	if lost && !recount {
+		// A "lost" logged already (a retried or duplicated request, or the
+		// release that removed the ticket) is not logged again: its event
+		// key would be overwritten, and counted twice.
+		if lost, err = s.lostUnlogged(ctx, t); err != nil {
+			return false, false, err
+		}
+	}
 	if lost {
 		if st, err = s.readCounted(ctx, t.Names()); err != nil {
 			return false, false, err
@@ -1046,6 +1056,9 @@ func (s *Store) releaseAbsentOnce(ctx context.Context, t store.Ticket, why store
 		for _, n := range t.Names() {
 			if st.lim(n) != nil {
 				p.compareLimit(n) // not removed meanwhile: its counts went with it
+			}
+			if !recount {
+				p.cmp(clientv3.Compare(clientv3.CreateRevision(s.k.event(n, t.ID, string(store.Lost))), "=", 0))
 			}
 		}
 		p.event(string(store.Lost), lostRec(t), int64(t.Fence), "holder presumed its lease lost")
@@ -1062,6 +1075,28 @@ func (s *Store) releaseAbsentOnce(ctx context.Context, t store.Ticket, why store
 		return false, false, nil
 	}
 	return s.commitAbsent(ctx, p, t, why, idr)
+}
+
+// lostUnlogged reports whether none of t's limits has logged its "lost"
+// event.
+func (s *Store) lostUnlogged(ctx context.Context, t store.Ticket) (bool, error) {
+	var ops []clientv3.Op
+	for _, n := range t.Names() {
+		ops = append(ops, clientv3.OpGet(s.k.event(n, t.ID, string(store.Lost)), clientv3.WithKeysOnly()))
+	}
+	cctx, cancel := s.ctx(ctx)
+	defer cancel()
+	resp, err := s.c.Txn(cctx).Then(ops...).Commit()
+	if err != nil {
+		return false, s.unavailable(err, false)
+	}
+	s.answered()
+	for _, r := range getResponses(resp.Responses) {
+		if len(r.Kvs) > 0 {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // lostRec is the record the "lost" event of ticket t names, as its holder

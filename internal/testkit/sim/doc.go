@@ -344,4 +344,53 @@
 // that judges the leases). A store whose clock cannot be driven, such as
 // etcd, gives a randomized run that is no longer replayable; its Backend
 // says which faults it supports.
+//
+// etcd (Etcd, etcd.go; TestSimEtcd, or -store etcd): the server expires a
+// lease by its own clock, so the simulation's clock follows real time, one
+// embedded server serving every run under a prefix of its own. Modelling
+// the server's lessor behind clientv3 with a driven clock would replay,
+// but the store also plans rate windows and aging by the real clock and
+// reads leases it did not grant from the server: much of the server to
+// rewrite, and no longer the real one. A tick sleeps until real time has
+// caught up with the simulation's clock, which moves by exactly the tick,
+// so timers still fire when the scheduler says; real time runs ahead by
+// what the steps since the last tick took (the lag, Stats.MaxLag). The
+// slack is the longest lag of the run plus 100 ms for the server's side
+// (its revoker acts within 10 ms of a lease's end). What changes on etcd:
+//
+//   - the faults wall-jump, reboot and restart are skipped: the server's
+//     clock cannot step; a reboot of its host is out of reach; a process
+//     keeps its etcd handle, and with it the send times of its own
+//     renewals, for its life (a new handle reads a lease it did not renew
+//     from the server, in whole seconds plus half of one, which a waiter
+//     would take for its own). Nor is a guard killed with its supervisor,
+//     nor a waiter kept past its lease (Judges.Keep and S28 are the
+//     host-local store's); reapers judge holders with the real proc.Judge
+//     (etcdstore.Options.Dead). Of the store-side mutations only the etcd
+//     store's own is switched in it, lost-recounted (a repeated "lost"
+//     release counted again), which TestEtcdMutationCaught finds as S22
+//     within a budget of runs;
+//   - an admission keeps the lease's deadline: only a keep-alive renews an
+//     etcd lease (on the host-local stores the admission gives a whole
+//     lease, docs/leases.md rule 17);
+//   - S13: the store's reading of a lease's time left is within 500 ms
+//     (the server answers whole seconds, rounded down, and the store adds
+//     half of one) + the slack of the model's, and 0 once the lease has
+//     ended while its record waits for a settle; a ticket the model swept
+//     when a call found its lease gone may be listed so until a settle
+//     (S7: such a call does not settle on etcd);
+//   - a lease within the slack of its end may be judged either way: the
+//     server read its clock when the renewal arrived, up to the lag after
+//     the simulation's send time, and reads it now up to the lag ahead
+//     (S6, S7, S21, L1, and what a sweep may remove);
+//   - S8: a ticket's creation time is within the slack after the model's;
+//     S23: a rate's window is shorter by the slack; L11: a priority
+//     limit's order passes if it held at some instant of the slack after
+//     the step's (the store reads its wall clock as it plans, and aging
+//     moves the order).
+//
+// Every other rule is checked as on bbolt. The holders' own rules (S2,
+// S9, S10, S24) need no slack: the holders count on the simulation's
+// clock, which is behind the server's, so their local deadlines come
+// first.
 package sim

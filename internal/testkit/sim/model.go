@@ -179,7 +179,7 @@ func (m *model) learn(what string, v store.Ticket, t *mTicket, now Instant) bool
 	case t.quiet && !v.Quiet:
 		t.quiet = false
 		t.boot, t.dl = now.Boot, now.Mono+t.ttl
-	case t.state == store.Waiting && v.State == store.Held:
+	case t.state == store.Waiting && v.State == store.Held && m.s.admissionRenews():
 		t.boot, t.dl = now.Boot, now.Mono+t.ttl
 	}
 	return true
@@ -213,7 +213,7 @@ func (m *model) keptAlive(t *mTicket) bool {
 }
 
 func (m *model) mayReap(t *mTicket, now Instant) bool {
-	if m.expired(t, now) {
+	if m.expired(t, now) || m.near(t, now) {
 		return true
 	}
 	return m.s.judged[t.id] && t.owner != nil && !t.owner.live()
@@ -408,7 +408,7 @@ func (m *model) apply(o *op, now Instant) {
 				m.fail("S7", "renewal by %s of unknown ticket %s accepted", o.who, short(o.t.ID))
 			case t.fence != o.t.Fence:
 				m.fail("S8", "renewal with fence %d of ticket %s (fence %d) accepted", o.t.Fence, short(t.id), t.fence)
-			case m.expired(t, now) && t.state == store.Held:
+			case m.expired(t, now) && t.state == store.Held && !m.near(t, now):
 				m.fail("S7", "renewal by %s of held ticket %s accepted %v after it expired", o.who, short(t.id), now.Mono-m.expiry(t, now))
 			default:
 				// A waiter's late renewal is accepted while its ticket is
@@ -456,10 +456,10 @@ func (m *model) apply(o *op, now Instant) {
 		}
 	case "setchild":
 		t := m.live[o.t.ID]
-		ok := t != nil && t.fence == o.t.Fence && !m.expired(t, now)
+		ok := t != nil && t.fence == o.t.Fence && (!m.expired(t, now) || m.near(t, now))
 		if o.err == nil && !ok {
 			m.fail("S7", "SetChild of %s accepted, but it is gone or expired", short(o.t.ID))
-		} else if o.err != nil && ok {
+		} else if o.err != nil && ok && !m.sweptBefore(t, now) {
 			m.fail("S6", "SetChild of live ticket %s refused: %v", short(o.t.ID), o.err)
 		}
 	case "scan", "reap":
@@ -480,7 +480,7 @@ func (m *model) apply(o *op, now Instant) {
 		}
 		if o.kind == "reap" {
 			for _, t := range m.sorted() {
-				if m.expired(t, now) && (len(o.lims) == 0 || slices.ContainsFunc(o.lims, t.names)) && !orphaned(t.owner) && !m.keptAlive(t) {
+				if m.expired(t, now) && !m.near(t, now) && (len(o.lims) == 0 || slices.ContainsFunc(o.lims, t.names)) && !orphaned(t.owner) && !m.keptAlive(t) {
 					m.fail("L1", "a reap by %s left expired ticket %s of %s (expired %v ago)", o.who, short(t.id),
 						ownerName(t.owner), now.Mono-m.expiry(t, now))
 					return
@@ -570,6 +570,8 @@ func (m *model) diff(snap store.Snapshot, now Instant) {
 		}
 		t := m.live[id]
 		switch {
+		case t == nil && m.refused[id] && m.s.awaitsSettle(st, m.gone[id]):
+			continue
 		case t == nil && m.refused[id]:
 			m.fail("S7", "removed ticket %s (%s) is live again, fence %d", short(id), m.gone[id].why, st.Fence)
 			return
@@ -616,6 +618,7 @@ func (m *model) diff(snap store.Snapshot, now Instant) {
 				t.slots[name] = slices.Clone(st.In(name))
 			}
 			promoted = append(promoted, t)
+			m.s.tracef("the snapshot shows %s held", short(t.id))
 		}
 		if st.State == store.Waiting && !m.learn("the snapshot", st, t, now) {
 			return
@@ -623,7 +626,7 @@ func (m *model) diff(snap store.Snapshot, now Instant) {
 		if t.quiet {
 			continue // its deadline means nothing
 		}
-		if want := m.left(t, now); st.Remaining != want {
+		if want := m.left(t, now); m.s.remainingOff(st.Remaining, want) {
 			m.fail("S13", "ticket %s of %s: the store says %v left, its deadline says %v", short(t.id), ownerName(t.owner), st.Remaining, want)
 			return
 		}

@@ -4,9 +4,12 @@ package sim_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/slotctl/slotctl/internal/mutation"
+	"github.com/slotctl/slotctl/internal/testkit/longtest"
 	"github.com/slotctl/slotctl/internal/testkit/sim"
+	"github.com/slotctl/slotctl/store/etcdstore/etcdtest"
 )
 
 // Budget for finding each mutation.
@@ -68,6 +71,12 @@ func TestMutationsCaught(t *testing.T) {
 		t.Run(string(bug), func(t *testing.T) {
 			if bug == mutation.WallClock && backend != nil {
 				t.Skip("a bug of the embedded store's own clock")
+			}
+			if bug == mutation.LostRecounted {
+				t.Skip("a bug of the etcd store: TestEtcdMutationCaught")
+			}
+			if storeKind() == "etcd" && bug.InStore() {
+				t.Skip("not switched in the etcd store")
 			}
 			t.Parallel()
 			d := &dirs{root: t.TempDir()}
@@ -269,4 +278,34 @@ func TestSuspendClock(t *testing.T) {
 		}
 	}
 	t.Errorf("with S9 ignored: not caught in %d seeds × %d steps", mutSeeds, mutSteps)
+}
+
+// TestEtcdMutationCaught: the etcd store's own bug, lost-recounted (a
+// repeated "lost" release counted again), is caught as counts that are not
+// the log's tally (S22, at quiescence). Runs on etcd do not replay: the
+// budget is a number of runs, side by side, from seeds of the clock. It
+// needs a lease lost, its holder's release sent twice, and the run ending
+// clean: at 100 steps a run found it about once in 30 runs (and once not
+// in 96), so this is a long test, of longer runs; at 400 steps the first
+// batch found it.
+func TestEtcdMutationCaught(t *testing.T) {
+	longtest.Skip(t, "lost-recounted on etcd, up to 96 runs of 400 steps")
+	// The faults that lose leases (pauses, renewals late or failing) and
+	// send a release again (late duplicates), and nothing else.
+	lostFaults := sim.FaultSet{sim.Pause: true, sim.RenewDelay: true, sim.RenewFail: true, sim.Retry: true}
+	const runs, batch = 96, 16
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	seed := uint64(time.Now().UnixNano())
+	for n := 0; n < runs; n += batch {
+		for _, r := range etcdRuns(t, srv, batch, sim.Config{Seed: seed + uint64(n), Steps: 400, Faults: lostFaults, Mutations: mutation.Of(mutation.LostRecounted)}) {
+			if v := r.Violation; v != nil {
+				t.Logf("caught in the runs %d-%d (seed %d, step %d): %v", n+1, n+batch, r.Config.Seed, v.Step, v)
+				if v.Rule != "S22" {
+					t.Errorf("caught by %s, want S22", v.Rule)
+				}
+				return
+			}
+		}
+	}
+	t.Errorf("lost-recounted: not caught in %d runs on etcd", runs)
 }

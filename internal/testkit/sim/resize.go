@@ -71,7 +71,7 @@ func resized(t store.Ticket, err error) string {
 func (m *model) resize(o *op, now Instant) {
 	id, want := o.t.ID, o.slots
 	t := m.live[id]
-	live := t != nil && t.fence == o.t.Fence && !m.expired(t, now)
+	live := t != nil && t.fence == o.t.Fence && (!m.expired(t, now) || m.near(t, now))
 	switch {
 	case errors.Is(o.err, store.ErrInvalid):
 		if !live || t.state == store.Held {

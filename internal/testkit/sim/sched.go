@@ -247,7 +247,7 @@ func effective(t *mTicket, now time.Time, aging time.Duration) int {
 // microseconds), and under a priority limit, while it waits, its effective
 // priority at the snapshot's clock.
 func (m *model) shown(v store.Ticket, t *mTicket, now time.Time) bool {
-	if d := v.Created.Sub(t.created); d > time.Microsecond || d < -time.Microsecond {
+	if d := v.Created.Sub(t.created); d > time.Microsecond+m.s.slack() || d < -time.Microsecond {
 		m.fail("S8", "ticket %s was created at %v, the store says %v", short(t.id), t.created, v.Created)
 		return false
 	}
@@ -355,7 +355,7 @@ func (m *model) rated(name string, l *mLimit, n int, now Instant) {
 	for range n {
 		l.admits = append(l.admits, now.Wall)
 	}
-	from := now.Wall.Add(-l.pol.Rate.Per)
+	from := now.Wall.Add(-l.pol.Rate.Per + m.s.slack()) // the store may have read its clock that much later
 	i := 0
 	for i < len(l.admits) && !l.admits[i].After(from) {
 		i++
@@ -473,7 +473,8 @@ func (m *model) ordered(name string, pol store.Policy, ps []*mTicket, st *settle
 	for _, p := range ps {
 		var passed []*mTicket
 		for _, w := range st.all {
-			if w.state != store.Held && w.names(name) && ahead(w, p) && (st.exact || !m.fresh[w.id]) {
+			if w.state != store.Held && w.names(name) && ahead(w, p) && (st.exact || !m.fresh[w.id]) &&
+				(pol.Ordered() != store.ByPriority || !m.mayPrecede(p, w, st.now, pol.AgingOr())) {
 				passed = append(passed, w)
 			}
 		}

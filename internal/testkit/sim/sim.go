@@ -159,6 +159,9 @@ type Stats struct {
 	// the calls it refused.
 	LockHolds, LockRefused int
 	Procs                  ProcStats
+	// MaxLag: on a store with a clock of its own (etcd), the longest time
+	// real time ran ahead of the simulation's (Etcd.Lag).
+	MaxLag time.Duration
 }
 
 // ProcStats sum up the process table (ptable.go): where supervisors ran,
@@ -294,6 +297,9 @@ func Run(cfg Config) (res Result) {
 		judged: map[string]bool{}}
 	res.Config = cfg
 	defer func() {
+		if e, ok := s.be.(*Etcd); ok {
+			s.stats.MaxLag = e.MaxLag()
+		}
 		res.Violation, res.Stats, res.Trace = s.viol, s.stats, s.trace
 		for _, h := range s.holders {
 			h.crashed = true // whatever a parked run does as it ends reaches no store
@@ -623,6 +629,9 @@ func (s *sim) inject() bool {
 		s.tracef("%s: store unreachable for its renewals until +%v", h.name, h.outageUntil-s.now().Mono)
 		return true
 	case Restart:
+		if !s.restarts() {
+			return false
+		}
 		s.restart()
 		return true
 	case WallJump:
