@@ -99,6 +99,23 @@ func heldNoMore(t store.Ticket, r Rec) string {
 	return "was held by its holder but waits in the store (its file replaced by an older copy?)"
 }
 
+// renewalLost says why a renewal of t loses its ticket r, or "": held by
+// its holder and waiting in the store (heldNoMore), or held and expired.
+// The renewer is alive by definition: only the clock judges it here (and
+// the judge only adds what it knows of an expired one). A waiter holds no
+// slot: its late renewal is accepted while its ticket is still here.
+func (x *step) renewalLost(t store.Ticket, r Rec) string {
+	if ev := heldNoMore(t, r); ev != "" {
+		return ev
+	}
+	held := r.State == store.Held || x.o.Mutations.Has(mutation.LateRenewalDeath)         // mutation (test-only): a waiter's late renewal refused
+	if ev := x.expiry(r); ev != "" && held && !x.o.Mutations.Has(mutation.RenewExpired) { // mutation (test-only): renew an expired, unswept ticket (A7)
+		ev, _ = Verdict(Queued{Ticket: x.view(r, 0), Expired: ev}, x.o.Judge, true)
+		return ev
+	}
+	return ""
+}
+
 // Renew implements [store.Store]. A renewal of a waiting ticket also sweeps
 // its limits (and the limits their tickets reach), so that waiters free a
 // dead holder's slot within its TTL even when nobody runs reap.
@@ -121,21 +138,7 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 			lostErr = lost
 			return err
 		}
-		if ev := heldNoMore(t, r); ev != "" {
-			if err := x.remove(r, store.Reaped, ev, nil); err != nil {
-				return err
-			}
-			lostErr = fmt.Errorf("%w: ticket %s %s", store.ErrLost, t.ID, ev)
-			_, _, err := x.settle(r.Names(), false)
-			return err
-		}
-		// The renewer is alive by definition: only the clock judges it
-		// here (and the judge only adds what it knows of an expired one).
-		// A waiter holds no slot: its late renewal is accepted while its
-		// ticket is still here.
-		held := r.State == store.Held || x.o.Mutations.Has(mutation.LateRenewalDeath)         // mutation (test-only): a waiter's late renewal refused
-		if ev := x.expiry(r); ev != "" && held && !x.o.Mutations.Has(mutation.RenewExpired) { // mutation (test-only): renew an expired, unswept ticket (A7)
-			ev, _ = Verdict(Queued{Ticket: x.view(r, 0), Expired: ev}, x.o.Judge, true)
+		if ev := x.renewalLost(t, r); ev != "" {
 			if err := x.remove(r, store.Reaped, ev, nil); err != nil {
 				return err
 			}
