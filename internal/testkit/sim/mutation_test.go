@@ -72,6 +72,12 @@ func TestMutationsCaught(t *testing.T) {
 			if bug == mutation.WallClock && backend != nil {
 				t.Skip("a bug of the embedded store's own clock")
 			}
+			if bug == mutation.LateRenewalDeath && backend != nil {
+				// Only a host-local store proves a waiter's supervisor
+				// alive and keeps its expired ticket: elsewhere a late
+				// waiter is swept, and the bug changes nothing S28 sees.
+				t.Skip("a bug of the embedded store's patience with live waiters")
+			}
 			if bug == mutation.LostRecounted {
 				t.Skip("a bug of the etcd store: TestEtcdMutationCaught")
 			}
