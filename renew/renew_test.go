@@ -781,3 +781,26 @@ func TestWaitPeriod(t *testing.T) {
 		}
 	}
 }
+
+// TestRenewsHeldOnceHeld: once Hold says a job runs, each renewal names the
+// ticket held, whatever the last answer said (a store that has it waiting
+// then refuses it); before, it sends the ticket as acknowledged.
+func TestRenewsHeldOnceHeld(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		now, _ := bubbleClock()
+		f := newFake(now)
+		o := opts(now) // TTL 3s, Every 1s, no jitter
+		k := Start(t.Context(), f, waiting(), now(), o)
+		defer k.Stop()
+		sleepUntil(now, 1500*time.Millisecond) // a renewal at 1s
+		k.Hold()
+		sleepUntil(now, 2500*time.Millisecond) // and at 2s
+		var states []store.State
+		for _, c := range f.log() {
+			states = append(states, c.ticket.State)
+		}
+		if got, want := fmt.Sprint(states), fmt.Sprint([]store.State{store.Waiting, store.Held}); got != want {
+			t.Errorf("renewals sent the ticket %s, want %s", got, want)
+		}
+	})
+}

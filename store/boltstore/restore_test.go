@@ -64,3 +64,33 @@ func TestRestoredCopyStopsItsHolders(t *testing.T) {
 		t.Errorf("c once the copy's a expired: %s, %v; want held", c.State, err)
 	}
 }
+
+// TestDeletedFileLogsNoLost: the store's file deleted under a running job,
+// whose holder then says its lease was lost. The new file has no such
+// limit: nothing is logged, so that the limit, made again, has a log its
+// counters tally (no "lost" it did not count).
+func TestDeletedFileLogsNoLost(t *testing.T) {
+	ctx := context.Background()
+	s, _, path := newTestStore(t, Options{})
+	a := mustEnqueue(t, s, req("aaaa", "x", 1))
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := s.Release(ctx, a, store.Lost); err != nil || ok {
+		t.Fatalf("Release(lost) of a ticket the new file never had: %v, %v; want false, nil", ok, err)
+	}
+	mustEnqueue(t, s, req("bbbb", "x", 1))
+	evs, err := s.Events(ctx, "x", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range evs {
+		if e.Kind == string(store.Lost) {
+			t.Errorf("x, made again, logs %s's lost from before it was: %+v", e.Ticket, e)
+		}
+	}
+	cs, err := s.Counts(ctx, "x")
+	if err != nil || len(cs) != 1 || cs[0].Lost != 0 || cs[0].Admitted != 1 {
+		t.Errorf("counts of x: %+v, %v; want its one admission", cs, err)
+	}
+}

@@ -211,11 +211,9 @@ func (x *step) log(o eventOf, r Rec) error {
 	return nil
 }
 
-// count adds an event to its limit's counters, if the limit exists.
+// count adds an event to its limit's counters (log has checked that the
+// limit exists).
 func (x *step) count(e store.Event) error {
-	if _, ok, err := x.tx.Limit(e.Limit); err != nil || !ok {
-		return err
-	}
 	c, err := x.tx.Counts(e.Limit)
 	if err != nil {
 		return err
