@@ -385,7 +385,9 @@ func (k *Keeper) run(ctx context.Context) {
 			l.next.Stop() // renew no more; keep watching the deadline
 			continue
 		case <-l.holdC:
-			l.held()
+			if l.held() {
+				return
+			}
 			continue
 		case <-l.watchC:
 		case <-l.deadT.C:
@@ -450,10 +452,18 @@ func (l *renewLoop) startWatch() {
 
 // held switches to the held ticket's watch and period on Hold: the
 // watchdog starts (WatchdogOnHold), and the next renewal is due Every
-// after the last acknowledged one.
-func (l *renewLoop) held() {
+// after the last acknowledged one. The deadline is checked and its timer
+// set anew from Now: a suspend during the wait left the timer late by as
+// long (Go timers stop), and the job's lease must end on time, not at the
+// watchdog's first tick. It reports whether the goroutine ends.
+func (l *renewLoop) held() bool {
 	k := l.k
 	l.holdC = nil
+	now := k.o.Now()
+	if k.expired(now) {
+		return true
+	}
+	l.deadT.Reset(max(k.Deadline()-now, 0))
 	if k.o.WatchdogOnHold {
 		l.startWatch()
 	}
@@ -463,9 +473,10 @@ func (l *renewLoop) held() {
 			k.mu.Lock()
 			due := k.lease.Sent() + k.jitter(l.every)
 			k.mu.Unlock()
-			l.next.Reset(max(due-k.o.Now(), 0))
+			l.next.Reset(max(due-now, 0))
 		}
 	}
+	return false
 }
 
 // send sends a renewal that came due, bounded by what is left of the

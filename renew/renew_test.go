@@ -629,6 +629,29 @@ func TestWatchdogOnHold(t *testing.T) {
 	})
 }
 
+// Hold checks the deadline at once: a suspend during the wait left the
+// deadline timer late by as long, and neither the watchdog's first tick
+// nor the next renewal may be what finds the lease over.
+func TestHoldChecksDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		now, jump := bubbleClock()
+		f := newFake(now)
+		o := opts(now)
+		o.Watchdog = time.Hour // the watchdog finds nothing here
+		o.WatchdogOnHold = true
+		k := Start(t.Context(), f, waiting(), now(), o)
+		defer k.Stop()
+
+		sleepUntil(now, 1500*time.Millisecond)
+		jump(10 * time.Second) // suspended: Now counted on, Go timers did not
+		k.Hold()
+		held := now()
+		if at := lostAt(t, k, now); at != held {
+			t.Errorf("loss noticed %v after Hold, want at Hold", at-held)
+		}
+	})
+}
+
 func TestStopJoins(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		now, _ := bubbleClock()
