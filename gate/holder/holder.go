@@ -776,7 +776,7 @@ func (r *runner) supervise(ctx context.Context, c Child, t store.Ticket, cancelJ
 			s.stopRequest(ctx)
 		case Exited:
 			if s.exited() {
-				return s.out
+				return s.over(ctx)
 			}
 		case Signal:
 			s.signal(ctx, ev.Signal)
@@ -789,10 +789,26 @@ func (r *runner) supervise(ctx context.Context, c Child, t store.Ticket, cancelJ
 			s.stop(syscall.SIGTERM)
 		case Timer:
 			if s.timer(ctx) {
-				return s.out
+				return s.over(ctx)
 			}
 		}
 	}
+}
+
+// over is the outcome once the job is gone: a stop request rung while the
+// job was being stopped is read now, so that the outcome names it.
+func (s *supervision) over(ctx context.Context) Outcome {
+	if s.rungStopping && s.out.Replaced == nil {
+		ctx, cancel := context.WithTimeout(ctx, s.r.cfg.ReleaseTimeout)
+		defer cancel()
+		if nt, err := s.r.entry.Refresh(ctx); err == nil && nt.Stop != nil {
+			s.t = nt
+			by := *nt.Stop
+			s.out.Replaced = &by
+			s.r.note(Note{Kind: Replaced, Ticket: s.t})
+		}
+	}
+	return s.out
 }
 
 // supervision is the state of supervise's loop: the job, the outcome so
@@ -814,6 +830,8 @@ type supervision struct {
 	// endC is the command's exit, then (draining) the end of the whole job.
 	endC     <-chan struct{}
 	draining bool
+	// rungStopping: the bell rang while the job was being stopped.
+	rungStopping bool
 	// The bell stays open while the job runs: a newer run of the key that
 	// asks it to stop (--replace) rings it, and so do renewals that
 	// carry the request (a nudge).
@@ -854,9 +872,35 @@ func (s *supervision) stop(sig syscall.Signal) {
 	s.killAt = min(s.killAt, s.killBy)
 }
 
+// untilDue is how long a store call made while the job runs may take: 0
+// once the job is being stopped (it needs no record, its guard kills it if
+// this process dies, and a stop request is read once it is gone: over),
+// else until MaxHold runs out, or without bound. A call that waits on a
+// store held up (its lock held by a stalled process) must not stretch the
+// kill grace.
+func (s *supervision) untilDue(now time.Duration) time.Duration {
+	switch {
+	case s.killAt != never:
+		return 0
+	case s.maxHoldAt != never:
+		return s.maxHoldAt - now
+	}
+	return never
+}
+
 // stopRequest reads the ticket on a ring of its bell: a newer run of the
 // key that asks the job to stop (--replace) has it stopped.
 func (s *supervision) stopRequest(ctx context.Context) {
+	budget := s.untilDue(s.r.now())
+	if budget <= 0 {
+		s.rungStopping = true
+		return
+	}
+	if budget != never {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, budget)
+		defer cancel()
+	}
 	nt, err := s.r.entry.Refresh(ctx)
 	if err != nil || nt.Stop == nil {
 		return // gone or unreadable: the lease judges that
@@ -954,7 +998,7 @@ func (s *supervision) timer(ctx context.Context) bool {
 	now := r.now()
 	if now >= s.recordAt {
 		s.recordAt = never
-		r.record(ctx, s.c, s.t)
+		r.record(ctx, s.c, s.t, s.untilDue(now))
 	}
 	if now >= s.maxHoldAt {
 		s.maxHoldAt = never
@@ -1018,15 +1062,16 @@ func (r *runner) killBy() time.Duration {
 
 // record writes the job's process group into the ticket: with it, a reaper
 // on this host can prove the job gone once the supervisor dies. Without it
-// the TTL decides, so a failure is only a note.
-func (r *runner) record(ctx context.Context, c Child, t store.Ticket) {
+// the TTL decides, so a failure is only a note. It gives up after budget
+// (the supervision's next moment: see untilDue).
+func (r *runner) record(ctx context.Context, c Child, t store.Ticket, budget time.Duration) {
 	pgid, start, ok := c.Group()
-	if !ok {
+	if !ok || budget <= 0 {
 		return
 	}
 	// Bounded by the lease: a store that does not answer must not hold up
 	// the watch past the local deadline.
-	sctx, cancel := context.WithTimeout(ctx, max(min(r.cfg.ReleaseTimeout, r.lease.Deadline()-r.now()), minLostRelease))
+	sctx, cancel := context.WithTimeout(ctx, min(max(min(r.cfg.ReleaseTimeout, r.lease.Deadline()-r.now()), minLostRelease), budget))
 	defer cancel()
 	if _, err := r.cfg.Store.SetChild(sctx, t, pgid, start); err != nil && !errors.Is(err, store.ErrLost) {
 		r.note(Note{Kind: RecordFailed, Ticket: t, Err: err})
