@@ -89,7 +89,7 @@ func (c *conn) record(o *op) {
 	}
 	if errors.Is(o.err, errLocked) {
 		c.s.stats.LockRefused++
-		c.lockWait() // nothing ran, after the store's timeout
+		c.lockWait(o.kind) // nothing ran, after the store's timeout
 		return
 	}
 	o.who, o.owner = c.who, c.owner

@@ -133,7 +133,7 @@
 // stream of their own. A stalled process (a reaper or a slotctl in its
 // write, an operator's ls in its read) holds the bbolt store's file lock,
 // really taken, for up to 2 TTLs (store-lock, storelock.go; a stream of its
-// own too; opt-in, not in the default set): a call that needs the lock
+// own too): a call that needs the lock
 // fails as the store's call fails
 // once its lock timeout is over, nothing run; a call of Run's blocks Run
 // for that timeout in simulated time, as it blocks slotctl, the others

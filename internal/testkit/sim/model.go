@@ -1069,7 +1069,9 @@ func (m *model) pausedPast(h *holder, now Instant) {
 // An expired ticket whose orphaned job still runs (its supervisor and
 // guard killed) may be kept (Judges.Keep): the reap that stops the job
 // frees it. So is a waiter whose supervisor provably runs (S28): a late
-// renewal on a loaded machine is not its death.
+// renewal on a loaded machine is not its death. A stalled process that
+// holds the store's lock keeps every reaper out (store-lock): the bound
+// counts from when it goes on.
 func (m *model) reclaimed(now Instant) {
 	bound := 3 * reclaimBound
 	for _, t := range m.sorted() {
@@ -1077,7 +1079,7 @@ func (m *model) reclaimed(now Instant) {
 			t.keptAt = now.Mono
 			continue
 		}
-		if m.expired(t, now) && now.Mono-max(m.expiry(t, now), t.keptAt) > bound && !orphaned(t.owner) {
+		if m.expired(t, now) && now.Mono-max(m.expiry(t, now), t.keptAt, m.s.lockFree) > bound && !orphaned(t.owner) {
 			m.fail("L1", "ticket %s of %s expired %v ago and is still there", short(t.id), ownerName(t.owner), now.Mono-m.expiry(t, now))
 			return
 		}

@@ -297,11 +297,16 @@ func (m *model) supersededErr(o *op, id string) {
 	}
 }
 
-// replacedRuns checks S19 for h's running child: no job it replaces still
-// runs, unless that job's supervisor is stopped (it cannot stop its job;
-// its lease runs out, as for any paused holder) or an operator removed its
-// ticket.
+// replacedRuns checks S19 for h's running child while its ticket is held:
+// no job it replaces still runs, unless that job's supervisor is stopped (it
+// cannot stop its job; its lease runs out, as for any paused holder) or an
+// operator removed its ticket. A ticket of h's id that waits is not the one
+// its child was admitted by (a late duplicate of its enqueue, written again
+// after the store's file was deleted, replaces what that enqueue names).
 func (m *model) replacedRuns(h *holder, now Instant) {
+	if t := m.live[h.id]; t == nil || t.state != store.Held {
+		return
+	}
 	for _, id := range m.replace[h.id] {
 		o := m.owners[id]
 		if o == nil || o == h || o.id != id || !o.child.running || o.crashed || o.stoppedAt(now.Mono) || m.gone[id].force {
@@ -363,8 +368,11 @@ func (m *model) outcome(h *holder, o gh.Outcome) {
 		m.fail("S18", "%s ends replaced by %s, which does not replace its ticket %s", h.name, short(o.Replaced.Ticket), short(h.id))
 	case o.Replaced != nil && !h.stopHeard && !h.stopAdmitted:
 		m.fail("S18", "%s ends replaced by %s, but it never heard of it (bell, renewal or its admission)", h.name, short(o.Replaced.Ticket))
-	case o.Replaced == nil && h.stopHeard && h.stopHow == "its bell" && o.Result == gh.Ran && !o.Lost:
-		// Its bell made it read its ticket, with the stop request in it.
+	case o.Replaced == nil && h.stopHeard && h.stopHow == "its bell" && o.Result == gh.Ran && !o.Lost && !h.goneAtRelease:
+		// Its bell made it read its ticket, with the stop request in it:
+		// at once, or, rung while its job was being stopped already, once
+		// the job was gone (gate/holder reads nothing that could hold up
+		// a SIGKILL), when the ticket may have gone meanwhile.
 		m.fail("S18", "%s heard by its bell that %s replaces it, and its run ends %s, not replaced", h.name, short(h.stopBy), h.exit)
 	}
 }

@@ -553,11 +553,15 @@ func (p *mproc) carries(id string) bool {
 // docs/crashes.md), so its guard is not killed with it here.
 func (h *holder) reapable() bool { return h.sup.mc.n == 0 && h.sup.pidns == rootPidNS }
 
-// orphaned: h's supervisor is dead, and a process that carries its
+// orphaned: h's supervisor is gone, and a process that carries its
 // ticket (what its job left when its guard was killed with it, or a
-// daemon it handed off) runs on.
+// daemon it handed off) runs on. The supervisor crashed, or its run ended
+// with its release refused (the store's lock held past the release's
+// timeout): either way the ticket stays until its lease ends, and then
+// until a reap stops what carries it, as the bbolt store keeps it
+// (Judges.Keep).
 func orphaned(h *holder) bool {
-	if h == nil || !h.crashed {
+	if h == nil || !h.crashed && h.phase != hDone {
 		return false
 	}
 	for _, p := range h.child.procs {

@@ -50,9 +50,8 @@ func AllFaults() []Fault {
 // A FaultSet is the kinds switched on; nil means all but the opt-in ones.
 type FaultSet map[Fault]bool
 
-// optIn are the faults that only a FaultSet naming them switches on:
-// store-lock still breaks L1 at a few extra seeds (storelock.go).
-var optIn = []Fault{StoreLock}
+// optIn are the faults that only a FaultSet naming them switches on.
+var optIn []Fault
 
 // Has reports whether f is on.
 func (s FaultSet) Has(f Fault) bool { return s == nil && !slices.Contains(optIn, f) || s[f] }
@@ -248,9 +247,10 @@ type sim struct {
 	// clockRng draws the hosts' clocks and their suspends (clocks.go): a
 	// stream of their own too.
 	clockRng  *rand.Rand
-	lockRng   *rand.Rand // the stalls with the store's lock held (storelock.go): a stream of their own
-	sched     bool       // this run's limits have policies
-	wallBacks int        // how many times the wall clock stepped back
+	lockRng   *rand.Rand    // the stalls with the store's lock held (storelock.go): a stream of their own
+	lockFree  time.Duration // when the last stall with the store's lock held ends (L1 counts from it)
+	sched     bool          // this run's limits have policies
+	wallBacks int           // how many times the wall clock stepped back
 	be        Backend
 	ctx       context.Context
 	step      int

@@ -27,11 +27,10 @@ import (
 // of their renewals, polls and releases; nothing else changes, and every
 // rule must hold through it and after it.
 //
-// Opt-in (-faults ...,store-lock): at about 1 seed in 75 a reap still
-// leaves a ticket the model holds expired (L1, e.g. seed 2077). A call of
-// Run's that waits for the lock fails at the timeout even when the lock
-// is let go before it, where flock would hand it over at once; that, or
-// what the model learns from such calls, is the suspect.
+// A supervisor whose release meets the lock ends its run with its ticket
+// left to its lease (gate/holder tries a release once); what its job handed
+// off that carries the ticket then keeps it past its lease on this store,
+// as after a crash (orphaned, Judges.Keep).
 
 // errLocked is what a call refused by the held lock returns, the same each
 // time so that a run replays (the store's own error says how long it
@@ -245,6 +244,7 @@ func (s *sim) lockOne() bool {
 		return false
 	}
 	s.stats.LockHolds++
+	s.lockFree = s.now().Mono + d
 	kind := "shared"
 	if exclusive {
 		kind = "exclusive"
@@ -272,6 +272,7 @@ func (s *sim) lockHeld() (actor, bool) {
 func (s *sim) letLockGo() {
 	if b, ok := s.be.(*Bolt); ok && b.lock != nil {
 		b.letLock()
+		s.lockFree = s.now().Mono
 		s.tracef("the store's lock is let go")
 	}
 }
@@ -302,16 +303,17 @@ func (s *sim) checkAside() {
 // must not spin while no time passes. The scheduler's calls (renewals,
 // reapers, the operator) fail at once: their retries wait on their own.
 //
-// A stop request Run heard and was reading when the lock refused the read
-// is not acted on (gate/holder reads the ticket first and leaves an
-// unreadable one to its lease): it is heard anew at its next renewal's
-// answer or ring (S18).
-func (c *conn) lockWait() {
+// A stop request Run heard and was reading (kind "get") when the lock
+// refused the read is not acted on (gate/holder reads the ticket first and
+// leaves an unreadable one to its lease): it is heard anew at its next
+// renewal's answer or ring (S18). One it read already stays heard, though
+// a later call, its release, meets the lock.
+func (c *conn) lockWait(kind string) {
 	h := c.owner
 	if h == nil || !h.inside || c == c.s.netConn {
 		return
 	}
-	if h.stopHeard && h.child.stopAt == 0 {
+	if kind == "get" && h.stopHeard && h.child.stopAt == 0 {
 		h.stopHeard = false
 	}
 	h.inCall = true

@@ -112,10 +112,12 @@ type holder struct {
 	onRenew func(store.Ticket)
 	// The stop request (--replace) as the holder heard it: its bell rang
 	// while its job ran, or a renewal's answer carried it (S18).
-	stopHeard   bool
-	stopHeardAt time.Duration
-	stopBy      string
-	stopHow     string
+	stopHeard bool
+	// goneAtRelease: its ticket was gone when it came to release it.
+	goneAtRelease bool
+	stopHeardAt   time.Duration
+	stopBy        string
+	stopHow       string
 	// stopAdmitted: the answer that admitted it already carried the stop
 	// request.
 	stopAdmitted bool
@@ -596,6 +598,7 @@ func (h *holder) note(n gh.Note) {
 	case gh.ReleaseFailed, gh.LeaveFailed:
 		s.tracef("%s: release failed: %v", h.name, n.Err)
 	case gh.AlreadyGone:
+		h.goneAtRelease = true
 		s.tracef("%s: its ticket was already gone at release", h.name)
 	}
 }
