@@ -56,20 +56,12 @@ func (s *stuckRecord) SetChild(ctx context.Context, t store.Ticket, pgid int, st
 	return s.Store.SetChild(ctx, t, pgid, start)
 }
 
-// TestKillGraceNotHeldUpByRecord: a job stopped (SIGTERM) before its group
-// is recorded gets SIGKILL at its kill grace, not once a store call that
-// waits on a held-up store returns: a job being stopped needs no record
-// (its guard kills it if the supervisor dies), so none is made.
-func TestKillGraceNotHeldUpByRecord(t *testing.T) {
-	e := newEnv(t)
-	st := &stuckRecord{Store: e.st, called: make(chan struct{}), free: make(chan struct{})}
-	defer close(st.free)
-	cfg := e.config(st, "k")
+// termedAtStart runs cfg with a job that ignores SIGTERM, on a holder's
+// clock that moves (the kill grace runs on it), and sends the run SIGTERM
+// as the job starts.
+func (e *env) termedAtStart(cfg holder.Config) (*stubbornChild, <-chan holder.Outcome) {
 	start := time.Now()
-	cfg.Now = func() time.Duration { return e.now() + time.Since(start) } // the kill grace runs on it
-	cfg.KillAfter = 3 * time.Second
-	cfg.RecordDelay = time.Second  // due within the kill grace, well after the SIGTERM is handled
-	cfg.ReleaseTimeout = time.Hour // only the lease would bound the record
+	cfg.Now = func() time.Duration { return e.now() + time.Since(start) }
 	c := newStubbornChild()
 	cfg.Start = func(context.Context, store.Ticket) (holder.Child, error) { return c, nil }
 	cfg.Notify = func(n holder.Note) {
@@ -79,6 +71,22 @@ func TestKillGraceNotHeldUpByRecord(t *testing.T) {
 	}
 	done := make(chan holder.Outcome, 1)
 	go func() { done <- holder.Run(context.Background(), cfg) }()
+	return c, done
+}
+
+// TestKillGraceNotHeldUpByRecord: a job stopped (SIGTERM) before its group
+// is recorded gets SIGKILL at its kill grace, not once a store call that
+// waits on a held-up store returns: a job being stopped needs no record
+// (its guard kills it if the supervisor dies), so none is made.
+func TestKillGraceNotHeldUpByRecord(t *testing.T) {
+	e := newEnv(t)
+	st := &stuckRecord{Store: e.st, called: make(chan struct{}), free: make(chan struct{})}
+	defer close(st.free)
+	cfg := e.config(st, "k")
+	cfg.KillAfter = 3 * time.Second
+	cfg.RecordDelay = time.Second  // due within the kill grace, well after the SIGTERM is handled
+	cfg.ReleaseTimeout = time.Hour // only the lease would bound the record
+	c, done := e.termedAtStart(cfg)
 	select {
 	case <-c.killed:
 	case <-st.called:
@@ -106,17 +114,7 @@ func TestStopRequestWhileStopping(t *testing.T) {
 	cfg := e.config(e.st, "r")
 	cfg.Request.Key = "prod"
 	cfg.KillAfter = 2 * time.Second
-	start := time.Now()
-	cfg.Now = func() time.Duration { return e.now() + time.Since(start) } // the kill grace runs on it
-	c := newStubbornChild()
-	cfg.Start = func(context.Context, store.Ticket) (holder.Child, error) { return c, nil }
-	cfg.Notify = func(n holder.Note) {
-		if n.Kind == holder.Started {
-			e.sigs <- syscall.SIGTERM
-		}
-	}
-	done := make(chan holder.Outcome, 1)
-	go func() { done <- holder.Run(ctx, cfg) }()
+	c, done := e.termedAtStart(cfg)
 	select {
 	case <-c.termed:
 	case <-time.After(20 * time.Second):
