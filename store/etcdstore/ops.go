@@ -673,6 +673,9 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 				s.leases.acked(k.lease, sent, time.Duration(ka.TTL)*time.Second)
 				return nil
 			})
+			if err == nil && t.State == store.Held && out.State != store.Held {
+				return store.Ticket{}, s.heldNoMore(ctx, out)
+			}
 			if !errors.Is(err, errKeyGone) {
 				return out, err
 			}
@@ -693,6 +696,18 @@ func (s *Store) Renew(ctx context.Context, t store.Ticket, ttl time.Duration) (s
 		}
 		k = nk
 	}
+}
+
+// heldNoMore answers a renewal of t by a holder that was told t is held,
+// while the store has it waiting: nothing but a restored snapshot moves a
+// held ticket back into the queue, and the store no longer counts the slot
+// its job uses. The renewal is lost and the ticket goes (left waiting, it
+// would be admitted with nobody behind it).
+func (s *Store) heldNoMore(ctx context.Context, t store.Ticket) error {
+	if _, err := s.Release(ctx, t, store.Lost); err != nil {
+		return err
+	}
+	return fmt.Errorf("%w: ticket %s was held by its holder but waits in the store (a restored snapshot?)", store.ErrLost, t.ID)
 }
 
 // readKnown reads what Renew needs of ticket id that this handle does not

@@ -883,6 +883,11 @@ func (s *memStore) Renew(_ context.Context, tk store.Ticket, ttl time.Duration) 
 	if t.deadline <= s.now() && !s.is("renew-expired") {
 		return store.Ticket{}, fmt.Errorf("%w: %s expired", store.ErrLost, tk.ID)
 	}
+	if tk.State == store.Held && !t.held() && !s.is("renew-held-waiting") {
+		s.remove(t, store.Reaped, "was held by its holder but waits in the store")
+		s.settle(nil, t.names)
+		return store.Ticket{}, fmt.Errorf("%w: %s was held by its holder but waits in the store", store.ErrLost, tk.ID)
+	}
 	if !s.is("renew-noop") {
 		t.deadline = s.now() + ttl
 	}
@@ -1513,6 +1518,7 @@ var mutants = map[string][]string{
 	"lost-not-logged":          {"ReleaseAfterReap"},
 	"renew-resurrect-released": {"LateRenewAfterRelease"},
 	"renew-resurrect-reaped":   {"LateRenewAfterReap"},
+	"renew-held-waiting":       {"RenewHeldButWaitingIsLost"},
 	"reap-ignores-names":       {"ReapNamedLimitsOnly"},
 	"reap-unknown-ok":          {"ReapNamedLimitsOnly"},
 	"reap-dryrun-removes":      {"ReapDryRunMatchesReap"},

@@ -109,6 +109,7 @@ var cases = []struct {
 	{"RenewExpiredIsLost", testRenewExpired, false},
 	{"RenewBeforeExpiryExtends", testRenewExtends, false},
 	{"RenewReleasedIsLost", testRenewReleased, false},
+	{"RenewHeldButWaitingIsLost", testRenewHeldButWaiting, false},
 	{"RemovedIDCannotReturn", testRemovedIDRefused, false},
 	{"EnqueueIdempotent", testEnqueueIdempotent, false},
 	{"FencesIncrease", testFencesIncrease, false},
@@ -877,6 +878,24 @@ func testRenewReleased(s *suite) {
 	s.wantGone(a)
 	s.wantLost(store.Ticket{ID: s.id("ghost"), Limit: "q", Fence: a.Fence, State: store.Held})
 	s.wantNoLimitTicket("q")
+}
+
+// A renewal that says its ticket is held, of a ticket the store has
+// waiting, is lost, and the ticket goes: nothing but a store restored from
+// an older copy moves a held ticket back into the queue, and that store no
+// longer counts the slot its job uses (admitted with nobody behind it, the
+// ticket would count it twice).
+func testRenewHeldButWaiting(s *suite) {
+	x := s.enq("X", "q", 1)
+	w := s.enq("W", "q", 1)
+	if w.State != store.Waiting {
+		s.Fatalf("W: %s beside X in a limit of one slot, want waiting", w.State)
+	}
+	w.State = store.Held
+	s.wantLost(w)
+	s.wantGone(w)
+	s.renew(x)
+	s.checkLimit("q", 1, 1, 0)
 }
 
 // wantNoLimitTicket checks that limit has no tickets.
