@@ -118,6 +118,12 @@ const (
 	// so a supervisor stopped alone (kill -STOP) leaves its job running
 	// past the lease's end, beside the slot's next holder (rule 8).
 	GuardUntold Bug = "guard-untold"
+	// HoldNotAdopted: a supervisor admitted without a lease of its own
+	// running (a quiet waiter, or one whose own deadline passed) counts
+	// its lease from the ticket as it joined, not from the hold the store
+	// answered: the time left it read at its enqueue, taken as read at its
+	// latest read, so its local deadline passes the store's (rule 17, S9).
+	HoldNotAdopted Bug = "hold-not-adopted"
 	// LateRenewalDeath: a host-local store takes a waiter's late renewal
 	// for its death: the renewal is refused, and a settle sweeps an
 	// expired waiter whose supervisor provably runs, so a loaded machine
@@ -170,6 +176,6 @@ const (
 func All() []Bug {
 	return []Bug{BlindReap, ReleaseCounter, ReleaseNoCompare, RenewExpired, StaleVerdict, NoTombstone, WallClock,
 		WeightIgnored, BargePastHead, ReplaceBeside, SupersedeHeld, OrderFirstLimit, RateStale, AgingOff, ResizePastWaiter, ResizeOverSize, ResizeNoSettle, LateRenewalDeath, LostRecounted,
-		WaiterNotRenewed, ReleaseBeforeExit, HoldAndWait, LateLossGrace, DrainBlind, GuardUntold, MonotonicDeadline,
+		WaiterNotRenewed, ReleaseBeforeExit, HoldAndWait, LateLossGrace, DrainBlind, GuardUntold, MonotonicDeadline, HoldNotAdopted,
 		HostNameIdentity, TimensIgnored, ReplayedKill, PdeathsigOnly, ForegroundUndrained, OrphansLeft}
 }

@@ -325,6 +325,9 @@ func unexpected(err error) bool {
 
 // apply learns one call's answer.
 func (m *model) apply(o *op, now Instant) {
+	if o.unknown && m.unknownOutcome(o) {
+		return
+	}
 	if o.kind == "resize" {
 		m.resize(o, now) // its refusals are its own (S21)
 		return

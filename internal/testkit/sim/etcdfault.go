@@ -1,0 +1,269 @@
+package sim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/slotctl/slotctl/store"
+)
+
+// The etcd store's own faults (fault "etcd-lost-answer"): what a real
+// cluster does to the store's client that the host-local stores never see.
+// They are injected in the real client of each handle, a gRPC interceptor
+// among the store's DialOptions, inside every attempt of the store's own
+// (failover.go), so the store's retries meet them as they would meet a
+// member's.
+
+// lostAnswerP is the chance that a write's answer is lost after it
+// committed. A handle's next writes get their answers (lostAnswerCool),
+// so a retry reaches the server and reads what the lost one did: a store
+// that then writes again, or gives up on what committed, is caught by the
+// model as a ticket booked twice, lost or duplicated. A handle loses no
+// answer before its first one: a handle that never heard the server
+// fails at once until it does, which is another fault (an unreachable
+// cluster).
+const (
+	lostAnswerP    = 0.03
+	lostAnswerCool = 3
+)
+
+// lostAnswers is one handle's injector of lost answers.
+type lostAnswers struct {
+	e *Etcd
+
+	mu       sync.Mutex
+	rng      *rand.Rand
+	answered bool // the handle has had an answer
+	cool     int  // writes left that keep their answers
+}
+
+// writes reports whether method, with req, writes: its answer may be lost
+// after it committed. A lease's keep-alive is a stream (keepalive.go), a
+// renewal's lost answer is the renew-fail fault's.
+func writes(method string, req any) bool {
+	switch method {
+	case "/etcdserverpb.KV/Put", "/etcdserverpb.KV/DeleteRange", "/etcdserverpb.Lease/LeaseGrant", "/etcdserverpb.Lease/LeaseRevoke":
+		return true
+	case "/etcdserverpb.KV/Txn":
+		t, ok := req.(*pb.TxnRequest)
+		return ok && (txnWrites(t.Success) || txnWrites(t.Failure))
+	}
+	return false
+}
+
+func txnWrites(ops []*pb.RequestOp) bool {
+	for _, op := range ops {
+		switch r := op.Request.(type) {
+		case *pb.RequestOp_RequestPut, *pb.RequestOp_RequestDeleteRange:
+			return true
+		case *pb.RequestOp_RequestTxn:
+			if txnWrites(r.RequestTxn.Success) || txnWrites(r.RequestTxn.Failure) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// unary sends the request; when the fault strikes a write, the server runs
+// it and the caller gets codes.Unavailable, as from a member that went
+// away after it applied the entry.
+func (l *lostAnswers) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	err := invoker(ctx, method, req, reply, cc, opts...)
+	if err != nil || !l.e.lostOn.Load() || !writes(method, req) {
+		if err == nil {
+			l.mu.Lock()
+			l.answered = true
+			l.mu.Unlock()
+		}
+		return err
+	}
+	l.mu.Lock()
+	lose := l.answered && l.cool == 0 && l.rng.Float64() < lostAnswerP
+	switch {
+	case lose:
+		l.cool = lostAnswerCool
+	case l.cool > 0:
+		l.cool--
+	}
+	l.answered = true
+	l.mu.Unlock()
+	if !lose {
+		return err
+	}
+	l.e.note(fmt.Sprintf("etcd: the answer of a committed %s is lost", method))
+	return status.Error(codes.Unavailable, "sim: the answer was lost after the write committed")
+}
+
+// note keeps a line for the trace: the injectors run in the store's
+// goroutines, the trace is the step's.
+func (e *Etcd) note(line string) {
+	e.mu.Lock()
+	e.notes = append(e.notes, line)
+	e.lost++
+	e.mu.Unlock()
+}
+
+// etcdNotes moves the injectors' notes into the trace, and reports
+// whether an answer was lost since the last call (in the one just made:
+// the simulation makes one at a time).
+func (s *sim) etcdNotes() bool {
+	e, ok := s.be.(*Etcd)
+	if !ok {
+		return false
+	}
+	e.mu.Lock()
+	notes := e.notes
+	e.notes = nil
+	s.stats.LostAnswers = e.lost
+	e.mu.Unlock()
+	for _, n := range notes {
+		s.tracef("%s", n)
+	}
+	return len(notes) > 0
+}
+
+// lostAnswer reports whether err is a call's failure on an answer lost in
+// it: its outcome is unknown, as a caller of slotctl would see it.
+func (c *conn) lostAnswer(err error) bool {
+	return errors.Is(err, store.ErrUnavailable) && c.s.etcdNotes()
+}
+
+// enqueueUnknown is an Enqueue whose answer was lost (the store gave up
+// retrying, or the write's answer it does not retry was lost: its lease's
+// grant): slotctl's gate cancels the ticket if it is there. The model
+// learns what the store did from a read of the id, as the answer it would
+// have had: the ticket, or nothing written.
+func (c *conn) enqueueUnknown(ctx context.Context, req store.EnqueueRequest, err error, remember func()) (store.Ticket, error) {
+	remember()
+	t, gerr := c.s.checker.Get(untimed(ctx), req.ID)
+	c.s.etcdNotes()
+	switch {
+	case gerr == nil:
+		c.s.tracef("%s's enqueue of %s: %v; the store has it: %s", c.who, short(req.ID), err, result(t, nil))
+		c.record(&op{kind: "enqueue", req: req, res: t})
+	case errors.Is(gerr, store.ErrNotFound):
+		c.s.tracef("%s's enqueue of %s: %v; nothing written", c.who, short(req.ID), err)
+	default:
+		c.s.fail("S12", "enqueue of %s: %v, and its read: %v", short(req.ID), err, gerr)
+	}
+	return store.Ticket{}, err
+}
+
+// etcdFaults switches the etcd store's faults on for the random phase
+// (on etcd, if the run has them) or off for the quiescent one.
+func (s *sim) etcdFaults(on bool) {
+	if e, ok := s.be.(*Etcd); ok {
+		e.lostOn.Store(on && s.cfg.Faults.Has(EtcdLostAnswer))
+	}
+}
+
+// unknownOutcome applies a call whose outcome is unknown (its answer was
+// lost, op.unknown) and reports whether it did: the model learns what the
+// store did from the step's snapshot. A renewal (its takeHold may have
+// admitted the ticket) and a record of the child's group are Run's to
+// retry, as they are in slotctl; the other calls retry a lost answer
+// inside the store, so theirs failing is the store's failure (S12).
+func (m *model) unknownOutcome(o *op) bool {
+	switch o.kind {
+	case "renew", "setchild", "get", "snapshot":
+		m.s.tracef("%s's %s of %s: outcome unknown (%v)", o.who, o.kind, short(o.t.ID), o.err)
+		return true
+	}
+	return false
+}
+
+// Stale leadership (fault "etcd-revoke"): a member that lost its
+// leadership without knowing it, or a client on its word, revokes a lease
+// that its holder renewed on time elsewhere. The ticket's keys go with the
+// lease, its slot with them, and the next settle admits another: for the
+// store and the next holder it is an operator's forced release, done
+// behind the holder's back, so the model takes it as one (S2 allows its
+// job to run to its lease's end, as its holder counts it, + the kill
+// grace: the holder learns at its next renewal, which the store refuses as
+// lost, and stops its job then). The revoke is sent by a client of its
+// own, as another member's would be: no handle of the store hears of it.
+const revokeP = 0.004
+
+// revokeOne revokes the lease of a live held ticket whose holder runs;
+// false if there is none or the run has not the fault.
+func (s *sim) revokeOne() bool {
+	e, ok := s.be.(*Etcd)
+	if !ok || s.quiet || !s.cfg.Faults.Has(EtcdRevoke) {
+		return false
+	}
+	e.mu.Lock()
+	draw := e.rng.Float64()
+	e.mu.Unlock()
+	if draw >= revokeP {
+		return false
+	}
+	var held []*mTicket
+	for _, t := range s.m.sorted() {
+		if t.state == store.Held && t.owner != nil && t.owner.live() && t.owner.id == t.id {
+			held = append(held, t)
+		}
+	}
+	if len(held) == 0 {
+		return false
+	}
+	e.mu.Lock()
+	t := held[e.rng.IntN(len(held))]
+	e.mu.Unlock()
+	lease, err := e.revoke(s.ctx, t.limits[0], t.id)
+	if err != nil {
+		s.fail("S12", "revoke of ticket %s's lease: %v", short(t.id), err)
+		return true
+	}
+	s.stats.Revokes++
+	s.tracef("a member with stale leadership revokes lease %x of %s's held ticket %s (renewed on time, local deadline in %v)",
+		lease, t.owner.name, short(t.id), t.owner.lease.Deadline()-t.owner.hostNow())
+	s.m.remove(t, goneRec{why: "revoked by a member with stale leadership", force: true, swept: true})
+	// The step's snapshot: the model is checked against the store now.
+	if _, err := s.netConn.Snapshot(s.ctx); err != nil {
+		s.fail("S12", "snapshot: %v", err)
+	}
+	return true
+}
+
+// revoke revokes the lease of ticket id (its record under limit), with a
+// client of its own, and returns the lease.
+func (e *Etcd) revoke(ctx context.Context, limit, id string) (int64, error) {
+	c, err := clientv3.New(clientv3.Config{Endpoints: e.opts.Endpoints, DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	// The store's record of the ticket: its lease (etcdstore's keys).
+	r, err := c.Get(ctx, e.opts.Prefix+"/records/"+limit+"/"+id)
+	if err != nil {
+		return 0, err
+	}
+	if len(r.Kvs) == 0 {
+		return 0, fmt.Errorf("no record of ticket %s under %s", id, limit)
+	}
+	var rec struct {
+		Lease int64 `json:"lease"`
+	}
+	if err := json.Unmarshal(r.Kvs[0].Value, &rec); err != nil {
+		return 0, err
+	}
+	if _, err := c.Revoke(ctx, clientv3.LeaseID(rec.Lease)); err != nil {
+		return rec.Lease, err
+	}
+	return rec.Lease, nil
+}
