@@ -26,7 +26,8 @@ type op struct {
 	ch    store.PolicyChange
 
 	res      store.Ticket
-	unknown  bool // etcd: an answer was lost in the call, which failed: its outcome is unknown (etcdfault.go)
+	lostIn   bool // etcd: an answer was lost in the call (etcdfault.go)
+	unknown  bool // and the call failed: its outcome is unknown
 	removed  bool
 	removals []store.Removal
 	lim      store.Limit // a setpolicy's answer
@@ -94,7 +95,8 @@ func (c *conn) record(o *op) {
 		return
 	}
 	o.who, o.owner = c.who, c.owner
-	o.unknown = c.s.etcdNotes() && errors.Is(o.err, store.ErrUnavailable)
+	o.lostIn = c.s.etcdNotes()
+	o.unknown = o.lostIn && errors.Is(o.err, store.ErrUnavailable)
 	c.s.log = append(c.s.log, o)
 	if h := c.owner; h != nil && h.crashAfterCall && c != c.s.netConn {
 		c.s.tracef("%s crashes before it reads the answer", h.name)

@@ -69,7 +69,7 @@ func TestSimEtcd(t *testing.T) {
 			continue
 		}
 		failed++
-		if failed == 1 {
+		if failed == 1 || os.Getenv("XTRACE") != "" {
 			tr := r.Trace
 			if len(tr) > 400 {
 				tr = tr[len(tr)-400:]
