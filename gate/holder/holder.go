@@ -226,7 +226,8 @@ func Run(ctx context.Context, cfg Config) Outcome {
 	if !ok {
 		return out
 	}
-	adopted := t // the hold the store answered: its lease's time left
+	// The hold the store answered: its lease's time left.
+	adopted := t
 	if r.bug(mutation.HoldNotAdopted) { // mutation (test-only): the holder keeps its view of the ticket as it joined
 		adopted = joined
 	}

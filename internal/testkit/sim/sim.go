@@ -167,7 +167,7 @@ type Stats struct {
 	// Revokes: leases of held tickets revoked behind their holders' backs
 	// (etcdfault.go).
 	Revokes int
-	Procs                  ProcStats
+	Procs   ProcStats
 	// MaxLag: on a store with a clock of its own (etcd), the longest time
 	// real time ran ahead of the simulation's (Etcd.Lag).
 	MaxLag time.Duration
