@@ -92,6 +92,14 @@ const (
 	// limits count it twice (S22). An etcd-only bug: the other stores log
 	// each release as an event of its own.
 	LostRecounted Bug = "lost-recounted"
+	// SupersedeFirst: a superseding enqueue on the etcd store
+	// (store/etcdstore, commitTicket) removes the older waiting tickets of
+	// its key in a transaction before, and apart from, the one that
+	// writes its ticket, so a caller that dies (or gives up) between the
+	// two leaves neither: runs superseded for a ticket that was never
+	// written (S40). Another etcd-only bug: the other stores remove them
+	// in the ticket's transaction, the only one.
+	SupersedeFirst Bug = "supersede-first"
 
 	// WaiterNotRenewed: the supervisor renews only once admitted, and counts
 	// its lease from the admission it observed (C4).
@@ -175,7 +183,7 @@ const (
 // All lists every Bug, store-side first, then the holder's and the judge's.
 func All() []Bug {
 	return []Bug{BlindReap, ReleaseCounter, ReleaseNoCompare, RenewExpired, StaleVerdict, NoTombstone, WallClock,
-		WeightIgnored, BargePastHead, ReplaceBeside, SupersedeHeld, OrderFirstLimit, RateStale, AgingOff, ResizePastWaiter, ResizeOverSize, ResizeNoSettle, LateRenewalDeath, LostRecounted,
+		WeightIgnored, BargePastHead, ReplaceBeside, SupersedeHeld, OrderFirstLimit, RateStale, AgingOff, ResizePastWaiter, ResizeOverSize, ResizeNoSettle, LateRenewalDeath, LostRecounted, SupersedeFirst,
 		WaiterNotRenewed, ReleaseBeforeExit, HoldAndWait, LateLossGrace, DrainBlind, GuardUntold, MonotonicDeadline, HoldNotAdopted,
 		HostNameIdentity, TimensIgnored, ReplayedKill, PdeathsigOnly, ForegroundUndrained, OrphansLeft}
 }

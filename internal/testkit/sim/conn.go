@@ -120,7 +120,11 @@ func (c *conn) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Tic
 		remember()
 		return store.Ticket{}, errReplyLost
 	}
-	t, err := c.st.Enqueue(untimed(ctx), req)
+	dctx, dying := c.armDeath(untimed(ctx), req)
+	t, err := c.st.Enqueue(dctx, req)
+	if dying != nil && dying.died {
+		return c.enqueueDied(untimed(ctx), req, remember)
+	}
 	if c.lostAnswer(err) {
 		return c.enqueueUnknown(ctx, req, err, remember)
 	}

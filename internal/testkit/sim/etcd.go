@@ -48,8 +48,10 @@ var etcdRuns atomic.Int64
 // endpoint (host:port).
 func NewEtcd(endpoint string) NewBackend {
 	return func(dir string, j Judges, mut mutation.Set) (Backend, error) {
-		if m := mutation.String(mut); m != "" && m != string(mutation.LostRecounted) {
-			return nil, fmt.Errorf("etcd store: store-side mutations %s: it switches only %s", m, mutation.LostRecounted)
+		for _, b := range mutation.All() {
+			if mut.Has(b) && b != mutation.LostRecounted && b != mutation.SupersedeFirst {
+				return nil, fmt.Errorf("etcd store: store-side mutation %s: it switches only %s and %s", b, mutation.LostRecounted, mutation.SupersedeFirst)
+			}
 		}
 		e := &Etcd{opts: etcdstore.Options{Endpoints: []string{endpoint},
 			Prefix: fmt.Sprintf("/sim/%d", etcdRuns.Add(1)),

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -81,7 +82,16 @@ func txnWrites(ops []*pb.RequestOp) bool {
 // it and the caller gets codes.Unavailable, as from a member that went
 // away after it applied the entry.
 func (l *lostAnswers) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	dead, dies := l.dies(ctx, method, req)
+	if dead {
+		return status.Error(codes.Canceled, "sim: the caller died")
+	}
 	err := invoker(ctx, method, req, reply, cc, opts...)
+	if dies {
+		l.e.note(fmt.Sprintf("etcd: %s committed, its caller dies", method))
+		ctx.Value(dyingKey{}).(*dying).cancel()
+		return status.Error(codes.Canceled, "sim: the caller died")
+	}
 	if err != nil || !l.e.lostOn.Load() || !writes(method, req) {
 		if err == nil {
 			l.mu.Lock()
@@ -276,4 +286,116 @@ func (e *Etcd) revoke(ctx context.Context, limit, id string) (int64, error) {
 		return rec.Lease, err
 	}
 	return rec.Lease, nil
+}
+
+// A process that dies inside a store call (fault "etcd-crash-in-call"):
+// slotctl run killed (SIGKILL, the OOM killer, its host lost) between the
+// store's writes of one call. The host-local stores write a call in one
+// transaction; etcd's may take several (a lease, then a transaction; a
+// supersede too large for one), and a call's later writes must never be
+// what makes its earlier ones safe. The process dies right after the
+// call's first transaction that writes commits: what it sends later is
+// never sent (the injector cancels the call, so the store's retries end).
+// Armed on a share of the holders' enqueues, most of them superseding or
+// replacing ones. What the store did is then read back, as slotctl's
+// next run would find it: the ticket, which the model takes as answered
+// (its lease runs out, a reaper removes it), or nothing, and then nothing
+// of the enqueue's step may have happened: no older run of its key
+// superseded for it (S40).
+const (
+	diePSupersede = 0.3  // an enqueue that supersedes or replaces
+	dieP          = 0.02 // any other
+)
+
+// dying marks, in a call's context, a caller armed to die.
+type dying struct {
+	cancel context.CancelFunc
+	died   bool
+}
+
+type dyingKey struct{}
+
+// dies is the injector's part: once a call's writing transaction committed,
+// the caller is dead; nothing more of it is sent.
+func (l *lostAnswers) dies(ctx context.Context, method string, req any) (dead, now bool) {
+	d, _ := ctx.Value(dyingKey{}).(*dying)
+	if d == nil {
+		return false, false
+	}
+	l.e.mu.Lock()
+	defer l.e.mu.Unlock()
+	if d.died {
+		return true, false
+	}
+	if method == "/etcdserverpb.KV/Txn" && writes(method, req) {
+		d.died = true
+		return false, true
+	}
+	return false, false
+}
+
+// armDeath decides whether this enqueue's caller dies in it; if so, it
+// returns the call's context and its mark.
+func (c *conn) armDeath(ctx context.Context, req store.EnqueueRequest) (context.Context, *dying) {
+	e, ok := c.s.be.(*Etcd)
+	if !ok || c.s.quiet || !c.s.cfg.Faults.Has(EtcdCrashInCall) || c.owner == nil || c == c.s.netConn {
+		return ctx, nil
+	}
+	p := dieP
+	if req.Supersede || req.Replace {
+		p = diePSupersede
+	}
+	e.mu.Lock()
+	draw := e.rng.Float64()
+	e.mu.Unlock()
+	if draw >= p {
+		return ctx, nil
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	d := &dying{cancel: cancel}
+	return context.WithValue(ctx, dyingKey{}, d), d
+}
+
+// enqueueDied: the caller died in its enqueue. The model learns what the
+// store did by reading it back; the caller is gone.
+func (c *conn) enqueueDied(ctx context.Context, req store.EnqueueRequest, remember func()) (store.Ticket, error) {
+	s, h := c.s, c.owner
+	remember() // a request sent is a request that may arrive late
+	t, gerr := s.checker.Get(ctx, req.ID)
+	s.etcdNotes()
+	s.stats.DiedInCall++
+	switch {
+	case gerr == nil:
+		s.tracef("%s dies in its enqueue of %s, after its first write: the store has %s", h.name, short(req.ID), result(t, nil))
+		h.crashAfterCall = true
+		c.record(&op{kind: "enqueue", req: req, res: t})
+	case errors.Is(gerr, store.ErrNotFound):
+		s.tracef("%s dies in its enqueue of %s, after its first write: no ticket", h.name, short(req.ID))
+		c.superseded(ctx, req)
+		h.crash()
+	default:
+		s.fail("S12", "enqueue of %s: its caller died in it, and its read: %v", short(req.ID), gerr)
+		h.crash()
+	}
+	return store.Ticket{}, errDead
+}
+
+// superseded checks that no older run of req's key was superseded for it
+// (S40): req's ticket was never written.
+func (c *conn) superseded(ctx context.Context, req store.EnqueueRequest) {
+	s := c.s
+	if !req.Supersede {
+		return
+	}
+	for _, t := range s.m.sorted() {
+		if t.key != req.Key || t.state == store.Held || !slices.ContainsFunc(req.Names(), t.names) {
+			continue
+		}
+		_, err := s.checker.Get(ctx, t.id)
+		var se *store.SupersededError
+		if errors.As(err, &se) && se.By.Ticket == req.ID {
+			s.fail("S40", "ticket %s of %s was superseded by %s, which was never written (its enqueue's caller died in it)", short(t.id), ownerName(t.owner), short(req.ID))
+			return
+		}
+	}
 }

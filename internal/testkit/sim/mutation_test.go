@@ -231,6 +231,7 @@ func TestRecordedMutations(t *testing.T) {
 		{mutation.ForegroundUndrained, 1, 616, "S26"},
 		{mutation.GuardUntold, 1, 490, "S29"},
 		{mutation.OrphansLeft, 5, 405, "S26"},
+		{mutation.HoldNotAdopted, 1, 458, "S9"},
 	} {
 		t.Run(string(c.bug), func(t *testing.T) {
 			t.Parallel()

@@ -41,13 +41,14 @@ const (
 	Suspend    Fault = "suspend"     // a host sleeps: its processes stop, its timers fire late (clocks.go)
 	StoreLock  Fault = "store-lock"  // a stalled process holds the store's file lock (storelock.go)
 
-	EtcdLostAnswer Fault = "etcd-lost-answer" // etcd: a write commits, its answer is lost (etcdfault.go)
-	EtcdRevoke     Fault = "etcd-revoke"      // etcd: a held ticket's lease is revoked behind its holder's back (etcdfault.go)
+	EtcdLostAnswer  Fault = "etcd-lost-answer"   // etcd: a write commits, its answer is lost (etcdfault.go)
+	EtcdRevoke      Fault = "etcd-revoke"        // etcd: a held ticket's lease is revoked behind its holder's back (etcdfault.go)
+	EtcdCrashInCall Fault = "etcd-crash-in-call" // etcd: a holder dies in its enqueue, after its first write (etcdfault.go)
 )
 
 // AllFaults lists every Fault.
 func AllFaults() []Fault {
-	return []Fault{Crash, Pause, RenewDelay, RenewFail, Restart, WallJump, Retry, LostReply, Reboot, Signal, OpRelease, OpResize, Judge, LostRing, JobResize, Policies, StoreLost, ClockDrift, Suspend, StoreLock, EtcdLostAnswer, EtcdRevoke}
+	return []Fault{Crash, Pause, RenewDelay, RenewFail, Restart, WallJump, Retry, LostReply, Reboot, Signal, OpRelease, OpResize, Judge, LostRing, JobResize, Policies, StoreLost, ClockDrift, Suspend, StoreLock, EtcdLostAnswer, EtcdRevoke, EtcdCrashInCall}
 }
 
 // A FaultSet is the kinds switched on; nil means all but the opt-in ones.
@@ -167,7 +168,9 @@ type Stats struct {
 	// Revokes: leases of held tickets revoked behind their holders' backs
 	// (etcdfault.go).
 	Revokes int
-	Procs   ProcStats
+	// DiedInCall: holders that died in their enqueue (etcdfault.go).
+	DiedInCall int
+	Procs      ProcStats
 	// MaxLag: on a store with a clock of its own (etcd), the longest time
 	// real time ran ahead of the simulation's (Etcd.Lag).
 	MaxLag time.Duration
