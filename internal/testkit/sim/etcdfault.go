@@ -88,7 +88,7 @@ func (l *lostAnswers) unary(ctx context.Context, method string, req, reply any, 
 	}
 	err := invoker(ctx, method, req, reply, cc, opts...)
 	if dies {
-		l.e.note(fmt.Sprintf("etcd: %s committed, its caller dies", method))
+		l.e.note(fmt.Sprintf("etcd: %s committed, its caller dies", method), false)
 		ctx.Value(dyingKey{}).(*dying).cancel()
 		return status.Error(codes.Canceled, "sim: the caller died")
 	}
@@ -113,16 +113,18 @@ func (l *lostAnswers) unary(ctx context.Context, method string, req, reply any, 
 	if !lose {
 		return err
 	}
-	l.e.note(fmt.Sprintf("etcd: the answer of a committed %s is lost", method))
+	l.e.note(fmt.Sprintf("etcd: the answer of a committed %s is lost", method), true)
 	return status.Error(codes.Unavailable, "sim: the answer was lost after the write committed")
 }
 
 // note keeps a line for the trace: the injectors run in the store's
 // goroutines, the trace is the step's.
-func (e *Etcd) note(line string) {
+func (e *Etcd) note(line string, lost bool) {
 	e.mu.Lock()
 	e.notes = append(e.notes, line)
-	e.lost++
+	if lost {
+		e.lost++
+	}
 	e.mu.Unlock()
 }
 
@@ -303,7 +305,7 @@ func (e *Etcd) revoke(ctx context.Context, limit, id string) (int64, error) {
 // of the enqueue's step may have happened: no older run of its key
 // superseded for it (S40).
 const (
-	diePSupersede = 0.3  // an enqueue that supersedes or replaces
+	diePSupersede = 0.5  // an enqueue that supersedes or replaces
 	dieP          = 0.02 // any other
 )
 
@@ -364,6 +366,9 @@ func (c *conn) enqueueDied(ctx context.Context, req store.EnqueueRequest, rememb
 	t, gerr := s.checker.Get(ctx, req.ID)
 	s.etcdNotes()
 	s.stats.DiedInCall++
+	if req.Supersede && len(s.m.olderWaiting(req)) > 0 {
+		s.stats.DiedSuperseding++
+	}
 	switch {
 	case gerr == nil:
 		s.tracef("%s dies in its enqueue of %s, after its first write: the store has %s", h.name, short(req.ID), result(t, nil))
@@ -387,10 +392,7 @@ func (c *conn) superseded(ctx context.Context, req store.EnqueueRequest) {
 	if !req.Supersede {
 		return
 	}
-	for _, t := range s.m.sorted() {
-		if t.key != req.Key || t.state == store.Held || !slices.ContainsFunc(req.Names(), t.names) {
-			continue
-		}
+	for _, t := range s.m.olderWaiting(req) {
 		_, err := s.checker.Get(ctx, t.id)
 		var se *store.SupersededError
 		if errors.As(err, &se) && se.By.Ticket == req.ID {
@@ -398,4 +400,16 @@ func (c *conn) superseded(ctx context.Context, req store.EnqueueRequest) {
 			return
 		}
 	}
+}
+
+// olderWaiting lists the live waiting tickets of req's key that share a
+// limit with it: what its supersede removes.
+func (m *model) olderWaiting(req store.EnqueueRequest) []*mTicket {
+	var out []*mTicket
+	for _, t := range m.sorted() {
+		if t.id != req.ID && t.key == req.Key && t.state != store.Held && slices.ContainsFunc(req.Names(), t.names) {
+			out = append(out, t)
+		}
+	}
+	return out
 }

@@ -168,9 +168,11 @@ type Stats struct {
 	// Revokes: leases of held tickets revoked behind their holders' backs
 	// (etcdfault.go).
 	Revokes int
-	// DiedInCall: holders that died in their enqueue (etcdfault.go).
-	DiedInCall int
-	Procs      ProcStats
+	// DiedInCall: holders that died in their enqueue (etcdfault.go);
+	// DiedSuperseding: of those, superseding ones that had older waiting
+	// runs of their key to remove.
+	DiedInCall, DiedSuperseding int
+	Procs                       ProcStats
 	// MaxLag: on a store with a clock of its own (etcd), the longest time
 	// real time ran ahead of the simulation's (Etcd.Lag).
 	MaxLag time.Duration
