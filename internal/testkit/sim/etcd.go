@@ -39,6 +39,9 @@ type Etcd struct {
 	rng    *rand.Rand
 	notes  []string // the injectors' lines for the trace
 	lost   int      // answers lost
+	// revoked: holders whose lease was revoked behind their backs, while
+	// their job runs (etcdfault.go).
+	revoked []revoked
 }
 
 // etcdRuns numbers the runs of a process: each has a prefix of its own.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -224,6 +225,7 @@ func (s *sim) revokeOne() bool {
 	if !ok || s.quiet || !s.cfg.Faults.Has(EtcdRevoke) {
 		return false
 	}
+	s.revokedRunOn(e)
 	e.mu.Lock()
 	draw := e.rng.Float64()
 	e.mu.Unlock()
@@ -231,8 +233,9 @@ func (s *sim) revokeOne() bool {
 		return false
 	}
 	var held []*mTicket
+	now := s.now()
 	for _, t := range s.m.sorted() {
-		if t.state == store.Held && t.owner != nil && t.owner.live() && t.owner.id == t.id {
+		if t.state == store.Held && t.owner != nil && t.owner.live() && t.owner.id == t.id && !s.m.expired(t, now) && !s.m.near(t, now) {
 			held = append(held, t)
 		}
 	}
@@ -243,11 +246,18 @@ func (s *sim) revokeOne() bool {
 	t := held[e.rng.IntN(len(held))]
 	e.mu.Unlock()
 	lease, err := e.revoke(s.ctx, t.limits[0], t.id)
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		// Its lease ended on the server's clock, ahead of the model's by
+		// up to the slack: no revoke, and the model learns it as any end.
+		s.tracef("a member with stale leadership would revoke the lease of %s's ticket %s: gone already", t.owner.name, short(t.id))
+		return true
+	}
 	if err != nil {
 		s.fail("S12", "revoke of ticket %s's lease: %v", short(t.id), err)
 		return true
 	}
 	s.stats.Revokes++
+	e.revoked = append(e.revoked, revoked{h: t.owner, at: s.now().Mono})
 	s.tracef("a member with stale leadership revokes lease %x of %s's held ticket %s (renewed on time, local deadline in %v)",
 		lease, t.owner.name, short(t.id), t.owner.lease.Deadline()-t.owner.hostNow())
 	s.m.remove(t, goneRec{why: "revoked by a member with stale leadership", force: true, swept: true})
@@ -412,4 +422,25 @@ func (m *model) olderWaiting(req store.EnqueueRequest) []*mTicket {
 		}
 	}
 	return out
+}
+
+// A revoked holder whose job still ran when last looked at.
+type revoked struct {
+	h  *holder
+	at time.Duration // the revoke, on the store's clock
+}
+
+// revokedRunOn measures how long the jobs of revoked holders run on after
+// the revoke (Stats.RevokeOverlap), when their slot may be another's: S2
+// bounds it by the lease's end as the holder counted it + the kill grace.
+func (s *sim) revokedRunOn(e *Etcd) {
+	now := s.now().Mono
+	kept := e.revoked[:0]
+	for _, r := range e.revoked {
+		if r.h.child.running {
+			s.stats.RevokeOverlap = max(s.stats.RevokeOverlap, now-r.at)
+			kept = append(kept, r)
+		}
+	}
+	e.revoked = kept
 }

@@ -166,8 +166,10 @@ type Stats struct {
 	// committed (etcdfault.go).
 	LostAnswers int
 	// Revokes: leases of held tickets revoked behind their holders' backs
-	// (etcdfault.go).
-	Revokes int
+	// (etcdfault.go); RevokeOverlap: the longest a job ran on after its
+	// lease was revoked (in the random phase), within S2's bound.
+	Revokes       int
+	RevokeOverlap time.Duration
 	// DiedInCall: holders that died in their enqueue (etcdfault.go);
 	// DiedSuperseding: of those, superseding ones that had older waiting
 	// runs of their key to remove.
