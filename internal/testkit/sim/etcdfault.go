@@ -432,13 +432,16 @@ type revoked struct {
 
 // revokedRunOn measures how long the jobs of revoked holders run on after
 // the revoke (Stats.RevokeOverlap), when their slot may be another's: S2
-// bounds it by the lease's end as the holder counted it + the kill grace.
+// bounds it by the lease's end as the holder counted it + the kill grace
+// (a supervisor stopped meanwhile is S24's, and not counted here).
 func (s *sim) revokedRunOn(e *Etcd) {
 	now := s.now().Mono
 	kept := e.revoked[:0]
 	for _, r := range e.revoked {
 		if r.h.child.running {
-			s.stats.RevokeOverlap = max(s.stats.RevokeOverlap, now-r.at)
+			if !r.h.paused && !r.h.resumedLate { // (a stopped supervisor's is S24's, PauseOverlap)
+				s.stats.RevokeOverlap = max(s.stats.RevokeOverlap, now-r.at)
+			}
 			kept = append(kept, r)
 		}
 	}

@@ -167,7 +167,8 @@ type Stats struct {
 	LostAnswers int
 	// Revokes: leases of held tickets revoked behind their holders' backs
 	// (etcdfault.go); RevokeOverlap: the longest a job ran on after its
-	// lease was revoked (in the random phase), within S2's bound.
+	// lease was revoked (in the random phase; its supervisor not stopped),
+	// within S2's bound.
 	Revokes       int
 	RevokeOverlap time.Duration
 	// DiedInCall: holders that died in their enqueue (etcdfault.go);
