@@ -72,7 +72,7 @@ func TestSimEtcd(t *testing.T) {
 			continue
 		}
 		failed++
-		if failed == 1 || os.Getenv("XTRACE") != "" {
+		if failed == 1 {
 			tr := r.Trace
 			if len(tr) > 400 {
 				tr = tr[len(tr)-400:]
