@@ -221,11 +221,17 @@ func Run(ctx context.Context, cfg Config) Outcome {
 		// (docs/leases.md rule 17).
 		r.lease = r.startLease(ctx, t, sent)
 	}
+	joined := t
 	t, out, ok = r.wait(ctx)
 	if !ok {
 		return out
 	}
-	if out, ok := r.admittedLease(ctx, t); !ok {
+	// The hold the store answered: its lease's time left.
+	adopted := t
+	if r.bug(mutation.HoldNotAdopted) { // mutation (test-only): the holder keeps its view of the ticket as it joined
+		adopted = joined
+	}
+	if out, ok := r.admittedLease(ctx, adopted); !ok {
 		return out
 	}
 	if out, ok := r.leaseLeft(ctx, t); !ok {

@@ -92,6 +92,14 @@ const (
 	// limits count it twice (S22). An etcd-only bug: the other stores log
 	// each release as an event of its own.
 	LostRecounted Bug = "lost-recounted"
+	// SupersedeFirst: a superseding enqueue on the etcd store
+	// (store/etcdstore, commitTicket) removes the older waiting tickets of
+	// its key in a transaction before, and apart from, the one that
+	// writes its ticket, so a caller that dies (or gives up) between the
+	// two leaves neither: runs superseded for a ticket that was never
+	// written (S40). Another etcd-only bug: the other stores remove them
+	// in the ticket's transaction, the only one.
+	SupersedeFirst Bug = "supersede-first"
 
 	// WaiterNotRenewed: the supervisor renews only once admitted, and counts
 	// its lease from the admission it observed (C4).
@@ -118,6 +126,12 @@ const (
 	// so a supervisor stopped alone (kill -STOP) leaves its job running
 	// past the lease's end, beside the slot's next holder (rule 8).
 	GuardUntold Bug = "guard-untold"
+	// HoldNotAdopted: a supervisor admitted without a lease of its own
+	// running (a quiet waiter, or one whose own deadline passed) counts
+	// its lease from the ticket as it joined, not from the hold the store
+	// answered: the time left it read at its enqueue, taken as read at its
+	// latest read, so its local deadline passes the store's (rule 17, S9).
+	HoldNotAdopted Bug = "hold-not-adopted"
 	// LateRenewalDeath: a host-local store takes a waiter's late renewal
 	// for its death: the renewal is refused, and a settle sweeps an
 	// expired waiter whose supervisor provably runs, so a loaded machine
@@ -169,7 +183,7 @@ const (
 // All lists every Bug, store-side first, then the holder's and the judge's.
 func All() []Bug {
 	return []Bug{BlindReap, ReleaseCounter, ReleaseNoCompare, RenewExpired, StaleVerdict, NoTombstone, WallClock,
-		WeightIgnored, BargePastHead, ReplaceBeside, SupersedeHeld, OrderFirstLimit, RateStale, AgingOff, ResizePastWaiter, ResizeOverSize, ResizeNoSettle, LateRenewalDeath, LostRecounted,
-		WaiterNotRenewed, ReleaseBeforeExit, HoldAndWait, LateLossGrace, DrainBlind, GuardUntold, MonotonicDeadline,
+		WeightIgnored, BargePastHead, ReplaceBeside, SupersedeHeld, OrderFirstLimit, RateStale, AgingOff, ResizePastWaiter, ResizeOverSize, ResizeNoSettle, LateRenewalDeath, LostRecounted, SupersedeFirst,
+		WaiterNotRenewed, ReleaseBeforeExit, HoldAndWait, LateLossGrace, DrainBlind, GuardUntold, MonotonicDeadline, HoldNotAdopted,
 		HostNameIdentity, TimensIgnored, ReplayedKill, PdeathsigOnly, ForegroundUndrained, OrphansLeft}
 }

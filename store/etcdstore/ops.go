@@ -148,6 +148,9 @@ func (q *enqueuing) refreshIfSlow(ctx context.Context) {
 func (q *enqueuing) commitTicket(ctx context.Context, start time.Time, st *lstate, err error) (store.Ticket, error) {
 	s := q.s
 	linear := false // st was read linearizably
+	if err == nil {
+		st, err = q.supersedeFirst(ctx, st) // mutation (test-only): removals before the ticket
+	}
 	for {
 		if err != nil {
 			// A lost answer (or a lost read) is retried for as long as one

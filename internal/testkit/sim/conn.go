@@ -26,6 +26,8 @@ type op struct {
 	ch    store.PolicyChange
 
 	res      store.Ticket
+	lostIn   bool // etcd: an answer was lost in the call (etcdfault.go)
+	unknown  bool // and the call failed: its outcome is unknown
 	removed  bool
 	removals []store.Removal
 	lim      store.Limit // a setpolicy's answer
@@ -93,6 +95,8 @@ func (c *conn) record(o *op) {
 		return
 	}
 	o.who, o.owner = c.who, c.owner
+	o.lostIn = c.s.etcdNotes()
+	o.unknown = o.lostIn && errors.Is(o.err, store.ErrUnavailable)
 	c.s.log = append(c.s.log, o)
 	if h := c.owner; h != nil && h.crashAfterCall && c != c.s.netConn {
 		c.s.tracef("%s crashes before it reads the answer", h.name)
@@ -116,7 +120,14 @@ func (c *conn) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Tic
 		remember()
 		return store.Ticket{}, errReplyLost
 	}
-	t, err := c.st.Enqueue(untimed(ctx), req)
+	dctx, dying := c.armDeath(untimed(ctx), req)
+	t, err := c.st.Enqueue(dctx, req)
+	if dying != nil && dying.died {
+		return c.enqueueDied(untimed(ctx), req, remember)
+	}
+	if c.lostAnswer(err) {
+		return c.enqueueUnknown(ctx, req, err, remember)
+	}
 	if !errors.Is(err, store.ErrQueueFull) && !errors.Is(err, errLocked) || f == 2 {
 		// A request refused by --max-waiting got its answer, and its id is
 		// never sent again (the refusal wrote nothing, not even a tombstone);
@@ -222,6 +233,9 @@ func (c *conn) Snapshot(ctx context.Context, limits ...string) (store.Snapshot, 
 // SetLimit implements store.Store.
 func (c *conn) SetLimit(ctx context.Context, name string, slots int) (store.Limit, error) {
 	l, err := c.st.SetLimit(untimed(ctx), name, slots)
+	for c.lostAnswer(err) { // the operator runs the command again
+		l, err = c.st.SetLimit(untimed(ctx), name, slots)
+	}
 	c.record(&op{kind: "setlimit", name: name, slots: slots, err: err})
 	return l, err
 }
@@ -229,6 +243,9 @@ func (c *conn) SetLimit(ctx context.Context, name string, slots int) (store.Limi
 // SetPolicy implements store.Store.
 func (c *conn) SetPolicy(ctx context.Context, name string, ch store.PolicyChange) (store.Limit, error) {
 	l, err := c.st.SetPolicy(untimed(ctx), name, ch)
+	for c.lostAnswer(err) { // the operator runs the command again
+		l, err = c.st.SetPolicy(untimed(ctx), name, ch)
+	}
 	c.record(&op{kind: "setpolicy", name: name, ch: ch, lim: l, err: err})
 	return l, err
 }
@@ -272,6 +289,12 @@ func (c *conn) Resize(ctx context.Context, t store.Ticket, weight int) (store.Ti
 		c.s.remember(request{kind: "resize", t: t, weight: weight, owner: c.owner, who: c.who})
 	}
 	nt, err := c.st.Resize(untimed(ctx), t, weight)
+	for c.lostAnswer(err) {
+		// The jobserver keeps its view and asks for the same weight at its
+		// next round (gate/jobserver: a failed shrink keeps its tokens in
+		// hand, a failed growth hands none out).
+		nt, err = c.st.Resize(untimed(ctx), t, weight)
+	}
 	c.record(&op{kind: "resize", t: t, slots: weight, res: nt, err: err})
 	return nt, err
 }

@@ -240,6 +240,9 @@
 //	S31 a supervisor whose host resumes from a suspend past its lease has
 //	    its job gone within the watchdog (1 s) + min(kill grace, margin/2)
 //	    of the resume
+//	S40 (etcd) an enqueue whose caller died in it, after its first write,
+//	    took effect whole or not at all: when the store has no ticket of
+//	    its id, no older run of its key was superseded for it
 //	L1  a reap leaves no expired ticket of its limits; none outlives three
 //	    reaper periods (but a ticket whose orphaned job runs, which the
 //	    store keeps until a reap stops the job)
@@ -328,7 +331,9 @@
 // supervisor's group, drained by its command alone) as S26; guard-untold
 // (gate/holder never tells the guard its lease) as S29; orphans-left (the
 // model's guard: a supervisor whose guard was killed alone leaves what the
-// guard left running) as S26. The bugs of the
+// guard left running) as S26; hold-not-adopted (gate/holder: a supervisor
+// admitted without a running lease counts it from the ticket as it
+// joined, not from the hold the store answered) as S9. The bugs of the
 // policies are searched in runs with policies, the others in FIFO-only
 // runs, where they were always found. The switches exist only in a build
 // with the tag slotctl_mutations, so those tests (and TestReduce, which
@@ -367,9 +372,40 @@
 //     nor a waiter kept past its lease (Judges.Keep and S28 are the
 //     host-local store's); reapers judge holders with the real proc.Judge
 //     (etcdstore.Options.Dead). Of the store-side mutations only the etcd
-//     store's own is switched in it, lost-recounted (a repeated "lost"
+//     store's own are switched in it: lost-recounted (a repeated "lost"
 //     release counted again), which TestEtcdMutationCaught finds as S22
-//     within a budget of runs;
+//     within a budget of runs, and supersede-first (a superseding
+//     enqueue's removals committed in a transaction before its ticket's),
+//     which TestEtcdSupersedeFirstCaught finds as S40, or as S20 when its
+//     queue then refuses the ticket, after a control batch without it;
+//   - faults of its own (etcdfault.go), injected in each handle's real
+//     client (a gRPC interceptor among etcdstore.Options.DialOptions):
+//     etcd-lost-answer, a write (a transaction, put, delete, lease grant
+//     or revoke) that commits while its caller gets codes.Unavailable, as
+//     from a member gone after it applied the entry; the handle's next
+//     writes keep their answers, so the store's own retry reaches the
+//     server and must find what the lost one did, neither writing it twice
+//     nor giving it up. A call that fails on one is an unknown outcome as
+//     slotctl's callers see it: an enqueue's is read back (the ticket, as
+//     its answer, or nothing written); a renewal, a record of the child's
+//     group and the release of a ticket already gone are the caller's to
+//     retry, and the model learns what they did from the snapshot; an
+//     operator runs a limit's set again and a jobserver asks for the same
+//     weight; a reap lists only what its own retry removed, so a reap that
+//     lost an answer is not held to L1. Any other call that fails so is
+//     the store's failure (S12). etcd-crash-in-call, a holder that dies in
+//     its enqueue right after its first writing transaction commits
+//     (S40). etcd-revoke, a held ticket's lease revoked by a client of its
+//     own although its holder renewed it on time: a member with stale
+//     leadership, which on one member (no election, so no hold kept for it:
+//     store/etcdstore/quarantine.go) is a real loss. The model takes it as
+//     an operator's forced release (S2: the job may run to its lease's
+//     end as its holder counts it + the kill grace; the holder learns at
+//     its next renewal), and a reaper settles right after (L3 judges the
+//     step that made room, which a revoke, no write of the store's, cannot
+//     be). Lost watch events are not among them: a holder's bell here is
+//     the simulation's (lost-ring), not etcdstore's watch; the store's
+//     tests drop its watch events (TestLostWatchEventsLearnedByPollAndRenewal);
 //   - an admission keeps the lease's deadline: only a keep-alive renews an
 //     etcd lease (on the host-local stores the admission gives a whole
 //     lease, docs/leases.md rule 17);

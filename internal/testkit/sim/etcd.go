@@ -2,9 +2,13 @@ package sim
 
 import (
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"google.golang.org/grpc"
 
 	"github.com/slotctl/slotctl/internal/mutation"
 	"github.com/slotctl/slotctl/internal/proc"
@@ -25,10 +29,19 @@ import (
 // slack).
 type Etcd struct {
 	opts etcdstore.Options
+	// lostOn: writes' answers may be lost after they committed
+	// (etcdfault.go); rng seeds each handle's injector.
+	lostOn atomic.Bool
 
 	mu     sync.Mutex
 	now    Instant // its Wall is read with its Mono, then moves with it
 	maxLag time.Duration
+	rng    *rand.Rand
+	notes  []string // the injectors' lines for the trace
+	lost   int      // answers lost
+	// revoked: holders whose lease was revoked behind their backs, while
+	// their job runs (etcdfault.go).
+	revoked []revoked
 }
 
 // etcdRuns numbers the runs of a process: each has a prefix of its own.
@@ -38,8 +51,10 @@ var etcdRuns atomic.Int64
 // endpoint (host:port).
 func NewEtcd(endpoint string) NewBackend {
 	return func(dir string, j Judges, mut mutation.Set) (Backend, error) {
-		if m := mutation.String(mut); m != "" && m != string(mutation.LostRecounted) {
-			return nil, fmt.Errorf("etcd store: store-side mutations %s: it switches only %s", m, mutation.LostRecounted)
+		for _, b := range mutation.All() {
+			if mut.Has(b) && b != mutation.LostRecounted && b != mutation.SupersedeFirst {
+				return nil, fmt.Errorf("etcd store: store-side mutation %s: it switches only %s and %s", b, mutation.LostRecounted, mutation.SupersedeFirst)
+			}
 		}
 		e := &Etcd{opts: etcdstore.Options{Endpoints: []string{endpoint},
 			Prefix: fmt.Sprintf("/sim/%d", etcdRuns.Add(1)),
@@ -48,6 +63,7 @@ func NewEtcd(endpoint string) NewBackend {
 			Dead: j.Dead, Mutations: mut,
 			DialTimeout: 10 * time.Second, RequestTimeout: 10 * time.Second}}
 		e.now = e.read()
+		e.rng = rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(etcdRuns.Load())))
 		return e, nil
 	}
 }
@@ -59,7 +75,16 @@ func (e *Etcd) read() Instant {
 }
 
 // Open implements Backend.
-func (e *Etcd) Open() (store.Store, error) { return etcdstore.New(e.opts) }
+// Each handle has its own client, and in it its own injector of the etcd
+// store's faults (etcdfault.go).
+func (e *Etcd) Open() (store.Store, error) {
+	e.mu.Lock()
+	l := &lostAnswers{e: e, rng: rand.New(rand.NewPCG(e.rng.Uint64(), e.rng.Uint64()))}
+	e.mu.Unlock()
+	o := e.opts
+	o.DialOptions = append(slices.Clip(o.DialOptions), grpc.WithChainUnaryInterceptor(l.unary))
+	return etcdstore.New(o)
+}
 
 // Now implements Backend.
 func (e *Etcd) Now() Instant {

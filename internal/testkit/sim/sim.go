@@ -40,11 +40,15 @@ const (
 	ClockDrift Fault = "clock-drift" // other hosts' boot clocks have their own offset and rate (clocks.go)
 	Suspend    Fault = "suspend"     // a host sleeps: its processes stop, its timers fire late (clocks.go)
 	StoreLock  Fault = "store-lock"  // a stalled process holds the store's file lock (storelock.go)
+
+	EtcdLostAnswer  Fault = "etcd-lost-answer"   // etcd: a write commits, its answer is lost (etcdfault.go)
+	EtcdRevoke      Fault = "etcd-revoke"        // etcd: a held ticket's lease is revoked behind its holder's back (etcdfault.go)
+	EtcdCrashInCall Fault = "etcd-crash-in-call" // etcd: a holder dies in its enqueue, after its first write (etcdfault.go)
 )
 
 // AllFaults lists every Fault.
 func AllFaults() []Fault {
-	return []Fault{Crash, Pause, RenewDelay, RenewFail, Restart, WallJump, Retry, LostReply, Reboot, Signal, OpRelease, OpResize, Judge, LostRing, JobResize, Policies, StoreLost, ClockDrift, Suspend, StoreLock}
+	return []Fault{Crash, Pause, RenewDelay, RenewFail, Restart, WallJump, Retry, LostReply, Reboot, Signal, OpRelease, OpResize, Judge, LostRing, JobResize, Policies, StoreLost, ClockDrift, Suspend, StoreLock, EtcdLostAnswer, EtcdRevoke, EtcdCrashInCall}
 }
 
 // A FaultSet is the kinds switched on; nil means all but the opt-in ones.
@@ -157,7 +161,20 @@ type Stats struct {
 	// Stalls of a process holding the store's lock (storelock.go), and
 	// the calls it refused.
 	LockHolds, LockRefused int
-	Procs                  ProcStats
+	// LostAnswers: answers of the etcd store's writes lost after they
+	// committed (etcdfault.go).
+	LostAnswers int
+	// Revokes: leases of held tickets revoked behind their holders' backs
+	// (etcdfault.go); RevokeOverlap: the longest a job ran on after its
+	// lease was revoked (in the random phase; its supervisor not stopped),
+	// within S2's bound.
+	Revokes       int
+	RevokeOverlap time.Duration
+	// DiedInCall: holders that died in their enqueue (etcdfault.go);
+	// DiedSuperseding: of those, superseding ones that had older waiting
+	// runs of their key to remove.
+	DiedInCall, DiedSuperseding int
+	Procs                       ProcStats
 	// MaxLag: on a store with a clock of its own (etcd), the longest time
 	// real time ran ahead of the simulation's (Etcd.Lag).
 	MaxLag time.Duration
@@ -323,6 +340,7 @@ func Run(cfg Config) (res Result) {
 	}
 	s.be = be
 	s.setup()
+	s.etcdFaults(true)
 	if s.viol != nil {
 		return res
 	}
@@ -492,6 +510,9 @@ func (s *sim) pick() {
 		return
 	}
 	if !s.quiet && s.cfg.Faults.Has(StoreLock) && s.lockRng.Float64() < 0.003 && s.lockOne() {
+		return
+	}
+	if s.revokeOne() {
 		return
 	}
 	if !s.quiet {
@@ -860,6 +881,7 @@ func (s *sim) retry() bool {
 // limits and everyone finish, and checks that they did (L2).
 func (s *sim) quiesce() {
 	s.quiet = true
+	s.etcdFaults(false)
 	s.letLockGo()
 	for _, h := range s.holders {
 		h.outageUntil = 0
