@@ -32,7 +32,8 @@ import (
 // find the lease lost (rule 6). Its job, suspended too, did nothing
 // meanwhile: it runs beside the slot's next holder from the resume until
 // its supervisor stops it (S31). The deadline timer stays late until an
-// acknowledged renewal arms it again, so a lease whose local deadline
+// acknowledged renewal, a watchdog tick or Hold (the job's start) arms it
+// again, so a lease whose local deadline
 // comes after the resume is also found lost up to a watchdog period
 // late: the job may outlive the lease's expiry in the store (local
 // deadline + margin) when a second + margin/2 exceeds the margin, as with

@@ -623,7 +623,7 @@ type simLease struct{ h *holder }
 func (l simLease) Lost() <-chan struct{}   { return l.h.lostC }
 func (l simLease) Deadline() time.Duration { return l.h.lease.Deadline() }
 func (l simLease) Expiry() time.Duration   { return l.h.lease.Expiry() }
-func (l simLease) Hold()                   { l.h.holds = true }
+func (l simLease) Hold()                   { l.h.holds, l.h.deadLate = true, 0 } // renew.Keeper re-arms its deadline timer on Hold
 func (l simLease) Check()                  { l.h.checkLease(l.h.hostNow()) }
 
 func (l simLease) Err() error {
