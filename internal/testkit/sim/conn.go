@@ -93,6 +93,9 @@ func (c *conn) record(o *op) {
 		return
 	}
 	o.who, o.owner = c.who, c.owner
+	if c.s.fileRefused(o) {
+		return // nothing ran (diskfault.go, restore.go)
+	}
 	c.s.log = append(c.s.log, o)
 	if h := c.owner; h != nil && h.crashAfterCall && c != c.s.netConn {
 		c.s.tracef("%s crashes before it reads the answer", h.name)

@@ -220,6 +220,7 @@ func (m *model) mayReap(t *mTicket, now Instant) bool {
 }
 
 func (m *model) remove(t *mTicket, g goneRec) {
+	g = m.setBackGone(t, g)
 	delete(m.live, t.id)
 	m.removals[t.id]++
 	if n := m.removals[t.id]; n > 1 {
@@ -400,6 +401,7 @@ func (m *model) apply(o *op, now Instant) {
 	case "renew":
 		t := m.live[o.t.ID]
 		switch {
+		case t != nil && t.fence == o.t.Fence && m.lostWaiting(o, t):
 		case o.err == nil:
 			switch {
 			case t == nil && m.refused[o.t.ID]:
@@ -925,7 +927,7 @@ func (m *model) holder(h *holder, now Instant) {
 	t := m.live[h.id]
 	// Its lease's end on its own clock, read on the store's: the drift
 	// within the bound may move it by that much over a lease (clocks.go).
-	if h.leased && !h.lost && t != nil && t.boot == now.Boot && h.storeAt(h.lease.Deadline()+h.margin) > t.dl+h.slack(h.ttl) {
+	if h.leased && !h.lost && t != nil && t.boot == now.Boot && !m.setBackBy(t) && h.storeAt(h.lease.Deadline()+h.margin) > t.dl+h.slack(h.ttl) {
 		m.fail("S9", "%s counts on its lease until %v from now, but the store's ends in %v (its host's clock %v)", h.name,
 			h.storeAt(h.lease.Deadline()+h.margin)-now.Mono, t.dl-now.Mono, h.sup.mc.clk)
 	}

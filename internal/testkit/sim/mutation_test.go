@@ -27,8 +27,10 @@ const (
 //
 // The hosts' clocks (sim.ClockDrift, sim.Suspend) are searched only for
 // the bug that needs them, and stalls with the store's lock held
-// (sim.StoreLock) for none: the others are found as they were, with one
-// clock and a free lock, at the same seeds and steps.
+// (sim.StoreLock) for none, nor the store's file restored or cut
+// (sim.Restore, sim.Truncate): the others are found as they were, with
+// one clock, a free lock and the file left alone, at the same seeds and
+// steps.
 func mutFaults(bug mutation.Bug) sim.FaultSet {
 	switch bug {
 	case mutation.OrderFirstLimit, mutation.RateStale, mutation.AgingOff:
@@ -36,7 +38,7 @@ func mutFaults(bug mutation.Bug) sim.FaultSet {
 	}
 	fs := sim.FaultSet{}
 	for _, f := range sim.AllFaults() {
-		if f != sim.Policies && f != sim.StoreLost && f != sim.StoreLock && (bug == mutation.MonotonicDeadline || f != sim.ClockDrift && f != sim.Suspend) {
+		if f != sim.Policies && f != sim.StoreLost && f != sim.StoreLock && f != sim.Restore && f != sim.Truncate && (bug == mutation.MonotonicDeadline || f != sim.ClockDrift && f != sim.Suspend) {
 			fs[f] = true
 		}
 	}

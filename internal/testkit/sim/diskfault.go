@@ -1,0 +1,198 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
+
+	"github.com/slotctl/slotctl/store"
+)
+
+// A full disk (fault "disk-full"): the file system the store's file is on
+// has no free block left, for a while, under running holders. The
+// simulation does it for real: a run whose Config.Disk is a small tmpfs of
+// its own (mounted in a private mount namespace, diskfault_linux_test.go)
+// has its free space taken by a ballast file (Disk.Fill) and given back
+// later (Disk.Free). So that the very next commit needs a block, the free
+// pages of the store's file and what lies past its last page become holes
+// first (bbolt reads neither): every page a commit writes then needs a new
+// block, and the write, not the simulation, says ENOSPC. A run without a
+// Disk draws nothing for it.
+//
+// Every call that writes while the disk is full must fail whole (S45): the
+// store's answer is store.ErrUnavailable naming the cause, never a
+// corrupt store, and the file holds, key for key in every bucket, what it
+// held before the call. Nothing ran, so the model learns nothing from it,
+// as for a call refused by a held lock: a join that fails so ends the run
+// before its child starts (S2 if it started one), a renewal that fails is
+// tried again or the lease runs out (S2, S9), a reap or release that fails
+// leaves its tickets to a later one (L1: a full disk lasts at most
+// diskFullMax, so that the reaps after it still come within L1's bound).
+// The store's real file system is the ground truth of what such a write
+// does (store/boltstore TestDiskFaults: ENOSPC and EIO on every kind of
+// write); this fault puts it under the protocol.
+
+// A Disk is the file system under a run's store file, when the test can
+// make it full: nil for most runs.
+type Disk interface {
+	Fill() error // take every free byte
+	Free() error // give them back
+}
+
+// diskFullMax bounds how long the disk stays full.
+const diskFullMax = 15 * time.Second
+
+// diskState is the fault's state in a run.
+type diskState struct {
+	rng   *rand.Rand
+	until time.Duration // full until then, on the store's clock; 0: not full
+	dump  map[string]string
+}
+
+func newDiskRng(seed uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, seed^0xd15cf011)) }
+
+// diskFull fills the run's disk now and then: a stream of its own.
+func (s *sim) diskFull() bool {
+	b, ok := s.be.(*Bolt)
+	if s.cfg.Disk == nil || !s.cfg.Faults.Has(DiskFull) || !ok || s.disk.until != 0 {
+		return false
+	}
+	if s.disk.rng == nil {
+		s.disk.rng = newDiskRng(s.cfg.Seed)
+	}
+	r := s.disk.rng
+	if r.Float64() >= 0.01 {
+		return false
+	}
+	// Mostly a moment (the next write or two), else up to diskFullMax.
+	d := time.Duration(r.Int64N(int64(time.Second)))
+	if r.IntN(2) == 0 {
+		d = time.Duration(r.Int64N(int64(diskFullMax)))
+	}
+	if err := holeFreePages(b.path); err != nil {
+		s.fail("setup", "punch the store file's free pages: %v", err)
+		return true
+	}
+	if err := s.cfg.Disk.Fill(); err != nil {
+		s.fail("setup", "fill the disk: %v", err)
+		return true
+	}
+	var err error
+	if s.disk.dump, err = dumpFile(b.path); err != nil {
+		s.fail("setup", "read the store file: %v", err)
+		return true
+	}
+	s.disk.until = s.now().Mono + max(d, time.Microsecond)
+	s.stats.DiskFulls++
+	s.tracef("the disk is full for %v", d)
+	return true
+}
+
+// diskFreed gives the disk its space back (its actor, the quiescent phase).
+func (s *sim) diskFreed() {
+	if s.disk.until == 0 {
+		return
+	}
+	s.disk.until, s.disk.dump = 0, nil
+	if err := s.cfg.Disk.Free(); err != nil {
+		s.fail("setup", "free the disk: %v", err)
+	}
+	s.tracef("the disk has room again")
+}
+
+type diskActor struct{ s *sim }
+
+func (a diskActor) wake() time.Duration { return a.s.disk.until }
+func (a diskActor) act()                { a.s.diskFreed() }
+
+// writes are the calls that write the store.
+var writes = []string{"enqueue", "renew", "release", "setchild", "reap", "setlimit", "setpolicy", "resize"}
+
+// diskRefused checks a call made while the disk is full (S45) and reports
+// whether it failed on the disk: then nothing ran, and the model is not
+// told of it. A write that succeeded (a commit that found room) is the
+// state the next one is judged against.
+func (s *sim) diskRefused(o *op) bool {
+	b, ok := s.be.(*Bolt)
+	if s.disk.until == 0 || !ok || !slices.Contains(writes, o.kind) {
+		return false
+	}
+	onDisk := errors.Is(o.err, store.ErrUnavailable) && strings.Contains(o.err.Error(), unix.ENOSPC.Error())
+	if o.err != nil && !onDisk {
+		return false // the model judges it (S12: a full disk is no corrupt store)
+	}
+	now, err := dumpFile(b.path)
+	if err != nil {
+		s.fail("S45", "the store file after %s by %s on a full disk: %v", o.kind, o.who, err)
+		return onDisk
+	}
+	if !onDisk {
+		s.disk.dump = now
+		return false
+	}
+	s.stats.DiskRefused++
+	s.tracef("%s by %s fails on the full disk", o.kind, o.who)
+	if d := dumpDiff(s.disk.dump, now); d != "" {
+		s.fail("S45", "%s by %s failed on the full disk (%v) and changed the store's file:\n%s", o.kind, o.who, o.err, d)
+	}
+	return true
+}
+
+// dumpFile reads every key of every bucket of the store's file, straight
+// from bbolt; a missing or empty file is an empty store.
+func dumpFile(path string) (map[string]string, error) {
+	out := map[string]string{}
+	if fi, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) || err == nil && fi.Size() == 0 {
+		return out, nil
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: time.Second})
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	var walk func(prefix string, b *bolt.Bucket) error
+	walk = func(prefix string, b *bolt.Bucket) error {
+		return b.ForEach(func(k, v []byte) error {
+			key := prefix + "/" + fmt.Sprintf("%q", k)
+			if v == nil {
+				return walk(key, b.Bucket(k))
+			}
+			out[key] = string(v)
+			return nil
+		})
+	}
+	err = db.View(func(tx *bolt.Tx) error {
+		return tx.ForEach(func(name []byte, b *bolt.Bucket) error { return walk(fmt.Sprintf("%q", name), b) })
+	})
+	return out, err
+}
+
+// dumpDiff lists the keys that differ: - gone, + new, ~ changed.
+func dumpDiff(a, b map[string]string) string {
+	var out []string
+	for k, v := range a {
+		if w, ok := b[k]; !ok {
+			out = append(out, "- "+k)
+		} else if v != w {
+			out = append(out, "~ "+k)
+		}
+	}
+	for k := range b {
+		if _, ok := a[k]; !ok {
+			out = append(out, "+ "+k)
+		}
+	}
+	slices.Sort(out)
+	if len(out) > 20 {
+		out = append(out[:20], fmt.Sprintf("(%d more)", len(out)-20))
+	}
+	return strings.Join(out, "\n")
+}
