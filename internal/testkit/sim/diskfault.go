@@ -34,8 +34,9 @@ import (
 // as for a call refused by a held lock: a join that fails so ends the run
 // before its child starts (S2 if it started one), a renewal that fails is
 // tried again or the lease runs out (S2, S9), a reap or release that fails
-// leaves its tickets to a later one (L1: a full disk lasts at most
-// diskFullMax, so that the reaps after it still come within L1's bound).
+// leaves its tickets to a later one (L1 counts from the start of the
+// fault and again from its end: a full disk lasts at most diskFullMax,
+// less than L1's bound).
 // The store's real file system is the ground truth of what such a write
 // does (store/boltstore TestDiskFaults: ENOSPC and EIO on every kind of
 // write); this fault puts it under the protocol.
@@ -54,6 +55,7 @@ const diskFullMax = 15 * time.Second
 type diskState struct {
 	rng   *rand.Rand
 	until time.Duration // full until then, on the store's clock; 0: not full
+	boot  string        // the boot until counts in
 	dump  map[string]string
 }
 
@@ -62,7 +64,7 @@ func newDiskRng(seed uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, seed
 // diskFull fills the run's disk now and then: a stream of its own.
 func (s *sim) diskFull() bool {
 	b, ok := s.be.(*Bolt)
-	if s.cfg.Disk == nil || !s.cfg.Faults.Has(DiskFull) || !ok || s.disk.until != 0 {
+	if s.cfg.Disk == nil || !s.cfg.Faults.Has(DiskFull) || !ok || s.disk.until != 0 || s.rs.cutUntil != 0 {
 		return false
 	}
 	if s.disk.rng == nil {
@@ -90,7 +92,8 @@ func (s *sim) diskFull() bool {
 		s.fail("setup", "read the store file: %v", err)
 		return true
 	}
-	s.disk.until = s.now().Mono + max(d, time.Microsecond)
+	s.disk.until, s.disk.boot = s.now().Mono+max(d, time.Microsecond), s.now().Boot
+	s.m.storeDown()
 	s.stats.DiskFulls++
 	s.tracef("the disk is full for %v", d)
 	return true
@@ -102,6 +105,7 @@ func (s *sim) diskFreed() {
 		return
 	}
 	s.disk.until, s.disk.dump = 0, nil
+	s.m.storeDown()
 	if err := s.cfg.Disk.Free(); err != nil {
 		s.fail("setup", "free the disk: %v", err)
 	}
@@ -110,8 +114,43 @@ func (s *sim) diskFreed() {
 
 type diskActor struct{ s *sim }
 
-func (a diskActor) wake() time.Duration { return a.s.disk.until }
+func (a diskActor) wake() time.Duration { return a.s.due(a.s.disk.until, a.s.disk.boot) }
 func (a diskActor) act()                { a.s.diskFreed() }
+
+// fileReplaced: another fault deleted, replaced or cut the store's file
+// while the disk is full: what the next failed write must leave is what
+// the file holds now.
+func (s *sim) fileReplaced() {
+	b, ok := s.be.(*Bolt)
+	if s.disk.until == 0 || !ok {
+		return
+	}
+	if s.rs.cutUntil != 0 {
+		s.disk.dump = nil // corrupt: every call fails as such, none on the disk
+		return
+	}
+	var err error
+	if s.disk.dump, err = dumpFile(b.path); err != nil {
+		s.fail("setup", "read the store file: %v", err)
+	}
+}
+
+// due is at, on the clock of boot: at once if the host rebooted since.
+func (s *sim) due(at time.Duration, boot string) time.Duration {
+	if s.now().Boot != boot {
+		return 0
+	}
+	return at
+}
+
+// storeDown: no reap can remove a ticket from now on (the disk full) or
+// could until now (the disk has room again): L1 counts from each end.
+func (m *model) storeDown() {
+	now := m.s.now().Mono
+	for _, t := range m.live {
+		t.keptAt = max(t.keptAt, now)
+	}
+}
 
 // writes are the calls that write the store.
 var writes = []string{"enqueue", "renew", "release", "setchild", "reap", "setlimit", "setpolicy", "resize"}
@@ -128,6 +167,9 @@ func (s *sim) diskRefused(o *op) bool {
 	onDisk := errors.Is(o.err, store.ErrUnavailable) && strings.Contains(o.err.Error(), unix.ENOSPC.Error())
 	if o.err != nil && !onDisk {
 		return false // the model judges it (S12: a full disk is no corrupt store)
+	}
+	if s.disk.dump == nil {
+		return onDisk // the file is cut short (restore.go)
 	}
 	now, err := dumpFile(b.path)
 	if err != nil {
@@ -148,7 +190,12 @@ func (s *sim) diskRefused(o *op) bool {
 
 // dumpFile reads every key of every bucket of the store's file, straight
 // from bbolt; a missing or empty file is an empty store.
-func dumpFile(path string) (map[string]string, error) {
+func dumpFile(path string) (_ map[string]string, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("bbolt: %v", r) // it panics on some damaged pages
+		}
+	}()
 	out := map[string]string{}
 	if fi, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) || err == nil && fi.Size() == 0 {
 		return out, nil

@@ -18,7 +18,8 @@ func holeFreePages(path string) error {
 	if fi, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) || err == nil && fi.Size() == 0 {
 		return nil // the first write makes the file: it needs blocks anyway
 	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: time.Second})
+	// Writable, nothing written: a reader does not load the freelist.
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
 	if err != nil {
 		return err
 	}

@@ -553,11 +553,12 @@ func (p *mproc) carries(id string) bool {
 // docs/crashes.md), so its guard is not killed with it here.
 func (h *holder) reapable() bool { return h.sup.mc.n == 0 && h.sup.pidns == rootPidNS }
 
-// orphaned: h's supervisor is dead, and a process that carries its
-// ticket (what its job left when its guard was killed with it, or a
-// daemon it handed off) runs on.
+// orphaned: h's supervisor is dead, or its run ended with its release
+// failed (a full disk, a held lock: the ticket stays to its lease's end),
+// and a process that carries its ticket (what its job left when its guard
+// was killed with it, or a daemon it handed off) runs on.
 func orphaned(h *holder) bool {
-	if h == nil || !h.crashed {
+	if h == nil || h.live() {
 		return false
 	}
 	for _, p := range h.child.procs {

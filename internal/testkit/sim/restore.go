@@ -53,6 +53,7 @@ type restoreState struct {
 	rng      *rand.Rand
 	copyPath string        // the copy taken, not yet restored
 	restorAt time.Duration // when it is renamed over the file
+	boot     string        // the boot restorAt and cutUntil count in
 	saved    *modelCopy    // the model as of the copy
 	// setBack: the deadline a ticket had in the copy, for the tickets the
 	// restore put back; S9 excuses a holder whose ticket still has it.
@@ -82,7 +83,7 @@ func (s *sim) fileFault() bool {
 	switch {
 	case rs.cutUntil != 0:
 		return false
-	case rs.copyPath != "" && s.now().Mono >= rs.restorAt:
+	case rs.copyPath != "" && s.now().Mono >= s.due(rs.restorAt, rs.boot):
 		return s.restoreCopy(b)
 	case s.cfg.Faults.Has(Restore) && rs.copyPath == "" && r < 1.0/600:
 		return s.copyFile(b)
@@ -107,7 +108,10 @@ func (s *sim) copyFile(b *Bolt) bool {
 		return false // a stalled writer holds it: the backup tool waits, the next draw tries again
 	}
 	dst := b.path + ".backup"
-	if err := copyFile(b.path, dst); err != nil {
+	if err := copyFile(b.path, dst); errors.Is(err, unix.ENOSPC) {
+		os.Remove(dst) // the disk is full: the backup fails, the next draw tries again
+		return false
+	} else if err != nil {
 		s.fail("setup", "copy the store's file: %v", err)
 		return true
 	}
@@ -116,6 +120,7 @@ func (s *sim) copyFile(b *Bolt) bool {
 	rs.saved = s.m.save()
 	// Long enough that jobs come and go; at times past every lease.
 	rs.restorAt = s.now().Mono + time.Second + time.Duration(rs.rng.Int64N(int64(3*ttls[len(ttls)-1])))
+	rs.boot = s.now().Boot
 	s.stats.Copies++
 	s.tracef("an operator copies the store's file (restored in %v)", rs.restorAt-s.now().Mono)
 	return true
@@ -146,6 +151,7 @@ func (s *sim) restoreCopy(b *Bolt) bool {
 		return true
 	}
 	s.stats.Restores++
+	s.fileReplaced()
 	s.tracef("an operator renames the copy over the store's file: the store is as it was %v ago", s.now().Mono-rs.saved.at)
 	s.m.restoreTo(rs.saved)
 	rs.copyPath, rs.saved = "", nil
@@ -165,6 +171,7 @@ func (s *sim) cutFile(b *Bolt) bool {
 		return true
 	}
 	s.stats.Truncates++
+	defer s.fileReplaced()
 	_, err = s.checker.Snapshot(s.ctx)
 	switch {
 	case err == nil:
@@ -177,7 +184,7 @@ func (s *sim) cutFile(b *Bolt) bool {
 		}
 	case errors.Is(err, store.ErrCorrupt):
 		d := time.Second + time.Duration(rs.rng.Int64N(int64(truncatedMax-time.Second)))
-		rs.cutUntil = s.now().Mono + d
+		rs.cutUntil, rs.boot = s.now().Mono+d, s.now().Boot
 		s.tracef("the store's file is cut from %d to %d bytes: corrupt, until an operator deletes it in %v", fi.Size(), n, d)
 	default:
 		s.fail("S12", "the store's file cut from %d to %d bytes: snapshot: %v, want store.ErrCorrupt", fi.Size(), n, err)
@@ -191,7 +198,7 @@ const truncatedMax = 15 * time.Second
 
 type cutActor struct{ s *sim }
 
-func (a cutActor) wake() time.Duration { return a.s.rs.cutUntil }
+func (a cutActor) wake() time.Duration { return a.s.due(a.s.rs.cutUntil, a.s.rs.boot) }
 
 // act: the operator deletes the cut file; the store starts afresh.
 func (a cutActor) act() {

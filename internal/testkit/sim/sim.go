@@ -780,6 +780,7 @@ func (s *sim) storeLost() bool {
 	}
 	s.stats.StoresLost++
 	s.m.storeLost()
+	s.fileReplaced()
 	s.tracef("the store's file is deleted: a new one starts empty")
 	return true
 }
