@@ -118,7 +118,13 @@
 // store's file deleted under running holders: every ticket gone as if
 // force-released, the new file refusing no id, its fences from 1, its
 // limits, counters and log empty; each job still stops by its lease's end,
-// S2), late duplicates of earlier
+// S2), the store's file replaced by an older copy (restore: copied under
+// the store's lock, renamed over it later; the model takes back what the
+// copy lacks, as for a deleted file, and fences may be issued again) or
+// cut short (truncate: every call answers ErrCorrupt until an operator
+// deletes the file, then store-lost), both in restore.go, a full disk
+// (disk-full, diskfault.go: real ENOSPC on a tmpfs of the run's own, in
+// TestSimDiskFull, root only), late duplicates of earlier
 // enqueue, renew and release requests (a retried request), lost enqueue
 // answers, SIGTERM to a supervisor, and lost rings of a supersede or a
 // stop request (a holder that is not told by its bell learns it at its
@@ -240,6 +246,16 @@
 //	S31 a supervisor whose host resumes from a suspend past its lease has
 //	    its job gone within the watchdog (1 s) + min(kill grace, margin/2)
 //	    of the resume
+//	S45 a write that fails on a full disk fails whole: the store's error
+//	    (unavailable, never corrupt), and the file holds key for key what
+//	    it held before the call; nothing ran, so the model learns nothing
+//	    (a join that fails so starts no child, S2)
+//	S46 a renewal that says held of a ticket the store has waiting (a
+//	    restored copy) is lost and removes the ticket. With the tickets
+//	    the copy lacks removed from the model (their renewal accepted is
+//	    S7), a job admitted since the copy stops within the kill grace of
+//	    its next renewal's answer (S9), and by its lease's end whatever
+//	    happens to that renewal (S2, as after a forced release)
 //	L1  a reap leaves no expired ticket of its limits; none outlives three
 //	    reaper periods (but a ticket whose orphaned job runs, which the
 //	    store keeps until a reap stops the job)

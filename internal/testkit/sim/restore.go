@@ -355,6 +355,7 @@ func (m *model) lostWaiting(o *op, t *mTicket) bool {
 		m.fail("S46", "renewal by %s of ticket %s, held by its holder, waiting in the store: %s, want lost", o.who, short(t.id), result(o.res, o.err))
 		return true
 	}
+	m.s.stats.HeldNoMore++
 	m.remove(t, goneRec{why: "renewed as held while waiting in the store", force: true, file: true})
 	return true
 }

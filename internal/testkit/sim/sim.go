@@ -171,8 +171,9 @@ type Stats struct {
 
 	// File faults (diskfault.go, restore.go): the disk filled, the calls
 	// it failed; copies of the store's file taken and restored over it;
-	// cuts of the file, and the calls refused as corrupt meanwhile.
-	DiskFulls, DiskRefused, Copies, Restores, Truncates, CorruptRefused int
+	// cuts of the file, and the calls refused as corrupt meanwhile;
+	// renewals as held of a ticket waiting again, lost (S46).
+	DiskFulls, DiskRefused, Copies, Restores, Truncates, CorruptRefused, HeldNoMore int
 }
 
 // ProcStats sum up the process table (ptable.go): where supervisors ran,
