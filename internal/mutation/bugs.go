@@ -123,6 +123,12 @@ const (
 	// expired waiter whose supervisor provably runs, so a loaded machine
 	// costs a waiter its place and its run (rule 17).
 	LateRenewalDeath Bug = "late-renewal-death"
+	// HeldNoMore: a renewal that says held of a ticket the store has
+	// waiting is accepted, as any renewal of a waiter is; only a store
+	// file replaced by an older copy (a restored backup) makes one, and the
+	// job admitted since the copy runs on a ticket that holds no slot,
+	// beside whoever the store admits to it.
+	HeldNoMore Bug = "held-no-more"
 	// MonotonicDeadline: the supervisor keeps its lease's deadlines on
 	// CLOCK_MONOTONIC (Go's time.Now and time.Since), which stops while the
 	// host is suspended, not on CLOCK_BOOTTIME: after a resume its lease
@@ -169,7 +175,7 @@ const (
 // All lists every Bug, store-side first, then the holder's and the judge's.
 func All() []Bug {
 	return []Bug{BlindReap, ReleaseCounter, ReleaseNoCompare, RenewExpired, StaleVerdict, NoTombstone, WallClock,
-		WeightIgnored, BargePastHead, ReplaceBeside, SupersedeHeld, OrderFirstLimit, RateStale, AgingOff, ResizePastWaiter, ResizeOverSize, ResizeNoSettle, LateRenewalDeath, LostRecounted,
+		WeightIgnored, BargePastHead, ReplaceBeside, SupersedeHeld, OrderFirstLimit, RateStale, AgingOff, ResizePastWaiter, ResizeOverSize, ResizeNoSettle, LateRenewalDeath, HeldNoMore, LostRecounted,
 		WaiterNotRenewed, ReleaseBeforeExit, HoldAndWait, LateLossGrace, DrainBlind, GuardUntold, MonotonicDeadline,
 		HostNameIdentity, TimensIgnored, ReplayedKill, PdeathsigOnly, ForegroundUndrained, OrphansLeft}
 }

@@ -30,7 +30,7 @@ const (
 // (sim.StoreLock) for none, nor the store's file restored or cut
 // (sim.Restore, sim.Truncate): the others are found as they were, with
 // one clock, a free lock and the file left alone, at the same seeds and
-// steps.
+// steps. held-no-more needs a restored copy to happen at all.
 func mutFaults(bug mutation.Bug) sim.FaultSet {
 	switch bug {
 	case mutation.OrderFirstLimit, mutation.RateStale, mutation.AgingOff:
@@ -38,7 +38,7 @@ func mutFaults(bug mutation.Bug) sim.FaultSet {
 	}
 	fs := sim.FaultSet{}
 	for _, f := range sim.AllFaults() {
-		if f != sim.Policies && f != sim.StoreLost && f != sim.StoreLock && f != sim.Restore && f != sim.Truncate && (bug == mutation.MonotonicDeadline || f != sim.ClockDrift && f != sim.Suspend) {
+		if f != sim.Policies && f != sim.StoreLost && f != sim.StoreLock && (f != sim.Restore || bug == mutation.HeldNoMore) && f != sim.Truncate && (bug == mutation.MonotonicDeadline || f != sim.ClockDrift && f != sim.Suspend) {
 			fs[f] = true
 		}
 	}

@@ -85,7 +85,7 @@ func (s *sim) fileFault() bool {
 		return false
 	case rs.copyPath != "" && s.now().Mono >= s.due(rs.restorAt, rs.boot):
 		return s.restoreCopy(b)
-	case s.cfg.Faults.Has(Restore) && rs.copyPath == "" && r < 1.0/600:
+	case s.cfg.Faults.Has(Restore) && rs.copyPath == "" && r < 1.0/400:
 		return s.copyFile(b)
 	case s.cfg.Faults.Has(Truncate) && r >= 1-1.0/1500:
 		return s.cutFile(b)
@@ -119,7 +119,7 @@ func (s *sim) copyFile(b *Bolt) bool {
 	rs.copyPath = dst
 	rs.saved = s.m.save()
 	// Long enough that jobs come and go; at times past every lease.
-	rs.restorAt = s.now().Mono + time.Second + time.Duration(rs.rng.Int64N(int64(3*ttls[len(ttls)-1])))
+	rs.restorAt = s.now().Mono + time.Second/2 + time.Duration(rs.rng.Int64N(int64(3*ttls[len(ttls)-1]/2)))
 	rs.boot = s.now().Boot
 	s.stats.Copies++
 	s.tracef("an operator copies the store's file (restored in %v)", rs.restorAt-s.now().Mono)
@@ -306,9 +306,10 @@ func (m *model) restoreTo(c *modelCopy) {
 	for id, ct := range c.live {
 		t := ct.clone()
 		t.keptAt = now.Mono
-		if h := t.owner; h != nil && h.live() && h.child.running && t.state != store.Held {
-			// Its job runs on a ticket waiting again: as if force-released,
-			// until its next renewal removes it (S2).
+		if h := t.owner; h != nil && h.live() && t.state != store.Held {
+			// Its job, if it runs (or what its command left), runs on a
+			// ticket waiting again: as if force-released, until its next
+			// renewal removes it (S2).
 			m.gone[id] = goneRec{why: "waiting again in the restored copy", force: true, file: true, at: now.Mono}
 		}
 		m.live[id] = t
@@ -337,7 +338,9 @@ func (m *model) setBackBy(t *mTicket) bool {
 // holder's lease, not the copy's deadline, bounds its job (S2).
 func (m *model) setBackGone(t *mTicket, g goneRec) goneRec {
 	if m.setBackBy(t) && !g.file {
-		g.force, g.file = true, true
+		// Nor is its holder told by its ticket's state what it is: a
+		// supersede may remove a ticket its holder runs on (S16).
+		g.force, g.file, g.sure = true, true, false
 		g.why += " (its deadline set back by a restored copy)"
 	}
 	return g
