@@ -216,7 +216,9 @@ func TestPausedOverlapBound(t *testing.T) {
 // job drained by its command alone (S26) — each a defect once found from
 // outside, with real processes —, and a guard never told its lease, so
 // that the job of a supervisor stopped alone runs past the lease (S29),
-// and a lost guard's orphans left running (S26). A masked bug runs with
+// and a lost guard's orphans left running (S26), and a renewal as held
+// of a ticket that a restored copy of the store's file has waiting again
+// accepted (S46). A masked bug runs with
 // what masks it switched on too (masked).
 func TestRecordedMutations(t *testing.T) {
 	for _, c := range []struct {
@@ -233,6 +235,7 @@ func TestRecordedMutations(t *testing.T) {
 		{mutation.ForegroundUndrained, 1, 616, "S26"},
 		{mutation.GuardUntold, 1, 490, "S29"},
 		{mutation.OrphansLeft, 5, 405, "S26"},
+		{mutation.HeldNoMore, 1, 244, "S46"},
 	} {
 		t.Run(string(c.bug), func(t *testing.T) {
 			t.Parallel()
