@@ -13,6 +13,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
 
+	"github.com/slotctl/slotctl/internal/mutation"
 	"github.com/slotctl/slotctl/store"
 )
 
@@ -42,10 +43,27 @@ import (
 // write); this fault puts it under the protocol.
 
 // A Disk is the file system under a run's store file, when the test can
-// make it full: nil for most runs.
+// make its writes fail: nil for most runs.
 type Disk interface {
-	Fill() error // take every free byte
-	Free() error // give them back
+	// Fill makes every write that needs a new block fail (ENOSPC: every
+	// free byte taken), or every write the device gets (EIO: the device
+	// fails, so fsync reports it).
+	Fill() error
+	// Free mends it: room again, or what reached the disk mounted anew on
+	// a device that works (then every handle is opened again).
+	Free() error
+	// Errno is what a write says while it lasts: ENOSPC or EIO.
+	Errno() unix.Errno
+}
+
+// NewBoltSync is NewBolt with fsync at every commit: a failing device
+// tells a commit only there (a run on a Disk whose Errno is EIO).
+func NewBoltSync(dir string, j Judges, mut mutation.Set) (Backend, error) {
+	be, err := NewBolt(dir, j, mut)
+	if err == nil {
+		be.(*Bolt).opts.NoSync = false
+	}
+	return be, err
 }
 
 // diskFullMax bounds how long the disk stays full.
@@ -79,7 +97,9 @@ func (s *sim) diskFull() bool {
 	if r.IntN(2) == 0 {
 		d = time.Duration(r.Int64N(int64(diskFullMax)))
 	}
-	if err := holeFreePages(b.path); err != nil {
+	if err := s.cfg.Disk.Errno(); err != unix.ENOSPC {
+		// The device fails every write: nothing needs a new block.
+	} else if err := holeFreePages(b.path); err != nil {
 		s.fail("setup", "punch the store file's free pages: %v", err)
 		return true
 	}
@@ -95,7 +115,7 @@ func (s *sim) diskFull() bool {
 	s.disk.until, s.disk.boot = s.now().Mono+max(d, time.Microsecond), s.now().Boot
 	s.m.storeDown()
 	s.stats.DiskFulls++
-	s.tracef("the disk is full for %v", d)
+	s.tracef("the disk fails writes (%v) for %v", s.cfg.Disk.Errno(), d)
 	return true
 }
 
@@ -104,12 +124,34 @@ func (s *sim) diskFreed() {
 	if s.disk.until == 0 {
 		return
 	}
+	b := s.be.(*Bolt)
+	was := s.disk.dump
 	s.disk.until, s.disk.dump = 0, nil
 	s.m.storeDown()
+	if s.cfg.Disk.Errno() != unix.ENOSPC {
+		s.letLockGo() // a stalled process's lock was on the old mount
+	}
 	if err := s.cfg.Disk.Free(); err != nil {
 		s.fail("setup", "free the disk: %v", err)
+		return
 	}
-	s.tracef("the disk has room again")
+	if s.cfg.Disk.Errno() == unix.ENOSPC {
+		s.tracef("the disk has room again")
+		return
+	}
+	// What reached the disk is what the file held before the device
+	// failed, nothing of a commit it failed (S45).
+	s.restart()
+	now, err := dumpFile(b.path)
+	switch {
+	case err != nil:
+		s.fail("S45", "the store file on the mended disk: %v", err)
+	case was != nil:
+		if d := dumpDiff(was, now); d != "" {
+			s.fail("S45", "the store file on the mended disk is not what it held before the failed writes:\n%s", d)
+		}
+	}
+	s.tracef("the disk is mended: what reached it mounted anew")
 }
 
 type diskActor struct{ s *sim }
@@ -134,6 +176,11 @@ func (s *sim) fileReplaced() {
 		s.fail("setup", "read the store file: %v", err)
 	}
 }
+
+// diskBroken: the device fails every write. No other file fault acts
+// meanwhile: a rename, a cut or a deletion would not reach the disk
+// either, and the mended disk would show the file as it was.
+func (s *sim) diskBroken() bool { return s.disk.until != 0 && s.cfg.Disk.Errno() != unix.ENOSPC }
 
 // due is at, on the clock of boot: at once if the host rebooted since.
 func (s *sim) due(at time.Duration, boot string) time.Duration {
@@ -164,7 +211,7 @@ func (s *sim) diskRefused(o *op) bool {
 	if s.disk.until == 0 || !ok || !slices.Contains(writes, o.kind) {
 		return false
 	}
-	onDisk := errors.Is(o.err, store.ErrUnavailable) && strings.Contains(o.err.Error(), unix.ENOSPC.Error())
+	onDisk := errors.Is(o.err, store.ErrUnavailable) && strings.Contains(o.err.Error(), s.cfg.Disk.Errno().Error())
 	if o.err != nil && !onDisk {
 		return false // the model judges it (S12: a full disk is no corrupt store)
 	}
@@ -181,9 +228,9 @@ func (s *sim) diskRefused(o *op) bool {
 		return false
 	}
 	s.stats.DiskRefused++
-	s.tracef("%s by %s fails on the full disk", o.kind, o.who)
+	s.tracef("%s by %s fails on the disk", o.kind, o.who)
 	if d := dumpDiff(s.disk.dump, now); d != "" {
-		s.fail("S45", "%s by %s failed on the full disk (%v) and changed the store's file:\n%s", o.kind, o.who, o.err, d)
+		s.fail("S45", "%s by %s failed on the disk (%v) and changed the store's file:\n%s", o.kind, o.who, o.err, d)
 	}
 	return true
 }

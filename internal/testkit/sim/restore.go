@@ -71,6 +71,9 @@ func (s *sim) fileFault() bool {
 	if s.diskFull() {
 		return true
 	}
+	if s.diskBroken() {
+		return false
+	}
 	b, ok := s.be.(*Bolt)
 	if !ok || !s.cfg.Faults.Has(Restore) && !s.cfg.Faults.Has(Truncate) {
 		return false

@@ -772,7 +772,7 @@ func (s *sim) restart() {
 // learns that its ticket is gone.
 func (s *sim) storeLost() bool {
 	l, ok := s.be.(interface{ Lose() error })
-	if !ok {
+	if !ok || s.diskBroken() {
 		return false
 	}
 	if err := l.Lose(); err != nil {
