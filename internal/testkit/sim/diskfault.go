@@ -17,16 +17,23 @@ import (
 	"github.com/slotctl/slotctl/store"
 )
 
-// A full disk (fault "disk-full"): the file system the store's file is on
-// has no free block left, for a while, under running holders. The
-// simulation does it for real: a run whose Config.Disk is a small tmpfs of
-// its own (mounted in a private mount namespace, diskfault_linux_test.go)
-// has its free space taken by a ballast file (Disk.Fill) and given back
-// later (Disk.Free). So that the very next commit needs a block, the free
-// pages of the store's file and what lies past its last page become holes
-// first (bbolt reads neither): every page a commit writes then needs a new
-// block, and the write, not the simulation, says ENOSPC. A run without a
-// Disk draws nothing for it.
+// A failing disk (fault "disk-full"): the file system the store's file is
+// on has no free block left, or its device fails every write, for a while,
+// under running holders. The simulation does it for real, in a private
+// mount namespace (diskfault_linux_test.go, root only). TestSimDiskFull
+// gives each run a small tmpfs of its own, whose free space a ballast file
+// takes (Disk.Fill) and gives back (Disk.Free); so that the very next
+// commit needs a block, the free pages of the store's file and what lies
+// past its last page become holes first (bbolt reads neither): every page
+// a commit writes then needs a new block, and the write, not the
+// simulation, says ENOSPC. TestSimDiskEIO gives each run an ext2 on a loop
+// device (internal/testkit/diskfault): broken, it fails every write, so
+// each commit's fsync says EIO (the store syncs there, NewBoltSync);
+// mended, what reached the disk is mounted anew and every handle opened
+// again, and the file must hold what it held before the device failed.
+// While the device fails no other file fault acts (its rename, cut or
+// deletion would not reach the disk either). A run without a Disk draws
+// nothing for it: the fault is inert in TestSim.
 //
 // Every call that writes while the disk is full must fail whole (S45): the
 // store's answer is store.ErrUnavailable naming the cause, never a

@@ -122,9 +122,10 @@
 // the store's lock, renamed over it later; the model takes back what the
 // copy lacks, as for a deleted file, and fences may be issued again) or
 // cut short (truncate: every call answers ErrCorrupt until an operator
-// deletes the file, then store-lost), both in restore.go, a full disk
-// (disk-full, diskfault.go: real ENOSPC on a tmpfs of the run's own, in
-// TestSimDiskFull, root only), late duplicates of earlier
+// deletes the file, then store-lost), both in restore.go, a failing disk
+// (disk-full, diskfault.go: a real ENOSPC on a tmpfs of the run's own in
+// TestSimDiskFull, a real EIO from fsync on a loop device that fails its
+// writes in TestSimDiskEIO; root only), late duplicates of earlier
 // enqueue, renew and release requests (a retried request), lost enqueue
 // answers, SIGTERM to a supervisor, and lost rings of a supersede or a
 // stop request (a holder that is not told by its bell learns it at its
@@ -246,10 +247,11 @@
 //	S31 a supervisor whose host resumes from a suspend past its lease has
 //	    its job gone within the watchdog (1 s) + min(kill grace, margin/2)
 //	    of the resume
-//	S45 a write that fails on a full disk fails whole: the store's error
+//	S45 a write that fails on the disk fails whole: the store's error
 //	    (unavailable, never corrupt), and the file holds key for key what
-//	    it held before the call; nothing ran, so the model learns nothing
-//	    (a join that fails so starts no child, S2)
+//	    it held before the call (and, the device mended, what reached the
+//	    disk is what it held before the device failed); nothing ran, so
+//	    the model learns nothing (a join that fails so starts no child, S2)
 //	S46 a renewal that says held of a ticket the store has waiting (a
 //	    restored copy) is lost and removes the ticket. With the tickets
 //	    the copy lacks removed from the model (their renewal accepted is
@@ -344,7 +346,10 @@
 // supervisor's group, drained by its command alone) as S26; guard-untold
 // (gate/holder never tells the guard its lease) as S29; orphans-left (the
 // model's guard: a supervisor whose guard was killed alone leaves what the
-// guard left running) as S26. The bugs of the
+// guard left running) as S26; held-no-more (store/policy: a renewal as
+// held of a ticket the store has waiting accepted) as S46, in runs whose
+// store's file is restored from an older copy, the only way to make one.
+// The bugs of the
 // policies are searched in runs with policies, the others in FIFO-only
 // runs, where they were always found. The switches exist only in a build
 // with the tag slotctl_mutations, so those tests (and TestReduce, which
