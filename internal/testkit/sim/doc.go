@@ -348,7 +348,10 @@
 // model's guard: a supervisor whose guard was killed alone leaves what the
 // guard left running) as S26; held-no-more (store/policy: a renewal as
 // held of a ticket the store has waiting accepted) as S46, in runs whose
-// store's file is restored from an older copy, the only way to make one.
+// store's file is restored from an older copy, the only way to make one;
+// commit-ignored (store/boltstore: a commit that failed on the disk taken
+// for done) only on a disk that fails, in TestSimDiskMutation (root), as
+// S1 at its recorded seed and step.
 // The bugs of the
 // policies are searched in runs with policies, the others in FIFO-only
 // runs, where they were always found. The switches exist only in a build

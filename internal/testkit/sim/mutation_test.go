@@ -83,6 +83,9 @@ func TestMutationsCaught(t *testing.T) {
 			if bug == mutation.LostRecounted {
 				t.Skip("a bug of the etcd store: TestEtcdMutationCaught")
 			}
+			if bug == mutation.CommitIgnored {
+				t.Skip("needs a disk that fails: TestSimDiskMutation (root)")
+			}
 			if storeKind() == "etcd" && bug.InStore() {
 				t.Skip("not switched in the etcd store")
 			}

@@ -188,6 +188,10 @@ func (s *sim) cutFile(b *Bolt) bool {
 	case errors.Is(err, store.ErrCorrupt):
 		d := time.Second + time.Duration(rs.rng.Int64N(int64(truncatedMax-time.Second)))
 		rs.cutUntil, rs.boot = s.now().Mono+d, s.now().Boot
+		for id, g := range s.m.gone {
+			g.forgot, g.sure = true, false // no call reads it now, and the file's deletion forgets it
+			s.m.gone[id] = g
+		}
 		s.tracef("the store's file is cut from %d to %d bytes: corrupt, until an operator deletes it in %v", fi.Size(), n, d)
 	default:
 		s.fail("S12", "the store's file cut from %d to %d bytes: snapshot: %v, want store.ErrCorrupt", fi.Size(), n, err)
