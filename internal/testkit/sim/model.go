@@ -458,7 +458,7 @@ func (m *model) apply(o *op, now Instant) {
 		}
 	case "setchild":
 		t := m.live[o.t.ID]
-		ok := t != nil && t.fence == o.t.Fence && (!m.expired(t, now) || m.near(t, now))
+		ok := t != nil && t.fence == o.t.Fence && (!m.expired(t, now) && !m.quietPast(t, now) || m.near(t, now))
 		if o.err == nil && !ok {
 			m.fail("S7", "SetChild of %s accepted, but it is gone or expired", short(o.t.ID))
 		} else if o.err != nil && ok && !m.sweptBefore(t, now) {

@@ -372,3 +372,10 @@ func (m *model) lostWaiting(o *op, t *mTicket) bool {
 	m.remove(t, goneRec{why: "renewed as held while waiting in the store", force: true, file: true})
 	return true
 }
+
+// quietPast: t is a quiet waiter past its deadline, which SetChild judges
+// as it judges any (only a restored copy puts the ticket of a job that
+// runs back among the waiters).
+func (m *model) quietPast(t *mTicket, now Instant) bool {
+	return t.quiet && t.state == store.Waiting && t.boot == now.Boot && now.Mono >= t.dl
+}
