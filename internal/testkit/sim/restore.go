@@ -350,6 +350,13 @@ func (m *model) setBackGone(t *mTicket, g goneRec) goneRec {
 		g.force, g.file, g.sure = true, true, false
 		g.why += " (its deadline set back by a restored copy)"
 	}
+	if prev, ok := m.gone[t.id]; ok && prev.file && !g.file {
+		// Its id came back after the file lost it (a late duplicate of
+		// its enqueue, as a new ticket): its holder's job still runs on
+		// the lease of the ticket the file lost (S2).
+		g.force, g.file, g.sure = true, true, false
+		g.why += " (its id made again after the file lost it)"
+	}
 	return g
 }
 
