@@ -249,7 +249,7 @@ func (s *sim) fileRefused(o *op) bool {
 	}
 	if s.rs.cutUntil != 0 && errors.Is(o.err, store.ErrCorrupt) {
 		s.stats.CorruptRefused++
-		if h := o.owner; h != nil && h.inside && h.stopHeard && h.child.stopAt == 0 {
+		if h := o.owner; h != nil && h.inside && o.kind == "get" && h.stopHeard && h.child.stopAt == 0 {
 			// A stop request Run heard and could not read back is not
 			// acted on, as behind a held lock (storelock.go's lockWait).
 			h.stopHeard = false
