@@ -343,8 +343,8 @@ func (m *model) apply(o *op, now Instant) {
 		m.refusedFull(o, full, now)
 		return
 	}
-	if errors.Is(o.err, store.ErrLimitNotFound) && m.s.stats.StoresLost > 0 {
-		return // a limit the store's deleted file took with it, not made again yet
+	if errors.Is(o.err, store.ErrLimitNotFound) && m.s.stats.StoresLost+m.s.stats.Restores > 0 {
+		return // a limit the store's deleted file (or a restored older copy) took with it, not made again yet
 	}
 	if unexpected(o.err) {
 		m.fail("S12", "%s by %s failed: %v", o.kind, o.who, o.err)
