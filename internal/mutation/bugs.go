@@ -137,6 +137,18 @@ const (
 	// expired waiter whose supervisor provably runs, so a loaded machine
 	// costs a waiter its place and its run (rule 17).
 	LateRenewalDeath Bug = "late-renewal-death"
+	// HeldNoMore: a renewal that says held of a ticket the store has
+	// waiting is accepted, as any renewal of a waiter is; only a store
+	// file replaced by an older copy (a restored backup) makes one, and the
+	// job admitted since the copy runs on a ticket that holds no slot,
+	// beside whoever the store admits to it.
+	HeldNoMore Bug = "held-no-more"
+	// CommitIgnored: the bbolt store takes a write whose commit failed on
+	// the disk (ENOSPC, a failed fsync) for done, and answers as if it
+	// had: the caller believes what the store does not hold (fsyncgate).
+	// Switched in store/boltstore's update; only a disk that fails finds
+	// it (the simulation's TestSimDiskMutation, root only).
+	CommitIgnored Bug = "commit-ignored"
 	// MonotonicDeadline: the supervisor keeps its lease's deadlines on
 	// CLOCK_MONOTONIC (Go's time.Now and time.Since), which stops while the
 	// host is suspended, not on CLOCK_BOOTTIME: after a resume its lease
@@ -183,7 +195,7 @@ const (
 // All lists every Bug, store-side first, then the holder's and the judge's.
 func All() []Bug {
 	return []Bug{BlindReap, ReleaseCounter, ReleaseNoCompare, RenewExpired, StaleVerdict, NoTombstone, WallClock,
-		WeightIgnored, BargePastHead, ReplaceBeside, SupersedeHeld, OrderFirstLimit, RateStale, AgingOff, ResizePastWaiter, ResizeOverSize, ResizeNoSettle, LateRenewalDeath, LostRecounted, SupersedeFirst,
+		WeightIgnored, BargePastHead, ReplaceBeside, SupersedeHeld, OrderFirstLimit, RateStale, AgingOff, ResizePastWaiter, ResizeOverSize, ResizeNoSettle, LateRenewalDeath, HeldNoMore, CommitIgnored, LostRecounted, SupersedeFirst,
 		WaiterNotRenewed, ReleaseBeforeExit, HoldAndWait, LateLossGrace, DrainBlind, GuardUntold, MonotonicDeadline, HoldNotAdopted,
 		HostNameIdentity, TimensIgnored, ReplayedKill, PdeathsigOnly, ForegroundUndrained, OrphansLeft}
 }

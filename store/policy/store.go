@@ -105,7 +105,7 @@ func heldNoMore(t store.Ticket, r Rec) string {
 // the judge only adds what it knows of an expired one). A waiter holds no
 // slot: its late renewal is accepted while its ticket is still here.
 func (x *step) renewalLost(t store.Ticket, r Rec) string {
-	if ev := heldNoMore(t, r); ev != "" {
+	if ev := heldNoMore(t, r); ev != "" && !x.o.Mutations.Has(mutation.HeldNoMore) { // mutation (test-only): renew it as a waiter
 		return ev
 	}
 	held := r.State == store.Held || x.o.Mutations.Has(mutation.LateRenewalDeath)         // mutation (test-only): a waiter's late renewal refused

@@ -311,7 +311,7 @@ func (m *model) outlivesLease(h *holder, now Instant) {
 		return
 	}
 	if t := m.live[h.id]; t != nil {
-		if t.state == store.Held && t.boot == now.Boot && now.Mono > t.dl {
+		if t.state == store.Held && t.boot == now.Boot && now.Mono > t.dl && !m.setBackBy(t) {
 			m.fail("S30", "%s's child runs %v past its ticket %s's deadline on the store's clock (its host's clock %v)", h.name, now.Mono-t.dl, short(h.id), h.sup.mc.clk)
 		}
 		return

@@ -95,6 +95,9 @@ func (c *conn) record(o *op) {
 		return
 	}
 	o.who, o.owner = c.who, c.owner
+	if c.s.fileRefused(o) {
+		return // nothing ran (diskfault.go, restore.go)
+	}
 	o.lostIn = c.s.etcdNotes()
 	o.unknown = o.lostIn && errors.Is(o.err, store.ErrUnavailable)
 	c.s.log = append(c.s.log, o)

@@ -118,7 +118,14 @@
 // store's file deleted under running holders: every ticket gone as if
 // force-released, the new file refusing no id, its fences from 1, its
 // limits, counters and log empty; each job still stops by its lease's end,
-// S2), late duplicates of earlier
+// S2), the store's file replaced by an older copy (restore: copied under
+// the store's lock, renamed over it later; the model takes back what the
+// copy lacks, as for a deleted file, and fences may be issued again) or
+// cut short (truncate: every call answers ErrCorrupt until an operator
+// deletes the file, then store-lost), both in restore.go, a failing disk
+// (disk-full, diskfault.go: a real ENOSPC on a tmpfs of the run's own in
+// TestSimDiskFull, a real EIO from fsync on a loop device that fails its
+// writes in TestSimDiskEIO; root only), late duplicates of earlier
 // enqueue, renew and release requests (a retried request), lost enqueue
 // answers, SIGTERM to a supervisor, and lost rings of a supersede or a
 // stop request (a holder that is not told by its bell learns it at its
@@ -243,6 +250,17 @@
 //	S40 (etcd) an enqueue whose caller died in it, after its first write,
 //	    took effect whole or not at all: when the store has no ticket of
 //	    its id, no older run of its key was superseded for it
+//	S45 a write that fails on the disk fails whole: the store's error
+//	    (unavailable, never corrupt), and the file holds key for key what
+//	    it held before the call (and, the device mended, what reached the
+//	    disk is what it held before the device failed); nothing ran, so
+//	    the model learns nothing (a join that fails so starts no child, S2)
+//	S46 a renewal that says held of a ticket the store has waiting (a
+//	    restored copy) is lost and removes the ticket. With the tickets
+//	    the copy lacks removed from the model (their renewal accepted is
+//	    S7), a job admitted since the copy stops within the kill grace of
+//	    its next renewal's answer (S9), and by its lease's end whatever
+//	    happens to that renewal (S2, as after a forced release)
 //	L1  a reap leaves no expired ticket of its limits; none outlives three
 //	    reaper periods (but a ticket whose orphaned job runs, which the
 //	    store keeps until a reap stops the job)
@@ -333,7 +351,13 @@
 // model's guard: a supervisor whose guard was killed alone leaves what the
 // guard left running) as S26; hold-not-adopted (gate/holder: a supervisor
 // admitted without a running lease counts it from the ticket as it
-// joined, not from the hold the store answered) as S9. The bugs of the
+// joined, not from the hold the store answered) as S9; held-no-more
+// (store/policy: a renewal as held of a ticket the store has waiting
+// accepted) as S46, in runs whose store's file is restored from an older
+// copy, the only way to make one; commit-ignored (store/boltstore: a commit
+// that failed on the disk taken for done) only on a disk that fails, in
+// TestSimDiskMutation (root), as S1 at its recorded seed and step.
+// The bugs of the
 // policies are searched in runs with policies, the others in FIFO-only
 // runs, where they were always found. The switches exist only in a build
 // with the tag slotctl_mutations, so those tests (and TestReduce, which

@@ -220,6 +220,7 @@ func (m *model) mayReap(t *mTicket, now Instant) bool {
 }
 
 func (m *model) remove(t *mTicket, g goneRec) {
+	g = m.setBackGone(t, g)
 	delete(m.live, t.id)
 	m.removals[t.id]++
 	if n := m.removals[t.id]; n > 1 {
@@ -345,8 +346,8 @@ func (m *model) apply(o *op, now Instant) {
 		m.refusedFull(o, full, now)
 		return
 	}
-	if errors.Is(o.err, store.ErrLimitNotFound) && m.s.stats.StoresLost > 0 {
-		return // a limit the store's deleted file took with it, not made again yet
+	if errors.Is(o.err, store.ErrLimitNotFound) && m.s.stats.StoresLost+m.s.stats.Restores > 0 {
+		return // a limit the store's deleted file (or a restored older copy) took with it, not made again yet
 	}
 	if unexpected(o.err) {
 		m.fail("S12", "%s by %s failed: %v", o.kind, o.who, o.err)
@@ -403,6 +404,7 @@ func (m *model) apply(o *op, now Instant) {
 	case "renew":
 		t := m.live[o.t.ID]
 		switch {
+		case t != nil && t.fence == o.t.Fence && m.lostWaiting(o, t):
 		case o.err == nil:
 			switch {
 			case t == nil && m.refused[o.t.ID]:
@@ -459,7 +461,7 @@ func (m *model) apply(o *op, now Instant) {
 		}
 	case "setchild":
 		t := m.live[o.t.ID]
-		ok := t != nil && t.fence == o.t.Fence && (!m.expired(t, now) || m.near(t, now))
+		ok := t != nil && t.fence == o.t.Fence && (!m.expired(t, now) && !m.quietPast(t, now) || m.near(t, now))
 		if o.err == nil && !ok {
 			m.fail("S7", "SetChild of %s accepted, but it is gone or expired", short(o.t.ID))
 		} else if o.err != nil && ok && !m.sweptBefore(t, now) {
@@ -942,7 +944,7 @@ func (m *model) holder(h *holder, now Instant) {
 	t := m.live[h.id]
 	// Its lease's end on its own clock, read on the store's: the drift
 	// within the bound may move it by that much over a lease (clocks.go).
-	if h.leased && !h.lost && t != nil && t.boot == now.Boot && h.storeAt(h.lease.Deadline()+h.margin) > t.dl+h.slack(h.ttl) {
+	if h.leased && !h.lost && t != nil && t.boot == now.Boot && !m.setBackBy(t) && h.storeAt(h.lease.Deadline()+h.margin) > t.dl+h.slack(h.ttl) {
 		m.fail("S9", "%s counts on its lease until %v from now, but the store's ends in %v (its host's clock %v)", h.name,
 			h.storeAt(h.lease.Deadline()+h.margin)-now.Mono, t.dl-now.Mono, h.sup.mc.clk)
 	}

@@ -27,8 +27,10 @@ const (
 //
 // The hosts' clocks (sim.ClockDrift, sim.Suspend) are searched only for
 // the bug that needs them, and stalls with the store's lock held
-// (sim.StoreLock) for none: the others are found as they were, with one
-// clock and a free lock, at the same seeds and steps.
+// (sim.StoreLock) for none, nor the store's file restored or cut
+// (sim.Restore, sim.Truncate): the others are found as they were, with
+// one clock, a free lock and the file left alone, at the same seeds and
+// steps. held-no-more needs a restored copy to happen at all.
 func mutFaults(bug mutation.Bug) sim.FaultSet {
 	switch bug {
 	case mutation.OrderFirstLimit, mutation.RateStale, mutation.AgingOff:
@@ -36,7 +38,7 @@ func mutFaults(bug mutation.Bug) sim.FaultSet {
 	}
 	fs := sim.FaultSet{}
 	for _, f := range sim.AllFaults() {
-		if f != sim.Policies && f != sim.StoreLost && f != sim.StoreLock && (bug == mutation.MonotonicDeadline || f != sim.ClockDrift && f != sim.Suspend) {
+		if f != sim.Policies && f != sim.StoreLost && f != sim.StoreLock && (f != sim.Restore || bug == mutation.HeldNoMore) && f != sim.Truncate && (bug == mutation.MonotonicDeadline || f != sim.ClockDrift && f != sim.Suspend) {
 			fs[f] = true
 		}
 	}
@@ -83,6 +85,9 @@ func TestMutationsCaught(t *testing.T) {
 			}
 			if bug == mutation.SupersedeFirst {
 				t.Skip("a bug of the etcd store: TestEtcdSupersedeFirstCaught")
+			}
+			if bug == mutation.CommitIgnored {
+				t.Skip("needs a disk that fails: TestSimDiskMutation (root)")
 			}
 			if storeKind() == "etcd" && bug.InStore() {
 				t.Skip("not switched in the etcd store")
@@ -217,7 +222,9 @@ func TestPausedOverlapBound(t *testing.T) {
 // job drained by its command alone (S26) — each a defect once found from
 // outside, with real processes —, and a guard never told its lease, so
 // that the job of a supervisor stopped alone runs past the lease (S29),
-// and a lost guard's orphans left running (S26). A masked bug runs with
+// and a lost guard's orphans left running (S26), and a renewal as held
+// of a ticket that a restored copy of the store's file has waiting again
+// accepted (S46). A masked bug runs with
 // what masks it switched on too (masked).
 func TestRecordedMutations(t *testing.T) {
 	for _, c := range []struct {
@@ -235,6 +242,7 @@ func TestRecordedMutations(t *testing.T) {
 		{mutation.GuardUntold, 1, 490, "S29"},
 		{mutation.OrphansLeft, 5, 405, "S26"},
 		{mutation.HoldNotAdopted, 1, 458, "S9"},
+		{mutation.HeldNoMore, 1, 244, "S46"},
 	} {
 		t.Run(string(c.bug), func(t *testing.T) {
 			t.Parallel()

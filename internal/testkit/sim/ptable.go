@@ -553,15 +553,13 @@ func (p *mproc) carries(id string) bool {
 // docs/crashes.md), so its guard is not killed with it here.
 func (h *holder) reapable() bool { return h.sup.mc.n == 0 && h.sup.pidns == rootPidNS }
 
-// orphaned: h's supervisor is gone, and a process that carries its
-// ticket (what its job left when its guard was killed with it, or a
-// daemon it handed off) runs on. The supervisor crashed, or its run ended
-// with its release refused (the store's lock held past the release's
-// timeout): either way the ticket stays until its lease ends, and then
-// until a reap stops what carries it, as the bbolt store keeps it
-// (Judges.Keep).
+// orphaned: h's supervisor is dead, or its run ended with its release
+// failed (a full disk, a held lock: the ticket stays to its lease's end),
+// and a process that carries its ticket (what its job left when its guard
+// was killed with it, or a daemon it handed off) runs on: the bbolt store
+// keeps the ticket past its lease until a reap stops that (Judges.Keep).
 func orphaned(h *holder) bool {
-	if h == nil || !h.crashed && h.phase != hDone {
+	if h == nil || h.live() {
 		return false
 	}
 	for _, p := range h.child.procs {

@@ -40,6 +40,9 @@ const (
 	ClockDrift Fault = "clock-drift" // other hosts' boot clocks have their own offset and rate (clocks.go)
 	Suspend    Fault = "suspend"     // a host sleeps: its processes stop, its timers fire late (clocks.go)
 	StoreLock  Fault = "store-lock"  // a stalled process holds the store's file lock (storelock.go)
+	DiskFull   Fault = "disk-full"   // the store's file system is full for a while (diskfault.go; runs with a Config.Disk)
+	Restore    Fault = "restore"     // the store's file is replaced by an older copy (restore.go)
+	Truncate   Fault = "truncate"    // the store's file is cut short, then deleted (restore.go)
 
 	EtcdLostAnswer  Fault = "etcd-lost-answer"   // etcd: a write commits, its answer is lost (etcdfault.go)
 	EtcdRevoke      Fault = "etcd-revoke"        // etcd: a held ticket's lease is revoked behind its holder's back (etcdfault.go)
@@ -48,7 +51,7 @@ const (
 
 // AllFaults lists every Fault.
 func AllFaults() []Fault {
-	return []Fault{Crash, Pause, RenewDelay, RenewFail, Restart, WallJump, Retry, LostReply, Reboot, Signal, OpRelease, OpResize, Judge, LostRing, JobResize, Policies, StoreLost, ClockDrift, Suspend, StoreLock, EtcdLostAnswer, EtcdRevoke, EtcdCrashInCall}
+	return []Fault{Crash, Pause, RenewDelay, RenewFail, Restart, WallJump, Retry, LostReply, Reboot, Signal, OpRelease, OpResize, Judge, LostRing, JobResize, Policies, StoreLost, ClockDrift, Suspend, StoreLock, DiskFull, Restore, Truncate, EtcdLostAnswer, EtcdRevoke, EtcdCrashInCall}
 }
 
 // A FaultSet is the kinds switched on; nil means all but the opt-in ones.
@@ -108,6 +111,9 @@ type Config struct {
 	// Ignore lists rules whose violations are counted, not reported, and
 	// the run goes on: to show which other rules catch a bug.
 	Ignore []string
+	// Disk is the file system under Dir, when the test can fill it
+	// (fault disk-full, diskfault.go).
+	Disk Disk
 }
 
 // A Violation is the first rule a run broke.
@@ -178,6 +184,12 @@ type Stats struct {
 	// MaxLag: on a store with a clock of its own (etcd), the longest time
 	// real time ran ahead of the simulation's (Etcd.Lag).
 	MaxLag time.Duration
+
+	// File faults (diskfault.go, restore.go): the disk filled, the calls
+	// it failed; copies of the store's file taken and restored over it;
+	// cuts of the file, and the calls refused as corrupt meanwhile;
+	// renewals as held of a ticket waiting again, lost (S46).
+	DiskFulls, DiskRefused, Copies, Restores, Truncates, CorruptRefused, HeldNoMore int
 }
 
 // ProcStats sum up the process table (ptable.go): where supervisors ran,
@@ -302,6 +314,9 @@ type sim struct {
 	stats Stats
 	trace []string
 	desc  string // what this step did, when tracing
+
+	disk diskState    // the disk filled (diskfault.go): a stream of its own
+	rs   restoreState // the file copied and restored, or cut (restore.go): a stream of its own
 }
 
 const never = time.Duration(math.MaxInt64)
@@ -490,7 +505,7 @@ func (s *sim) actors() []actor {
 	if a, ok := s.lockHeld(); ok {
 		out = append(out, a)
 	}
-	return out
+	return append(out, s.fileActors()...)
 }
 
 // pick chooses this step's action: sometimes a fault, an operator or a new
@@ -498,6 +513,9 @@ func (s *sim) actors() []actor {
 // next moment someone must act.
 func (s *sim) pick() {
 	if !s.quiet && s.cfg.Faults.Has(StoreLost) && s.lostRng.IntN(1500) == 0 && s.storeLost() {
+		return
+	}
+	if !s.quiet && s.fileFault() {
 		return
 	}
 	if !s.quiet && s.cfg.Faults.Has(JobResize) && s.resizeRng.Float64() < 0.04 && s.resizeOne() {
@@ -775,7 +793,7 @@ func (s *sim) restart() {
 // learns that its ticket is gone.
 func (s *sim) storeLost() bool {
 	l, ok := s.be.(interface{ Lose() error })
-	if !ok {
+	if !ok || s.diskBroken() {
 		return false
 	}
 	if err := l.Lose(); err != nil {
@@ -784,6 +802,7 @@ func (s *sim) storeLost() bool {
 	}
 	s.stats.StoresLost++
 	s.m.storeLost()
+	s.fileReplaced()
 	s.tracef("the store's file is deleted: a new one starts empty")
 	return true
 }
@@ -883,6 +902,7 @@ func (s *sim) quiesce() {
 	s.quiet = true
 	s.etcdFaults(false)
 	s.letLockGo()
+	s.fileQuiet()
 	for _, h := range s.holders {
 		h.outageUntil = 0
 	}

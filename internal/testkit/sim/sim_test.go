@@ -211,6 +211,13 @@ func TestSim(t *testing.T) {
 		total.WokePast += s.WokePast
 		total.LockHolds += s.LockHolds
 		total.LockRefused += s.LockRefused
+		total.DiskFulls += s.DiskFulls
+		total.DiskRefused += s.DiskRefused
+		total.Copies += s.Copies
+		total.Restores += s.Restores
+		total.Truncates += s.Truncates
+		total.CorruptRefused += s.CorruptRefused
+		total.HeldNoMore += s.HeldNoMore
 		total.Procs.Add(s.Procs)
 		if r.Violation != nil {
 			failed = append(failed, r)
@@ -232,6 +239,8 @@ func TestSim(t *testing.T) {
 		total.OrderJudged+total.OrderExcused, total.OrderExcused)
 	t.Logf("clocks: %d hosts suspended; %d supervisors resumed past their lease with their job running (each stopped within its bound, S31); "+
 		"%d stalls of a process holding the store's lock, which refused %d calls", total.Suspends, total.WokePast, total.LockHolds, total.LockRefused)
+	t.Logf("files: %d copies of the store's file, %d restored over it, %d renewals as held of a ticket waiting again (lost, S46); %d cuts, %d calls refused as corrupt",
+		total.Copies, total.Restores, total.HeldNoMore, total.Truncates, total.CorruptRefused)
 	ps := total.Procs
 	t.Logf("processes: supervisors on a clone of the store's host %d, on another host %d, in a pid namespace %d, a time namespace %d, "+
 		"terminals' jobs %d; %d job processes (setsid %d, ignoring SIGTERM %d, env cleared %d, outliving the command %d), %d daemons handed off; "+
