@@ -162,9 +162,11 @@ func (s *sim) restoreCopy(b *Bolt) bool {
 }
 
 // cutFile cuts the store's file short, at a random length below its size.
+// Not while a stalled process holds the store's lock (store-lock): what the
+// cut did is read back at once, and that read would wait for the lock.
 func (s *sim) cutFile(b *Bolt) bool {
 	fi, err := os.Stat(b.path)
-	if err != nil || fi.Size() < 2 {
+	if _, held := s.lockHeld(); err != nil || fi.Size() < 2 || held {
 		return false
 	}
 	rs := &s.rs
