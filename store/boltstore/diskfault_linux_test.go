@@ -8,13 +8,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	bolt "go.etcd.io/bbolt"
-	"golang.org/x/sys/unix"
 
 	"github.com/slotctl/slotctl/internal/testkit/diskfault"
 	"github.com/slotctl/slotctl/store"
@@ -262,7 +259,7 @@ func checkFailedWhole(t *testing.T, op string, err error, path, cause string, be
 // reads work, and every bucket holds exactly what before says.
 func checkStore(t *testing.T, when, path string, before map[string]string) {
 	t.Helper()
-	if diff := dumpDiff(before, dumpStore(t, path)); diff != "" {
+	if diff := diskfault.Diff(before, dumpStore(t, path)); diff != "" {
 		t.Errorf("%s, the store changed:\n%s", when, diff)
 	}
 	readsWork(t, when, path)
@@ -281,7 +278,7 @@ func checkWriteWorks(t *testing.T, op diskOp, path string, clock *FakeClock, tk 
 	if err := op.do(ctx, s, clock, tk); err != nil {
 		t.Fatalf("%s once the fault is gone: %v", op.name, err)
 	}
-	if dumpDiff(before, dumpStore(t, path)) == "" {
+	if diskfault.Diff(before, dumpStore(t, path)) == "" {
 		t.Errorf("%s once the fault is gone: the store did not change", op.name)
 	}
 	readsWork(t, "after "+op.name+" once the fault is gone", path)
@@ -329,95 +326,22 @@ func readsWork(t *testing.T, when, path string) {
 // dumpStore is every key of every bucket, nested ones too, with its value.
 func dumpStore(t *testing.T, path string) map[string]string {
 	t.Helper()
-	out := map[string]string{}
-	var walk func(prefix string, b *bolt.Bucket) error
-	walk = func(prefix string, b *bolt.Bucket) error {
-		return b.ForEach(func(k, v []byte) error {
-			key := prefix + "/" + fmt.Sprintf("%q", k)
-			if v == nil {
-				return walk(key, b.Bucket(k))
-			}
-			out[key] = string(v)
-			return nil
-		})
+	d, err := diskfault.Dump(path)
+	if err != nil {
+		t.Fatalf("read %s: %v", path, err)
 	}
-	rawView(t, path, func(tx *bolt.Tx) error {
-		return tx.ForEach(func(name []byte, b *bolt.Bucket) error { return walk(fmt.Sprintf("%q", name), b) })
-	})
-	return out
+	return d
 }
 
-func dumpDiff(a, b map[string]string) string {
-	var out []string
-	for k, v := range a {
-		if w, ok := b[k]; !ok {
-			out = append(out, "- "+k)
-		} else if v != w {
-			out = append(out, "~ "+k)
-		}
-	}
-	for k := range b {
-		if _, ok := a[k]; !ok {
-			out = append(out, "+ "+k)
-		}
-	}
-	slices.Sort(out)
-	return strings.Join(out, "\n")
-}
-
-// holeFreePages punches holes where the store file holds no live page: its
-// free pages and what lies past the last one. bbolt reads neither, and on
-// a full tmpfs a write into a hole fails, so the next commit does.
+// holeFreePages punches holes where the store file holds no live page
+// (diskfault.HoleFreePages): on a full tmpfs the next commit fails.
 func holeFreePages(t *testing.T, path string) {
 	t.Helper()
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
+	n, err := diskfault.HoleFreePages(path)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("punch holes in %s: %v", path, err)
 	}
-	psz := int64(db.Info().PageSize)
-	var free []int64
-	var hwm int64
-	err = db.View(func(tx *bolt.Tx) error {
-		for id := 0; ; id++ {
-			p, err := tx.Page(id)
-			if err != nil {
-				return err
-			}
-			if p == nil {
-				hwm = int64(id)
-				return nil
-			}
-			if p.Type == "free" {
-				free = append(free, int64(id))
-			}
-		}
-	})
-	db.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		t.Fatal(err)
-	}
-	punch := func(off, n int64) {
-		if n <= 0 {
-			return
-		}
-		if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n); err != nil {
-			t.Fatalf("punch a hole in %s: %v", path, err)
-		}
-	}
-	for _, id := range free {
-		punch(id*psz, psz)
-	}
-	punch(hwm*psz, fi.Size()-hwm*psz)
-	if len(free) == 0 && fi.Size() <= hwm*psz {
+	if n == 0 {
 		t.Log("no free page and no slack: the next commit grows the file")
 	}
 }

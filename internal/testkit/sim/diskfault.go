@@ -2,18 +2,15 @@ package sim
 
 import (
 	"errors"
-	"fmt"
-	"io/fs"
 	"math/rand/v2"
-	"os"
 	"slices"
 	"strings"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
 
 	"github.com/slotctl/slotctl/internal/mutation"
+	"github.com/slotctl/slotctl/internal/testkit/diskfault"
 	"github.com/slotctl/slotctl/store"
 )
 
@@ -154,7 +151,7 @@ func (s *sim) diskFreed() {
 	case err != nil:
 		s.fail("S45", "the store file on the mended disk: %v", err)
 	case was != nil:
-		if d := dumpDiff(was, now); d != "" {
+		if d := diskfault.Diff(was, now); d != "" {
 			s.fail("S45", "the store file on the mended disk is not what it held before the failed writes:\n%s", d)
 		}
 	}
@@ -236,7 +233,7 @@ func (s *sim) diskRefused(o *op) bool {
 	}
 	s.stats.DiskRefused++
 	s.tracef("%s by %s fails on the disk", o.kind, o.who)
-	if d := dumpDiff(s.disk.dump, now); d != "" {
+	if d := diskfault.Diff(s.disk.dump, now); d != "" {
 		s.fail("S45", "%s by %s failed on the disk (%v) and changed the store's file:\n%s", o.kind, o.who, o.err, d)
 	}
 	return true
@@ -244,56 +241,4 @@ func (s *sim) diskRefused(o *op) bool {
 
 // dumpFile reads every key of every bucket of the store's file, straight
 // from bbolt; a missing or empty file is an empty store.
-func dumpFile(path string) (_ map[string]string, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("bbolt: %v", r) // it panics on some damaged pages
-		}
-	}()
-	out := map[string]string{}
-	if fi, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) || err == nil && fi.Size() == 0 {
-		return out, nil
-	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: time.Second})
-	if err != nil {
-		return nil, err
-	}
-	defer db.Close()
-	var walk func(prefix string, b *bolt.Bucket) error
-	walk = func(prefix string, b *bolt.Bucket) error {
-		return b.ForEach(func(k, v []byte) error {
-			key := prefix + "/" + fmt.Sprintf("%q", k)
-			if v == nil {
-				return walk(key, b.Bucket(k))
-			}
-			out[key] = string(v)
-			return nil
-		})
-	}
-	err = db.View(func(tx *bolt.Tx) error {
-		return tx.ForEach(func(name []byte, b *bolt.Bucket) error { return walk(fmt.Sprintf("%q", name), b) })
-	})
-	return out, err
-}
-
-// dumpDiff lists the keys that differ: - gone, + new, ~ changed.
-func dumpDiff(a, b map[string]string) string {
-	var out []string
-	for k, v := range a {
-		if w, ok := b[k]; !ok {
-			out = append(out, "- "+k)
-		} else if v != w {
-			out = append(out, "~ "+k)
-		}
-	}
-	for k := range b {
-		if _, ok := a[k]; !ok {
-			out = append(out, "+ "+k)
-		}
-	}
-	slices.Sort(out)
-	if len(out) > 20 {
-		out = append(out[:20], fmt.Sprintf("(%d more)", len(out)-20))
-	}
-	return strings.Join(out, "\n")
-}
+func dumpFile(path string) (map[string]string, error) { return diskfault.Dump(path) }

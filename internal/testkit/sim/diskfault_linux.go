@@ -1,69 +1,10 @@
 package sim
 
-import (
-	"errors"
-	"io/fs"
-	"os"
-	"time"
+import "github.com/slotctl/slotctl/internal/testkit/diskfault"
 
-	bolt "go.etcd.io/bbolt"
-	"golang.org/x/sys/unix"
-)
-
-// holeFreePages punches holes where the store file holds no live page:
-// its free pages and what lies past the last one. bbolt reads neither,
-// and on a full file system a write into a hole fails, so the next
-// commit does.
+// holeFreePages punches holes where the store file holds no live page
+// (diskfault.HoleFreePages): on a full file system the next commit fails.
 func holeFreePages(path string) error {
-	if fi, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) || err == nil && fi.Size() == 0 {
-		return nil // the first write makes the file: it needs blocks anyway
-	}
-	// Writable, nothing written: a reader does not load the freelist.
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
-	if err != nil {
-		return err
-	}
-	psz := int64(db.Info().PageSize)
-	var free []int64
-	var hwm int64
-	err = db.View(func(tx *bolt.Tx) error {
-		for id := 0; ; id++ {
-			p, err := tx.Page(id)
-			if err != nil {
-				return err
-			}
-			if p == nil {
-				hwm = int64(id)
-				return nil
-			}
-			if p.Type == "free" {
-				free = append(free, int64(id))
-			}
-		}
-	})
-	db.Close()
-	if err != nil {
-		return err
-	}
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return err
-	}
-	punch := func(off, n int64) error {
-		if n <= 0 {
-			return nil
-		}
-		return unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n)
-	}
-	for _, id := range free {
-		if err := punch(id*psz, psz); err != nil {
-			return err
-		}
-	}
-	return punch(hwm*psz, fi.Size()-hwm*psz)
+	_, err := diskfault.HoleFreePages(path)
+	return err
 }

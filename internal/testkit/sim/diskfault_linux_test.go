@@ -108,20 +108,7 @@ func TestSimDiskFull(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	var steps, fulls, refused int
-	for _, r := range results {
-		steps += r.Stats.Steps
-		fulls += r.Stats.DiskFulls
-		refused += r.Stats.DiskRefused
-		if v := r.Violation; v != nil {
-			if replay {
-				for _, l := range r.Trace {
-					t.Log(l)
-				}
-			}
-			t.Errorf("seed %d: %v\nreplay (root): SLOTCTL_SIM_SEED=%d SLOTCTL_SIM_STEPS=%d go test ./internal/testkit/sim -run TestSimDiskFull -v", r.Config.Seed, v, r.Config.Seed, r.Config.Steps)
-		}
-	}
+	steps, fulls, refused := diskResults(t, "TestSimDiskFull", replay, results...)
 	t.Logf("%d seeds × %d steps: %d steps in %v; the disk full %d times, failing %d writes whole (S45)",
 		seeds, base.Steps, steps, time.Since(start).Round(time.Millisecond), fulls, refused)
 	if seeds >= 8 && (fulls < seeds || refused < seeds) {
@@ -152,7 +139,7 @@ func TestSimDiskEIO(t *testing.T) {
 	base.Backend = sim.NewBoltSync
 	root := t.TempDir()
 	start := time.Now()
-	var steps, fulls, refused int
+	var results []sim.Result
 	for k := range seeds {
 		dir := filepath.Join(root, fmt.Sprint(k))
 		if err := os.Mkdir(dir, 0o700); err != nil {
@@ -161,7 +148,22 @@ func TestSimDiskEIO(t *testing.T) {
 		disk := diskfault.Ext2(t, dir, 16<<20)
 		c := base
 		c.Seed, c.Dir, c.Disk, c.Trace = first+uint64(k), dir, ext2Disk{disk}, replay
-		r := sim.Run(c)
+		results = append(results, sim.Run(c))
+	}
+	steps, fulls, refused := diskResults(t, "TestSimDiskEIO", replay, results...)
+	t.Logf("%d seeds × %d steps: %d steps in %v; the device failed %d times, failing %d writes whole (S45)",
+		seeds, base.Steps, steps, time.Since(start).Round(time.Millisecond), fulls, refused)
+	if seeds >= 4 && (fulls < seeds || refused < seeds) {
+		t.Errorf("the device failed %d times and failed %d writes in %d runs: want at least one of each a run", fulls, refused, seeds)
+	}
+}
+
+// diskResults reports the runs' violations, each with its replay (and
+// its trace when replaying), and sums their steps, disk faults and the
+// writes those failed.
+func diskResults(t *testing.T, test string, replay bool, results ...sim.Result) (steps, fulls, refused int) {
+	t.Helper()
+	for _, r := range results {
 		steps += r.Stats.Steps
 		fulls += r.Stats.DiskFulls
 		refused += r.Stats.DiskRefused
@@ -171,12 +173,8 @@ func TestSimDiskEIO(t *testing.T) {
 					t.Log(l)
 				}
 			}
-			t.Errorf("seed %d: %v\nreplay (root): SLOTCTL_SIM_SEED=%d SLOTCTL_SIM_STEPS=%d go test ./internal/testkit/sim -run TestSimDiskEIO -v", r.Config.Seed, v, r.Config.Seed, r.Config.Steps)
+			t.Errorf("seed %d: %v\nreplay (root): SLOTCTL_SIM_SEED=%d SLOTCTL_SIM_STEPS=%d go test ./internal/testkit/sim -run %s -v", r.Config.Seed, v, r.Config.Seed, r.Config.Steps, test)
 		}
 	}
-	t.Logf("%d seeds × %d steps: %d steps in %v; the device failed %d times, failing %d writes whole (S45)",
-		seeds, base.Steps, steps, time.Since(start).Round(time.Millisecond), fulls, refused)
-	if seeds >= 4 && (fulls < seeds || refused < seeds) {
-		t.Errorf("the device failed %d times and failed %d writes in %d runs: want at least one of each a run", fulls, refused, seeds)
-	}
+	return steps, fulls, refused
 }
