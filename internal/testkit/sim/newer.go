@@ -368,11 +368,12 @@ func (m *model) outcome(h *holder, o gh.Outcome) {
 		m.fail("S18", "%s ends replaced by %s, which does not replace its ticket %s", h.name, short(o.Replaced.Ticket), short(h.id))
 	case o.Replaced != nil && !h.stopHeard && !h.stopAdmitted:
 		m.fail("S18", "%s ends replaced by %s, but it never heard of it (bell, renewal or its admission)", h.name, short(o.Replaced.Ticket))
-	case o.Replaced == nil && h.stopHeard && h.stopHow == "its bell" && o.Result == gh.Ran && !o.Lost && !h.goneAtRelease:
-		// Its bell made it read its ticket, with the stop request in it:
-		// at once, or, rung while its job was being stopped already, once
-		// the job was gone (gate/holder reads nothing that could hold up
-		// a SIGKILL), when the ticket may have gone meanwhile.
+	case o.Replaced == nil && h.stopHeard && h.stopHow == "its bell" && o.Result == gh.Ran && !o.Lost && !h.stopDeferred:
+		// Its bell made it read its ticket, with the stop request in it.
+		// Rung while its job was being stopped already, it reads it once
+		// the job is gone (gate/holder reads nothing that could hold up a
+		// SIGKILL), and the ticket may be gone by then, or set back by a
+		// restored copy.
 		m.fail("S18", "%s heard by its bell that %s replaces it, and its run ends %s, not replaced", h.name, short(h.stopBy), h.exit)
 	}
 }

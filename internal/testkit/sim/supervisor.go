@@ -113,11 +113,12 @@ type holder struct {
 	// The stop request (--replace) as the holder heard it: its bell rang
 	// while its job ran, or a renewal's answer carried it (S18).
 	stopHeard bool
-	// goneAtRelease: its ticket was gone when it came to release it.
-	goneAtRelease bool
-	stopHeardAt   time.Duration
-	stopBy        string
-	stopHow       string
+	// stopDeferred: the stop request it heard by its bell came while its
+	// job was being stopped, so its ticket is read only once the job is gone.
+	stopDeferred bool
+	stopHeardAt  time.Duration
+	stopBy       string
+	stopHow      string
 	// stopAdmitted: the answer that admitted it already carried the stop
 	// request.
 	stopAdmitted bool
@@ -434,6 +435,11 @@ func (h *holder) act() {
 			h.rung = false
 			if t := s.m.live[h.id]; t != nil && t.stop != "" {
 				h.heard(now, t.stop, "its bell")
+				// gate/holder reads a ticket rung while its job is being
+				// stopped (or drained) only once the job is gone: what it
+				// reads then (the ticket gone, a restored copy's) need not
+				// ask it.
+				h.stopDeferred = h.child.stopAt != 0 || !h.child.running
 			}
 		case gh.Nudge:
 			<-h.wk.Nudge // as the real Waiter's select takes it
@@ -598,7 +604,6 @@ func (h *holder) note(n gh.Note) {
 	case gh.ReleaseFailed, gh.LeaveFailed:
 		s.tracef("%s: release failed: %v", h.name, n.Err)
 	case gh.AlreadyGone:
-		h.goneAtRelease = true
 		s.tracef("%s: its ticket was already gone at release", h.name)
 	}
 }
