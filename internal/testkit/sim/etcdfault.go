@@ -189,7 +189,8 @@ func (s *sim) etcdFaults(on bool) {
 // admitted the ticket) and a record of the child's group are Run's to
 // retry, as they are in slotctl; so is the release of a ticket the store
 // no longer has (it logs the holder's "lost" and a tombstone, once: the
-// compares see to it). The other calls retry a lost answer inside the
+// compares see to it; a late enqueue of its id may then be refused, as
+// after a cancel before the create). The other calls retry a lost answer inside the
 // store, so theirs failing is the store's failure (S12).
 //
 // A reap retries its lost answer too, but the retry finds nothing left of
@@ -201,6 +202,12 @@ func (m *model) unknownOutcome(o *op) bool {
 	case o.kind == "renew", o.kind == "setchild", o.kind == "get", o.kind == "snapshot",
 		o.kind == "release" && m.live[o.t.ID] == nil:
 		m.s.tracef("%s's %s of %s: outcome unknown (%v)", o.who, o.kind, short(o.t.ID), o.err)
+		if o.kind == "release" {
+			if m.mayRefuse == nil {
+				m.mayRefuse = map[string]bool{}
+			}
+			m.mayRefuse[o.t.ID] = true
+		}
 		return true
 	}
 	return false

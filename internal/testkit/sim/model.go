@@ -17,13 +17,16 @@ import (
 // compares; everything the store did on its own (sweeps, promotions) must be
 // something the rules allow.
 type model struct {
-	s        *sim
-	live     map[string]*mTicket
-	refused  map[string]bool // ids the store must refuse: removed, or cancelled before create
-	removals map[string]int
-	gone     map[string]goneRec
-	maxFence uint64
-	limits   map[string]*mLimit
+	s       *sim
+	live    map[string]*mTicket
+	refused map[string]bool // ids the store must refuse: removed, or cancelled before create
+	// mayRefuse: ids the store may refuse, tombstoned by a release whose
+	// answer was lost after it committed (etcd-lost-answer).
+	mayRefuse map[string]bool
+	removals  map[string]int
+	gone      map[string]goneRec
+	maxFence  uint64
+	limits    map[string]*mLimit
 
 	// Newer runs first (docs/leases.md §2.1 item 10), this step's: the
 	// superseding enqueues and the refusals of --max-waiting. owners
@@ -395,7 +398,7 @@ func (m *model) apply(o *op, now Instant) {
 			m.live[id] = t
 			m.view("enqueue", o.res, t)
 		case errors.Is(o.err, store.ErrRemoved):
-			if t != nil && !m.sweptBefore(t, now) || t == nil && !m.refused[id] {
+			if t != nil && !m.sweptBefore(t, now) || t == nil && !m.refused[id] && !m.mayRefuse[id] {
 				m.fail("S14", "enqueue of %s refused as removed, but it never was", short(id))
 			}
 		default:
