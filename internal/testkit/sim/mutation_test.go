@@ -80,6 +80,12 @@ func TestMutationsCaught(t *testing.T) {
 				// waiter is swept, and the bug changes nothing S28 sees.
 				t.Skip("a bug of the embedded store's patience with live waiters")
 			}
+			if bug == mutation.HeldNoMore && backend != nil {
+				// Only a restored copy of the store's file makes a held
+				// ticket wait again, and only the embedded store has a
+				// file the simulation restores.
+				t.Skip("made only by a restored copy of the embedded store's file")
+			}
 			if bug == mutation.LostRecounted {
 				t.Skip("a bug of the etcd store: TestEtcdMutationCaught")
 			}
