@@ -164,6 +164,11 @@ type runner struct {
 	// renewals are its polls too (one store operation per renewal period,
 	// not two: all an idle waiter costs is its renewals).
 	renewed atomic.Pointer[store.Ticket]
+	// asked is a renewal's answer, while the job runs, that carries a stop
+	// request: it is the ticket read, so the supervisor acts on it without
+	// reading it again (a ticket removed since would otherwise leave the
+	// request unheard until the lease is judged lost).
+	asked atomic.Pointer[store.Ticket]
 	// seenAt is when the read of the entry's ticket that the wait holds
 	// began: its Remaining was read after it.
 	seenAt time.Duration
@@ -406,6 +411,7 @@ func (r *runner) startLease(ctx context.Context, t store.Ticket, sent time.Durat
 		case nt.State == store.Held && nt.Stop != nil:
 			// Asked to stop by a newer run of its key (--replace): heard
 			// at the next renewal at the latest.
+			r.asked.Store(&nt)
 			r.entry.Nudge()
 		}
 		if c := r.child.Load(); c != nil {
@@ -898,6 +904,10 @@ func (s *supervision) untilDue(now time.Duration) time.Duration {
 // key that asks the job to stop (--replace) has it stopped.
 func (s *supervision) stopRequest(ctx context.Context) {
 	budget := s.untilDue(s.r.now())
+	if p := s.r.asked.Swap(nil); p != nil && s.out.Replaced == nil {
+		s.replaced(*p, s.killAt == never)
+		return
+	}
 	if budget <= 0 {
 		s.rungStopping = true
 		return
@@ -911,12 +921,20 @@ func (s *supervision) stopRequest(ctx context.Context) {
 	if err != nil || nt.Stop == nil {
 		return // gone or unreadable: the lease judges that
 	}
+	s.replaced(nt, true)
+}
+
+// replaced acts on ticket nt, read with a stop request in it: the outcome
+// names the newer run, and the job is stopped unless it is already.
+func (s *supervision) replaced(nt store.Ticket, stop bool) {
 	s.bellC, s.nudgeC = nil, nil
 	s.t = nt
 	by := *nt.Stop
 	s.out.Replaced = &by
 	s.r.note(Note{Kind: Replaced, Ticket: s.t})
-	s.stop(syscall.SIGTERM)
+	if stop {
+		s.stop(syscall.SIGTERM)
+	}
 }
 
 // leaseLost acts on the lost lease: the job's context is cancelled and,

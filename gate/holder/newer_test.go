@@ -156,3 +156,63 @@ func TestReplacedHolderStops(t *testing.T) {
 		})
 	}
 }
+
+// unreadable is a store whose reads of one ticket find it gone once asked,
+// while its renewals still go through: the ticket was removed just after
+// a renewal's answer carried its stop request.
+type unreadable struct {
+	deafBell
+	id   string
+	gone chan struct{}
+}
+
+func (u unreadable) Get(ctx context.Context, id string) (store.Ticket, error) {
+	select {
+	case <-u.gone:
+		if id == u.id {
+			return store.Ticket{}, store.ErrNotFound
+		}
+	default:
+	}
+	return u.deafBell.Get(ctx, id)
+}
+
+// TestReplacedHolderStopsOnRenewalAnswer: a renewal's answer that carries a
+// stop request is acted on as read; the job is stopped even if the ticket
+// can no longer be read back.
+func TestReplacedHolderStopsOnRenewalAnswer(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	cfg := e.config(nil, "r")
+	s := unreadable{deafBell{e.st}, cfg.Request.ID, make(chan struct{})}
+	cfg.Store = s
+	cfg.Request.Key = "prod"
+	cfg.Renew.Every = 200 * time.Millisecond
+	c := newFakeChild()
+	started := make(chan struct{})
+	cfg.Start = func(context.Context, store.Ticket) (holder.Child, error) {
+		close(started)
+		return c, nil
+	}
+	done := make(chan holder.Outcome)
+	go func() { done <- holder.Run(ctx, cfg) }()
+	<-started
+	newer := store.EnqueueRequest{ID: gate.NewID(), Limit: "r", Slots: 1, TTL: time.Hour, Key: "prod", Replace: true,
+		Holder: store.Holder{Host: "h3", Pid: 88}}
+	close(s.gone)
+	if _, err := e.st.Enqueue(ctx, newer); err != nil {
+		t.Fatal(err)
+	}
+	var out holder.Outcome
+	select {
+	case out = <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("Run did not return within 20s of its ticket being asked to stop (signals %v)", c.signals())
+	}
+	if out.Replaced == nil || out.Replaced.Ticket != newer.ID {
+		t.Fatalf("outcome %+v, want Replaced by %s", out, newer.ID)
+	}
+	if sigs := c.signals(); len(sigs) == 0 || sigs[0] != syscall.SIGTERM {
+		t.Errorf("the job got %v, want SIGTERM first", sigs)
+	}
+}
