@@ -34,7 +34,8 @@ func testHeads(s *suite) {
 
 	check := func(when string, limits ...string) {
 		s.Helper()
-		s.keepAll() // the two reads must not straddle a lease's end
+		// The two reads must not straddle a lease's end.
+		s.keepAll()
 		full, err := s.st.Snapshot(s.ctx, limits...) // not s.snap: its checks hold for FIFO limits only
 		if err != nil {
 			s.Fatalf("%s: Snapshot(%q): %v", when, limits, err)
