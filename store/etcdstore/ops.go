@@ -79,6 +79,8 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 	}()
 	sent := s.leases.now()
 	known := s.term.Load() // at most the term the grant commits in
+	// A grant whose answer was lost is retried by etcd's client: the
+	// lease granted unseen is never used and expires by its TTL.
 	cctx, cancel := s.ctx(ctx)
 	g, err := s.c.Grant(cctx, leaseTTL(req.TTL))
 	cancel()
@@ -1040,8 +1042,14 @@ func (s *Store) Cancel(ctx context.Context, t store.Ticket) (bool, error) {
 func (s *Store) releaseAbsent(ctx context.Context, t store.Ticket, why store.Reason, idr *idRec) (bool, error) {
 	lost := why == store.Lost && t.Limit != "" && store.CheckLimits(t.Names()) == nil
 	var rt retrier
+	start := time.Now()
 	for {
 		removed, again, err := s.releaseAbsentOnce(ctx, t, why, idr, lost)
+		if err != nil && unknownOutcome(err) && s.again(ctx, start) {
+			// Each try reads whether the last one landed (its event, its
+			// tombstone) before it writes.
+			continue
+		}
 		if !again {
 			return removed, err
 		}
@@ -1199,24 +1207,22 @@ func (s *Store) SetChild(ctx context.Context, t store.Ticket, pgid int, pgidStar
 		return store.Ticket{}, fmt.Errorf("%w: %w", store.ErrLost, notFound(t.ID, idr))
 	}
 	first := names[0]
-	var st *lstate
 	s.mu.Lock()
 	k, ok := s.known[t.ID]
 	s.mu.Unlock()
-	if ok && k.rev != 0 && uint64(k.fence) == t.Fence && k.r.State == store.Held {
-		// A held ticket as this handle last wrote it: compare against that,
-		// and read only if it changed since.
-		e := &entry{r: k.r, fence: k.fence, tkv: &mvccpb.KeyValue{CreateRevision: k.fence, ModRevision: k.rev}}
-		st = newState(names[:1], 0)
-		st.entries = []*entry{e}
-	} else {
-		st, err = s.readNames(ctx, names[:1], t.ID, true)
-	}
-	if err != nil {
-		return store.Ticket{}, err
+	read := func(again bool) (*lstate, error) {
+		if !again && ok && k.rev != 0 && uint64(k.fence) == t.Fence && k.r.State == store.Held {
+			// A held ticket as this handle last wrote it: compare against
+			// that, and read only if it changed since.
+			e := &entry{r: k.r, fence: k.fence, tkv: &mvccpb.KeyValue{CreateRevision: k.fence, ModRevision: k.rev}}
+			st := newState(names[:1], 0)
+			st.entries = []*entry{e}
+			return st, nil
+		}
+		return s.readNames(ctx, names[:1], t.ID, !again)
 	}
 	var e *entry
-	p, resp, err := s.commit(ctx, st, t.ID, func(p *plan) error {
+	p, resp, err := s.commitRead(ctx, read, t.ID, func(p *plan, _ bool) error {
 		e, _ = p.st.find(t.ID)
 		if e == nil || uint64(e.fence) != t.Fence {
 			return fmt.Errorf("%w: ticket %s is gone", store.ErrLost, t.ID)
@@ -1396,12 +1402,8 @@ func (s *Store) SetLimit(ctx context.Context, name string, slots int) (store.Lim
 	if err := store.CheckSlots(slots); err != nil {
 		return store.Limit{}, err
 	}
-	st, err := s.read(ctx, []string{name}, "", true)
-	if err != nil {
-		return store.Limit{}, err
-	}
 	var lim limitRec
-	p, _, err := s.commit(ctx, st, "", func(p *plan) error {
+	p, _, err := s.commitRead(ctx, s.reader(ctx, []string{name}, ""), "", func(p *plan, _ bool) error {
 		p.compareLimit(name)
 		lim = limitRec{V: formatVersion, Slots: slots, Created: p.now}
 		if l := p.st.lim(name); l != nil {
@@ -1448,11 +1450,7 @@ func (s *Store) SetPolicy(ctx context.Context, name string, ch store.PolicyChang
 	if err := store.CheckLimitName(name); err != nil {
 		return store.Limit{}, err
 	}
-	st, err := s.read(ctx, []string{name}, "", true)
-	if err != nil {
-		return store.Limit{}, err
-	}
-	p, _, err := s.commit(ctx, st, "", func(p *plan) error {
+	p, _, err := s.commitRead(ctx, s.reader(ctx, []string{name}, ""), "", func(p *plan, _ bool) error {
 		l := p.st.lim(name)
 		if l == nil {
 			return fmt.Errorf("%w: %q", store.ErrLimitNotFound, name)
@@ -1505,14 +1503,14 @@ func (s *Store) RemoveLimit(ctx context.Context, name string, force bool) error 
 	if err := store.CheckLimitName(name); err != nil {
 		return err
 	}
-	st, err := s.read(ctx, []string{name}, "", true)
+	read := s.reader(ctx, []string{name}, "")
 	for {
-		if err != nil {
-			return err
-		}
-		p, _, cerr := s.commit(ctx, st, "", func(p *plan) error {
+		p, _, cerr := s.commitRead(ctx, read, "", func(p *plan, retried bool) error {
 			st := p.st
 			ls := st.lims[name]
+			if ls.lim == nil && retried {
+				return errNoCommit // the attempt whose answer was lost removed it
+			}
 			if ls.lim == nil {
 				return fmt.Errorf("%w: %q", store.ErrLimitNotFound, name)
 			}
@@ -1542,7 +1540,7 @@ func (s *Store) RemoveLimit(ctx context.Context, name string, force bool) error 
 		if !p.full {
 			return nil
 		}
-		st, err = s.read(ctx, []string{name}, "", false)
+		read = func(bool) (*lstate, error) { return s.read(ctx, []string{name}, "", false) }
 	}
 }
 

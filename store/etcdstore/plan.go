@@ -715,6 +715,40 @@ func (s *Store) commit(ctx context.Context, st *lstate, id string, build func(p 
 	}
 }
 
+// commitRead commits what build plans on the state read returns, and
+// after a read or a write whose answer was lost (unknownOutcome) reads and
+// plans again while the step's time lasts (again). The steps that use it
+// set a value rather than add one, so a write that landed finds its own
+// effect on the new read; retried tells build that an attempt's outcome
+// was unknown. It returns as commit does.
+func (s *Store) commitRead(ctx context.Context, read func(again bool) (*lstate, error), id string,
+	build func(p *plan, retried bool) error) (*plan, *clientv3.TxnResponse, error) {
+	start := time.Now()
+	retried := false
+	st, err := read(false)
+	for {
+		if err == nil {
+			p, resp, cerr := s.commit(ctx, st, id, func(p *plan) error { return build(p, retried) })
+			if cerr == nil || p == nil {
+				return p, resp, cerr
+			}
+			err = cerr
+		}
+		if !unknownOutcome(err) || !s.again(ctx, start) {
+			return nil, nil, err
+		}
+		retried = true
+		st, err = read(true)
+	}
+}
+
+// reader reads names (closed) for commitRead: serializable at first, the
+// compares making up for a stale read, and linearizable after an answer
+// was lost.
+func (s *Store) reader(ctx context.Context, names []string, id string) func(again bool) (*lstate, error) {
+	return func(again bool) (*lstate, error) { return s.read(ctx, names, id, !again) }
+}
+
 // try runs the plan once. On a failed compare it returns errRetry and the
 // state at the revision of the failure (read in the same transaction, when
 // the limits read fit in one; closed again over the limits their tickets

@@ -58,13 +58,12 @@ func (s *Store) resize(ctx context.Context, t store.Ticket, weight int) (store.T
 	}
 	// A linearizable read: a refusal (lost, waiting) is decided on it
 	// without a transaction to compare.
-	st, err := s.read(ctx, names, t.ID, false)
-	if err != nil {
-		return store.Ticket{}, err
-	}
+	read := func(bool) (*lstate, error) { return s.read(ctx, names, t.ID, false) }
 	var e *entry
 	var answer store.Ticket
-	p, resp, err := s.commit(ctx, st, t.ID, func(p *plan) error {
+	// A resize whose answer was lost finds its ticket at its weight and
+	// writes nothing again.
+	p, resp, err := s.commitRead(ctx, read, t.ID, func(p *plan, _ bool) error {
 		var err error
 		if e, err = resizable(p.st, t); err != nil {
 			return err

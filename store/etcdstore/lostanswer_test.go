@@ -1,0 +1,127 @@
+package etcdstore_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/slotctl/slotctl/store"
+	"github.com/slotctl/slotctl/store/etcdstore"
+	"github.com/slotctl/slotctl/store/etcdstore/etcdtest"
+)
+
+// loser drops the answer of the first request that its armed predicate
+// picks, after the server applied it.
+type loser struct {
+	pick atomic.Pointer[func(req any) bool]
+	lost atomic.Int32
+}
+
+func (l *loser) option() grpc.DialOption {
+	return grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if p := l.pick.Load(); p != nil && err == nil && (*p)(req) {
+			l.pick.Store(nil)
+			l.lost.Add(1)
+			return status.Error(codes.Unavailable, "test: the answer was lost")
+		}
+		return err
+	})
+}
+
+// arm makes the next request that pick picks lose its answer.
+func (l *loser) arm(pick func(req any) bool) { l.pick.Store(&pick) }
+
+func txnWrites(part string, put bool) func(any) bool {
+	return func(req any) bool {
+		tr, ok := req.(*pb.TxnRequest)
+		return ok && writes(tr, part, put)
+	}
+}
+
+// TestLostAnswersAreRetried: a write that committed but whose answer was
+// lost (an etcd member gone after the commit) is read and planned again,
+// and finds its own effect: the caller gets the answer, not "unavailable",
+// and nothing is applied twice.
+func TestLostAnswersAreRetried(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	ctx := context.Background()
+	var l loser
+	st := open(t, srv, etcdstore.Options{DialOptions: []grpc.DialOption{l.option()}, Prefix: "/lostadmin"})
+	step := func(what string, pick func(any) bool, do func() error) {
+		t.Helper()
+		lost := l.lost.Load()
+		l.arm(pick)
+		if err := do(); err != nil {
+			t.Fatalf("%s with its answer lost: %v", what, err)
+		}
+		if l.lost.Load() != lost+1 {
+			t.Fatalf("%s: the test lost %d answers, want 1", what, l.lost.Load()-lost)
+		}
+	}
+	// etcd's client retries a lease grant itself.
+	step("the lease grant of an enqueue", func(req any) bool { _, ok := req.(*pb.LeaseGrantRequest); return ok }, func() error {
+		_, err := st.Enqueue(ctx, req("a", "l", 1, 10*time.Second))
+		return err
+	})
+	step("SetLimit", txnWrites("/limits/l", true), func() error {
+		lim, err := st.SetLimit(ctx, "l", 3)
+		if err == nil && (lim.Slots != 3 || lim.Held != 1) {
+			t.Errorf("SetLimit answered %+v, want 3 slots, 1 held", lim)
+		}
+		return err
+	})
+	step("SetPolicy", txnWrites("/limits/l", true), func() error {
+		lim, err := st.SetPolicy(ctx, "l", store.PolicyChange{Rate: &store.Rate{N: 2, Per: time.Hour}})
+		if err == nil && lim.Policy.Rate.N != 2 {
+			t.Errorf("SetPolicy answered %+v, want a rate of 2 an hour", lim.Policy)
+		}
+		return err
+	})
+	a, err := st.Get(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	step("SetChild", txnWrites("/tickets/l/a", true), func() error {
+		got, err := st.SetChild(ctx, a, 4242, 77)
+		if err == nil && got.Holder.Pgid != 4242 {
+			t.Errorf("SetChild answered pgid %d, want 4242", got.Holder.Pgid)
+		}
+		return err
+	})
+	step("Resize", txnWrites("/slots/l/", true), func() error {
+		got, err := st.Resize(ctx, a, 2)
+		if err == nil && got.Weighs() != 2 {
+			t.Errorf("Resize answered weight %d, want 2", got.Weighs())
+		}
+		return err
+	})
+	sn, err := st.Snapshot(ctx, "l")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sn.Tickets) != 1 || sn.Limits[0].Held != 2 || sn.Limits[0].Slots != 3 {
+		t.Fatalf("after the retried writes: limits %+v, tickets %+v; want one ticket of weight 2 in 3 slots", sn.Limits, sn.Tickets)
+	}
+	if _, err := st.Release(ctx, a, store.Released); err != nil {
+		t.Fatal(err)
+	}
+	step("RemoveLimit", txnWrites("/limits/l", false), func() error { return st.RemoveLimit(ctx, "l", false) })
+	if err := st.RemoveLimit(ctx, "l", false); !errors.Is(err, store.ErrLimitNotFound) {
+		t.Fatalf("RemoveLimit again: %v, want ErrLimitNotFound", err)
+	}
+	step("the tombstone of a cancel before its create", txnWrites("/ids/never", true), func() error {
+		_, err := st.Cancel(ctx, store.Ticket{ID: "never", Limit: "l"})
+		return err
+	})
+	if _, err := st.Enqueue(ctx, req("never", "l", 1, 10*time.Second)); !errors.Is(err, store.ErrRemoved) {
+		t.Fatalf("the create after its cancel: %v, want ErrRemoved", err)
+	}
+}
