@@ -125,3 +125,45 @@ func TestLostAnswersAreRetried(t *testing.T) {
 		t.Fatalf("the create after its cancel: %v, want ErrRemoved", err)
 	}
 }
+
+// TestLostAnswerOfReapReported: a reap whose removal landed but whose
+// answer was lost still reports the ticket it removed.
+func TestLostAnswerOfReapReported(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	ctx := context.Background()
+	var l loser
+	st := open(t, srv, etcdstore.Options{DialOptions: []grpc.DialOption{l.option()}, Prefix: "/lostreap"})
+	if _, err := st.Enqueue(ctx, req("x", "r", 1, time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	// Nothing renews x: its lease ends within 2s (TTLs are whole seconds,
+	// and the server's revoker may take a moment more).
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		sn, err := st.Snapshot(ctx, "r")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(sn.Tickets) == 1 && sn.Tickets[0].Remaining <= 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("x's lease did not end within 20s: %+v", sn.Tickets)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	l.arm(txnWrites("/records/r/x", false))
+	rm, err := st.Reap(ctx, store.ReapOptions{})
+	if err != nil {
+		t.Fatalf("Reap with its answer lost: %v", err)
+	}
+	if l.lost.Load() != 1 {
+		t.Fatalf("the test lost %d answers, want 1", l.lost.Load())
+	}
+	if len(rm) != 1 || rm[0].Ticket.ID != "x" {
+		t.Fatalf("Reap reported %+v, want x removed once", rm)
+	}
+	if _, err := st.Get(ctx, "x"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("x after the reap: %v, want not found", err)
+	}
+}

@@ -1575,44 +1575,63 @@ func (s *Store) Reap(ctx context.Context, o store.ReapOptions) ([]store.Removal,
 			removed = append(removed, rm...)
 			continue
 		}
-		start := time.Now()
-		st, err := s.read(ctx, []string{name}, "", true)
-		for {
-			if err != nil {
-				if unknownOutcome(err) && s.again(ctx, start) {
-					st, err = s.read(ctx, []string{name}, "", false)
-					continue
-				}
-				return nil, err
-			}
-			p, resp, cerr := s.commit(ctx, st, "", func(p *plan) error {
-				if p.reap(name); p.empty() {
-					return errNoCommit
-				}
-				return nil
-			})
-			if cerr != nil {
-				if p != nil && unknownOutcome(cerr) && s.again(ctx, start) {
-					// Lost answer or a stalled member: read and plan again
-					// (a reap that landed finds nothing left to remove).
-					st, err = s.read(ctx, []string{name}, "", false)
-					continue
-				}
-				return nil, cerr
-			}
-			if resp == nil {
-				break
-			}
-			s.revokeRemoved(p, true)
-			removed = append(removed, p.removed...)
-			if !p.full {
-				break
-			}
-			st, err = s.read(ctx, []string{name}, "", false)
+		rm, err := s.reapLimit(ctx, name)
+		if err != nil {
+			return nil, err
 		}
+		removed = append(removed, rm...)
 	}
 	s.trimEvents(ctx)
 	return removed, nil
+}
+
+// reapLimit sweeps limit name (and the tickets naming it, from all their
+// limits) until nothing is left to remove. After a lost answer it reads
+// and plans again (a reap that landed finds nothing left to remove), and
+// still reports what the lost attempt removed: the tickets it planned to
+// remove that the new read no longer finds.
+func (s *Store) reapLimit(ctx context.Context, name string) ([]store.Removal, error) {
+	var removed, pending []store.Removal
+	start := time.Now()
+	st, err := s.read(ctx, []string{name}, "", true)
+	for {
+		if err != nil {
+			if unknownOutcome(err) && s.again(ctx, start) {
+				st, err = s.read(ctx, []string{name}, "", false)
+				continue
+			}
+			return nil, err
+		}
+		for _, r := range pending {
+			if e, _ := st.find(r.Ticket.ID); e == nil {
+				removed = append(removed, r)
+			}
+		}
+		pending = nil
+		p, resp, cerr := s.commit(ctx, st, "", func(p *plan) error {
+			if p.reap(name); p.empty() {
+				return errNoCommit
+			}
+			return nil
+		})
+		if cerr != nil {
+			if p != nil && unknownOutcome(cerr) && s.again(ctx, start) {
+				pending = p.removed
+				st, err = s.read(ctx, []string{name}, "", false)
+				continue
+			}
+			return nil, cerr
+		}
+		if resp == nil {
+			return removed, nil
+		}
+		s.revokeRemoved(p, true)
+		removed = append(removed, p.removed...)
+		if !p.full {
+			return removed, nil
+		}
+		st, err = s.read(ctx, []string{name}, "", false)
+	}
 }
 
 // limitNames checks that the named limits exist, or lists them all.
