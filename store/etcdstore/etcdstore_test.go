@@ -12,8 +12,6 @@ import (
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/slotctl/slotctl/store"
 	"github.com/slotctl/slotctl/store/etcdstore"
@@ -74,15 +72,12 @@ func req(id, limit string, slots int, ttl time.Duration) store.EnqueueRequest {
 // loseAnswers makes the gRPC connection drop the answer (after the server
 // applied the request) of the first transaction that lose picks.
 func loseAnswers(lose func(*pb.TxnRequest) bool) (grpc.DialOption, *atomic.Int32) {
-	var lost atomic.Int32
-	return grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		err := invoker(ctx, method, req, reply, cc, opts...)
-		if tr, ok := req.(*pb.TxnRequest); ok && err == nil && lost.Load() == 0 && lose(tr) {
-			lost.Add(1)
-			return status.Error(codes.Unavailable, "test: the answer was lost")
-		}
-		return err
-	}), &lost
+	l := &loser{}
+	l.arm(func(req any) bool {
+		tr, ok := req.(*pb.TxnRequest)
+		return ok && lose(tr)
+	})
+	return l.option(), &l.lost
 }
 
 // writes reports whether a transaction would put or delete a key containing part.
