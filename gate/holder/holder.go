@@ -903,11 +903,11 @@ func (s *supervision) untilDue(now time.Duration) time.Duration {
 // stopRequest reads the ticket on a ring of its bell: a newer run of the
 // key that asks the job to stop (--replace) has it stopped.
 func (s *supervision) stopRequest(ctx context.Context) {
-	budget := s.untilDue(s.r.now())
 	if p := s.r.asked.Swap(nil); p != nil && s.out.Replaced == nil {
 		s.replaced(*p, s.killAt == never)
 		return
 	}
+	budget := s.untilDue(s.r.now())
 	if budget <= 0 {
 		s.rungStopping = true
 		return

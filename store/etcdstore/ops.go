@@ -1045,7 +1045,7 @@ func (s *Store) releaseAbsent(ctx context.Context, t store.Ticket, why store.Rea
 	start := time.Now()
 	for {
 		removed, again, err := s.releaseAbsentOnce(ctx, t, why, idr, lost)
-		if err != nil && unknownOutcome(err) && s.again(ctx, start) {
+		if unknownOutcome(err) && s.again(ctx, start) {
 			// Each try reads whether the last one landed (its event, its
 			// tombstone) before it writes.
 			continue

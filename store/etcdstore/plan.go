@@ -720,7 +720,8 @@ func (s *Store) commit(ctx context.Context, st *lstate, id string, build func(p 
 // plans again while the step's time lasts (again). The steps that use it
 // set a value rather than add one, so a write that landed finds its own
 // effect on the new read; retried tells build that an attempt's outcome
-// was unknown. It returns as commit does.
+// was unknown. It returns as commit does, but with no plan beside an
+// error.
 func (s *Store) commitRead(ctx context.Context, read func(again bool) (*lstate, error), id string,
 	build func(p *plan, retried bool) error) (*plan, *clientv3.TxnResponse, error) {
 	start := time.Now()
