@@ -239,9 +239,27 @@ func (b *backend) update(ctx context.Context, fn func(policy.Tx) error, shared b
 		return err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return b.unavailable(err)
+		return b.commitFailed(err)
 	}
 	return nil
+}
+
+// commitFailed is the error of a COMMIT that failed. The server's answer
+// says it did not take effect; anything else leaves that unknown. (pgx's
+// SafeToRetry cannot tell: a connection cut while the answer is read is
+// reported as "conn closed", which it calls safe, though the request was
+// sent.)
+func (b *backend) commitFailed(err error) error {
+	if answered(err) {
+		return b.unavailable(err)
+	}
+	return fmt.Errorf("%w (%w)", b.unavailable(err), policy.ErrUnknownOutcome)
+}
+
+// answered reports whether err is the server's answer.
+func answered(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) || errors.Is(err, pgx.ErrTxCommitRollback)
 }
 
 // View implements policy.Backend: one read-only snapshot.
@@ -342,8 +360,8 @@ func (b *backend) ensureSchema(ctx context.Context) error {
 	err := b.pool.QueryRow(ctx, `SELECT v FROM slotctl_meta WHERE k = 'format'`).Scan(&format)
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) && pe.Code == "42P01" { // undefined_table: a new store
-		err = b.create(ctx)
-		if err == nil {
+		// After a creation whose answer was lost, what it did is read back.
+		if err = b.create(ctx); err == nil || !answered(err) {
 			err = b.pool.QueryRow(ctx, `SELECT v FROM slotctl_meta WHERE k = 'format'`).Scan(&format)
 		}
 	}

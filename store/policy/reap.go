@@ -28,7 +28,11 @@ func (s *Store) Reap(ctx context.Context, o store.ReapOptions) ([]store.Removal,
 			s.scan.reset()
 		}
 	}
+	var lost []store.Removal // what a step whose answer was lost removed
 	err := run(ctx, func(x *step) error {
+		if x.again {
+			lost = append(lost[:0], removed...)
+		}
 		removed = removed[:0]
 		recs, in, err := x.reapInput(o.Limits)
 		if err != nil {
@@ -55,7 +59,7 @@ func (s *Store) Reap(ctx context.Context, o store.ReapOptions) ([]store.Removal,
 		if err != nil {
 			return err
 		}
-		removed = append(removed, rm...)
+		removed = x.stillGone(lost, append(removed, rm...))
 		if x.o.Mutations.Has(mutation.BlindReap) { // mutation (test-only): free a slot per ticket the scan listed (A2)
 			names, err := x.limitNames(o.Limits)
 			if err != nil {
@@ -118,4 +122,20 @@ func (x *step) reapInput(limits []string) ([]Rec, SettleInput, error) {
 		}
 	}
 	return recs, in, nil
+}
+
+// stillGone adds to removed what a step whose answer was lost removed and
+// this one no longer finds, so that a reap reports its removals even when
+// its answer was lost. (A ticket that another reaper removed in between is
+// reported too: the event log says which one did.)
+func (x *step) stillGone(lost, removed []store.Removal) []store.Removal {
+	for _, rm := range lost {
+		if slices.ContainsFunc(removed, func(o store.Removal) bool { return o.Ticket.ID == rm.Ticket.ID }) {
+			continue
+		}
+		if _, ok, err := x.tx.Lookup(rm.Ticket.ID); err == nil && !ok {
+			removed = append(removed, rm)
+		}
+	}
+	return removed
 }

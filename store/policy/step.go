@@ -17,6 +17,9 @@ type step struct {
 	s   *Store
 	o   *Options
 	now Instant
+	// again: an earlier run of this step lost its commit's answer, so what
+	// it wrote may be in what this one reads.
+	again bool
 }
 
 func newStep(tx Tx, s *Store) *step { return &step{tx: tx, s: s, o: &s.o, now: tx.Now()} }

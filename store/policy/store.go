@@ -28,7 +28,29 @@ func New(b Backend, o Options) *Store { return &Store{b: b, o: o} }
 func (s *Store) Backend() Backend { return s.b }
 
 func (s *Store) update(ctx context.Context, fn func(x *step) error) error {
-	return s.b.Update(ctx, func(tx Tx) error { return fn(newStep(tx, s)) })
+	return again(ctx, func(retried bool) error {
+		return s.b.Update(ctx, func(tx Tx) error {
+			x := newStep(tx, s)
+			x.again = retried
+			return fn(x)
+		})
+	})
+}
+
+// maxAgain bounds the steps run again after lost answers: a connection cut
+// at each commit is a store that does not answer.
+const maxAgain = 3
+
+// again runs a step, and runs it again while its commit's answer was lost
+// (ErrUnknownOutcome) and ctx lasts: the step reads what the lost one may
+// have done, and each rule finds its own effect there (an enqueue its
+// ticket, a release its tombstone) rather than doing it twice or failing.
+func again(ctx context.Context, run func(retried bool) error) error {
+	err := run(false)
+	for n := 0; n < maxAgain && errors.Is(err, ErrUnknownOutcome) && ctx.Err() == nil; n++ {
+		err = run(true)
+	}
+	return err
 }
 
 func (s *Store) view(ctx context.Context, fn func(x *step) error) error {
@@ -192,28 +214,30 @@ func (s *Store) renewShared(ctx context.Context, t store.Ticket, ttl time.Durati
 	if !ok || mutation.String(s.o.Mutations) != "" { // planted bugs live on the whole steps' path
 		return store.Ticket{}, false, nil
 	}
-	err = sh.UpdateShared(ctx, func(tx Tx) error {
-		out, done = store.Ticket{}, false
-		x := newStep(tx, s)
-		r, lost, err := x.lookupOwn(t)
-		if err != nil || lost != nil || x.expiry(r) != "" || heldNoMore(t, r) != "" {
-			return err
-		}
-		if r.State != store.Held {
-			if settled, err := x.settled(r.Names()); err != nil || !settled {
+	err = again(ctx, func(bool) error {
+		return sh.UpdateShared(ctx, func(tx Tx) error {
+			out, done = store.Ticket{}, false
+			x := newStep(tx, s)
+			r, lost, err := x.lookupOwn(t)
+			if err != nil || lost != nil || x.expiry(r) != "" || heldNoMore(t, r) != "" {
 				return err
 			}
-		}
-		if err := x.renew(&r, ttl); err != nil {
-			return err
-		}
-		if r.State == store.Held {
-			out = x.view(r, 0)
-		} else if out, err = x.viewOf(r); err != nil {
-			return err
-		}
-		done = true
-		return nil
+			if r.State != store.Held {
+				if settled, err := x.settled(r.Names()); err != nil || !settled {
+					return err
+				}
+			}
+			if err := x.renew(&r, ttl); err != nil {
+				return err
+			}
+			if r.State == store.Held {
+				out = x.view(r, 0)
+			} else if out, err = x.viewOf(r); err != nil {
+				return err
+			}
+			done = true
+			return nil
+		})
 	})
 	return out, done, err
 }
@@ -248,33 +272,15 @@ func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (
 	}
 	var removed bool
 	err := s.update(ctx, func(x *step) error {
+		lostRemoved := x.again && removed // what the step whose answer was lost did
 		removed = false
 		r, ok, err := x.tx.Lookup(t.ID)
 		if err != nil {
 			return err
 		}
 		if !ok {
-			if x.o.Mutations.Has(mutation.ReleaseCounter) { // mutation (test-only): a missing ticket still frees a slot (A4)
-				if err := x.mutFreeOne(t.Limit); err != nil {
-					return err
-				}
-			}
-			if x.o.Mutations.Has(mutation.ReleaseNoCompare) { // mutation (test-only): remove whoever holds t's slot now (A10)
-				if err := x.mutReleaseSlot(t, why); err != nil {
-					return err
-				}
-			}
-			if why == store.Lost && store.CheckLimits(t.Names()) == nil && store.CheckWeight(t.Weight) == nil {
-				// Reaped or released by someone else: log that its holder
-				// noticed, for "when did it go away".
-				if err := x.log(eventOf{kind: string(store.Lost), evidence: "holder presumed its lease lost"}, recOf(t)); err != nil {
-					return err
-				}
-			}
-			if _, dead, err := x.tx.Tomb(t.ID); err != nil || dead {
-				return err
-			}
-			return x.tombstone(t.ID, why, nil) // cancel before create: refuse the create when it lands
+			removed, err = x.releaseAbsent(t, why, lostRemoved)
+			return err
 		}
 		if t.Fence != 0 && r.Fence != t.Fence {
 			return nil
@@ -287,6 +293,43 @@ func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (
 		return err
 	})
 	return removed, err
+}
+
+// releaseAbsent is a release of t, which is not live: it logs that a
+// holder noticed its lease lost and tombstones an id never created (a
+// cancel before its create). lostRemoved: a step of this release whose
+// answer was lost removed t; removed then tells whether that removal
+// stands.
+func (x *step) releaseAbsent(t store.Ticket, why store.Reason, lostRemoved bool) (removed bool, err error) {
+	if x.again {
+		if tomb, dead, err := x.tx.Tomb(t.ID); err != nil || dead {
+			// Gone, and what the lost step did stands: its removal, or
+			// its event of a "lost" release, which is not logged again
+			// (counted twice, the counts would not be the log's tally).
+			return lostRemoved && tomb.Reason == why, err
+		}
+	}
+	if x.o.Mutations.Has(mutation.ReleaseCounter) { // mutation (test-only): a missing ticket still frees a slot (A4)
+		if err := x.mutFreeOne(t.Limit); err != nil {
+			return false, err
+		}
+	}
+	if x.o.Mutations.Has(mutation.ReleaseNoCompare) { // mutation (test-only): remove whoever holds t's slot now (A10)
+		if err := x.mutReleaseSlot(t, why); err != nil {
+			return false, err
+		}
+	}
+	if why == store.Lost && store.CheckLimits(t.Names()) == nil && store.CheckWeight(t.Weight) == nil {
+		// Reaped or released by someone else: log that its holder
+		// noticed, for "when did it go away".
+		if err := x.log(eventOf{kind: string(store.Lost), evidence: "holder presumed its lease lost"}, recOf(t)); err != nil {
+			return false, err
+		}
+	}
+	if _, dead, err := x.tx.Tomb(t.ID); err != nil || dead {
+		return false, err
+	}
+	return false, x.tombstone(t.ID, why, nil) // cancel before create: refuse the create when it lands
 }
 
 // recOf is the record form of a caller's ticket, for logging only.
@@ -531,6 +574,8 @@ func (s *Store) RemoveLimit(ctx context.Context, name string, force bool) error 
 	return s.update(ctx, func(x *step) error {
 		if _, ok, err := x.tx.Limit(name); err != nil {
 			return err
+		} else if !ok && x.again {
+			return nil // the lost step removed it
 		} else if !ok {
 			return fmt.Errorf("%w: %q", store.ErrLimitNotFound, name)
 		}

@@ -1,0 +1,193 @@
+package pgtest
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// A Proxy relays connections to a test database and can lose the answer
+// of a COMMIT after the server ran it, as a connection cut at that moment
+// would: the client's commit has an unknown outcome.
+type Proxy struct {
+	// URL is the database's URL through the proxy.
+	URL string
+
+	netw   string // "unix" or "tcp"
+	target string // the server's address on netw
+	ln     net.Listener
+	armed  atomic.Bool
+	lost   atomic.Int32
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	conns  map[net.Conn]bool
+}
+
+// NewProxy starts a proxy in front of the database of rawURL (one of URL's),
+// on a Unix socket, stopped when t ends.
+func NewProxy(t testing.TB, rawURL string) *Proxy {
+	t.Helper()
+	cfg, err := pgconn.ParseConfig(rawURL)
+	if err != nil {
+		t.Fatalf("pgtest: proxy of %s: %v", rawURL, err)
+	}
+	p := &Proxy{netw: "tcp", target: net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))), conns: map[net.Conn]bool{}}
+	if filepath.IsAbs(cfg.Host) {
+		p.netw, p.target = "unix", filepath.Join(cfg.Host, fmt.Sprintf(".s.PGSQL.%d", cfg.Port))
+	}
+	dir, err := os.MkdirTemp("", "pgproxy") // short: a socket's path is at most 107 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.ln, err = net.Listen("unix", filepath.Join(dir, fmt.Sprintf(".s.PGSQL.%d", cfg.Port)))
+	if err != nil {
+		os.RemoveAll(dir)
+		t.Fatalf("pgtest: proxy: %v", err)
+	}
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("host", dir)
+	q.Set("port", strconv.Itoa(int(cfg.Port)))
+	q.Set("sslmode", "disable")
+	u.Host, u.RawQuery = "", q.Encode()
+	p.URL = u.String()
+	accepting := make(chan struct{})
+	go func() { defer close(accepting); p.accept() }()
+	t.Cleanup(func() {
+		p.ln.Close()
+		<-accepting // then no pair is tracked after the ones closed here
+		p.mu.Lock()
+		for c := range p.conns {
+			c.Close()
+		}
+		p.mu.Unlock()
+		p.wg.Wait()
+		os.RemoveAll(dir)
+	})
+	return p
+}
+
+// LoseNextCommit makes the next COMMIT through the proxy lose its answer:
+// the server runs it and answers, and the proxy then cuts the connection
+// instead of passing the answer on.
+func (p *Proxy) LoseNextCommit() { p.armed.Store(true) }
+
+// Lost is how many answers the proxy has lost.
+func (p *Proxy) Lost() int { return int(p.lost.Load()) }
+
+func (p *Proxy) accept() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		s, err := net.Dial(p.netw, p.target)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		p.track(c, s)
+		var dropping atomic.Bool
+		p.wg.Add(2)
+		go func() { defer p.wg.Done(); p.toServer(c, s, &dropping) }()
+		go func() { defer p.wg.Done(); p.toClient(s, c, &dropping) }()
+	}
+}
+
+// track remembers a relayed pair, for Cleanup to close.
+func (p *Proxy) track(cs ...net.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range cs {
+		p.conns[c] = true
+	}
+}
+
+// toServer relays the client's messages, marking the connection to drop
+// the answers once it passes on an armed COMMIT.
+func (p *Proxy) toServer(c, s net.Conn, dropping *atomic.Bool) {
+	defer s.Close()
+	var head [4]byte
+	if _, err := io.ReadFull(c, head[:]); err != nil { // the startup message has no type byte
+		return
+	}
+	n := int(binary.BigEndian.Uint32(head[:]))
+	if n < 4 || n > 1<<20 {
+		return
+	}
+	body := make([]byte, n-4)
+	if _, err := io.ReadFull(c, body); err != nil {
+		return
+	}
+	if _, err := s.Write(append(head[:], body...)); err != nil {
+		return
+	}
+	for {
+		typ, msg, err := readMessage(c)
+		if err != nil {
+			return
+		}
+		if typ == 'Q' && bytes.EqualFold(bytes.TrimRight(msg[5:], "\x00; "), []byte("commit")) && p.armed.CompareAndSwap(true, false) {
+			dropping.Store(true)
+		}
+		if _, err := s.Write(msg); err != nil {
+			return
+		}
+	}
+}
+
+// toClient relays the server's messages; once dropping, it reads them to
+// the end of the commit's answer (ReadyForQuery) and then cuts both sides.
+func (p *Proxy) toClient(s, c net.Conn, dropping *atomic.Bool) {
+	defer c.Close()
+	defer s.Close()
+	for {
+		typ, msg, err := readMessage(s)
+		if err != nil {
+			return
+		}
+		if !dropping.Load() {
+			if _, err := c.Write(msg); err != nil {
+				return
+			}
+			continue
+		}
+		if typ == 'Z' {
+			p.lost.Add(1)
+			return
+		}
+	}
+}
+
+// readMessage reads one typed message of the protocol, whole.
+func readMessage(r io.Reader) (byte, []byte, error) {
+	var head [5]byte
+	if _, err := io.ReadFull(r, head[:]); err != nil {
+		return 0, nil, err
+	}
+	n := int(binary.BigEndian.Uint32(head[1:]))
+	if n < 4 || n > 1<<30 {
+		return 0, nil, errors.New("pgtest: proxy: a message of a bad length")
+	}
+	msg := make([]byte, 1+n)
+	copy(msg, head[:])
+	if _, err := io.ReadFull(r, msg[5:]); err != nil {
+		return 0, nil, err
+	}
+	return head[0], msg, nil
+}
