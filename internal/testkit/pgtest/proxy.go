@@ -1,6 +1,7 @@
 package pgtest
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/binary"
 	"errors"
@@ -122,8 +123,9 @@ func (p *Proxy) track(cs ...net.Conn) {
 // the answers once it passes on an armed COMMIT.
 func (p *Proxy) toServer(c, s net.Conn, dropping *atomic.Bool) {
 	defer s.Close()
+	r, w := bufio.NewReader(c), bufio.NewWriter(s)
 	var head [4]byte
-	if _, err := io.ReadFull(c, head[:]); err != nil { // the startup message has no type byte
+	if _, err := io.ReadFull(r, head[:]); err != nil { // the startup message has no type byte
 		return
 	}
 	n := int(binary.BigEndian.Uint32(head[:]))
@@ -131,21 +133,21 @@ func (p *Proxy) toServer(c, s net.Conn, dropping *atomic.Bool) {
 		return
 	}
 	body := make([]byte, n-4)
-	if _, err := io.ReadFull(c, body); err != nil {
+	if _, err := io.ReadFull(r, body); err != nil {
 		return
 	}
-	if _, err := s.Write(append(head[:], body...)); err != nil {
+	if _, err := w.Write(append(head[:], body...)); err != nil || w.Flush() != nil {
 		return
 	}
 	for {
-		typ, msg, err := readMessage(c)
+		typ, msg, err := readMessage(r)
 		if err != nil {
 			return
 		}
 		if typ == 'Q' && bytes.EqualFold(bytes.TrimRight(msg[5:], "\x00; "), []byte("commit")) && p.armed.CompareAndSwap(true, false) {
 			dropping.Store(true)
 		}
-		if _, err := s.Write(msg); err != nil {
+		if !relay(w, msg, r) {
 			return
 		}
 	}
@@ -156,13 +158,14 @@ func (p *Proxy) toServer(c, s net.Conn, dropping *atomic.Bool) {
 func (p *Proxy) toClient(s, c net.Conn, dropping *atomic.Bool) {
 	defer c.Close()
 	defer s.Close()
+	r, w := bufio.NewReader(s), bufio.NewWriter(c)
 	for {
-		typ, msg, err := readMessage(s)
+		typ, msg, err := readMessage(r)
 		if err != nil {
 			return
 		}
 		if !dropping.Load() {
-			if _, err := c.Write(msg); err != nil {
+			if !relay(w, msg, r) {
 				return
 			}
 			continue
@@ -172,6 +175,15 @@ func (p *Proxy) toClient(s, c net.Conn, dropping *atomic.Bool) {
 			return
 		}
 	}
+}
+
+// relay writes msg, and sends what it has written once nothing more has
+// come in (a batch of messages goes on as one write, as it came).
+func relay(w *bufio.Writer, msg []byte, r *bufio.Reader) bool {
+	if _, err := w.Write(msg); err != nil {
+		return false
+	}
+	return r.Buffered() > 0 || w.Flush() == nil
 }
 
 // readMessage reads one typed message of the protocol, whole.

@@ -133,19 +133,29 @@ func (b *Bolt) Reboot() bool {
 // run, its clock (which judges leases by the wall clock) the simulation's.
 type Postgres struct {
 	url   string
+	db    PgDB
 	opts  pgstore.Options
 	clock *boltstore.FakeClock
 }
 
+// A PgDB is a run's database: its URL, through a proxy that can lose the
+// answer of the next COMMIT after the server ran it (pgtest.Proxy), and
+// how many it lost.
+type PgDB struct {
+	URL            string
+	LoseNextCommit func()
+	Lost           func() int
+}
+
 // NewPostgres returns the NewBackend of the PostgreSQL store; newDB makes
-// an empty database for the run in dir and returns its URL.
-func NewPostgres(newDB func(dir string) (string, error)) NewBackend {
+// an empty database for the run in dir.
+func NewPostgres(newDB func(dir string) (PgDB, error)) NewBackend {
 	return func(dir string, j Judges, mut mutation.Set) (Backend, error) {
-		url, err := newDB(dir)
+		db, err := newDB(dir)
 		if err != nil {
 			return nil, err
 		}
-		p := &Postgres{url: url, clock: boltstore.NewFakeClock(boltstore.Instant{Boot: "postgres", Wall: simEpoch})}
+		p := &Postgres{url: db.URL, db: db, clock: boltstore.NewFakeClock(boltstore.Instant{Boot: "postgres", Wall: simEpoch})}
 		p.opts = pgstore.Options{Judge: j.Dead, Mutations: mut, Timeout: 5 * time.Second,
 			Now: func() time.Time { return p.clock.Now().Wall }}
 		return p, nil

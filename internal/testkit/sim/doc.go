@@ -453,4 +453,12 @@
 // S9, S10, S24) need no slack: the holders count on the simulation's
 // clock, which is behind the server's, so their local deadlines come
 // first.
+//
+// PostgreSQL (NewPostgres, -store postgres): a real server, a database per
+// run, the store's clock the simulation's (pgstore.Options.Now), so a run
+// replays. Each run reaches its database through a proxy (pgtest.Proxy),
+// and the fault pg-lost-answer (pgfault.go) has it lose the answer of the
+// next COMMIT after the server ran it, now and then in the random phase:
+// the store runs the step again and must find what the lost one did. Its
+// answers reach the callers, so every rule is checked as on bbolt.
 package sim

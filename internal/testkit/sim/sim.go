@@ -45,13 +45,14 @@ const (
 	Truncate   Fault = "truncate"    // the store's file is cut short, then deleted (restore.go)
 
 	EtcdLostAnswer  Fault = "etcd-lost-answer"   // etcd: a write commits, its answer is lost (etcdfault.go)
+	PgLostAnswer    Fault = "pg-lost-answer"     // PostgreSQL: a COMMIT runs, its answer is lost (pgfault.go)
 	EtcdRevoke      Fault = "etcd-revoke"        // etcd: a held ticket's lease is revoked behind its holder's back (etcdfault.go)
 	EtcdCrashInCall Fault = "etcd-crash-in-call" // etcd: a holder dies in its enqueue, after its first write (etcdfault.go)
 )
 
 // AllFaults lists every Fault.
 func AllFaults() []Fault {
-	return []Fault{Crash, Pause, RenewDelay, RenewFail, Restart, WallJump, Retry, LostReply, Reboot, Signal, OpRelease, OpResize, Judge, LostRing, JobResize, Policies, StoreLost, ClockDrift, Suspend, StoreLock, DiskFull, Restore, Truncate, EtcdLostAnswer, EtcdRevoke, EtcdCrashInCall}
+	return []Fault{Crash, Pause, RenewDelay, RenewFail, Restart, WallJump, Retry, LostReply, Reboot, Signal, OpRelease, OpResize, Judge, LostRing, JobResize, Policies, StoreLost, ClockDrift, Suspend, StoreLock, DiskFull, Restore, Truncate, EtcdLostAnswer, EtcdRevoke, EtcdCrashInCall, PgLostAnswer}
 }
 
 // A FaultSet is the kinds switched on; nil means all but the opt-in ones.
@@ -167,8 +168,8 @@ type Stats struct {
 	// Stalls of a process holding the store's lock (storelock.go), and
 	// the calls it refused.
 	LockHolds, LockRefused int
-	// LostAnswers: answers of the etcd store's writes lost after they
-	// committed (etcdfault.go).
+	// LostAnswers: answers of the store's writes lost after they
+	// committed (etcd: etcdfault.go; PostgreSQL: pgfault.go).
 	LostAnswers int
 	// Revokes: leases of held tickets revoked behind their holders' backs
 	// (etcdfault.go); RevokeOverlap: the longest a job ran on after its
@@ -277,6 +278,7 @@ type sim struct {
 	// stream of their own too.
 	clockRng  *rand.Rand
 	lockRng   *rand.Rand    // the stalls with the store's lock held (storelock.go): a stream of their own
+	pgRng     *rand.Rand    // the lost answers of PostgreSQL commits (pgfault.go): a stream of their own
 	lockFree  time.Duration // when the last stall with the store's lock held ends (L1 counts from it)
 	sched     bool          // this run's limits have policies
 	wallBacks int           // how many times the wall clock stepped back
@@ -325,7 +327,7 @@ const never = time.Duration(math.MaxInt64)
 func Run(cfg Config) (res Result) {
 	s := &sim{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x5107c71)), resizeRng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x12e512e)),
 		policyRng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x5c4ed)), guardRng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x6a2d)), lostRng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x10575)),
-		lockRng: newLockRng(cfg.Seed), ctx: context.Background(),
+		lockRng: newLockRng(cfg.Seed), pgRng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9c1057)), ctx: context.Background(),
 		judged: map[string]bool{}}
 	res.Config = cfg
 	defer func() {
@@ -533,6 +535,7 @@ func (s *sim) pick() {
 	if s.revokeOne() {
 		return
 	}
+	s.loseCommit()
 	if !s.quiet {
 		r := s.rng.Float64()
 		switch {

@@ -82,7 +82,14 @@ func simStore(t *testing.T) sim.NewBackend {
 		return nil
 	case "postgres":
 		pgtest.URL(t) // starts the server on the test's goroutine, or skips
-		return sim.NewPostgres(func(string) (string, error) { return pgtest.NewDB(t) })
+		return sim.NewPostgres(func(string) (sim.PgDB, error) {
+			url, err := pgtest.NewDB(t)
+			if err != nil {
+				return sim.PgDB{}, err
+			}
+			p := pgtest.NewProxy(t, url)
+			return sim.PgDB{URL: p.URL, LoseNextCommit: p.LoseNextCommit, Lost: p.Lost}, nil
+		})
 	case "etcd":
 		return sim.NewEtcd(etcdtest.Start(t, etcdtest.Options{}).Endpoint)
 	}
@@ -218,6 +225,7 @@ func TestSim(t *testing.T) {
 		total.Truncates += s.Truncates
 		total.CorruptRefused += s.CorruptRefused
 		total.HeldNoMore += s.HeldNoMore
+		total.LostAnswers += s.LostAnswers
 		total.Procs.Add(s.Procs)
 		if r.Violation != nil {
 			failed = append(failed, r)
@@ -241,6 +249,9 @@ func TestSim(t *testing.T) {
 		"%d stalls of a process holding the store's lock, which refused %d calls", total.Suspends, total.WokePast, total.LockHolds, total.LockRefused)
 	t.Logf("files: %d copies of the store's file, %d restored over it, %d renewals as held of a ticket waiting again (lost, S46); %d cuts, %d calls refused as corrupt",
 		total.Copies, total.Restores, total.HeldNoMore, total.Truncates, total.CorruptRefused)
+	if storeKind() == "postgres" {
+		t.Logf("postgres: %d COMMIT answers lost, each step run again", total.LostAnswers)
+	}
 	ps := total.Procs
 	t.Logf("processes: supervisors on a clone of the store's host %d, on another host %d, in a pid namespace %d, a time namespace %d, "+
 		"terminals' jobs %d; %d job processes (setsid %d, ignoring SIGTERM %d, env cleared %d, outliving the command %d), %d daemons handed off; "+
@@ -259,6 +270,9 @@ func TestSim(t *testing.T) {
 	}
 	if seeds*base.Steps >= longSeeds*defaultSteps && total.Steps < 100000 {
 		t.Errorf("only %d steps ran; the budget is at least 100,000", total.Steps)
+	}
+	if storeKind() == "postgres" && seeds >= 12 && base.Faults == nil && total.LostAnswers < 10 {
+		t.Errorf("only %d COMMIT answers were lost; want 10 at least", total.LostAnswers)
 	}
 	if seeds*base.Steps >= longSeeds*defaultSteps && base.Faults == nil &&
 		min(total.Superseded, total.StopRequests, total.Replaced, total.HeardByBell, total.HeardByRenewal, total.QueueFull) < 20 {
