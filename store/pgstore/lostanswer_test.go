@@ -107,7 +107,7 @@ func TestLostCommitAnswersAreRetried(t *testing.T) {
 		t.Fatalf("after the retried steps: limits %+v, tickets %+v; want one ticket of weight 2 in 3 slots", sn.Limits, sn.Tickets)
 	}
 	// A holder's "lost" release of a ticket already gone logs that it
-	// noticed, once: counted twice, the counts would not be the log's tally.
+	// noticed, once, though its retry finds the tombstone the first left.
 	step("a lost release of a ticket gone", func() error {
 		_, err := st.Release(ctx, store.Ticket{ID: "ghost", Limit: "l", Fence: 99}, store.Lost)
 		return err

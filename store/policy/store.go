@@ -305,7 +305,7 @@ func (x *step) releaseAbsent(t store.Ticket, why store.Reason, lostRemoved bool)
 		if tomb, dead, err := x.tx.Tomb(t.ID); err != nil || dead {
 			// Gone, and what the lost step did stands: its removal, or
 			// its event of a "lost" release, which is not logged again
-			// (counted twice, the counts would not be the log's tally).
+			// (the holder noticed its loss once).
 			return lostRemoved && tomb.Reason == why, err
 		}
 	}
