@@ -264,7 +264,7 @@ func TestHostileRecordsAreCorrupt(t *testing.T) {
 		{`{"v":2,"id":"t","limit":"l","limits":["l","a","b","c","d","e","f","g","h","i","j","k","m","n","o","p","q"],"state":"waiting","slot":-1}`, "17 limits"},
 		{`{"v":2,"id":"t","limit":"l","weight":62,"state":"waiting","slot":-1}`, "more than one transaction"},
 		{`[1,2]`, "ticket record"},
-		// Issue 15's fields: a key, the job's URL, a stop request, the tickets it replaces.
+		// The fields of newer runs first: a key, the job's URL, a stop request, the tickets it replaces.
 		{`{"v":1,"id":"t","limit":"l","state":"waiting","slot":-1,"key":"main"}`, "version 1"},
 		{`{"v":2,"id":"t","limit":"l","state":"waiting","slot":-1,"key":"a\u0007b"}`, "key"},
 		{`{"v":2,"id":"t","limit":"l","state":"waiting","slot":-1,"key":"` + strings.Repeat("k", store.MaxKey+1) + `"}`, "key"},

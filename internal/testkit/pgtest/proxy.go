@@ -153,22 +153,38 @@ func (p *Proxy) toServer(c, s net.Conn, dropping *atomic.Bool) {
 	}
 }
 
-// toClient relays the server's messages; once dropping, it reads them to
-// the end of the commit's answer (ReadyForQuery) and then cuts both sides.
+// toClient relays the server's bytes as they come. Once dropping, it reads
+// messages to the end of the commit's answer (ReadyForQuery) and then cuts
+// both sides. The answer starts a read: the client sent the COMMIT only
+// once it had every answer before it, and the mark is set before the
+// COMMIT is passed on.
 func (p *Proxy) toClient(s, c net.Conn, dropping *atomic.Bool) {
 	defer c.Close()
 	defer s.Close()
-	r, w := bufio.NewReader(s), bufio.NewWriter(c)
+	buf := make([]byte, 64<<10)
 	for {
-		typ, msg, err := readMessage(r)
+		n, err := s.Read(buf)
+		if n > 0 && dropping.Load() {
+			p.dropAnswer(io.MultiReader(bytes.NewReader(buf[:n]), s))
+			return
+		}
+		if n > 0 {
+			if _, werr := c.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
 		if err != nil {
 			return
 		}
-		if !dropping.Load() {
-			if !relay(w, msg, r) {
-				return
-			}
-			continue
+	}
+}
+
+// dropAnswer reads the server's messages up to ReadyForQuery, passing none on.
+func (p *Proxy) dropAnswer(r io.Reader) {
+	for {
+		typ, _, err := readMessage(r)
+		if err != nil {
+			return
 		}
 		if typ == 'Z' {
 			p.lost.Add(1)
