@@ -21,6 +21,7 @@ import (
 // picks, after the server applied it.
 type loser struct {
 	pick atomic.Pointer[func(req any) bool]
+	then atomic.Pointer[func()] // run once the answer is lost, before the caller hears
 	lost atomic.Int32
 }
 
@@ -29,6 +30,9 @@ func (l *loser) option() grpc.DialOption {
 		err := invoker(ctx, method, req, reply, cc, opts...)
 		if p := l.pick.Load(); p != nil && err == nil && (*p)(req) {
 			l.pick.Store(nil)
+			if then := l.then.Swap(nil); then != nil {
+				(*then)()
+			}
 			l.lost.Add(1)
 			return status.Error(codes.Unavailable, "test: the answer was lost")
 		}
@@ -38,6 +42,13 @@ func (l *loser) option() grpc.DialOption {
 
 // arm makes the next request that pick picks lose its answer.
 func (l *loser) arm(pick func(req any) bool) { l.pick.Store(&pick) }
+
+// armThen is arm, with then run after the server applied the request and
+// before its caller hears: what another client does meanwhile.
+func (l *loser) armThen(pick func(req any) bool, then func()) {
+	l.then.Store(&then)
+	l.arm(pick)
+}
 
 func txnWrites(part string, put bool) func(any) bool {
 	return func(req any) bool {
@@ -165,5 +176,33 @@ func TestLostAnswerOfReapReported(t *testing.T) {
 	}
 	if _, err := st.Get(ctx, "x"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("x after the reap: %v, want not found", err)
+	}
+}
+
+// TestLostLimitRemovalSparesTheNextLimit: a forced limit rm whose answer
+// was lost, after which another client made the limit again, is done: its
+// retry does not remove the new limit and its tickets.
+func TestLostLimitRemovalSparesTheNextLimit(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	ctx := context.Background()
+	var l loser
+	st := open(t, srv, etcdstore.Options{DialOptions: []grpc.DialOption{l.option()}, Prefix: "/lostrm"})
+	other := open(t, srv, etcdstore.Options{Prefix: "/lostrm"})
+	if _, err := st.Enqueue(ctx, req("old", "l", 1, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	var made error
+	l.armThen(txnWrites("/limits/l", false), func() { _, made = other.Enqueue(ctx, req("new", "l", 1, 10*time.Second)) })
+	if err := st.RemoveLimit(ctx, "l", true); err != nil {
+		t.Fatalf("RemoveLimit with its answer lost: %v", err)
+	}
+	if made != nil || l.lost.Load() != 1 {
+		t.Fatalf("the enqueue in between: %v; %d answers lost, want 1", made, l.lost.Load())
+	}
+	if _, err := st.Get(ctx, "new"); err != nil {
+		t.Fatalf("the ticket of the limit made again: %v, want it kept", err)
+	}
+	if _, err := st.Get(ctx, "old"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("the removed limit's ticket: %v, want not found", err)
 	}
 }

@@ -1505,11 +1505,14 @@ func (s *Store) RemoveLimit(ctx context.Context, name string, force bool) error 
 	}
 	read := s.reader(ctx, []string{name}, "")
 	for {
+		var lostRev int64 // the revision an attempt whose answer was lost read
 		p, _, cerr := s.commitRead(ctx, read, "", func(p *plan, retried bool) error {
 			st := p.st
 			ls := st.lims[name]
-			if ls.lim == nil && retried {
-				return errNoCommit // the attempt whose answer was lost removed it
+			at := lostRev
+			lostRev = st.rev
+			if retried && (ls.lim == nil || ls.limKV.CreateRevision > at) {
+				return errNoCommit // the attempt whose answer was lost removed it (and another made it again since)
 			}
 			if ls.lim == nil {
 				return fmt.Errorf("%w: %q", store.ErrLimitNotFound, name)

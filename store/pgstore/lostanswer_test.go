@@ -151,3 +151,30 @@ func TestLostCommitAnswersAreRetried(t *testing.T) {
 		t.Fatalf("x after the reap: %v, want not found", err)
 	}
 }
+
+// TestLostLimitRemovalSparesTheNextLimit: a forced limit rm whose answer
+// was lost, after which another client made the limit again, is done: its
+// retry does not remove the new limit and its tickets.
+func TestLostLimitRemovalSparesTheNextLimit(t *testing.T) {
+	p := pgtest.NewProxy(t, testURL(t))
+	ctx := context.Background()
+	st := open(t, p.URL, pgstore.Options{})
+	other := open(t, p.URL, pgstore.Options{})
+	if _, err := st.Enqueue(ctx, req("old", "l")); err != nil {
+		t.Fatal(err)
+	}
+	var made error
+	p.LoseNextCommitThen(func() { _, made = other.Enqueue(ctx, req("new", "l")) })
+	if err := st.RemoveLimit(ctx, "l", true); err != nil {
+		t.Fatalf("RemoveLimit with its answer lost: %v", err)
+	}
+	if made != nil || p.Lost() != 1 {
+		t.Fatalf("the enqueue in between: %v; %d answers lost, want 1", made, p.Lost())
+	}
+	if _, err := st.Get(ctx, "new"); err != nil {
+		t.Fatalf("the ticket of the limit made again: %v, want it kept", err)
+	}
+	if _, err := st.Get(ctx, "old"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("the removed limit's ticket: %v, want not found", err)
+	}
+}

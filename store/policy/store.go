@@ -571,11 +571,14 @@ func (s *Store) RemoveLimit(ctx context.Context, name string, force bool) error 
 	if err := store.CheckLimitName(name); err != nil {
 		return err
 	}
+	var lostAt time.Time // when a step whose answer was lost ran
 	return s.update(ctx, func(x *step) error {
-		if _, ok, err := x.tx.Limit(name); err != nil {
+		at := lostAt
+		lostAt = x.now.Wall
+		if lim, ok, err := x.tx.Limit(name); err != nil {
 			return err
-		} else if !ok && x.again {
-			return nil // the lost step removed it
+		} else if x.again && (!ok || lim.Created.After(at)) {
+			return nil // the lost step removed it (and another made it again since)
 		} else if !ok {
 			return fmt.Errorf("%w: %q", store.ErrLimitNotFound, name)
 		}

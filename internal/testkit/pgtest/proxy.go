@@ -29,7 +29,7 @@ type Proxy struct {
 	netw   string // "unix" or "tcp"
 	target string // the server's address on netw
 	ln     net.Listener
-	armed  atomic.Bool
+	armed  atomic.Pointer[func()] // set: the next COMMIT loses its answer, and this runs before the cut
 	lost   atomic.Int32
 	wg     sync.WaitGroup
 	mu     sync.Mutex
@@ -86,7 +86,12 @@ func NewProxy(t testing.TB, rawURL string) *Proxy {
 // LoseNextCommit makes the next COMMIT through the proxy lose its answer:
 // the server runs it and answers, and the proxy then cuts the connection
 // instead of passing the answer on.
-func (p *Proxy) LoseNextCommit() { p.armed.Store(true) }
+func (p *Proxy) LoseNextCommit() { p.LoseNextCommitThen(func() {}) }
+
+// LoseNextCommitThen is LoseNextCommit, with then run after the server
+// answered the COMMIT and before the connection is cut: what another
+// client does while the store does not know how its step ended.
+func (p *Proxy) LoseNextCommitThen(then func()) { p.armed.Store(&then) }
 
 // Lost is how many answers the proxy has lost.
 func (p *Proxy) Lost() int { return int(p.lost.Load()) }
@@ -103,7 +108,7 @@ func (p *Proxy) accept() {
 			continue
 		}
 		p.track(c, s)
-		var dropping atomic.Bool
+		var dropping atomic.Pointer[func()]
 		p.wg.Add(2)
 		go func() { defer p.wg.Done(); p.toServer(c, s, &dropping) }()
 		go func() { defer p.wg.Done(); p.toClient(s, c, &dropping) }()
@@ -121,7 +126,7 @@ func (p *Proxy) track(cs ...net.Conn) {
 
 // toServer relays the client's messages, marking the connection to drop
 // the answers once it passes on an armed COMMIT.
-func (p *Proxy) toServer(c, s net.Conn, dropping *atomic.Bool) {
+func (p *Proxy) toServer(c, s net.Conn, dropping *atomic.Pointer[func()]) {
 	defer s.Close()
 	r, w := bufio.NewReader(c), bufio.NewWriter(s)
 	var head [4]byte
@@ -144,8 +149,10 @@ func (p *Proxy) toServer(c, s net.Conn, dropping *atomic.Bool) {
 		if err != nil {
 			return
 		}
-		if typ == 'Q' && bytes.EqualFold(bytes.TrimRight(msg[5:], "\x00; "), []byte("commit")) && p.armed.CompareAndSwap(true, false) {
-			dropping.Store(true)
+		if typ == 'Q' && bytes.EqualFold(bytes.TrimRight(msg[5:], "\x00; "), []byte("commit")) {
+			if then := p.armed.Swap(nil); then != nil {
+				dropping.Store(then)
+			}
 		}
 		if !relay(w, msg, r) {
 			return
@@ -158,14 +165,14 @@ func (p *Proxy) toServer(c, s net.Conn, dropping *atomic.Bool) {
 // both sides. The answer starts a read: the client sent the COMMIT only
 // once it had every answer before it, and the mark is set before the
 // COMMIT is passed on.
-func (p *Proxy) toClient(s, c net.Conn, dropping *atomic.Bool) {
+func (p *Proxy) toClient(s, c net.Conn, dropping *atomic.Pointer[func()]) {
 	defer c.Close()
 	defer s.Close()
 	buf := make([]byte, 64<<10)
 	for {
 		n, err := s.Read(buf)
-		if n > 0 && dropping.Load() {
-			p.dropAnswer(io.MultiReader(bytes.NewReader(buf[:n]), s))
+		if then := dropping.Load(); n > 0 && then != nil {
+			p.dropAnswer(io.MultiReader(bytes.NewReader(buf[:n]), s), *then)
 			return
 		}
 		if n > 0 {
@@ -179,14 +186,16 @@ func (p *Proxy) toClient(s, c net.Conn, dropping *atomic.Bool) {
 	}
 }
 
-// dropAnswer reads the server's messages up to ReadyForQuery, passing none on.
-func (p *Proxy) dropAnswer(r io.Reader) {
+// dropAnswer reads the server's messages up to ReadyForQuery, passing none
+// on, and runs then.
+func (p *Proxy) dropAnswer(r io.Reader, then func()) {
 	for {
 		typ, _, err := readMessage(r)
 		if err != nil {
 			return
 		}
 		if typ == 'Z' {
+			then()
 			p.lost.Add(1)
 			return
 		}
