@@ -163,13 +163,13 @@ func TestLostLimitRemovalSparesTheNextLimit(t *testing.T) {
 	if _, err := st.Enqueue(ctx, req("old", "l")); err != nil {
 		t.Fatal(err)
 	}
-	var made error
-	p.LoseNextCommitThen(func() { _, made = other.Enqueue(ctx, req("new", "l")) })
+	made := make(chan error, 1) // the proxy's goroutine runs it
+	p.LoseNextCommitThen(func() { _, err := other.Enqueue(ctx, req("new", "l")); made <- err })
 	if err := st.RemoveLimit(ctx, "l", true); err != nil {
 		t.Fatalf("RemoveLimit with its answer lost: %v", err)
 	}
-	if made != nil || p.Lost() != 1 {
-		t.Fatalf("the enqueue in between: %v; %d answers lost, want 1", made, p.Lost())
+	if err := <-made; err != nil || p.Lost() != 1 {
+		t.Fatalf("the enqueue in between: %v; %d answers lost, want 1", err, p.Lost())
 	}
 	if _, err := st.Get(ctx, "new"); err != nil {
 		t.Fatalf("the ticket of the limit made again: %v, want it kept", err)
