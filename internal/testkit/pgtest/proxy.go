@@ -36,8 +36,8 @@ type Proxy struct {
 	conns  map[net.Conn]bool
 }
 
-// NewProxy starts a proxy in front of the database of rawURL (one of URL's),
-// on a Unix socket, stopped when t ends.
+// NewProxy starts a proxy in front of the database of rawURL (as URL or
+// NewDB give it), on a Unix socket, stopped when t ends.
 func NewProxy(t testing.TB, rawURL string) *Proxy {
 	t.Helper()
 	cfg, err := pgconn.ParseConfig(rawURL)

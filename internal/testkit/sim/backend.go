@@ -132,7 +132,6 @@ func (b *Bolt) Reboot() bool {
 // Postgres is the PostgreSQL store on a real server, one new database per
 // run, its clock (which judges leases by the wall clock) the simulation's.
 type Postgres struct {
-	url   string
 	db    PgDB
 	opts  pgstore.Options
 	clock *boltstore.FakeClock
@@ -155,7 +154,7 @@ func NewPostgres(newDB func(dir string) (PgDB, error)) NewBackend {
 		if err != nil {
 			return nil, err
 		}
-		p := &Postgres{url: db.URL, db: db, clock: boltstore.NewFakeClock(boltstore.Instant{Boot: "postgres", Wall: simEpoch})}
+		p := &Postgres{db: db, clock: boltstore.NewFakeClock(boltstore.Instant{Boot: "postgres", Wall: simEpoch})}
 		p.opts = pgstore.Options{Judge: j.Dead, Mutations: mut, Timeout: 5 * time.Second,
 			Now: func() time.Time { return p.clock.Now().Wall }}
 		return p, nil
@@ -164,7 +163,7 @@ func NewPostgres(newDB func(dir string) (PgDB, error)) NewBackend {
 
 // Open implements Backend.
 func (p *Postgres) Open() (store.Store, error) {
-	return pgstore.Open(context.Background(), p.url, p.opts)
+	return pgstore.Open(context.Background(), p.db.URL, p.opts)
 }
 
 // Now implements Backend: the wall clock is the store's only clock.

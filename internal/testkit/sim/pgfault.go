@@ -18,12 +18,12 @@ const loseCommitP = 0.02
 // random phase of a run on PostgreSQL with the fault.
 func (s *sim) loseCommit() {
 	p, ok := s.be.(*Postgres)
-	if !ok || s.quiet || !s.cfg.Faults.Has(PgLostAnswer) || p.db.LoseNextCommit == nil {
+	if !ok || p.db.LoseNextCommit == nil {
 		return
 	}
-	if s.pgRng.Float64() < loseCommitP {
+	s.stats.LostAnswers = p.db.Lost() // one armed last in the random phase is lost in the quiescent one
+	if !s.quiet && s.cfg.Faults.Has(PgLostAnswer) && s.pgRng.Float64() < loseCommitP {
 		p.db.LoseNextCommit()
 		s.tracef("the answer of the next COMMIT will be lost (%d so far)", p.db.Lost())
 	}
-	s.stats.LostAnswers = p.db.Lost()
 }
