@@ -115,6 +115,7 @@ import (
 
 	"github.com/slotctl/slotctl/internal/mutation"
 	"github.com/slotctl/slotctl/store"
+	"github.com/slotctl/slotctl/store/policy"
 )
 
 // DefaultPrefix is the key prefix of a store URL without one.
@@ -165,6 +166,7 @@ type Store struct {
 	k    keys
 	url  string
 	dead store.Judge
+	pol  *policy.Store // the rules, over this store's steps (tx.go)
 
 	closed     atomic.Bool // Close was called
 	closeOnce  sync.Once
@@ -282,6 +284,7 @@ func New(o Options) (*Store, error) {
 	if s.leases == nil {
 		s.leases = newLeaseClock()
 	}
+	s.pol = policy.New(backend{s}, policy.Options{Judge: o.Dead, Mutations: o.Mutations})
 	cfg := clientv3.Config{
 		Endpoints:   o.Endpoints,
 		DialTimeout: o.DialTimeout,

@@ -1393,49 +1393,7 @@ func checkRecordedUnderAll(entries map[string][]*entry) error {
 // SetLimit implements [store.Store]. The limit keeps its policy and the
 // starts its rate counts.
 func (s *Store) SetLimit(ctx context.Context, name string, slots int) (store.Limit, error) {
-	if s.closed.Load() {
-		return store.Limit{}, s.errClosed()
-	}
-	if err := store.CheckLimitName(name); err != nil {
-		return store.Limit{}, err
-	}
-	if err := store.CheckSlots(slots); err != nil {
-		return store.Limit{}, err
-	}
-	var lim limitRec
-	p, _, err := s.commitRead(ctx, s.reader(ctx, []string{name}, ""), "", func(p *plan, _ bool) error {
-		p.compareLimit(name)
-		lim = limitRec{V: formatVersion, Slots: slots, Created: p.now}
-		if l := p.st.lim(name); l != nil {
-			lim.Created, lim.Policy, lim.Starts = l.Created, l.Policy, l.Starts
-		} else {
-			p.newCounts(name)
-		}
-		p.put(s.k.limit(name), writeOp{val: encode(lim)})
-		l := lim
-		p.st.lims[name].lim = &l
-		p.settle(false)
-		return nil
-	})
-	if err != nil {
-		return store.Limit{}, err
-	}
-	s.afterCommit(p)
-	after := p.after()
-	if p.full {
-		if nst, err := s.settleLimit(ctx, []string{name}, ""); err == nil {
-			after = nst
-		}
-	}
-	out := store.Limit{Name: name, Slots: slots, Created: lim.Created, Policy: lim.Policy}
-	for _, e := range after.queue(name) {
-		if e.r.State == store.Held {
-			out.Held += e.r.weighs()
-		} else {
-			out.Waiting++
-		}
-	}
-	return out, nil
+	return s.pol.SetLimit(ctx, name, slots)
 }
 
 // SetPolicy implements [store.Store]: the limit's record rewritten with
@@ -1444,42 +1402,7 @@ func (s *Store) SetLimit(ctx context.Context, name string, slots int) (store.Lim
 // admit), as SetLimit does. A new rate counts the admissions the old one
 // counted in its window, at most its N.
 func (s *Store) SetPolicy(ctx context.Context, name string, ch store.PolicyChange) (store.Limit, error) {
-	if s.closed.Load() {
-		return store.Limit{}, s.errClosed()
-	}
-	if err := store.CheckLimitName(name); err != nil {
-		return store.Limit{}, err
-	}
-	p, _, err := s.commitRead(ctx, s.reader(ctx, []string{name}, ""), "", func(p *plan, _ bool) error {
-		l := p.st.lim(name)
-		if l == nil {
-			return fmt.Errorf("%w: %q", store.ErrLimitNotFound, name)
-		}
-		lim := *l
-		lim.V, lim.Policy = formatVersion, l.Policy.Apply(ch)
-		if err := lim.Policy.Check(); err != nil {
-			return err
-		}
-		if lim.Policy.Rate != l.Policy.Rate {
-			lim.Starts = lim.Policy.Charge(l.Starts, p.now, 0)
-		}
-		p.compareLimit(name)
-		p.put(s.k.limit(name), writeOp{val: encode(lim)})
-		p.st.lims[name].lim = &lim
-		p.settle(false)
-		return nil
-	})
-	if err != nil {
-		return store.Limit{}, err
-	}
-	s.afterCommit(p)
-	after := p.after()
-	if p.full {
-		if nst, err := s.settleLimit(ctx, []string{name}, ""); err == nil && nst.lim(name) != nil {
-			after = nst
-		}
-	}
-	return s.limitView(after, name), nil
+	return s.pol.SetPolicy(ctx, name, ch)
 }
 
 // limitView is limit name of st as a Snapshot lists it.

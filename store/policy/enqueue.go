@@ -15,11 +15,16 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 		return store.Ticket{}, err
 	}
 	var out store.Ticket
+	var tx Tx
 	err := s.update(ctx, func(x *step) error {
 		var err error
+		tx = x.tx
 		out, err = x.enqueue(req)
 		return err
 	})
+	if lf, ok := tx.(LateFence); ok && err == nil {
+		out.Fence = lf.Fence(out.Fence)
+	}
 	return out, err
 }
 

@@ -27,6 +27,9 @@ func newStep(tx Tx, s *Store) *step { return &step{tx: tx, s: s, o: &s.o, now: t
 // expiry is the store's clock's verdict on a ticket: why its lease is
 // over, or "" while it runs.
 func (x *step) expiry(r Rec) string {
+	if ex, ok := x.tx.(Expirer); ok {
+		return ex.Expired(r)
+	}
 	if r.Quiet && r.State == store.Waiting && r.DeadlineBoot == x.now.Boot {
 		return "" // a quiet waiter is proven dead or lined, never late
 	}

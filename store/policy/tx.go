@@ -123,3 +123,17 @@ type Options struct {
 	// Mutations is test-only: planted bugs the simulation must catch.
 	Mutations mutation.Set
 }
+
+// An Expirer is a Tx whose backend expires leases itself (etcd's server):
+// Expired says why r's lease is over, or "" while it runs, in place of its
+// deadline against Now.
+type Expirer interface {
+	Expired(r Rec) string
+}
+
+// A LateFence is a Tx that learns a new ticket's fence only once its step
+// commits (etcd's create revision): NextFence's answer stands in for it
+// until then, and Fence turns it into the fence the ticket has.
+type LateFence interface {
+	Fence(f uint64) uint64
+}
