@@ -284,7 +284,8 @@ func New(o Options) (*Store, error) {
 	if s.leases == nil {
 		s.leases = newLeaseClock()
 	}
-	s.pol = policy.New(backend{s}, policy.Options{Judge: o.Dead, Mutations: o.Mutations})
+	s.pol = policy.New(backend{s}, policy.Options{Judge: o.Dead, Mutations: o.Mutations,
+		MaxWeight: func(limits int) int { return MaxTicketKeys/limits - 3 }})
 	cfg := clientv3.Config{
 		Endpoints:   o.Endpoints,
 		DialTimeout: o.DialTimeout,

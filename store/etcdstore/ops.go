@@ -919,28 +919,35 @@ func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (
 	if err := store.CheckID(t.ID); err != nil {
 		return false, err
 	}
-	names, idr, err := s.lookup(ctx, t.ID)
-	if err != nil {
-		return false, err
-	}
-	if len(names) == 0 {
-		return s.releaseAbsent(ctx, t, why, idr)
-	}
-	start := time.Now()
-	r := &releasing{s: s, t: t, why: why}
 	s.mu.Lock()
 	k, ok := s.known[t.ID]
 	s.mu.Unlock()
+	uncertain := false
 	if ok && (t.Fence == 0 || uint64(k.fence) == t.Fence) {
 		// A waiter leaves without reading its queue (light.go).
 		done, unc, _ := s.releaseWaiting(ctx, k, why)
 		if done {
+			s.forget(t.ID)
 			return true, nil
 		}
-		r.uncertain = unc
+		uncertain = unc
 	}
-	st, err := s.read(ctx, names, t.ID, true)
-	return r.commitRelease(ctx, start, names, st, err)
+	removed, err := s.pol.Release(ctx, t, why)
+	if err == nil && !removed && uncertain {
+		// The light release whose answer was lost landed: its tombstone
+		// gives this release's reason.
+		removed, err = s.tombstoned(ctx, t.ID, why)
+	}
+	if err == nil {
+		s.forget(t.ID)
+	}
+	return removed, err
+}
+
+// tombstoned reports whether id's tombstone gives why.
+func (s *Store) tombstoned(ctx context.Context, id string, why store.Reason) (bool, error) {
+	_, idr, err := s.lookup(ctx, id)
+	return err == nil && idr != nil && idr.Removed == why, err
 }
 
 // releasing is one Release of a ticket the store has under names.
@@ -1196,56 +1203,7 @@ func (s *Store) dayKV(ctx context.Context) *mvccpb.KeyValue {
 
 // SetChild implements [store.Store].
 func (s *Store) SetChild(ctx context.Context, t store.Ticket, pgid int, pgidStart uint64) (store.Ticket, error) {
-	if s.closed.Load() {
-		return store.Ticket{}, s.errClosed()
-	}
-	names, idr, err := s.lookup(ctx, t.ID)
-	if err != nil {
-		return store.Ticket{}, err
-	}
-	if len(names) == 0 {
-		return store.Ticket{}, fmt.Errorf("%w: %w", store.ErrLost, notFound(t.ID, idr))
-	}
-	first := names[0]
-	s.mu.Lock()
-	k, ok := s.known[t.ID]
-	s.mu.Unlock()
-	read := func(again bool) (*lstate, error) {
-		if !again && ok && k.rev != 0 && uint64(k.fence) == t.Fence && k.r.State == store.Held {
-			// A held ticket as this handle last wrote it: compare against
-			// that, and read only if it changed since.
-			e := &entry{r: k.r, fence: k.fence, tkv: &mvccpb.KeyValue{CreateRevision: k.fence, ModRevision: k.rev}}
-			st := newState(names[:1], 0)
-			st.entries = []*entry{e}
-			return st, nil
-		}
-		return s.readNames(ctx, names[:1], t.ID, !again)
-	}
-	var e *entry
-	p, resp, err := s.commitRead(ctx, read, t.ID, func(p *plan, _ bool) error {
-		e, _ = p.st.find(t.ID)
-		if e == nil || uint64(e.fence) != t.Fence {
-			return fmt.Errorf("%w: ticket %s is gone", store.ErrLost, t.ID)
-		}
-		if !e.live() {
-			return fmt.Errorf("%w: ticket %s: %s", store.ErrLost, t.ID, expiredEvidence)
-		}
-		e.r.Holder.Pgid, e.r.Holder.PgidStart = pgid, pgidStart
-		// Every copy of the record changes together (docs/leases.md §2.1 item 9).
-		p.cmp(clientv3.Compare(clientv3.ModRevision(s.k.ticket(first, t.ID)), "=", e.tkv.ModRevision))
-		v := encode(e.r)
-		for _, n := range e.r.names() {
-			p.put(s.k.ticket(n, t.ID), writeOp{val: v, keep: true})
-			p.put(s.k.record(n, t.ID), writeOp{val: v})
-		}
-		return nil
-	})
-	if err != nil {
-		return store.Ticket{}, err
-	}
-	s.remember(e, resp.Header.Revision)
-	out, _ := s.viewOf(ctx, p.after(), t.ID)
-	return out, nil
+	return s.pol.SetChild(ctx, t, pgid, pgidStart)
 }
 
 // Snapshot implements [store.Store]: one consistent read of the limits'
@@ -1420,54 +1378,7 @@ func (s *Store) limitView(st *lstate, name string) store.Limit {
 // the limit goes entirely (from all of its limits, docs/leases.md §2.1
 // item 9), and the other limits they named are settled in the same step.
 func (s *Store) RemoveLimit(ctx context.Context, name string, force bool) error {
-	if s.closed.Load() {
-		return s.errClosed()
-	}
-	if err := store.CheckLimitName(name); err != nil {
-		return err
-	}
-	read := s.reader(ctx, []string{name}, "")
-	for {
-		var lostRev int64 // the revision an attempt whose answer was lost read
-		p, _, cerr := s.commitRead(ctx, read, "", func(p *plan, retried bool) error {
-			st := p.st
-			ls := st.lims[name]
-			at := lostRev
-			lostRev = st.rev
-			if retried && (ls.lim == nil || ls.limKV.CreateRevision > at) {
-				return errNoCommit // the attempt whose answer was lost removed it (and another made it again since)
-			}
-			if ls.lim == nil {
-				return fmt.Errorf("%w: %q", store.ErrLimitNotFound, name)
-			}
-			if len(ls.entries) > 0 && !force {
-				return fmt.Errorf("%w: limit %q has %d tickets", store.ErrLimitInUse, name, len(ls.entries))
-			}
-			p.compareLimit(name)
-			for _, e := range ls.entries {
-				if !p.remove(e, store.ForceReleased, "limit removed") {
-					break
-				}
-			}
-			if !p.full {
-				// Nobody joined since the read: the limit goes with its last ticket.
-				p.cmp(clientv3.Compare(clientv3.CreateRevision(s.k.records(name)).WithPrefix(), "<", st.rev+1))
-				p.del(s.k.limit(name))
-				p.dropCounts(name)
-				ls.lim = nil // settled no more: nobody is left in it
-				p.settle(false)
-			}
-			return nil
-		})
-		if cerr != nil {
-			return cerr
-		}
-		s.revokeRemoved(p, true)
-		if !p.full {
-			return nil
-		}
-		read = func(bool) (*lstate, error) { return s.read(ctx, []string{name}, "", false) }
-	}
+	return s.pol.RemoveLimit(withRevokeWait(ctx), name, force)
 }
 
 // Reap implements [store.Store]. Expiry is the server's: the tickets it

@@ -40,67 +40,7 @@ func (s *Store) Resize(ctx context.Context, t store.Ticket, weight int) (store.T
 var errNotLive = errors.New("its lease is gone")
 
 func (s *Store) resize(ctx context.Context, t store.Ticket, weight int) (store.Ticket, error) {
-	if s.closed.Load() {
-		return store.Ticket{}, s.errClosed()
-	}
-	if err := store.CheckID(t.ID); err != nil {
-		return store.Ticket{}, err
-	}
-	if weight < 1 || weight > store.MaxSlots {
-		return store.Ticket{}, fmt.Errorf("%w: weight %d: want 1..%d slots", store.ErrInvalid, weight, store.MaxSlots)
-	}
-	names, idr, err := s.lookup(ctx, t.ID)
-	if err != nil {
-		return store.Ticket{}, err
-	}
-	if len(names) == 0 {
-		return store.Ticket{}, fmt.Errorf("%w: %w", store.ErrLost, notFound(t.ID, idr))
-	}
-	// A linearizable read: a refusal (lost, waiting) is decided on it
-	// without a transaction to compare.
-	read := func(bool) (*lstate, error) { return s.read(ctx, names, t.ID, false) }
-	var e *entry
-	var answer store.Ticket
-	// A resize whose answer was lost finds its ticket at its weight and
-	// writes nothing again.
-	p, resp, err := s.commitRead(ctx, read, t.ID, func(p *plan, _ bool) error {
-		var err error
-		if e, err = resizable(p.st, t); err != nil {
-			return err
-		}
-		cur := e.r.weighs()
-		switch {
-		case weight < cur:
-			w, ix := policy.PlanResize(policy.ResizeInput{Ticket: s.view(e, 0, 0), Weight: weight})
-			p.resized(e, w, ix)
-			p.settle(false)
-		case weight > cur:
-			p.grow(e, weight)
-		}
-		if p.gone[e] {
-			// The settle's judge proved its holder dead (a late request of
-			// a process gone since): nothing is written, as for a lost lease.
-			return fmt.Errorf("%w: ticket %s: its holder is dead", store.ErrLost, t.ID)
-		}
-		if p.empty() {
-			answer = s.view(e, 0, 0)
-			return errNoCommit
-		}
-		return nil
-	})
-	if err != nil {
-		return store.Ticket{}, err
-	}
-	if resp == nil {
-		answer.Remaining = s.remaining(ctx, e.r.keyLease())
-		return answer, nil
-	}
-	s.remember(e, resp.Header.Revision)
-	s.afterCommit(p)
-	if p.full {
-		_, _ = s.settleLimit(ctx, names, "")
-	}
-	return s.view(e, 0, s.remaining(ctx, e.r.keyLease())), nil
+	return s.pol.Resize(ctx, t, weight)
 }
 
 // resizable finds t in st: the live held ticket of t's fence, else why it

@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 
+	"github.com/slotctl/slotctl/internal/mutation"
 	"github.com/slotctl/slotctl/internal/proc"
 	"github.com/slotctl/slotctl/store"
 	"github.com/slotctl/slotctl/store/policy"
@@ -105,6 +106,15 @@ func (b backend) View(ctx context.Context, fn func(policy.Tx) error) error {
 	}
 }
 
+// revokeWait marks the context of an operator's command (limit rm, reap):
+// its steps return once the leases of the tickets they removed are
+// revoked, not only their keys gone.
+type revokeWait struct{}
+
+func withRevokeWait(ctx context.Context) context.Context {
+	return context.WithValue(ctx, revokeWait{}, true)
+}
+
 // freshLease is the lease of the ticket an Update creates: granted once,
 // kept across its conflicts, revoked unless a step committed it.
 type freshLease struct {
@@ -161,6 +171,7 @@ type etx struct {
 	events    []store.Event
 	counts    map[string]store.Counts
 	rings     []string
+	unlogged  []string // event keys the step creates, which must still be absent
 	rev       int64 // the revision the step committed at
 }
 
@@ -266,9 +277,27 @@ func (t *etx) idKV(id string) (*mvccpb.KeyValue, error) {
 	if kv, ok := t.ids[id]; ok {
 		return kv, nil
 	}
-	rs, err := t.read(clientv3.OpGet(t.s.k.id(id), t.at()...))
+	ops := []clientv3.Op{clientv3.OpGet(t.s.k.id(id), t.at()...)}
+	var names []string
+	if t.st == nil {
+		// A ticket this handle knows: its limits in the same round trip.
+		t.s.mu.Lock()
+		k, ok := t.s.known[id]
+		t.s.mu.Unlock()
+		if ok {
+			names = k.r.names()
+			ops = append(ops, t.s.limitOps(names, 0, false)...)
+		}
+	}
+	rs, err := t.read(ops...)
 	if err != nil {
 		return nil, err
+	}
+	if len(names) > 0 {
+		if err := t.s.addLimits(t.st, names, rs[1:]); err != nil {
+			return nil, err
+		}
+		t.st.sort()
 	}
 	var kv *mvccpb.KeyValue
 	if len(rs[0].Kvs) > 0 {
@@ -392,7 +421,7 @@ func (t *etx) Lookup(id string) (policy.Rec, bool, error) {
 		return policy.Rec{}, false, err
 	}
 	names := ir.names()
-	if err := t.load(names[0]); err != nil {
+	if err := t.load(names...); err != nil {
 		return policy.Rec{}, false, err
 	}
 	e := t.st.byID[id]
@@ -522,9 +551,23 @@ func (t *etx) PutTomb(id string, tb policy.Tomb) error {
 	return nil
 }
 
+// Log implements policy.Tx. A holder's "lost" is logged once: its key
+// would be written over, and counted twice (a retried or repeated request,
+// or the release that removed the ticket logged it).
 func (t *etx) Log(e store.Event) error {
 	if err := t.writable(); err != nil {
 		return err
+	}
+	if e.Kind == string(store.Lost) && !t.s.o.Mutations.Has(mutation.LostRecounted) { // mutation (test-only): a repeated "lost" counted again
+		key := t.s.k.event(e.Limit, e.Ticket, e.Kind)
+		rs, err := t.read(clientv3.OpGet(key, append(t.at(), clientv3.WithKeysOnly())...))
+		if err != nil {
+			return err
+		}
+		if len(rs[0].Kvs) > 0 {
+			return nil
+		}
+		t.unlogged = append(t.unlogged, key)
 	}
 	t.events = append(t.events, e)
 	return nil

@@ -2,6 +2,7 @@ package etcdstore
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -18,7 +19,7 @@ func (t *etx) commit() error {
 		return nil
 	}
 	p := t.p
-	renew, err := t.compile(p)
+	renew, err := t.compile(p, false)
 	if err != nil {
 		return err
 	}
@@ -105,19 +106,56 @@ func (t *etx) committed(p *plan) {
 			t.s.forget(id)
 		}
 	}
-	t.s.afterCommit(p)
+	t.s.revokeRemoved(p, t.ctx.Value(revokeWait{}) != nil)
+}
+
+// Fits implements policy.Bounded: room in the transaction, beside what
+// the step wrote, for one more removal or admission of r (its keys in each
+// limit, its tombstone, and each limit's counts and rate). A step that
+// wrote nothing yet has room for any ticket (MaxTicketKeys).
+func (t *etx) Fits(r policy.Rec) bool {
+	if t.p == nil {
+		return true
+	}
+	q := t.p.clone()
+	if _, err := t.compile(q, true); err != nil || q.empty() {
+		return true // commit says what is wrong
+	}
+	names := r.Names()
+	c := q.countRoom(names)
+	return q.room(ticketKeys(len(names), r.Weighs())+1+len(names)+c, 2+3*len(names)+c)
+}
+
+// clone is a copy of p that can be written without changing p.
+func (p *plan) clone() *plan {
+	q := *p
+	q.cmps, q.keys, q.w = slices.Clone(p.cmps), slices.Clone(p.keys), maps.Clone(p.w)
+	q.gone, q.kept, q.holding, q.revoke = maps.Clone(p.gone), maps.Clone(p.kept), slices.Clone(p.holding), slices.Clone(p.revoke)
+	q.limitCmp, q.slotCmp, q.orderCmp, q.charged = maps.Clone(p.limitCmp), maps.Clone(p.slotCmp), maps.Clone(p.orderCmp), maps.Clone(p.charged)
+	q.counted = map[string]*store.Counts{}
+	for n, c := range p.counted {
+		v := cloneCounts(*c)
+		q.counted[n] = &v
+	}
+	return &q
 }
 
 // compile puts the step's writes in p with their compares, and returns the
-// leases its renewals keep alive.
-func (t *etx) compile(p *plan) (renew []int64, err error) {
-	t.compileLimits(p)
+// leases its renewals keep alive. dry: only to measure them (Fits), with
+// no lease granted.
+func (t *etx) compile(p *plan, dry bool) (renew []int64, err error) {
+	created := t.compileLimits(p)
+	defer func() {
+		for _, n := range created {
+			t.st.lims[n].lim = nil // as read
+		}
+	}()
 	for _, id := range t.order {
 		w := t.recW[id]
 		switch e := t.st.byID[id]; {
 		case id == t.fresh:
 			if w != nil {
-				if err := t.putFresh(p, w); err != nil {
+				if err := t.putFresh(p, w, dry); err != nil {
 					return nil, err
 				}
 			}
@@ -135,6 +173,9 @@ func (t *etx) compile(p *plan) (renew []int64, err error) {
 		}
 	}
 	t.compileTombs(p)
+	for _, k := range t.unlogged {
+		p.cmp(clientv3.Compare(clientv3.CreateRevision(k), "=", 0))
+	}
 	for _, e := range t.events {
 		t.logEvent(p, e)
 	}
@@ -156,8 +197,9 @@ func sortedKeys[V any](m map[string]V) []string {
 }
 
 // compileLimits writes the limits the step wrote or removed, on their keys
-// as read; one it creates counts from zero.
-func (t *etx) compileLimits(p *plan) {
+// as read; one it creates counts from zero, and is returned (its limit
+// stands in the state read while the step's events are counted).
+func (t *etx) compileLimits(p *plan) (created []string) {
 	for _, n := range sortedKeys(t.limW) {
 		l := t.limW[n]
 		p.compareLimit(n)
@@ -172,8 +214,10 @@ func (t *etx) compileLimits(p *plan) {
 		if ls := t.st.lims[n]; ls.lim == nil {
 			ls.lim = &lr // the events of this step count in it
 			p.newCounts(n)
+			created = append(created, n)
 		}
 	}
+	return created
 }
 
 // recFrom is the stored record of w, with side's fields the rules do not
@@ -206,10 +250,13 @@ func recFrom(w *policy.Rec, side rec) rec {
 
 // putFresh writes the ticket the step creates, under its new lease: its
 // id absent, no ticket joined its limits since the read.
-func (t *etx) putFresh(p *plan, w *policy.Rec) error {
-	lease, term, err := t.g.get(t.ctx, t.s, w.TTL)
-	if err != nil {
-		return err
+func (t *etx) putFresh(p *plan, w *policy.Rec, dry bool) error {
+	lease, term := int64(1), uint64(0)
+	if !dry {
+		var err error
+		if lease, term, err = t.g.get(t.ctx, t.s, w.TTL); err != nil {
+			return err
+		}
 	}
 	e := &entry{isNew: true, r: recFrom(w, rec{V: formatVersion, Lease: lease, Term: term})}
 	names := e.r.names()
@@ -326,6 +373,9 @@ func (t *etx) rewrite(p *plan, e *entry, w *policy.Rec) error {
 		}
 		if grown {
 			t.compareAdmission(p, n)
+			if len(old) > 0 { // a growth: a waiter that joined since comes first
+				p.cmp(clientv3.Compare(clientv3.CreateRevision(t.s.k.tickets(n)).WithPrefix(), "<", t.st.rev+1))
+			}
 		}
 		t.freeSlots(p, e, n, now)
 	}

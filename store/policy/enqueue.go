@@ -16,7 +16,7 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 	}
 	var out store.Ticket
 	var tx Tx
-	err := s.update(ctx, func(x *step) error {
+	more, err := s.updateMore(ctx, func(x *step) error {
 		var err error
 		tx = x.tx
 		out, err = x.enqueue(req)
@@ -24,6 +24,12 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 	})
 	if lf, ok := tx.(LateFence); ok && err == nil {
 		out.Fence = lf.Fence(out.Fence)
+	}
+	if more && err == nil {
+		// Settled again after its step: as it stands now.
+		if t, gerr := s.Get(ctx, req.ID); gerr == nil {
+			out = t
+		}
 	}
 	return out, err
 }

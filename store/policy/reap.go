@@ -29,7 +29,10 @@ func (s *Store) Reap(ctx context.Context, o store.ReapOptions) ([]store.Removal,
 		}
 	}
 	var lost []store.Removal // what a step whose answer was lost removed
-	err := run(ctx, func(x *step) error {
+	var all []store.Removal  // what the steps before removed (a step out of room)
+	full := false
+	step := func(x *step) error {
+		full = false
 		if x.again {
 			lost = append(lost[:0], removed...)
 		}
@@ -59,6 +62,7 @@ func (s *Store) Reap(ctx context.Context, o store.ReapOptions) ([]store.Removal,
 		if err != nil {
 			return err
 		}
+		full = x.full
 		removed = x.stillGone(lost, append(removed, rm...))
 		if x.o.Mutations.Has(mutation.BlindReap) { // mutation (test-only): free a slot per ticket the scan listed (A2)
 			names, err := x.limitNames(o.Limits)
@@ -72,11 +76,20 @@ func (s *Store) Reap(ctx context.Context, o store.ReapOptions) ([]store.Removal,
 			}
 		}
 		return nil
-	})
-	if err != nil {
-		return nil, err // rolled back: nothing was removed
 	}
-	return removed, nil
+	for n := 0; ; n++ {
+		if err := run(ctx, step); err != nil {
+			if n > 0 {
+				return all, nil // what the steps before removed stands; the next reap carries on
+			}
+			return nil, err // rolled back: nothing was removed
+		}
+		all = append(all, removed...)
+		removed, lost = removed[:0], nil
+		if !full || o.DryRun || n >= maxMore {
+			return all, nil
+		}
+	}
 }
 
 // reapInput is the planner's input of a reap of limits (all when none): the

@@ -67,6 +67,9 @@ func (x *step) resize(t store.Ticket, weight int, write bool) (resizeAnswer, err
 	}
 	in := ResizeInput{Ticket: x.view(r, 0), Weight: weight, Slots: map[string]int{}, Mutations: x.o.Mutations,
 		MaxWeight: store.MaxTicketSlots / len(r.Names())}
+	if x.o.MaxWeight != nil {
+		in.MaxWeight = min(in.MaxWeight, x.o.MaxWeight(len(r.Names())))
+	}
 	seen := map[uint64]bool{}
 	for _, name := range r.Names() {
 		if lim, ok, err := x.tx.Limit(name); err != nil {

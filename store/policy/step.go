@@ -20,6 +20,16 @@ type step struct {
 	// again: an earlier run of this step lost its commit's answer, so what
 	// it wrote may be in what this one reads.
 	again bool
+	// full: a settle ran out of room (Bounded); more is the limits the
+	// store settles again once this step commits.
+	full bool
+	more []string
+}
+
+// fits reports whether the step has room to remove or admit r.
+func (x *step) fits(r Rec) bool {
+	b, ok := x.tx.(Bounded)
+	return !ok || b.Fits(r)
 }
 
 func newStep(tx Tx, s *Store) *step { return &step{tx: tx, s: s, o: &s.o, now: tx.Now()} }
@@ -259,7 +269,11 @@ func (x *step) settleOn(recs []Rec, names []string, all bool, fresh string) ([]R
 	if x.o.Mutations.Has(mutation.StaleVerdict) { // mutation (test-only): judge on the deadlines an earlier scan read (A1)
 		x.mutStaleVerdict(&in)
 	}
-	return x.apply(recs, PlanSettle(in), fresh)
+	live, removed, err := x.apply(recs, PlanSettle(in), fresh)
+	if x.full {
+		x.more = names
+	}
+	return live, removed, err
 }
 
 // planInput is the planner's input on recs, the closure of names, judged by
@@ -298,6 +312,10 @@ func (x *step) apply(recs []Rec, plan SettlePlan, fresh string) ([]Rec, []store.
 	gone := make([]bool, len(recs))
 	for _, rm := range plan.Remove {
 		r := recs[rm.Index]
+		if !x.fits(r) {
+			x.full = true // the admissions may rest on this removal
+			return x.unapplied(recs, gone), removed, nil
+		}
 		if err := x.remove(r, store.Reaped, rm.Evidence, nil); err != nil {
 			return nil, nil, err
 		}
@@ -309,6 +327,10 @@ func (x *step) apply(recs []Rec, plan SettlePlan, fresh string) ([]Rec, []store.
 	}
 	for _, a := range plan.Admit {
 		r := &recs[a.Index]
+		if !x.fits(*r) {
+			x.full = true
+			return x.unapplied(recs, gone), removed, nil
+		}
 		r.State, r.Slot, r.Indexes, r.Admitted = store.Held, a.Slot, a.Indexes, x.now.Wall
 		// A whole lease from the admission: its waiter may have renewed
 		// nothing (quiet), or late, or be about to renew on a slow
@@ -341,13 +363,18 @@ func (x *step) apply(recs []Rec, plan SettlePlan, fresh string) ([]Rec, []store.
 			x.tx.Ring(*r)
 		}
 	}
+	return x.unapplied(recs, gone), removed, nil
+}
+
+// unapplied is recs but the gone.
+func (x *step) unapplied(recs []Rec, gone []bool) []Rec {
 	live := recs[:0:0]
 	for i, r := range recs {
 		if !gone[i] {
 			live = append(live, r)
 		}
 	}
-	return live, removed, nil
+	return live
 }
 
 // viewIn is the ticket id among recs as its owner reads it, with its place.

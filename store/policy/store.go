@@ -28,14 +28,42 @@ func New(b Backend, o Options) *Store { return &Store{b: b, o: o} }
 func (s *Store) Backend() Backend { return s.b }
 
 func (s *Store) update(ctx context.Context, fn func(x *step) error) error {
-	return again(ctx, func(retried bool) error {
+	_, err := s.updateMore(ctx, fn)
+	return err
+}
+
+// updateMore is update, then the settles a step out of room left to the
+// next steps (Bounded); more reports that there were some. Their failure
+// is not the step's: it committed, and the next settle of those limits
+// carries on.
+func (s *Store) updateMore(ctx context.Context, fn func(x *step) error) (more bool, err error) {
+	var next []string
+	err = again(ctx, func(retried bool) error {
 		return s.b.Update(ctx, func(tx Tx) error {
 			x := newStep(tx, s)
 			x.again = retried
-			return fn(x)
+			err := fn(x)
+			next = x.more
+			return err
 		})
 	})
+	for n := 0; err == nil && len(next) > 0 && n < maxMore; n++ {
+		more = true
+		names := next
+		if s.b.Update(ctx, func(tx Tx) error {
+			x := newStep(tx, s)
+			_, _, err := x.settle(names, false)
+			next = x.more
+			return err
+		}) != nil {
+			break
+		}
+	}
+	return more, err
 }
+
+// maxMore bounds the settles after a step out of room.
+const maxMore = 1000
 
 // maxAgain bounds the steps run again after lost answers: a connection cut
 // at each commit is a store that does not answer.
@@ -572,7 +600,9 @@ func (s *Store) RemoveLimit(ctx context.Context, name string, force bool) error 
 		return err
 	}
 	var lostAt time.Time // when a step whose answer was lost ran
-	return s.update(ctx, func(x *step) error {
+	full := false
+	step := func(x *step) error {
+		full = false
 		at := lostAt
 		lostAt = x.now.Wall
 		if lim, ok, err := x.tx.Limit(name); err != nil {
@@ -591,6 +621,10 @@ func (s *Store) RemoveLimit(ctx context.Context, name string, force bool) error 
 		}
 		var others []string
 		for _, r := range recs {
+			if !x.fits(r) {
+				full = true // the next step removes the rest, then the limit
+				break
+			}
 			if err := x.remove(r, store.ForceReleased, "limit removed", nil); err != nil {
 				return err
 			}
@@ -600,6 +634,10 @@ func (s *Store) RemoveLimit(ctx context.Context, name string, force bool) error 
 				}
 			}
 		}
+		if full {
+			_, _, err = x.settle(others, false)
+			return err
+		}
 		if err := x.tx.DeleteLimit(name); err != nil {
 			return err
 		}
@@ -608,7 +646,12 @@ func (s *Store) RemoveLimit(ctx context.Context, name string, force bool) error 
 		}
 		_, _, err = x.settle(others, false)
 		return err
-	})
+	}
+	for n := 0; ; n++ {
+		if err := s.update(ctx, step); err != nil || !full || n >= maxMore {
+			return err
+		}
+	}
 }
 
 // Counts implements [store.Store].

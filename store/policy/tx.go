@@ -63,6 +63,16 @@ type Tx interface {
 	Gone(r Rec)
 }
 
+// A Bounded is a Tx whose backend bounds what one step may write (etcd:
+// one transaction of at most 128 operations). Fits reports whether the
+// step has room for one more removal or admission of r. A settle without
+// room stops there, commits what it did (its removals before the
+// admissions that rest on them), and the store settles again in the next
+// step.
+type Bounded interface {
+	Fits(r Rec) bool
+}
+
 // A Positioner is a Tx that counts a waiter's place in line (1-based,
 // among its first limit's waiters) without reading the whole queue.
 type Positioner interface {
@@ -118,6 +128,10 @@ type Options struct {
 	// Quiet: waiters renew nothing until they come into line, their
 	// liveness proven by the host (a host-local store).
 	Quiet bool
+	// MaxWeight, if not nil, bounds a ticket's growth by how many limits
+	// it names (etcd: one transaction must hold its keys), below
+	// store.MaxTicketSlots.
+	MaxWeight func(limits int) int
 	// BellUID is written into each new ticket (Rec.BellUID).
 	BellUID *uint32
 	// Mutations is test-only: planted bugs the simulation must catch.
