@@ -172,7 +172,7 @@ type etx struct {
 	counts    map[string]store.Counts
 	rings     []string
 	unlogged  []string // event keys the step creates, which must still be absent
-	rev       int64 // the revision the step committed at
+	rev       int64    // the revision the step committed at
 }
 
 var (
