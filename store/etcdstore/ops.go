@@ -23,41 +23,13 @@ func unknownOutcome(err error) bool {
 	return errors.Is(err, store.ErrUnavailable) && !isAuthError(err)
 }
 
-// Enqueue implements [store.Store]. The ticket's lease is granted first;
-// one transaction then creates the ticket if its id is absent (a retry finds
-// it, a tombstone refuses it), creates its limits if needed, sweeps them and
-// promotes their waiters, the new ticket among them. The decision rests on
-// a serializable read; the transaction's compares make a stale one retry.
+// Enqueue implements [store.Store]: the rules' (store/policy), in one
+// step, on a first read made while the ticket's lease is granted: the
+// lease and that (serializable, so cheap) read at once, then one
+// transaction, whose compares make a stale read plan again. A plain
+// request behind a live waiter takes the light path (light.go) instead.
 // A ticket of several limits has its keys under each, created in that one
-// transaction: one create revision, its fence (docs/leases.md §2.1 item 9).
-//
-// With Supersede or Replace the same transaction removes the live older
-// waiting tickets of the key that share a limit (compare-and-delete on the
-// revisions read, tombstones naming the successor) and asks the held ones
-// to stop (their keys rewritten on the revisions read, keeping their
-// lease), and a compare that no ticket joined its limits since the read
-// makes that "every older ticket" (docs/leases.md §2.1 item 10). The step
-// is planned whole before anything is written, so MaxWaiting refuses
-// (QueueFullError, on a linearizable read) with nothing written.
-//
-// When the removals and stop requests do not fit in one transaction with
-// the ticket (some twenty waiters of the key), the ticket is written first,
-// marked (rec.Superseding), with its Replaces and as many of them as fit,
-// the stop requests first; a compare that no ticket of its limits was
-// admitted since the read keeps Replaces whole. Every settle then carries
-// on, the enqueue's own at once: it removes the older waiting tickets of
-// the key that share a limit with a marked ticket (tombstones naming it),
-// asks the held ones it replaces to stop, and clears the mark in the
-// transaction that does the last of it (plan.supersede). While the mark
-// stands those waiters are never admitted: a settle plans as if they were
-// gone, as the enqueue did. A waiter removed late frees no slot, and its
-// job never ran. So whichever transaction fails (the store goes away, the
-// caller gives up, the process dies), the key keeps its older runs, or the
-// new ticket and perhaps some older waiters that the next settle of the
-// limit supersedes (a renewal of the marked ticket settles, wherever it
-// waits): a run is never superseded or stopped for a ticket that was never
-// written. Once the first transaction commits, Enqueue returns the ticket
-// even if the rest fails.
+// transaction: one create revision, its fence.
 func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ticket, error) {
 	if s.closed.Load() {
 		return store.Ticket{}, s.errClosed()
@@ -65,52 +37,64 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 	if err := req.Check(); err != nil {
 		return store.Ticket{}, err
 	}
-	names := req.Names()
-	if err := checkFits(names, req.Weight); err != nil {
+	if err := checkFits(req.Names(), req.Weight); err != nil {
 		return store.Ticket{}, err
 	}
-	start := time.Now()
-	// The lease and a first (serializable, so cheap) read of the limits at
-	// once: the transaction's compares make up for a stale read.
 	firstRead := make(chan enqueueRead, 1)
 	go func() {
 		st, b, err := s.readFirst(ctx, req)
 		firstRead <- enqueueRead{st: st, err: err, behind: b}
 	}()
-	sent := s.leases.now()
-	known := s.term.Load() // at most the term the grant commits in
-	// A grant whose answer was lost is retried by etcd's client: the
-	// lease granted unseen is never used and expires by its TTL.
-	cctx, cancel := s.ctx(ctx)
-	g, err := s.c.Grant(cctx, leaseTTL(req.TTL))
-	cancel()
+	g := &freshLease{}
+	defer g.release(ctx, s)
+	_, _, err := g.get(ctx, s, req.TTL)
 	read := <-firstRead
 	if err != nil {
-		return store.Ticket{}, s.unavailable(err, false)
+		return store.Ticket{}, err
 	}
-	s.answered()
-	q := &enqueuing{s: s, req: req, names: names, lease: int64(g.ID), sent: sent,
-		term: grantTerm(known, g.ResponseHeader)}
-	s.leases.acked(q.lease, sent, time.Duration(g.TTL)*time.Second)
-	defer func() {
-		if !q.used {
-			s.leases.forget(q.lease)
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-			_, _ = s.c.Revoke(rctx, g.ID)
-			cancel()
-		}
-	}()
-
 	if read.behind != nil {
 		// Behind a live waiter: the end of the queue, no settle (light.go).
-		if t, ok := s.enqueueBehind(ctx, req, q.lease, q.term, *read.behind); ok {
-			q.used = true
-			q.refreshIfSlow(ctx)
+		if t, ok := s.enqueueBehind(ctx, req, g.lease, g.term, *read.behind); ok {
+			g.used = true
+			s.refreshIfSlow(ctx, g)
 			return t, nil
 		}
-		read.st, read.err = s.read(ctx, names, req.ID, false)
 	}
-	return q.commitTicket(ctx, start, read.st, read.err)
+	if read.err != nil || read.behind != nil {
+		read.st = nil // the step reads for itself
+	}
+	out, err := s.pol.Enqueue(withSeed(ctx, read.st, req.ID, g), req)
+	if errors.Is(err, store.ErrQueueFull) && read.st != nil {
+		// Refused on the first, serializable read: a refusal stands only
+		// on a current one.
+		out, err = s.pol.Enqueue(ctx, req)
+	}
+	if err != nil {
+		return store.Ticket{}, err
+	}
+	if g.used {
+		s.refreshIfSlow(ctx, g)
+	}
+	s.mu.Lock()
+	_, known := s.known[req.ID]
+	s.mu.Unlock()
+	if !known {
+		// A retry found its ticket (an earlier answer lost): its bell
+		// learns where it is.
+		if _, err := s.readKnown(ctx, req.ID); err == nil {
+			s.ring(req.ID, out.Names(), out.State == store.Held, 0)
+		}
+	}
+	return out, nil
+}
+
+// refreshIfSlow restarts the lease when it was granted well before the
+// ticket was written, so that the ticket has its whole TTL from its
+// creation. (A failure is the renewer's to find.)
+func (s *Store) refreshIfSlow(ctx context.Context, g *freshLease) {
+	if s.leases.now()-g.sent > 20*time.Millisecond {
+		s.refresh(ctx, g.lease)
+	}
 }
 
 // enqueueRead is Enqueue's first read of the limits, made while the lease
@@ -119,375 +103,6 @@ type enqueueRead struct {
 	st     *lstate
 	err    error
 	behind *behind // the light path's read (light.go), instead of st
-}
-
-// enqueuing is one Enqueue after its lease is granted: the request, the
-// lease, and what its latest plan found or wrote.
-type enqueuing struct {
-	s     *Store
-	req   store.EnqueueRequest
-	names []string
-	lease int64
-	term  uint64
-	sent  time.Duration // when the lease grant was sent (leases.now)
-	used  bool          // the lease is the ticket's: not revoked on return
-
-	ticket *entry  // the ticket the latest plan writes
-	found  *lstate // the state in which the latest plan found the id taken
-}
-
-// refreshIfSlow restarts the lease when it was granted well before the
-// ticket was written, so that the ticket has its whole TTL from its
-// creation. (A failure is the renewer's to find.)
-func (q *enqueuing) refreshIfSlow(ctx context.Context) {
-	if q.s.leases.now()-q.sent > 20*time.Millisecond {
-		q.s.refresh(ctx, q.lease)
-	}
-}
-
-// commitTicket plans and commits the ticket on st (or on a new read after
-// err), retrying while an outcome is unknown.
-func (q *enqueuing) commitTicket(ctx context.Context, start time.Time, st *lstate, err error) (store.Ticket, error) {
-	s := q.s
-	linear := false // st was read linearizably
-	if err == nil {
-		st, err = q.supersedeFirst(ctx, st) // mutation (test-only): removals before the ticket
-	}
-	for {
-		if err != nil {
-			// A lost answer (or a lost read) is retried for as long as one
-			// request may take: a create that landed is then found by its id.
-			if !unknownOutcome(err) || !s.again(ctx, start) {
-				return store.Ticket{}, err
-			}
-			st, err = s.read(ctx, q.names, q.req.ID, false)
-			continue
-		}
-		p, resp, cerr := s.commit(ctx, st, q.req.ID, q.plan)
-		if cerr != nil && errors.Is(cerr, store.ErrQueueFull) && !linear {
-			// Refused on the first, serializable read: a refusal stands
-			// only on a current one.
-			linear = true
-			st, err = s.read(ctx, q.names, q.req.ID, false)
-			continue
-		}
-		if cerr != nil {
-			if p == nil {
-				return store.Ticket{}, cerr // refused, or gave up on conflicts
-			}
-			err = cerr
-			continue
-		}
-		if resp == nil {
-			t, mine, err := s.existing(ctx, q.found, q.req, q.lease)
-			q.used = q.used || mine
-			return t, err
-		}
-		q.used = true
-		return q.committed(ctx, p, resp.Header.Revision), nil
-	}
-}
-
-// committed answers with the ticket its plan p wrote at revision rev,
-// settling its limits at once when the plan ran out of room.
-func (q *enqueuing) committed(ctx context.Context, p *plan, rev int64) store.Ticket {
-	s, e := q.s, q.ticket
-	e.fence = rev
-	q.refreshIfSlow(ctx)
-	s.afterCommit(p)
-	s.remember(e, rev)
-	s.ring(q.req.ID, q.names, e.r.State == store.Held, rev)
-	if p.full {
-		if nst, err := s.settleLimit(ctx, q.names, q.req.ID); err == nil {
-			if t, ok := s.viewOf(ctx, nst, q.req.ID); ok {
-				return t
-			}
-		}
-	}
-	after := p.after()
-	return s.view(e, s.positionsIn(after, q.names[0], p.now)[e], s.remaining(ctx, q.lease))
-}
-
-// enqueueStep is what one plan of an Enqueue decided before writing.
-type enqueueStep struct {
-	ticket     *entry
-	create     []string // the limits created with the ticket
-	superseded []*entry // older waiting tickets of the key, removed
-	replaced   []*entry // older held tickets of the key, asked to stop
-	// comparedJoins: the plan compares that no ticket joined the limits
-	// since the read.
-	comparedJoins bool
-	settle        policy.SettlePlan
-	settled       []*entry // the entries settle's indexes refer to
-}
-
-// plan builds the ticket's transaction on p (a build of [Store.commit]):
-// it returns errNoCommit when the id is taken already (q.found).
-func (q *enqueuing) plan(p *plan) error {
-	st, req := p.st, q.req
-	if st.idKV != nil {
-		q.found = st
-		return errNoCommit
-	}
-	if err := q.checkSizes(st); err != nil {
-		return err
-	}
-	var step enqueueStep
-	step.create = q.planLimits(p)
-	p.cmp(clientv3.Compare(clientv3.CreateRevision(q.s.k.id(req.ID)), "=", 0))
-	var err error
-	if step.superseded, step.replaced, err = keyed(st, req); err != nil {
-		return err
-	}
-	step.ticket = q.addTicket(st, p.now, step.replaced)
-	q.ticket = step.ticket
-	if req.Supersede || req.Replace || req.MaxWaiting != nil {
-		// The decision covers every ticket of its limits: one created
-		// since the read (an older ticket of its key, a waiter to count)
-		// makes it plan again.
-		step.comparedJoins = true
-		q.compareNoneJoined(p)
-	}
-	// Plan the whole step first, as if the superseded were gone:
-	// max-waiting refuses on it before anything is written.
-	gone := map[*entry]bool{}
-	for _, w := range step.superseded {
-		gone[w] = true
-	}
-	step.settle, step.settled = p.planSettle(false, func(x *entry) bool { return !gone[x] })
-	if req.MaxWaiting != nil {
-		if err := queueFull(step.settle, step.settled, step.ticket, q.names, *req.MaxWaiting); err != nil {
-			return err
-		}
-	}
-	return q.write(p, &step)
-}
-
-// checkSizes refuses a request whose slots differ from an existing limit's
-// (CheckSlots), or whose weight does not fit a limit's size.
-func (q *enqueuing) checkSizes(st *lstate) error {
-	req := q.req
-	for _, n := range q.names {
-		if l := st.lim(n); l != nil && req.CheckSlots && l.Slots != req.Slots {
-			return &store.SlotsConflictError{Limit: n, Have: l.Slots, Want: req.Slots}
-		}
-	}
-	for _, n := range q.names {
-		size := req.SizeOf(n)
-		if l := st.lim(n); l != nil {
-			size = l.Slots
-		}
-		if err := store.CheckWeightFits(n, size, req.Weighs()); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// planLimits compares the ticket's limits and returns those the step
-// creates: planned on now, written with the ticket (a refusal creates none).
-func (q *enqueuing) planLimits(p *plan) []string {
-	var create []string
-	for _, n := range q.names {
-		p.compareLimit(n)
-		if p.st.lim(n) == nil {
-			p.st.lims[n].lim = &limitRec{V: formatVersion, Slots: q.req.SizeOf(n), Created: p.now}
-			create = append(create, n)
-		}
-	}
-	return create
-}
-
-// addTicket adds the new ticket, replacing the held tickets replaced, to
-// st and to each of its limits.
-func (q *enqueuing) addTicket(st *lstate, now time.Time, replaced []*entry) *entry {
-	req := q.req
-	r := rec{V: formatVersion, ID: req.ID, Limit: q.names[0], Lease: q.lease, State: store.Waiting,
-		Slot: -1, TTL: req.TTL, Holder: req.Holder, Created: now, Key: req.Key, Term: q.term,
-		Priority: req.Priority, Share: req.Share}
-	if len(q.names) > 1 {
-		r.Limits = slices.Clone(q.names)
-	}
-	if req.Weighs() > 1 {
-		r.Weight = req.Weighs()
-	}
-	for _, h := range replaced {
-		r.Replaces = append(r.Replaces, h.r.ID)
-	}
-	e := &entry{isNew: true, r: r}
-	st.entries = append(st.entries, e)
-	for _, n := range q.names {
-		st.lims[n].entries = append(st.lims[n].entries, e)
-	}
-	return e
-}
-
-// compareNoneJoined compares that no ticket was created under the
-// ticket's limits since the read.
-func (q *enqueuing) compareNoneJoined(p *plan) {
-	for _, n := range q.names {
-		p.cmp(clientv3.Compare(clientv3.CreateRevision(q.s.k.tickets(n)).WithPrefix(), "<", p.st.rev+1))
-	}
-}
-
-// write puts the planned step in p: the limits created, the ticket, the
-// stop requests and removals, and the settle when all of those fit.
-func (q *enqueuing) write(p *plan, step *enqueueStep) error {
-	e := step.ticket
-	reaped := map[*entry]bool{}
-	for _, rm := range step.settle.Remove {
-		reaped[step.settled[rm.Index]] = true
-	}
-	// The ticket first, marked while anything older of its key is left
-	// (see the comment of Enqueue); the room it takes is there in an empty
-	// plan (MaxTicketKeys).
-	e.r.Superseding = len(step.superseded)+len(step.replaced) > 0
-	if c := p.countRoom(q.names); !p.room(ticketKeys(len(q.names), q.req.Weight)+1+len(step.create)+c, 1+2*len(q.names)+c) {
-		return fmt.Errorf("%w: ticket %s does not fit in an etcd transaction", store.ErrInvalid, q.req.ID)
-	}
-	for _, n := range step.create {
-		p.put(q.s.k.limit(n), writeOp{val: encode(*p.st.lims[n].lim)})
-		p.newCounts(n)
-	}
-	p.putNew(e)
-	if !q.stopAndRemove(p, step, reaped) {
-		// The rest is the settles' (p.full: the first one right after this
-		// commit), and admits nobody of it meanwhile: no ticket of its
-		// limits was admitted since the read either, so that Replaces
-		// names every older holder of the key.
-		for _, n := range q.names {
-			p.compareSlots(n)
-		}
-		return nil
-	}
-	if e.r.Superseding {
-		e.r.Superseding = false // all of it in this one transaction
-		p.putNew(e)
-	}
-	if !p.supersede(reaped) {
-		// Another run's unfinished supersede (rec.Superseding) took the
-		// room: the settle after this commit admits.
-		return nil
-	}
-	p.apply(step.settle, step.settled, true)
-	if e.r.State == store.Held && !step.comparedJoins {
-		// Admitted on the strength of its place in the queues: no ticket
-		// may have been created (ahead of it) since the read.
-		q.compareNoneJoined(p)
-	}
-	return nil
-}
-
-// stopAndRemove puts in p the stop requests of the replaced tickets and
-// the removals of the superseded ones (compare-and-delete on what was
-// read, one removal path: tombstone naming the successor, an event in each
-// limit), as many as fit, and reports whether all did. A held ticket the
-// settle removes anyway (reaped, proven dead) is not asked. The stops
-// come first: the new run waits for those.
-func (q *enqueuing) stopAndRemove(p *plan, step *enqueueStep, reaped map[*entry]bool) bool {
-	by := successorOf(q.req)
-	for _, h := range step.replaced {
-		if reaped[h] || h.r.Stop != nil && *h.r.Stop == by {
-			continue
-		}
-		if !p.stop(h, by) {
-			return false
-		}
-	}
-	for _, w := range step.superseded {
-		if !p.removeBy(w, store.Superseded, "superseded by ticket "+q.req.ID, &by) {
-			return false
-		}
-	}
-	return true
-}
-
-// keyed finds the live tickets of req's key sharing one of its limits that
-// its Supersede or Replace acts on (docs/leases.md §2.1 item 10): the
-// waiting ones it supersedes, the held ones it asks to stop (Replace). All
-// are older than the ticket this step creates. Expired ones are the
-// settle's: it removes them in the same step, as reaped.
-func keyed(st *lstate, req store.EnqueueRequest) (sup, held []*entry, err error) {
-	if !req.Supersede && !req.Replace {
-		return nil, nil, nil
-	}
-	names := req.Names()
-	for _, x := range st.entries {
-		if x.isNew || !x.live() || x.r.Key != req.Key || !slices.ContainsFunc(x.r.names(), func(n string) bool { return slices.Contains(names, n) }) {
-			continue
-		}
-		switch {
-		case x.r.State != store.Held:
-			sup = append(sup, x)
-		case req.Replace:
-			held = append(held, x)
-		}
-	}
-	if len(held) > maxReplaces {
-		return nil, nil, fmt.Errorf("%w: ticket %s would replace %d held tickets of key %q: the etcd store replaces at most %d at once", store.ErrInvalid, req.ID, len(held), req.Key, maxReplaces)
-	}
-	return sup, held, nil
-}
-
-// queueFull refuses the new ticket e (EnqueueRequest.MaxWaiting) when the
-// settle sp does not admit it and one of its limits already has max
-// waiting tickets, counted as the step leaves them: without the superseded
-// ones (not in es), the ones it removes and the ones it admits.
-func queueFull(sp policy.SettlePlan, es []*entry, e *entry, names []string, max int) error {
-	out := map[*entry]bool{}
-	for _, a := range sp.Admit {
-		if es[a.Index] == e {
-			return nil
-		}
-		out[es[a.Index]] = true
-	}
-	for _, rm := range sp.Remove {
-		out[es[rm.Index]] = true
-	}
-	for _, n := range names {
-		waiting := 0
-		for _, x := range es {
-			if x != e && !out[x] && x.r.State != store.Held && slices.Contains(x.r.names(), n) {
-				waiting++
-			}
-		}
-		if waiting >= max {
-			return &store.QueueFullError{Limit: n, Waiting: waiting, Max: max}
-		}
-	}
-	return nil
-}
-
-// existing answers an Enqueue of an id that has a key already: the live
-// ticket, unchanged (a retry), or ErrRemoved. mine reports that the ticket
-// uses the caller's new lease (the retry of a create that landed).
-func (s *Store) existing(ctx context.Context, st *lstate, req store.EnqueueRequest, lease int64) (store.Ticket, bool, error) {
-	ir, err := decodeID(req.ID, st.idKV.Value)
-	if err != nil {
-		return store.Ticket{}, false, err
-	}
-	if ir.Removed != "" {
-		return store.Ticket{}, false, fmt.Errorf("%w: ticket %s was %s", store.ErrRemoved, req.ID, ir.Removed)
-	}
-	if e, _ := st.find(req.ID); e == nil || st.lims[ir.Limit] == nil {
-		if st, err = s.readNames(ctx, ir.names(), req.ID, false); err != nil {
-			return store.Ticket{}, false, err
-		}
-	}
-	e, _ := st.find(req.ID)
-	if e == nil {
-		return store.Ticket{}, false, fmt.Errorf("%w: ticket id %s names limit %q, which has no such ticket", store.ErrCorrupt, req.ID, ir.Limit)
-	}
-	s.remember(e, 0)
-	s.ring(req.ID, e.r.names(), false, 0)
-	if e.r.Superseding {
-		// Its first transaction landed, the answer was lost: carry on.
-		if nst, err := s.settleLimit(ctx, e.r.names(), req.ID); err == nil {
-			st = nst
-		}
-	}
-	t, _ := s.viewOf(ctx, st, req.ID)
-	return t, e.r.Lease == lease, nil
 }
 
 // Get implements [store.Store].

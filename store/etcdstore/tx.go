@@ -72,10 +72,18 @@ func (b backend) Update(ctx context.Context, fn func(policy.Tx) error) error {
 		return b.s.errClosed()
 	}
 	g := &freshLease{}
+	sd, _ := ctx.Value(seedKey{}).(*seed)
+	if sd != nil {
+		g = sd.g
+	}
 	defer g.release(ctx, b.s)
 	var r retrier
 	for {
 		t := b.s.newTx(ctx, g, true)
+		if sd != nil && !sd.used {
+			sd.used = true
+			t.seed(sd)
+		}
 		err := fn(t)
 		if err == nil {
 			err = t.commit()
@@ -120,7 +128,8 @@ func withRevokeWait(ctx context.Context) context.Context {
 type freshLease struct {
 	lease int64
 	term  uint64
-	used  bool // committed, or perhaps (an answer lost): never revoked
+	sent  time.Duration // when the grant was sent (leaseClock.now)
+	used  bool          // committed, or perhaps (an answer lost): never revoked
 }
 
 func (g *freshLease) get(ctx context.Context, s *Store, ttl time.Duration) (int64, uint64, error) {
@@ -136,7 +145,7 @@ func (g *freshLease) get(ctx context.Context, s *Store, ttl time.Duration) (int6
 		return 0, 0, s.unavailable(err, false)
 	}
 	s.answered()
-	g.lease, g.term = int64(resp.ID), grantTerm(known, resp.ResponseHeader)
+	g.lease, g.term, g.sent = int64(resp.ID), grantTerm(known, resp.ResponseHeader), sent
 	s.leases.acked(g.lease, sent, time.Duration(resp.TTL)*time.Second)
 	return g.lease, g.term, nil
 }
@@ -149,6 +158,23 @@ func (g *freshLease) release(ctx context.Context, s *Store) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
 	_, _ = s.c.Revoke(rctx, clientv3.LeaseID(g.lease))
+	g.lease = 0
+}
+
+// seed is a state read before the step (Enqueue's first read, beside its
+// lease grant) and that lease: the first step of an Update starts from
+// them, with no read of its own.
+type seed struct {
+	st   *lstate // nil: none
+	id   string  // the id whose key st read
+	g    *freshLease
+	used bool
+}
+
+type seedKey struct{}
+
+func withSeed(ctx context.Context, st *lstate, id string, g *freshLease) context.Context {
+	return context.WithValue(ctx, seedKey{}, &seed{st: st, id: id, g: g})
 }
 
 // etx is one step.
@@ -185,6 +211,17 @@ func (s *Store) newTx(ctx context.Context, g *freshLease, write bool) *etx {
 	return &etx{s: s, ctx: ctx, g: g, now: policy.Instant{Boot: etcdBoot, Mono: proc.Boottime(), Wall: time.Now()},
 		ids: map[string]*mvccpb.KeyValue{}, limW: map[string]*policy.LimitRec{}, recW: map[string]*policy.Rec{},
 		tombs: map[string]policy.Tomb{}, counts: map[string]store.Counts{}}
+}
+
+// seed starts the step from sd's state.
+func (t *etx) seed(sd *seed) {
+	if sd.st == nil {
+		return
+	}
+	t.st = sd.st
+	t.p = t.s.newPlan(t.st)
+	t.p.now = t.now.Wall
+	t.ids[sd.id] = sd.st.idKV
 }
 
 func (t *etx) Now() policy.Instant      { return t.now }
@@ -436,7 +473,7 @@ func (t *etx) recOf(e *entry) policy.Rec {
 	r := &e.r
 	out := policy.Rec{ID: r.ID, Limit: r.Limit, State: r.State, Fence: uint64(e.fence), Slot: r.Slot, TTL: r.TTL,
 		DeadlineBoot: etcdBoot, DeadlineMono: t.now.Mono, Created: r.Created, Admitted: r.Admitted, Holder: r.Holder,
-		Key: r.Key, Replaces: slices.Clone(r.Replaces), Priority: r.Priority, Share: r.Share}
+		Key: r.Key, Replaces: slices.Clone(r.Replaces), Priority: r.Priority, Share: r.Share, Superseding: r.Superseding}
 	if r.Stop != nil {
 		stop := *r.Stop
 		out.Stop = &stop

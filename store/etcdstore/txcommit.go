@@ -225,7 +225,7 @@ func (t *etx) compileLimits(p *plan) (created []string) {
 func recFrom(w *policy.Rec, side rec) rec {
 	r := rec{V: side.V, ID: w.ID, Limit: w.Limit, Lease: side.Lease, State: w.State, Slot: w.Slot, TTL: w.TTL,
 		Holder: w.Holder, Created: w.Created, Admitted: w.Admitted, Key: w.Key, Stop: w.Stop, Priority: w.Priority,
-		Share: w.Share, Superseding: side.Superseding, Term: side.Term, Hold: side.Hold}
+		Share: w.Share, Superseding: w.Superseding, Term: side.Term, Hold: side.Hold}
 	if r.V == 0 {
 		r.V = formatVersion
 	}
@@ -265,6 +265,12 @@ func (t *etx) putFresh(p *plan, w *policy.Rec, dry bool) error {
 		p.cmp(clientv3.Compare(clientv3.CreateRevision(t.s.k.tickets(n)).WithPrefix(), "<", t.st.rev+1))
 	}
 	p.putNew(e)
+	if e.r.Superseding {
+		// Its Replaces names every older holder of its key: none admitted since the read.
+		for _, n := range names {
+			p.compareSlots(n)
+		}
+	}
 	if e.r.State == store.Held {
 		for _, n := range names {
 			t.compareAdmission(p, n)

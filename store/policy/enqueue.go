@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -13,6 +14,11 @@ import (
 func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ticket, error) {
 	if err := req.Check(); err != nil {
 		return store.Ticket{}, err
+	}
+	if req.Supersede && s.o.Mutations.Has(mutation.SupersedeFirst) { // mutation (test-only): the supersede in a step of its own, first
+		if err := s.update(ctx, func(x *step) error { return x.mutSupersedeFirst(req) }); err != nil {
+			return store.Ticket{}, err
+		}
 	}
 	var out store.Ticket
 	var tx Tx
@@ -73,6 +79,15 @@ func (x *step) enqueue(req store.EnqueueRequest) (store.Ticket, error) {
 	if req.Supersede || req.Replace {
 		if recs, err = x.supersede(recs, r, req); err != nil {
 			return store.Ticket{}, err
+		}
+		if x.full {
+			// The settles after this step carry the supersede on first.
+			x.more = lnames
+			out, _ := x.viewIn(recs, req.ID)
+			if req.MaxWaiting != nil {
+				return out, queueFull(recs, r, *req.MaxWaiting)
+			}
+			return out, nil
 		}
 	}
 	if recs, _, err = x.settleOn(recs, lnames, false, req.ID); err != nil {
@@ -152,21 +167,26 @@ func queueFull(recs []Rec, r Rec, max int) error {
 // limit with it is removed as Superseded; with Replace every such held
 // ticket gets a stop request naming r, and r waits for them (Replaces).
 // Held tickets are never removed. It returns recs as they are now.
+//
+// On a backend whose steps are bounded (Bounded) and too small for all of
+// it, r is written marked (Rec.Superseding) with its whole Replaces, the
+// stop requests first, then as many removals as fit: the settles after
+// carry on (carryOn) and admit none of those waiters meanwhile. Whichever
+// step fails, no run is stopped or superseded for a ticket that was never
+// written.
 func (x *step) supersede(recs []Rec, r Rec, req store.EnqueueRequest) ([]Rec, error) {
 	if len(req.Holder.Host) > MaxHost || !store.IsPrintable(req.Holder.Host) {
 		return nil, fmt.Errorf("%w: host %q: want at most %d printable characters", store.ErrInvalid, req.Holder.Host, MaxHost)
 	}
 	by := store.SuccessorOf(store.Ticket{ID: r.ID, Holder: r.Holder})
 	self := -1
-	live := recs[:0:0]
-	for _, o := range recs {
+	var stop, drop []int // the held tickets asked to stop, the waiting ones removed
+	for i, o := range recs {
 		if o.Fence == r.Fence {
-			self = len(live)
-			live = append(live, o)
+			self = i
 			continue
 		}
 		if o.Key != r.Key || o.Fence > r.Fence || !slices.ContainsFunc(r.Names(), o.Has) {
-			live = append(live, o)
 			continue
 		}
 		held := o.State == store.Held
@@ -175,34 +195,134 @@ func (x *step) supersede(recs []Rec, r Rec, req store.EnqueueRequest) ([]Rec, er
 		}
 		switch {
 		case !held:
-			if err := x.remove(o, store.Superseded, "", &by); err != nil {
-				return nil, err
-			}
+			drop = append(drop, i)
 		case req.Replace:
-			stop := by
-			o.Stop = &stop // a newer replace overwrites an older one's request
-			if err := x.put(o); err != nil {
-				return nil, err
-			}
-			if err := x.log(eventOf{kind: "replaced", by: r.ID}, o); err != nil {
-				return nil, err
-			}
-			x.tx.Ring(o) // its holder keeps its bell open while the job runs
+			stop = append(stop, i)
 			r.Replaces = append(r.Replaces, o.ID)
-			live = append(live, o)
-		default:
-			live = append(live, o)
 		}
 	}
 	if len(r.Replaces) > MaxReplaces {
 		return nil, fmt.Errorf("%w: --replace would stop %d running tickets of key %q: at most %d", store.ErrInvalid, len(r.Replaces), r.Key, MaxReplaces)
 	}
-	if len(r.Replaces) > 0 && self >= 0 {
-		me := &live[self] // as read back, so that the settle writes what it read
-		me.Replaces = r.Replaces
+	gone := make([]bool, len(recs))
+	for _, i := range stop {
+		if !x.fits(recs[i]) {
+			x.full = true
+			break
+		}
+		if err := x.stop(&recs[i], by); err != nil {
+			return nil, err
+		}
+	}
+	for _, i := range drop {
+		if x.full || !x.fits(recs[i]) {
+			x.full = true
+			break
+		}
+		if err := x.remove(recs[i], store.Superseded, "", &by); err != nil {
+			return nil, err
+		}
+		gone[i] = true
+	}
+	if (len(r.Replaces) > 0 || x.full) && self >= 0 {
+		me := &recs[self] // as read back, so that the settle writes what it read
+		me.Replaces, me.Superseding = r.Replaces, x.full
 		if err := x.put(*me); err != nil {
 			return nil, err
 		}
 	}
-	return live, nil
+	return x.unapplied(recs, gone), nil
+}
+
+// stop asks the held ticket o to stop for the newer run by (--replace):
+// a newer replace overwrites an older one's request.
+func (x *step) stop(o *Rec, by store.Successor) error {
+	stop := by
+	o.Stop = &stop
+	if err := x.put(*o); err != nil {
+		return err
+	}
+	if err := x.log(eventOf{kind: "replaced", by: by.Ticket}, *o); err != nil {
+		return err
+	}
+	x.tx.Ring(*o) // its holder keeps its bell open while the job runs
+	return nil
+}
+
+// carryOn goes on with the supersedes that did not fit in their
+// enqueue's step (Rec.Superseding), newest first (a newer one removes an
+// older marked one): as the enqueue does, it removes the older waiting
+// tickets of the marked one's key sharing one of its limits, and asks the
+// held ones it Replaces to stop unless it or another live run did
+// already; once nothing is left it clears the mark. A ticket whose lease
+// is over supersedes nothing more. Out of room (x.full), the settle must
+// admit nothing: those waiters are not gone yet.
+func (x *step) carryOn(recs []Rec) ([]Rec, error) {
+	var marked []int
+	for i, m := range recs {
+		if m.Superseding && x.expiry(m) == "" {
+			marked = append(marked, i)
+		}
+	}
+	if len(marked) == 0 {
+		return recs, nil
+	}
+	slices.SortFunc(marked, func(a, b int) int { return cmp.Compare(recs[b].Fence, recs[a].Fence) })
+	gone := make([]bool, len(recs))
+	lives := func(id string) bool {
+		i := slices.IndexFunc(recs, func(o Rec) bool { return o.ID == id })
+		return i >= 0 && !gone[i] && x.expiry(recs[i]) == ""
+	}
+	for _, mi := range marked {
+		if gone[mi] {
+			continue // superseded by a newer one here
+		}
+		m := recs[mi]
+		by := store.SuccessorOf(store.Ticket{ID: m.ID, Holder: m.Holder})
+		for i, o := range recs {
+			if gone[i] || !x.supersedes(m, o) {
+				continue
+			}
+			if !x.fits(o) {
+				x.full = true
+				return x.unapplied(recs, gone), nil
+			}
+			if err := x.remove(o, store.Superseded, "", &by); err != nil {
+				return nil, err
+			}
+			gone[i] = true
+		}
+		for _, id := range m.Replaces {
+			hi := slices.IndexFunc(recs, func(o Rec) bool { return o.ID == id })
+			if hi < 0 || gone[hi] || recs[hi].State != store.Held || x.expiry(recs[hi]) != "" {
+				continue
+			}
+			if st := recs[hi].Stop; st != nil && (st.Ticket == m.ID || lives(st.Ticket)) {
+				continue
+			}
+			if !x.fits(recs[hi]) {
+				x.full = true
+				return x.unapplied(recs, gone), nil
+			}
+			if err := x.stop(&recs[hi], by); err != nil {
+				return nil, err
+			}
+		}
+		if !x.fits(m) {
+			x.full = true
+			return x.unapplied(recs, gone), nil
+		}
+		recs[mi].Superseding = false
+		if err := x.put(recs[mi]); err != nil {
+			return nil, err
+		}
+	}
+	return x.unapplied(recs, gone), nil
+}
+
+// supersedes reports whether the marked ticket m supersedes o: o is an
+// older live waiting ticket of m's key sharing one of its limits.
+func (x *step) supersedes(m, o Rec) bool {
+	return o.Fence < m.Fence && o.State == store.Waiting && o.Key == m.Key &&
+		slices.ContainsFunc(m.Names(), o.Has) && x.expiry(o) == ""
 }

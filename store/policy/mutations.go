@@ -150,3 +150,26 @@ func (x *step) mutBlindReap(limit string, removed []store.Removal) error {
 	}
 	return nil
 }
+
+// mutSupersedeFirst removes the older waiting tickets of req's key that
+// share a limit with it in a step of their own, before the step that
+// writes req's ticket: a newer run waits for older ones while a crash
+// between the two steps leaves neither (mutation.SupersedeFirst).
+func (x *step) mutSupersedeFirst(req store.EnqueueRequest) error {
+	recs, _, err := x.gather(req.Names())
+	if err != nil {
+		return err
+	}
+	by := store.SuccessorOf(store.Ticket{ID: req.ID, Holder: req.Holder})
+	for _, o := range recs {
+		if o.Key == req.Key && o.State == store.Waiting && slices.ContainsFunc(req.Names(), o.Has) {
+			if !x.fits(o) {
+				return nil
+			}
+			if err := x.remove(o, store.Superseded, "superseded by ticket "+req.ID, &by); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

@@ -37,8 +37,9 @@ func (s *Store) Reap(ctx context.Context, o store.ReapOptions) ([]store.Removal,
 			lost = append(lost[:0], removed...)
 		}
 		removed = removed[:0]
-		recs, in, err := x.reapInput(o.Limits)
-		if err != nil {
+		recs, in, err := x.reapInput(o.Limits, o.DryRun)
+		if err != nil || x.full {
+			full = x.full // an unfinished supersede took the room
 			return err
 		}
 		if o.DryRun {
@@ -95,7 +96,7 @@ func (s *Store) Reap(ctx context.Context, o store.ReapOptions) ([]store.Removal,
 // reapInput is the planner's input of a reap of limits (all when none): the
 // closure of the swept limits, every swept ticket judged (All), the others
 // left alone.
-func (x *step) reapInput(limits []string) ([]Rec, SettleInput, error) {
+func (x *step) reapInput(limits []string, dry bool) ([]Rec, SettleInput, error) {
 	names, err := x.limitNames(limits)
 	if err != nil {
 		return nil, SettleInput{}, err
@@ -110,6 +111,11 @@ func (x *step) reapInput(limits []string) ([]Rec, SettleInput, error) {
 	recs, lnames, err := x.gather(names)
 	if err != nil {
 		return nil, SettleInput{}, err
+	}
+	if !dry {
+		if recs, err = x.carryOn(recs); err != nil || x.full {
+			return nil, SettleInput{}, err
+		}
 	}
 	in, err := x.planInput(recs, lnames)
 	if err != nil {

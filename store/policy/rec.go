@@ -51,6 +51,10 @@ type Rec struct {
 	// Priority and Share order it in limits whose policy asks for them.
 	Priority int    `json:"priority,omitempty"`
 	Share    string `json:"share,omitempty"`
+	// Superseding marks a ticket whose supersede did not fit in its
+	// enqueue's step (a bounded backend's, Bounded): every settle carries
+	// it on (carryOn) until nothing of it is left.
+	Superseding bool `json:"superseding,omitempty"`
 }
 
 // A LimitRec is one limit as a backend stores it.

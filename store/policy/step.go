@@ -258,6 +258,14 @@ func (x *step) settle(limits []string, all bool) ([]Rec, []store.Removal, error)
 // this very step wrote: its enqueuer is alive by definition, so it is
 // neither judged nor removed.
 func (x *step) settleOn(recs []Rec, names []string, all bool, fresh string) ([]Rec, []store.Removal, error) {
+	recs, err := x.carryOn(recs)
+	if err != nil {
+		return nil, nil, err
+	}
+	if x.full {
+		x.more = names
+		return recs, nil, nil
+	}
 	in, err := x.planInput(recs, names)
 	if err != nil {
 		return nil, nil, err
