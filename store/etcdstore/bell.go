@@ -224,7 +224,7 @@ func (b *bell) follow(names []string) {
 			// revision, so that a settle with nothing to do does not spin.
 			if settled < st.rev {
 				settled = st.rev
-				if _, err := b.s.settleState(b.ctx, st, ""); err == nil {
+				if _, _, err := b.s.pol.Settle(b.ctx, names, ""); err == nil {
 					continue
 				}
 			}

@@ -384,7 +384,7 @@ func (s *Store) takeHold(ctx context.Context, id string, k known) (nk known, hel
 	// Only an election since its grant makes a hold: otherwise the loss
 	// stands, and the renewal writes nothing.
 	if e := st.byID[id]; e != nil && e.fence == k.fence && !e.live() && !e.onHold() && e.r.Hold == 0 && s.term.Load() > e.r.Term {
-		if _, err := s.settleState(ctx, st, id); err != nil {
+		if _, _, err := s.pol.Settle(ctx, names, ""); err != nil {
 			return k, false, err
 		}
 		if st, err = s.read(ctx, names, id, false); err != nil {
@@ -449,14 +449,16 @@ func (s *Store) renewed(ctx context.Context, k known, id string, confirm func(te
 	if fifo && len(e.r.names()) == 1 && ahead >= slots && rs[4].Count <= rs[3].Count && !e.r.Superseding {
 		return s.view(e, ahead+1, max(rem, time.Millisecond)), nil
 	}
-	st, err := s.read(ctx, e.r.names(), id, false)
+	out, ok, err := s.pol.Settle(ctx, e.r.names(), id)
 	if err != nil {
-		return store.Ticket{}, err
+		// Not settled: the ticket as it stands (the next renewal settles).
+		if out, err = s.pol.Get(ctx, id); err == nil {
+			return out, nil
+		}
+		if !errors.Is(err, store.ErrNotFound) {
+			return store.Ticket{}, err
+		}
 	}
-	if nst, err := s.settleState(ctx, st, id); err == nil {
-		st = nst
-	}
-	out, ok := s.viewOf(ctx, st, id)
 	if !ok {
 		return store.Ticket{}, s.lostWhy(ctx, id, fmt.Errorf("%w: ticket %s was removed", store.ErrLost, id))
 	}
@@ -1004,37 +1006,11 @@ func (s *Store) RemoveLimit(ctx context.Context, name string, force bool) error 
 // limits) and settles the limits that frees. A dry run lists the same,
 // removing nothing.
 func (s *Store) Reap(ctx context.Context, o store.ReapOptions) ([]store.Removal, error) {
-	if s.closed.Load() {
-		return nil, s.errClosed()
+	removed, err := s.pol.Reap(withRevokeWait(ctx), o)
+	if err == nil {
+		s.trimEvents(ctx)
 	}
-	dryRun, limits := o.DryRun, o.Limits
-	for _, l := range limits {
-		if err := store.CheckLimitName(l); err != nil {
-			return nil, err
-		}
-	}
-	names, err := s.limitNames(ctx, limits)
-	if err != nil {
-		return nil, err
-	}
-	removed := []store.Removal{}
-	for _, name := range names {
-		if dryRun {
-			rm, err := s.reapDry(ctx, name, removed)
-			if err != nil {
-				return nil, err
-			}
-			removed = append(removed, rm...)
-			continue
-		}
-		rm, err := s.reapLimit(ctx, name)
-		if err != nil {
-			return nil, err
-		}
-		removed = append(removed, rm...)
-	}
-	s.trimEvents(ctx)
-	return removed, nil
+	return removed, err
 }
 
 // reapLimit sweeps limit name (and the tickets naming it, from all their

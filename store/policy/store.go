@@ -685,3 +685,32 @@ func (s *Store) Counts(ctx context.Context, limits ...string) ([]store.Counts, e
 	})
 	return out, err
 }
+
+// Settle sweeps limits and admits their waiters (and the closure of the
+// limits their tickets name), as every write that can free or add
+// capacity does in its own step. A backend whose own paths change the
+// store without the rules calls it: etcd's renewal is a keep-alive, and a
+// lease its server expires frees a slot unseen. With id, t is that ticket
+// as it then stands (found false: it is gone).
+func (s *Store) Settle(ctx context.Context, limits []string, id string) (t store.Ticket, found bool, err error) {
+	for _, l := range limits {
+		if err := store.CheckLimitName(l); err != nil {
+			return store.Ticket{}, false, err
+		}
+	}
+	more, err := s.updateMore(ctx, func(x *step) error {
+		t, found = store.Ticket{}, false
+		recs, _, err := x.settle(limits, false)
+		if err == nil && id != "" {
+			t, found = x.viewIn(recs, id)
+		}
+		return err
+	})
+	if err == nil && more && id != "" {
+		t, err = s.Get(ctx, id)
+		if found = err == nil; errors.Is(err, store.ErrNotFound) {
+			err = nil
+		}
+	}
+	return t, found, err
+}
