@@ -228,40 +228,6 @@ func (p *plan) newCounts(limit string) {
 	}
 }
 
-// readCounted is a state of names' limit and counts keys only, no tickets:
-// what a plan that logs an event of a ticket no longer in them (a holder's
-// late "lost") counts on.
-func (s *Store) readCounted(ctx context.Context, names []string) (*lstate, error) {
-	var ops []clientv3.Op
-	for _, n := range names {
-		ops = append(ops, clientv3.OpGet(s.k.limit(n)), clientv3.OpGet(s.k.counts(n)))
-	}
-	cctx, cancel := s.ctx(ctx)
-	defer cancel()
-	resp, err := s.c.Txn(cctx).Then(ops...).Commit()
-	if err != nil {
-		return nil, s.unavailable(err, false)
-	}
-	s.answered()
-	st := newState(names, resp.Header.Revision)
-	rs := getResponses(resp.Responses)
-	for i, n := range names {
-		ls := &limState{name: n, slots: map[int]*mvccpb.KeyValue{}}
-		if kvs := rs[2*i].Kvs; len(kvs) > 0 {
-			l, err := decodeLimit(n, kvs[0].Value)
-			if err != nil {
-				return nil, err
-			}
-			ls.lim, ls.limKV = &l, kvs[0]
-			if err := addCounts(ls, rs[2*i+1].Kvs); err != nil {
-				return nil, err
-			}
-		}
-		st.lims[n] = ls
-	}
-	return st, nil
-}
-
 // counts is Counts: the limits and their counts read at one revision.
 func (s *Store) counts(ctx context.Context, limits []string) ([]store.Counts, error) {
 	if s.closed.Load() {

@@ -40,7 +40,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"reflect"
 	"slices"
@@ -428,28 +427,6 @@ func repeatable(method string, req any) bool {
 		return true
 	}
 	return false
-}
-
-// again reports, after a write whose outcome is unknown (unknownOutcome),
-// whether the step that began at start may read and try once more: its
-// caller's deadline, or RequestTimeout from start without one, is not
-// reached. It pauses a moment first (jittered), so that during an
-// election the retries are spread over it rather than spent at once.
-func (s *Store) again(ctx context.Context, start time.Time) bool {
-	end := start.Add(s.o.RequestTimeout)
-	if dl, ok := ctx.Deadline(); ok {
-		end = dl
-	}
-	pause := time.Duration(20+rand.IntN(30)) * time.Millisecond
-	if ctx.Err() != nil || time.Until(end) < pause+minAttempt {
-		return false
-	}
-	select {
-	case <-time.After(pause):
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
 
 // sawTerm notes the raft term of an answer (its header's), so that an

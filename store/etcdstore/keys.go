@@ -189,23 +189,6 @@ type idRec struct {
 	By *store.Successor `json:"by,omitempty"`
 }
 
-// successorOf names the run of a request as the successor of the tickets
-// it supersedes or replaces, its host escaped if need be (a record's host
-// is not checked; the successor's is, on decode).
-func successorOf(req store.EnqueueRequest) store.Successor {
-	return successor(req.ID, req.Holder)
-}
-
-// successor is successorOf the ticket id of holder h: the same value from
-// the request and from the record written for it.
-func successor(id string, h store.Holder) store.Successor {
-	by := store.SuccessorOf(store.Ticket{ID: id, Holder: h})
-	if !store.IsPrintable(h.Host) {
-		by.Host = store.Printable(h.Host)
-	}
-	return by
-}
-
 // checkSuccessor holds a stored successor to what a request may name.
 func checkSuccessor(by *store.Successor) error {
 	if err := store.CheckID(by.Ticket); err != nil {

@@ -12,9 +12,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/slotctl/slotctl/internal/mutation"
 	"github.com/slotctl/slotctl/store"
-	"github.com/slotctl/slotctl/store/policy"
 )
 
 // unknownOutcome reports whether a failed write may have committed (its
@@ -488,42 +486,6 @@ func (s *Store) refresh(ctx context.Context, lease int64) {
 	}
 }
 
-// settleLimit reads limits (closed) and settles them.
-func (s *Store) settleLimit(ctx context.Context, names []string, id string) (*lstate, error) {
-	st, err := s.read(ctx, names, id, true)
-	if err != nil {
-		return nil, err
-	}
-	return s.settleState(ctx, st, id)
-}
-
-// settleState sweeps and promotes the limits read as st (see plan.settle),
-// committing only when there is something to do, and returns them as they
-// then stand (id's key read along, when not "").
-func (s *Store) settleState(ctx context.Context, st *lstate, id string) (*lstate, error) {
-	for {
-		p, resp, err := s.commit(ctx, st, id, func(p *plan) error {
-			if p.settle(false); p.empty() {
-				return errNoCommit
-			}
-			return nil
-		})
-		if err != nil {
-			return nil, err
-		}
-		if resp == nil {
-			return p.st, nil
-		}
-		s.afterCommit(p)
-		if !p.full {
-			return p.after(), nil
-		}
-		if st, err = s.read(ctx, st.asked, id, false); err != nil {
-			return nil, err
-		}
-	}
-}
-
 // Release implements [store.Store]: compare-and-delete of the ticket key at
 // the revision read (a stale retry never deletes a newer ticket), the
 // tombstone, the event and the promotion of the next waiters, in one
@@ -567,238 +529,9 @@ func (s *Store) tombstoned(ctx context.Context, id string, why store.Reason) (bo
 	return err == nil && idr != nil && idr.Removed == why, err
 }
 
-// releasing is one Release of a ticket the store has under names.
-type releasing struct {
-	s         *Store
-	t         store.Ticket
-	why       store.Reason
-	uncertain bool // a release was sent whose answer was lost
-	// answer: the outcome when the latest plan found nothing to write.
-	answer func() (bool, error)
-}
-
-// commitRelease plans and commits the release on st (or on a new read
-// after err), retrying while an outcome is unknown.
-func (r *releasing) commitRelease(ctx context.Context, start time.Time, names []string, st *lstate, err error) (bool, error) {
-	s, id := r.s, r.t.ID
-	for {
-		if err != nil {
-			if unknownOutcome(err) && s.again(ctx, start) {
-				st, err = s.read(ctx, names, id, false)
-				continue
-			}
-			return false, err
-		}
-		p, resp, cerr := s.commit(ctx, st, id, func(p *plan) error { return r.plan(ctx, p) })
-		if cerr != nil {
-			if p != nil && unknownOutcome(cerr) && s.again(ctx, start) {
-				// The answer may be lost: look again. If it landed, the
-				// ticket is tombstoned with this reason: nothing is freed
-				// twice. Again and again within the budget (an election
-				// takes a second or two; each attempt a third of the
-				// budget at most: failover.go).
-				r.uncertain = true
-				st, err = s.read(ctx, names, id, false)
-				continue
-			}
-			return false, cerr
-		}
-		if resp == nil {
-			return r.answer()
-		}
-		s.forget(id)
-		s.afterCommit(p)
-		if p.full {
-			_, _ = s.settleLimit(ctx, names, "")
-		}
-		return true, nil
-	}
-}
-
-// plan builds the release on p (a build of [Store.commit]): the removal
-// and the settle, or errNoCommit with r.answer set when the ticket is gone
-// or is not the one asked for (its fence).
-func (r *releasing) plan(ctx context.Context, p *plan) error {
-	s, t, why, st := r.s, r.t, r.why, p.st
-	if st.idKV == nil {
-		r.answer = func() (bool, error) {
-			s.forget(t.ID)
-			return s.releaseAbsent(ctx, t, why, nil)
-		}
-		return errNoCommit
-	}
-	ir, err := decodeID(t.ID, st.idKV.Value)
-	if err != nil {
-		return err
-	}
-	if ir.Removed != "" {
-		r.answer = func() (bool, error) {
-			s.forget(t.ID)
-			if r.uncertain && ir.Removed == why {
-				return true, nil // the lost answer's release landed
-			}
-			return s.releaseAbsent(ctx, t, why, &ir)
-		}
-		return errNoCommit
-	}
-	e, _ := st.find(t.ID)
-	if e == nil {
-		return fmt.Errorf("%w: ticket id %s names limit %q, which has no such ticket", store.ErrCorrupt, t.ID, ir.Limit)
-	}
-	if t.Fence != 0 && uint64(e.fence) != t.Fence {
-		r.answer = func() (bool, error) { return false, nil }
-		return errNoCommit
-	}
-	p.remove(e, why, "")
-	p.settle(false)
-	return nil
-}
-
 // Cancel implements [store.Store]: Release with store.Cancelled.
 func (s *Store) Cancel(ctx context.Context, t store.Ticket) (bool, error) {
 	return s.Release(ctx, t, store.Cancelled)
-}
-
-// releaseAbsent releases an id that is not live: tombstoned already, or
-// never seen (cancel before create: tombstone it so that the create is
-// refused when it lands). With Lost it logs that the holder noticed. It
-// reports true only if the create landed meanwhile and this removed it.
-func (s *Store) releaseAbsent(ctx context.Context, t store.Ticket, why store.Reason, idr *idRec) (bool, error) {
-	lost := why == store.Lost && t.Limit != "" && store.CheckLimits(t.Names()) == nil
-	var rt retrier
-	start := time.Now()
-	for {
-		removed, again, err := s.releaseAbsentOnce(ctx, t, why, idr, lost)
-		if unknownOutcome(err) && s.again(ctx, start) {
-			// Each try reads whether the last one landed (its event, its
-			// tombstone) before it writes.
-			continue
-		}
-		if !again {
-			return removed, err
-		}
-		if err := rt.next(ctx); err != nil {
-			return false, err
-		}
-	}
-}
-
-// releaseAbsentOnce is one try of releaseAbsent; again: the limits' counts
-// changed since they were read (the "lost" is counted on them).
-func (s *Store) releaseAbsentOnce(ctx context.Context, t store.Ticket, why store.Reason, idr *idRec, lost bool) (removed, again bool, err error) {
-	st := newState(nil, 0)
-	recount := s.o.Mutations.Has(mutation.LostRecounted) // mutation (test-only): a repeated "lost" counted again
-	if lost && !recount {
-		// A "lost" logged already (a retried or duplicated request, or the
-		// release that removed the ticket) is not logged again: its event
-		// key would be overwritten, and counted twice.
-		if lost, err = s.lostUnlogged(ctx, t); err != nil {
-			return false, false, err
-		}
-	}
-	if lost {
-		if st, err = s.readCounted(ctx, t.Names()); err != nil {
-			return false, false, err
-		}
-	}
-	p := s.newPlan(st)
-	if lost {
-		for _, n := range t.Names() {
-			if st.lim(n) != nil {
-				p.compareLimit(n) // not removed meanwhile: its counts went with it
-			}
-			if !recount {
-				p.cmp(clientv3.Compare(clientv3.CreateRevision(s.k.event(n, t.ID, string(store.Lost))), "=", 0))
-			}
-		}
-		p.event(string(store.Lost), lostRec(t), int64(t.Fence), "holder presumed its lease lost")
-	}
-	if idr == nil {
-		names := t.Names()
-		if store.CheckLimits(names) != nil {
-			names = []string{""}
-		}
-		p.cmp(clientv3.Compare(clientv3.CreateRevision(s.k.id(t.ID)), "=", 0))
-		p.tombstone(t.ID, names, why, nil)
-	}
-	if p.empty() {
-		return false, false, nil
-	}
-	return s.commitAbsent(ctx, p, t, why, idr)
-}
-
-// lostUnlogged reports whether none of t's limits has logged its "lost"
-// event.
-func (s *Store) lostUnlogged(ctx context.Context, t store.Ticket) (bool, error) {
-	var ops []clientv3.Op
-	for _, n := range t.Names() {
-		ops = append(ops, clientv3.OpGet(s.k.event(n, t.ID, string(store.Lost)), clientv3.WithKeysOnly()))
-	}
-	cctx, cancel := s.ctx(ctx)
-	defer cancel()
-	resp, err := s.c.Txn(cctx).Then(ops...).Commit()
-	if err != nil {
-		return false, s.unavailable(err, false)
-	}
-	s.answered()
-	for _, r := range getResponses(resp.Responses) {
-		if len(r.Kvs) > 0 {
-			return false, nil
-		}
-	}
-	return true, nil
-}
-
-// lostRec is the record the "lost" event of ticket t names, as its holder
-// knew it.
-func lostRec(t store.Ticket) rec {
-	r := rec{ID: t.ID, Limit: t.Names()[0], State: t.State, Slot: t.Slot, Weight: t.Weight, Holder: t.Holder}
-	if len(t.Names()) > 1 {
-		r.Limits = t.Names()
-	}
-	if t.State == store.Held && t.Multi() {
-		r.Indexes = map[string][]int{}
-		for _, n := range t.Names() {
-			r.Indexes[n] = t.In(n)
-		}
-	}
-	return r
-}
-
-// commitAbsent commits releaseAbsentOnce's plan p under the day lease
-// (granted again once if it vanished); when a compare fails it releases
-// the live ticket if its create landed, else reports again.
-func (s *Store) commitAbsent(ctx context.Context, p *plan, t store.Ticket, why store.Reason, idr *idRec) (removed, again bool, err error) {
-	day, err := s.dayLease(ctx, s.dayKV(ctx))
-	if err != nil {
-		return false, false, err
-	}
-	for range 2 {
-		cctx, cancel := s.ctx(ctx)
-		resp, err := s.c.Txn(cctx).If(p.cmps...).Then(p.ops(day)...).Else(clientv3.OpGet(s.k.id(t.ID), clientv3.WithKeysOnly())).Commit()
-		cancel()
-		if err != nil && isLeaseNotFound(err) {
-			s.dropDay(day)
-			if day, err = s.dayLease(ctx, nil); err != nil {
-				return false, false, err
-			}
-			continue
-		}
-		if err != nil {
-			return false, false, s.unavailable(err, false)
-		}
-		s.answered()
-		if !resp.Succeeded {
-			if idr == nil && len(resp.Responses[0].GetResponseRange().Kvs) > 0 {
-				// The create landed meanwhile: release the live ticket.
-				removed, err := s.Release(ctx, store.Ticket{ID: t.ID, Limit: t.Limit, Fence: t.Fence, Holder: t.Holder}, why)
-				return removed, false, err
-			}
-			return false, true, nil
-		}
-		return false, false, nil
-	}
-	return false, false, nil
 }
 
 // dayKV reads P/meta/day-lease (nil when the handle knows its day lease).
@@ -980,17 +713,6 @@ func (s *Store) SetPolicy(ctx context.Context, name string, ch store.PolicyChang
 	return s.pol.SetPolicy(ctx, name, ch)
 }
 
-// limitView is limit name of st as a Snapshot lists it.
-func (s *Store) limitView(st *lstate, name string) store.Limit {
-	var ts []store.Ticket
-	for _, e := range st.queue(name) {
-		ts = append(ts, s.view(e, 0, 0))
-	}
-	snap := store.Snapshot{Now: time.Now()}
-	snap.AddLimit(st.lim(name).view(name), ts)
-	return snap.Limits[0]
-}
-
 // RemoveLimit implements [store.Store]. With force, every ticket naming
 // the limit goes entirely (from all of its limits, docs/leases.md §2.1
 // item 9), and the other limits they named are settled in the same step.
@@ -1011,55 +733,6 @@ func (s *Store) Reap(ctx context.Context, o store.ReapOptions) ([]store.Removal,
 		s.trimEvents(ctx)
 	}
 	return removed, err
-}
-
-// reapLimit sweeps limit name (and the tickets naming it, from all their
-// limits) until nothing is left to remove. After a lost answer it reads
-// and plans again (a reap that landed finds nothing left to remove), and
-// still reports what the lost attempt removed: the tickets it planned to
-// remove that the new read no longer finds.
-func (s *Store) reapLimit(ctx context.Context, name string) ([]store.Removal, error) {
-	var removed, pending []store.Removal
-	start := time.Now()
-	st, err := s.read(ctx, []string{name}, "", true)
-	for {
-		if err != nil {
-			if unknownOutcome(err) && s.again(ctx, start) {
-				st, err = s.read(ctx, []string{name}, "", false)
-				continue
-			}
-			return nil, err
-		}
-		for _, r := range pending {
-			if e, _ := st.find(r.Ticket.ID); e == nil {
-				removed = append(removed, r)
-			}
-		}
-		pending = nil
-		p, resp, cerr := s.commit(ctx, st, "", func(p *plan) error {
-			if p.reap(name); p.empty() {
-				return errNoCommit
-			}
-			return nil
-		})
-		if cerr != nil {
-			if p != nil && unknownOutcome(cerr) && s.again(ctx, start) {
-				pending = p.removed
-				st, err = s.read(ctx, []string{name}, "", false)
-				continue
-			}
-			return nil, cerr
-		}
-		if resp == nil {
-			return removed, nil
-		}
-		s.revokeRemoved(p, true)
-		removed = append(removed, p.removed...)
-		if !p.full {
-			return removed, nil
-		}
-		st, err = s.read(ctx, []string{name}, "", false)
-	}
 }
 
 // limitNames checks that the named limits exist, or lists them all.
@@ -1090,41 +763,6 @@ func (s *Store) limitNames(ctx context.Context, limits []string) ([]string, erro
 		}
 	}
 	return names, nil
-}
-
-// reapDry lists what a reap of the limit would remove now (a ticket
-// already listed, under another limit it names, is not listed again).
-func (s *Store) reapDry(ctx context.Context, name string, listed []store.Removal) ([]store.Removal, error) {
-	st, err := s.read(ctx, []string{name}, "", false)
-	if err != nil {
-		return nil, err
-	}
-	p := s.newPlan(st)
-	in := p.input()
-	in.Judge, in.All, in.DryRun = s.dead, true, true
-	es := p.queued(&in, 0, func(e *entry) bool {
-		return slices.Contains(e.r.names(), name) &&
-			!slices.ContainsFunc(listed, func(r store.Removal) bool { return r.Ticket.ID == e.r.ID })
-	})
-	gone := map[int]string{}
-	for _, rm := range policy.PlanSettle(in).Remove {
-		gone[rm.Index] = rm.Evidence
-	}
-	var out []store.Removal
-	for i, e := range es {
-		t := in.Tickets[i].Ticket
-		if ev, ok := gone[i]; ok {
-			out = append(out, store.Removal{Ticket: t, Reason: store.Reaped, Evidence: ev})
-			continue
-		}
-		if s.o.skew > 0 && e.live() {
-			if rem := s.remaining(ctx, e.r.keyLease()); rem-s.o.skew <= 0 {
-				out = append(out, store.Removal{Ticket: t, Reason: store.Reaped,
-					Evidence: "expired " + ago(s.o.skew-rem) + " ago by this reaper's reading (the server has not expired it)"})
-			}
-		}
-	}
-	return out, nil
 }
 
 // trimEvents keeps the newest MaxEvents events (each also goes after a day).
