@@ -40,6 +40,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"reflect"
 	"slices"
@@ -461,4 +462,26 @@ func (s *Store) sawRaftTerm(t uint64) {
 // leases, and their slots were handed on while their jobs ran.
 func (s *Store) staleTerm(h *pb.ResponseHeader) bool {
 	return h != nil && h.GetRaftTerm() < s.term.Load()
+}
+
+// again reports, after a write whose outcome is unknown (unknownOutcome),
+// whether the step that began at start may read and try once more: its
+// caller's deadline, or RequestTimeout from start without one, is not
+// reached. It pauses a moment first (jittered), so that during an
+// election the retries are spread over it rather than spent at once.
+func (s *Store) again(ctx context.Context, start time.Time) bool {
+	end := start.Add(s.o.RequestTimeout)
+	if dl, ok := ctx.Deadline(); ok {
+		end = dl
+	}
+	pause := time.Duration(20+rand.IntN(30)) * time.Millisecond
+	if ctx.Err() != nil || time.Until(end) < pause+minAttempt {
+		return false
+	}
+	select {
+	case <-time.After(pause):
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }

@@ -454,6 +454,14 @@ func (s *Store) wrote(id string, rev int64) bool {
 	return ok && k.rev >= rev
 }
 
+// knows reports whether this handle remembers ticket id.
+func (s *Store) knows(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.known[id]
+	return ok
+}
+
 func (s *Store) forget(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -78,6 +78,7 @@ func (b backend) Update(ctx context.Context, fn func(policy.Tx) error) error {
 	}
 	defer g.release(ctx, b.s)
 	var r retrier
+	start := time.Now()
 	for {
 		t := b.s.newTx(ctx, g, true)
 		if sd != nil && !sd.used {
@@ -88,6 +89,9 @@ func (b backend) Update(ctx context.Context, fn func(policy.Tx) error) error {
 		if err == nil {
 			err = t.commit()
 		}
+		if t.readFailed && unknownOutcome(err) && !errors.Is(err, policy.ErrUnknownOutcome) && b.s.again(ctx, start) {
+			continue // nothing was written: read again, on another member if need be
+		}
 		if !errors.Is(err, errRetry) {
 			return err
 		}
@@ -97,14 +101,25 @@ func (b backend) Update(ctx context.Context, fn func(policy.Tx) error) error {
 	}
 }
 
+// Again implements policy.Againer: a step whose answer was lost runs
+// again while the request's time lasts (an election takes a second or two).
+func (b backend) Again(ctx context.Context, start time.Time, _ int) bool {
+	return b.s.again(ctx, start)
+}
+
 // View runs fn on one revision.
 func (b backend) View(ctx context.Context, fn func(policy.Tx) error) error {
 	if b.s.closed.Load() {
 		return b.s.errClosed()
 	}
 	var r retrier
+	start := time.Now()
 	for {
-		err := fn(b.s.newTx(ctx, nil, false))
+		t := b.s.newTx(ctx, nil, false)
+		err := fn(t)
+		if t.readFailed && unknownOutcome(err) && b.s.again(ctx, start) {
+			continue
+		}
 		if !errors.Is(err, errRetry) {
 			return err
 		}
@@ -199,6 +214,8 @@ type etx struct {
 	rings     []string
 	unlogged  []string // event keys the step creates, which must still be absent
 	rev       int64    // the revision the step committed at
+	// readFailed: a read got no answer (the step wrote nothing)
+	readFailed bool
 }
 
 var (
@@ -259,6 +276,7 @@ func (t *etx) read(ops ...clientv3.Op) ([]*clientv3.GetResponse, error) {
 		if t.st != nil && compacted(err) {
 			return nil, errRetry
 		}
+		t.readFailed = true
 		return nil, t.s.unavailable(err, false)
 	}
 	t.s.answered()

@@ -102,8 +102,11 @@ func (t *etx) committed(p *plan) {
 		}
 	}
 	for id, w := range t.recW {
-		if w == nil {
+		switch e := t.st.byID[id]; {
+		case w == nil:
 			t.s.forget(id)
+		case id != t.fresh && e != nil && e.tkv != nil && t.s.knows(id):
+			t.s.remember(&entry{r: recFrom(w, e.r), fence: e.fence}, t.rev) // as this step wrote it
 		}
 	}
 	t.s.revokeRemoved(p, t.ctx.Value(revokeWait{}) != nil)

@@ -38,7 +38,7 @@ func (s *Store) update(ctx context.Context, fn func(x *step) error) error {
 // carries on.
 func (s *Store) updateMore(ctx context.Context, fn func(x *step) error) (more bool, err error) {
 	var next []string
-	err = again(ctx, func(retried bool) error {
+	err = s.again(ctx, func(retried bool) error {
 		return s.b.Update(ctx, func(tx Tx) error {
 			x := newStep(tx, s)
 			x.again = retried
@@ -65,20 +65,37 @@ func (s *Store) updateMore(ctx context.Context, fn func(x *step) error) (more bo
 // maxMore bounds the settles after a step out of room.
 const maxMore = 1000
 
-// maxAgain bounds the steps run again after lost answers: a connection cut
-// at each commit is a store that does not answer.
+// maxAgain bounds the steps run again after lost answers on a backend
+// that is no Againer: a connection cut at each commit is a store that does
+// not answer.
 const maxAgain = 3
 
+// An Againer is a Backend that says whether a step whose commit's answer
+// was lost runs again: etcd's, while the request's time lasts (an election
+// takes a second or two). n is how many ran again already.
+type Againer interface {
+	Again(ctx context.Context, start time.Time, n int) bool
+}
+
 // again runs a step, and runs it again while its commit's answer was lost
-// (ErrUnknownOutcome) and ctx lasts: the step reads what the lost one may
-// have done, and each rule finds its own effect there (an enqueue its
-// ticket, a release its tombstone) rather than doing it twice or failing.
-func again(ctx context.Context, run func(retried bool) error) error {
+// (ErrUnknownOutcome) and the backend allows: the step reads what the lost
+// one may have done, and each rule finds its own effect there (an enqueue
+// its ticket, a release its tombstone) rather than doing it twice or
+// failing.
+func (s *Store) again(ctx context.Context, run func(retried bool) error) error {
+	start := time.Now()
 	err := run(false)
-	for n := 0; n < maxAgain && errors.Is(err, ErrUnknownOutcome) && ctx.Err() == nil; n++ {
+	for n := 0; errors.Is(err, ErrUnknownOutcome) && s.runAgain(ctx, start, n); n++ {
 		err = run(true)
 	}
 	return err
+}
+
+func (s *Store) runAgain(ctx context.Context, start time.Time, n int) bool {
+	if a, ok := s.b.(Againer); ok {
+		return a.Again(ctx, start, n)
+	}
+	return n < maxAgain && ctx.Err() == nil
 }
 
 func (s *Store) view(ctx context.Context, fn func(x *step) error) error {
@@ -242,7 +259,7 @@ func (s *Store) renewShared(ctx context.Context, t store.Ticket, ttl time.Durati
 	if !ok || mutation.String(s.o.Mutations) != "" { // planted bugs live on the whole steps' path
 		return store.Ticket{}, false, nil
 	}
-	err = again(ctx, func(bool) error {
+	err = s.again(ctx, func(bool) error {
 		return sh.UpdateShared(ctx, func(tx Tx) error {
 			out, done = store.Ticket{}, false
 			x := newStep(tx, s)
