@@ -92,13 +92,14 @@ const (
 	// limits count it twice (S22). An etcd-only bug: the other stores log
 	// each release as an event of its own.
 	LostRecounted Bug = "lost-recounted"
-	// SupersedeFirst: a superseding enqueue on the etcd store
-	// (store/etcdstore, commitTicket) removes the older waiting tickets of
-	// its key in a transaction before, and apart from, the one that
-	// writes its ticket, so a caller that dies (or gives up) between the
-	// two leaves neither: runs superseded for a ticket that was never
-	// written (S40). Another etcd-only bug: the other stores remove them
-	// in the ticket's transaction, the only one.
+	// SupersedeFirst: a superseding enqueue (store/policy, Store.Enqueue)
+	// removes the older waiting tickets of its key in a step before, and
+	// apart from, the one that writes its ticket, so a caller that dies
+	// (or gives up) between the two leaves neither: runs superseded for a
+	// ticket that was never written (S40). Caught on etcd, whose enqueue
+	// the simulation can kill between two steps; the right rule removes
+	// them in the ticket's own step, or marks the ticket first when they
+	// do not fit in one (Rec.Superseding).
 	SupersedeFirst Bug = "supersede-first"
 
 	// WaiterNotRenewed: the supervisor renews only once admitted, and counts

@@ -21,6 +21,14 @@
 // is refused. The fence is the create revision of the ticket key, and so is
 // the queue order: FIFO is the order of create revisions.
 //
+// The rules are store/policy's, written once for every store: each step
+// of them is an etx (tx.go), which reads the limits the rules ask for at
+// one revision and commits their writes in one transaction that compares
+// what they rest on (txcommit.go). What is etcd's own: the lease granted
+// beside Enqueue's first read, the light paths of a waiter joining or
+// leaving a long queue (light.go), a renewal that is a keep-alive, bells
+// that watch keys, and holds after an election (quarantine.go).
+//
 // A ticket is held when its record says so, which a transaction writes
 // together with its slot key (create-if-absent, the lowest free index
 // below the limit's size). Every write that can free or add capacity
@@ -29,8 +37,8 @@
 // tickets whose lease the server expired (P/records without P/tickets; their
 // slot went with the lease) and of holders proven dead, then promotes the
 // waiters among the first <slots> live tickets. The transaction compares the
-// revisions of everything it read, so a decision made on a stale read never
-// commits: it is retried on the state the failed transaction returned.
+// revisions of what its decision rests on, so a decision made on a stale
+// read never commits: the step runs again on a new read.
 // Release and removal compare the ticket key's revision before deleting, so
 // a stale retry never deletes a newer ticket.
 //

@@ -150,7 +150,7 @@ type rec struct {
 	// transaction: it was written first, with what fit, and every settle
 	// goes on removing the older waiting tickets of its Key that share one
 	// of its limits, and asking those it Replaces to stop, until none is
-	// left; those are never admitted meanwhile (plan.supersede). A reader
+	// left; those are never admitted meanwhile (store/policy: step.carryOn). A reader
 	// that does not know the field only leaves the rest to the newer run.
 	Superseding bool `json:"superseding,omitempty"`
 	// Term is the raft term known when the ticket's lease was granted (at

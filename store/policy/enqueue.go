@@ -85,15 +85,23 @@ func (x *step) enqueue(req store.EnqueueRequest) (store.Ticket, error) {
 			x.more = lnames
 			out, _ := x.viewIn(recs, req.ID)
 			if req.MaxWaiting != nil {
-				return out, queueFull(recs, r, *req.MaxWaiting)
+				// Counted as they will be: without the waiters it supersedes.
+				left := slices.DeleteFunc(slices.Clone(recs), func(o Rec) bool { return o.ID != r.ID && x.supersedes(r, o) })
+				return out, queueFull(left, r, *req.MaxWaiting)
 			}
 			return out, nil
 		}
 	}
-	if recs, _, err = x.settleOn(recs, lnames, false, req.ID); err != nil {
+	settled := recs
+	if settled, _, err = x.settleOn(recs, lnames, false, req.ID); err != nil {
 		return store.Ticket{}, err
 	}
-	out, _ := x.viewIn(recs, req.ID)
+	out, _ := x.viewIn(settled, req.ID)
+	if req.MaxWaiting != nil && x.full {
+		// Cut short: refused or not on the whole settle's plan.
+		return out, x.queueFullPlanned(recs, lnames, r, *req.MaxWaiting)
+	}
+	recs = settled
 	if req.MaxWaiting != nil && out.State == store.Waiting {
 		// Refused: the error rolls back the whole step, the supersede and
 		// the ticket with it.
@@ -159,6 +167,37 @@ func queueFull(recs []Rec, r Rec, max int) error {
 		}
 	}
 	return nil
+}
+
+// queueFullPlanned is queueFull on what the settle of recs (the closure
+// names, before the settle) plans, for a step that could not carry it all
+// out: r admitted is never refused.
+func (x *step) queueFullPlanned(recs []Rec, names []string, r Rec, max int) error {
+	in, err := x.planInput(recs, names)
+	if err != nil {
+		return err
+	}
+	for i := range in.Tickets {
+		in.Tickets[i].Fresh = in.Tickets[i].Ticket.ID == r.ID
+	}
+	plan := PlanSettle(in)
+	out := make([]bool, len(recs))
+	for _, a := range plan.Admit {
+		if recs[a.Index].ID == r.ID {
+			return nil
+		}
+		out[a.Index] = true
+	}
+	for _, rm := range plan.Remove {
+		out[rm.Index] = true
+	}
+	left := recs[:0:0]
+	for i, o := range recs {
+		if !out[i] {
+			left = append(left, o)
+		}
+	}
+	return queueFull(left, r, max)
 }
 
 // supersede carries out req.Supersede and req.Replace for r, the ticket

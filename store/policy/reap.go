@@ -30,6 +30,7 @@ func (s *Store) Reap(ctx context.Context, o store.ReapOptions) ([]store.Removal,
 	}
 	var lost []store.Removal // what a step whose answer was lost removed
 	var all []store.Removal  // what the steps before removed (a step out of room)
+	var after []string       // the limits a step out of room left unsettled
 	full := false
 	step := func(x *step) error {
 		full = false
@@ -63,7 +64,16 @@ func (s *Store) Reap(ctx context.Context, o store.ReapOptions) ([]store.Removal,
 		if err != nil {
 			return err
 		}
-		full = x.full
+		if full = x.full; full {
+			// Once the sweep is done, the limits its tickets named are
+			// settled: a later step's closure no longer reaches the
+			// limits of the tickets removed.
+			for n := range in.Slots {
+				if !slices.Contains(after, n) {
+					after = append(after, n)
+				}
+			}
+		}
 		removed = x.stillGone(lost, append(removed, rm...))
 		if x.o.Mutations.Has(mutation.BlindReap) { // mutation (test-only): free a slot per ticket the scan listed (A2)
 			names, err := x.limitNames(o.Limits)
@@ -88,9 +98,14 @@ func (s *Store) Reap(ctx context.Context, o store.ReapOptions) ([]store.Removal,
 		all = append(all, removed...)
 		removed, lost = removed[:0], nil
 		if !full || o.DryRun || n >= maxMore {
-			return all, nil
+			break
 		}
 	}
+	if len(after) > 0 {
+		slices.Sort(after)
+		_, _, _ = s.Settle(ctx, after, "") // the sweep stands; the next settle carries on
+	}
+	return all, nil
 }
 
 // reapInput is the planner's input of a reap of limits (all when none): the
