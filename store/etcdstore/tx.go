@@ -89,8 +89,11 @@ func (b backend) Update(ctx context.Context, fn func(policy.Tx) error) error {
 		if err == nil {
 			err = t.commit()
 		}
-		if t.readFailed && unknownOutcome(err) && !errors.Is(err, policy.ErrUnknownOutcome) && b.s.again(ctx, start) {
-			continue // nothing was written: read again, on another member if need be
+		if !t.sent && unknownOutcome(err) && b.s.again(ctx, start) {
+			// No answer before the step's transaction was sent (a read, a
+			// lease's grant, the day lease's): nothing of it was
+			// written, so it runs again, on another member if need be.
+			continue
 		}
 		if !errors.Is(err, errRetry) {
 			return err
@@ -117,7 +120,7 @@ func (b backend) View(ctx context.Context, fn func(policy.Tx) error) error {
 	for {
 		t := b.s.newTx(ctx, nil, false)
 		err := fn(t)
-		if t.readFailed && unknownOutcome(err) && b.s.again(ctx, start) {
+		if unknownOutcome(err) && b.s.again(ctx, start) {
 			continue
 		}
 		if !errors.Is(err, errRetry) {
@@ -214,8 +217,8 @@ type etx struct {
 	rings     []string
 	unlogged  []string // event keys the step creates, which must still be absent
 	rev       int64    // the revision the step committed at
-	// readFailed: a read got no answer (the step wrote nothing)
-	readFailed bool
+	// sent: the step's transaction was sent (its answer may be lost)
+	sent bool
 }
 
 var (
@@ -276,7 +279,6 @@ func (t *etx) read(ops ...clientv3.Op) ([]*clientv3.GetResponse, error) {
 		if t.st != nil && compacted(err) {
 			return nil, errRetry
 		}
-		t.readFailed = true
 		return nil, t.s.unavailable(err, false)
 	}
 	t.s.answered()

@@ -50,6 +50,7 @@ func (t *etx) commit() error {
 	}
 	cctx, cancel := t.s.ctx(t.ctx)
 	defer cancel()
+	t.sent = true
 	resp, err := t.s.c.Txn(cctx).If(p.cmps...).Then(p.ops(day)...).Commit()
 	if err != nil {
 		return t.failed(p, day, err)

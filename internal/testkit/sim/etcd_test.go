@@ -15,8 +15,9 @@ import (
 // TestSimEtcd runs the simulation over the etcd store, on one embedded
 // server (a key prefix per run). Its clock is real time (sim.Etcd), so a
 // run is randomized, not replayable, and lasts as long as the time it
-// simulates: the runs go side by side, each mostly asleep. A failure
-// prints its run's trace, not a reduction (a rerun is another run).
+// simulates: the runs go side by side, each mostly asleep. The first
+// failure of each rule prints its run's trace, not a reduction (a rerun is
+// another run).
 //
 // Soak: SLOTCTL_LONG=1 (or SLOTCTL_SIM_ETCD_SEEDS and SLOTCTL_SIM_STEPS).
 func TestSimEtcd(t *testing.T) {
@@ -43,6 +44,7 @@ func TestSimEtcd(t *testing.T) {
 	// rules of the store's clock were judged with a slack wider than it.
 	const shortestMargin = 500 * time.Millisecond
 	failed, loose := 0, 0
+	traced := map[string]bool{} // the rules whose first failure's trace was printed
 	for _, r := range results {
 		s := r.Stats
 		total.Steps += s.Steps
@@ -72,7 +74,8 @@ func TestSimEtcd(t *testing.T) {
 			continue
 		}
 		failed++
-		if failed == 1 {
+		if rule := r.Violation.Rule; !traced[rule] {
+			traced[rule] = true
 			tr := r.Trace
 			if len(tr) > 400 {
 				tr = tr[len(tr)-400:]
