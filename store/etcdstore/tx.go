@@ -218,7 +218,8 @@ type etx struct {
 	unlogged  []string // event keys the step creates, which must still be absent
 	rev       int64    // the revision the step committed at
 	// sent: the step's transaction was sent (its answer may be lost)
-	sent bool
+	sent    bool
+	rewrote map[string]bool // the tickets whose keys the commit writes again
 }
 
 var (
@@ -484,6 +485,11 @@ func (t *etx) Lookup(id string) (policy.Rec, bool, error) {
 	e := t.st.byID[id]
 	if e == nil || !slices.Contains(t.st.queue(names[0]), e) {
 		return policy.Rec{}, false, nil
+	}
+	if t.g != nil && t.g.lease != 0 && e.r.Lease == t.g.lease {
+		// An enqueue whose write landed unanswered (its own, or the light
+		// path's) finds its ticket: the lease is the ticket's now.
+		t.g.used = true
 	}
 	return t.recOf(e), true, nil
 }

@@ -106,7 +106,7 @@ func (t *etx) committed(p *plan) {
 		switch e := t.st.byID[id]; {
 		case w == nil:
 			t.s.forget(id)
-		case id != t.fresh && e != nil && e.tkv != nil && t.s.knows(id):
+		case t.rewrote[id] && e.tkv != nil && t.s.knows(id):
 			t.s.remember(&entry{r: recFrom(w, e.r), fence: e.fence}, t.rev) // as this step wrote it
 		}
 	}
@@ -348,6 +348,10 @@ func (t *etx) rewrite(p *plan, e *entry, w *policy.Rec) error {
 	}
 	id, names := e.r.ID, nr.names()
 	hold := slices.Contains(p.holding, e)
+	if t.rewrote == nil {
+		t.rewrote = map[string]bool{}
+	}
+	t.rewrote[id] = true
 	switch {
 	case e.tkv != nil:
 		p.cmp(clientv3.Compare(clientv3.ModRevision(t.s.k.ticket(e.at, id)), "=", e.tkv.ModRevision))
