@@ -3,6 +3,8 @@ package etcdstore_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -204,5 +206,35 @@ func TestLostLimitRemovalSparesTheNextLimit(t *testing.T) {
 	}
 	if _, err := st.Get(ctx, "old"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("the removed limit's ticket: %v, want not found", err)
+	}
+}
+
+// An enqueue whose write landed but whose answer was lost finds its
+// ticket on the next try, and the ticket keeps the lease the enqueue
+// granted: it renews, it is not revoked as unused. Both paths: the full
+// one (a short queue) and the light one (behind a live waiter in a queue
+// longer than one read takes).
+func TestLostEnqueueAnswerKeepsTheLease(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	ctx := context.Background()
+	for _, c := range []struct {
+		name    string
+		waiters int
+	}{{"full path", 1}, {"light path", 70}} {
+		var l loser
+		st := open(t, srv, etcdstore.Options{DialOptions: []grpc.DialOption{l.option()}, Prefix: "/lostenq/" + strings.ReplaceAll(c.name, " ", "-")})
+		mustEnqueue(t, st, req("h", "l", 1, 10*time.Second), store.Held)
+		for i := range c.waiters {
+			mustEnqueue(t, st, req(fmt.Sprintf("w%03d", i), "l", 1, 10*time.Second), store.Waiting)
+		}
+		l.arm(txnWrites("/tickets/l/new", true))
+		tk, err := st.Enqueue(ctx, req("new", "l", 1, 10*time.Second))
+		if err != nil || l.lost.Load() != 1 {
+			t.Fatalf("%s: Enqueue with its answer lost: %+v, %v (%d answers lost, want 1)", c.name, tk, err, l.lost.Load())
+		}
+		time.Sleep(200 * time.Millisecond) // a revocation of the lease would be sent by now
+		if got, err := st.Renew(ctx, tk, 10*time.Second); err != nil || got.State != store.Waiting {
+			t.Fatalf("%s: Renew of the ticket whose create was unanswered: %+v, %v; want it waiting on its lease", c.name, got, err)
+		}
 	}
 }
