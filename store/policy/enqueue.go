@@ -41,75 +41,96 @@ func (s *Store) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ti
 }
 
 func (x *step) enqueue(req store.EnqueueRequest) (store.Ticket, error) {
-	if t, ok, err := x.tx.Tomb(req.ID); err != nil {
-		return store.Ticket{}, err
-	} else if ok && t.By != nil {
-		return store.Ticket{}, fmt.Errorf("%w: %w", store.ErrRemoved, &store.SupersededError{ID: req.ID, By: *t.By})
-	} else if ok {
-		return store.Ticket{}, fmt.Errorf("%w: ticket %s was %s", store.ErrRemoved, req.ID, t.Reason)
+	if t, ok, err := x.existing(req.ID); err != nil || ok {
+		return t, err
 	}
-	if r, ok, err := x.tx.Lookup(req.ID); err != nil {
-		return store.Ticket{}, err
-	} else if ok {
-		return x.viewOf(r) // a retry of a create that committed: the same ticket, unchanged
-	}
-	names := req.Names()
 	if err := x.makeLimits(req); err != nil {
 		return store.Ticket{}, err
 	}
-	fence, err := x.tx.NextFence()
+	r, err := x.newTicket(req)
 	if err != nil {
 		return store.Ticket{}, err
 	}
+	// The closure of its limits, read once: the supersede decides on these
+	// very records, and the settle plans on what it leaves.
+	recs, lnames, err := x.gather(req.Names())
+	if err != nil {
+		return store.Ticket{}, err
+	}
+	if req.Supersede || req.Replace {
+		if recs, err = x.supersede(recs, r, req); err != nil || x.full {
+			if err != nil {
+				return store.Ticket{}, err
+			}
+			return x.superseding(recs, lnames, r, req)
+		}
+	}
+	settled, _, err := x.settleOn(recs, lnames, false, req.ID)
+	if err != nil {
+		return store.Ticket{}, err
+	}
+	out, _ := x.viewIn(settled, req.ID)
+	switch {
+	case req.MaxWaiting == nil:
+		return out, nil
+	case x.full:
+		// Cut short: refused or not on the whole settle's plan.
+		return out, x.queueFullPlanned(recs, lnames, r, *req.MaxWaiting)
+	case out.State == store.Waiting:
+		// Refused: the error rolls back the whole step, the supersede and
+		// the ticket with it.
+		return out, queueFull(settled, r, *req.MaxWaiting)
+	}
+	return out, nil
+}
+
+// existing answers an enqueue of an id the store has seen: refused once
+// removed, the same ticket, unchanged, while live (a retry of a create
+// that committed). ok is false for a new id.
+func (x *step) existing(id string) (store.Ticket, bool, error) {
+	if t, ok, err := x.tx.Tomb(id); err != nil {
+		return store.Ticket{}, true, err
+	} else if ok && t.By != nil {
+		return store.Ticket{}, true, fmt.Errorf("%w: %w", store.ErrRemoved, &store.SupersededError{ID: id, By: *t.By})
+	} else if ok {
+		return store.Ticket{}, true, fmt.Errorf("%w: ticket %s was %s", store.ErrRemoved, id, t.Reason)
+	}
+	r, ok, err := x.tx.Lookup(id)
+	if err != nil || !ok {
+		return store.Ticket{}, ok, err
+	}
+	t, err := x.viewOf(r)
+	return t, true, err
+}
+
+// newTicket writes req's ticket, waiting.
+func (x *step) newTicket(req store.EnqueueRequest) (Rec, error) {
+	fence, err := x.tx.NextFence()
+	if err != nil {
+		return Rec{}, err
+	}
+	names := req.Names()
 	r := Rec{ID: req.ID, Limit: names[0], Limits: names, Weight: req.Weighs(), State: store.Waiting, Fence: fence, Slot: -1,
 		TTL: req.TTL, Created: x.now.Wall, Holder: req.Holder, BellUID: x.o.BellUID, Key: req.Key,
 		Priority: req.Priority, Share: req.Share,
 		Quiet: x.o.Quiet, // until its settle finds it in line, or admits it
 	}
 	x.extend(&r, req.TTL)
-	if err := x.put(r); err != nil {
-		return store.Ticket{}, err
+	return r, x.put(r)
+}
+
+// superseding answers an enqueue whose supersede did not fit in its step:
+// its ticket is written, marked, and the settles after this step carry the
+// supersede on before they admit. Max-waiting counts its limits as they
+// will be, without the waiters it supersedes.
+func (x *step) superseding(recs []Rec, lnames []string, r Rec, req store.EnqueueRequest) (store.Ticket, error) {
+	x.more = lnames
+	out, _ := x.viewIn(recs, req.ID)
+	if req.MaxWaiting == nil {
+		return out, nil
 	}
-	// The closure of its limits, read once: the supersede decides on these
-	// very records, and the settle plans on what it leaves.
-	recs, lnames, err := x.gather(names)
-	if err != nil {
-		return store.Ticket{}, err
-	}
-	if req.Supersede || req.Replace {
-		if recs, err = x.supersede(recs, r, req); err != nil {
-			return store.Ticket{}, err
-		}
-		if x.full {
-			// The settles after this step carry the supersede on first.
-			x.more = lnames
-			out, _ := x.viewIn(recs, req.ID)
-			if req.MaxWaiting != nil {
-				// Counted as they will be: without the waiters it supersedes.
-				left := slices.DeleteFunc(slices.Clone(recs), func(o Rec) bool { return o.ID != r.ID && x.supersedes(r, o) })
-				return out, queueFull(left, r, *req.MaxWaiting)
-			}
-			return out, nil
-		}
-	}
-	settled := recs
-	if settled, _, err = x.settleOn(recs, lnames, false, req.ID); err != nil {
-		return store.Ticket{}, err
-	}
-	out, _ := x.viewIn(settled, req.ID)
-	if req.MaxWaiting != nil && x.full {
-		// Cut short: refused or not on the whole settle's plan.
-		return out, x.queueFullPlanned(recs, lnames, r, *req.MaxWaiting)
-	}
-	recs = settled
-	if req.MaxWaiting != nil && out.State == store.Waiting {
-		// Refused: the error rolls back the whole step, the supersede and
-		// the ticket with it.
-		if err := queueFull(recs, r, *req.MaxWaiting); err != nil {
-			return store.Ticket{}, err
-		}
-	}
-	return out, nil
+	left := slices.DeleteFunc(slices.Clone(recs), func(o Rec) bool { return o.ID != r.ID && x.supersedes(r, o) })
+	return out, queueFull(left, r, *req.MaxWaiting)
 }
 
 // makeLimits checks every limit of req before it creates any (a refused
@@ -218,35 +239,16 @@ func (x *step) supersede(recs []Rec, r Rec, req store.EnqueueRequest) ([]Rec, er
 		return nil, fmt.Errorf("%w: host %q: want at most %d printable characters", store.ErrInvalid, req.Holder.Host, MaxHost)
 	}
 	by := store.SuccessorOf(store.Ticket{ID: r.ID, Holder: r.Holder})
-	self := -1
-	var stop, drop []int // the held tickets asked to stop, the waiting ones removed
-	for i, o := range recs {
-		if o.Fence == r.Fence {
-			self = i
-			continue
-		}
-		if o.Key != r.Key || o.Fence > r.Fence || !slices.ContainsFunc(r.Names(), o.Has) {
-			continue
-		}
-		held := o.State == store.Held
-		if held && x.o.Mutations.Has(mutation.SupersedeHeld) { // mutation (test-only): a supersede removes a running job too
-			held = false
-		}
-		switch {
-		case !held:
-			drop = append(drop, i)
-		case req.Replace:
-			stop = append(stop, i)
-			r.Replaces = append(r.Replaces, o.ID)
-		}
+	self, stop, drop := x.keyed(recs, r, req.Replace)
+	for _, i := range stop {
+		r.Replaces = append(r.Replaces, recs[i].ID)
 	}
 	if len(r.Replaces) > MaxReplaces {
 		return nil, fmt.Errorf("%w: --replace would stop %d running tickets of key %q: at most %d", store.ErrInvalid, len(r.Replaces), r.Key, MaxReplaces)
 	}
 	gone := make([]bool, len(recs))
 	for _, i := range stop {
-		if !x.fits(recs[i]) {
-			x.full = true
+		if x.full = !x.fits(recs[i]); x.full {
 			break
 		}
 		if err := x.stop(&recs[i], by); err != nil {
@@ -254,8 +256,7 @@ func (x *step) supersede(recs []Rec, r Rec, req store.EnqueueRequest) ([]Rec, er
 		}
 	}
 	for _, i := range drop {
-		if x.full || !x.fits(recs[i]) {
-			x.full = true
+		if x.full = x.full || !x.fits(recs[i]); x.full {
 			break
 		}
 		if err := x.remove(recs[i], store.Superseded, "", &by); err != nil {
@@ -271,6 +272,33 @@ func (x *step) supersede(recs []Rec, r Rec, req store.EnqueueRequest) ([]Rec, er
 		}
 	}
 	return x.unapplied(recs, gone), nil
+}
+
+// keyed finds in recs r itself (self) and the older tickets of r's key
+// sharing one of its limits: the held ones a replace asks to stop, the
+// waiting ones it removes.
+func (x *step) keyed(recs []Rec, r Rec, replace bool) (self int, stop, drop []int) {
+	self = -1
+	for i, o := range recs {
+		if o.Fence == r.Fence {
+			self = i
+			continue
+		}
+		if o.Key != r.Key || o.Fence > r.Fence || !slices.ContainsFunc(r.Names(), o.Has) {
+			continue
+		}
+		held := o.State == store.Held
+		if held && x.o.Mutations.Has(mutation.SupersedeHeld) { // mutation (test-only): a supersede removes a running job too
+			held = false
+		}
+		switch {
+		case !held:
+			drop = append(drop, i)
+		case replace:
+			stop = append(stop, i)
+		}
+	}
+	return self, stop, drop
 }
 
 // stop asks the held ticket o to stop for the newer run by (--replace):
@@ -308,55 +336,68 @@ func (x *step) carryOn(recs []Rec) ([]Rec, error) {
 	}
 	slices.SortFunc(marked, func(a, b int) int { return cmp.Compare(recs[b].Fence, recs[a].Fence) })
 	gone := make([]bool, len(recs))
-	lives := func(id string) bool {
-		i := slices.IndexFunc(recs, func(o Rec) bool { return o.ID == id })
-		return i >= 0 && !gone[i] && x.expiry(recs[i]) == ""
-	}
 	for _, mi := range marked {
 		if gone[mi] {
 			continue // superseded by a newer one here
 		}
-		m := recs[mi]
-		by := store.SuccessorOf(store.Ticket{ID: m.ID, Holder: m.Holder})
-		for i, o := range recs {
-			if gone[i] || !x.supersedes(m, o) {
-				continue
-			}
-			if !x.fits(o) {
-				x.full = true
-				return x.unapplied(recs, gone), nil
-			}
-			if err := x.remove(o, store.Superseded, "", &by); err != nil {
-				return nil, err
-			}
-			gone[i] = true
-		}
-		for _, id := range m.Replaces {
-			hi := slices.IndexFunc(recs, func(o Rec) bool { return o.ID == id })
-			if hi < 0 || gone[hi] || recs[hi].State != store.Held || x.expiry(recs[hi]) != "" {
-				continue
-			}
-			if st := recs[hi].Stop; st != nil && (st.Ticket == m.ID || lives(st.Ticket)) {
-				continue
-			}
-			if !x.fits(recs[hi]) {
-				x.full = true
-				return x.unapplied(recs, gone), nil
-			}
-			if err := x.stop(&recs[hi], by); err != nil {
-				return nil, err
-			}
-		}
-		if !x.fits(m) {
-			x.full = true
-			return x.unapplied(recs, gone), nil
-		}
-		recs[mi].Superseding = false
-		if err := x.put(recs[mi]); err != nil {
-			return nil, err
+		if err := x.carryOnOf(recs, gone, mi); err != nil || x.full {
+			return x.unapplied(recs, gone), err
 		}
 	}
 	return x.unapplied(recs, gone), nil
+}
+
+// carryOnOf carries on the supersede of recs[mi], as far as there is room
+// (x.full), and clears its mark when it is done; gone marks what it removes.
+func (x *step) carryOnOf(recs []Rec, gone []bool, mi int) error {
+	m := recs[mi]
+	by := store.SuccessorOf(store.Ticket{ID: m.ID, Holder: m.Holder})
+	for i, o := range recs {
+		if gone[i] || !x.supersedes(m, o) {
+			continue
+		}
+		if x.full = !x.fits(o); x.full {
+			return nil
+		}
+		if err := x.remove(o, store.Superseded, "", &by); err != nil {
+			return err
+		}
+		gone[i] = true
+	}
+	for _, id := range m.Replaces {
+		hi := slices.IndexFunc(recs, func(o Rec) bool { return o.ID == id })
+		if hi < 0 || gone[hi] || !x.askable(recs, gone, recs[hi], m) {
+			continue
+		}
+		if x.full = !x.fits(recs[hi]); x.full {
+			return nil
+		}
+		if err := x.stop(&recs[hi], by); err != nil {
+			return err
+		}
+	}
+	if x.full = !x.fits(m); x.full {
+		return nil
+	}
+	recs[mi].Superseding = false
+	return x.put(recs[mi])
+}
+
+// askable reports whether the held ticket h, which the marked m replaces,
+// is still to be asked to stop: live, and asked by neither m nor another
+// live run.
+func (x *step) askable(recs []Rec, gone []bool, h, m Rec) bool {
+	if h.State != store.Held || x.expiry(h) != "" {
+		return false
+	}
+	if h.Stop == nil {
+		return true
+	}
+	if h.Stop.Ticket == m.ID {
+		return false
+	}
+	i := slices.IndexFunc(recs, func(o Rec) bool { return o.ID == h.Stop.Ticket })
+	return i < 0 || gone[i] || x.expiry(recs[i]) != ""
 }
 
 // supersedes reports whether the marked ticket m supersedes o: o is an

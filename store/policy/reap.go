@@ -12,100 +12,119 @@ import (
 // Reap implements [store.Store]. A reap of some limits sweeps their
 // tickets (each ticket of several limits entirely) and settles the closure
 // of those limits in the same step; tickets of the other limits there are
-// neither judged nor removed, only admitted.
+// neither judged nor removed, only admitted. A step out of room (Bounded)
+// sweeps what fits, and the next step the rest.
 func (s *Store) Reap(ctx context.Context, o store.ReapOptions) ([]store.Removal, error) {
 	for _, l := range o.Limits {
 		if err := store.CheckLimitName(l); err != nil {
 			return nil, err
 		}
 	}
-	removed := []store.Removal{}
+	g := &reaping{s: s, o: o, removed: []store.Removal{}}
 	run := s.update
-	scan := s.o.Mutations.Has(mutation.BlindReap) || s.o.Mutations.Has(mutation.StaleVerdict) // mutation (test-only): remember the scan
+	g.scan = s.o.Mutations.Has(mutation.BlindReap) || s.o.Mutations.Has(mutation.StaleVerdict) // mutation (test-only): remember the scan
 	if o.DryRun {
 		run = s.view
-		if scan {
+		if g.scan {
 			s.scan.reset()
 		}
 	}
-	var lost []store.Removal // what a step whose answer was lost removed
-	var all []store.Removal  // what the steps before removed (a step out of room)
-	var after []string       // the limits a step out of room left unsettled
-	full := false
-	step := func(x *step) error {
-		full = false
-		if x.again {
-			lost = append(lost[:0], removed...)
-		}
-		removed = removed[:0]
-		recs, in, err := x.reapInput(o.Limits, o.DryRun)
-		if err != nil || x.full {
-			full = x.full // an unfinished supersede took the room
-			return err
-		}
-		if o.DryRun {
-			in.DryRun = true
-			gone := make([]bool, len(recs))
-			for _, rm := range PlanSettle(in).Remove {
-				gone[rm.Index] = true
-				removed = append(removed, store.Removal{Ticket: in.Tickets[rm.Index].Ticket, Reason: store.Reaped, Evidence: rm.Evidence})
-			}
-			for i, r := range recs {
-				if scan {
-					s.scan.note(r, gone[i])
-				}
-			}
-			return nil
-		}
-		if x.o.Mutations.Has(mutation.StaleVerdict) { // mutation (test-only): judge on the deadlines an earlier scan read (A1)
-			x.mutStaleVerdict(&in)
-		}
-		_, rm, err := x.apply(recs, PlanSettle(in), "")
-		if err != nil {
-			return err
-		}
-		if full = x.full; full {
-			// Once the sweep is done, the limits its tickets named are
-			// settled: a later step's closure no longer reaches the
-			// limits of the tickets removed.
-			for n := range in.Slots {
-				if !slices.Contains(after, n) {
-					after = append(after, n)
-				}
-			}
-		}
-		removed = x.stillGone(lost, append(removed, rm...))
-		if x.o.Mutations.Has(mutation.BlindReap) { // mutation (test-only): free a slot per ticket the scan listed (A2)
-			names, err := x.limitNames(o.Limits)
-			if err != nil {
-				return err
-			}
-			for _, name := range names {
-				if err := x.mutBlindReap(name, rm); err != nil {
-					return err
-				}
-			}
-		}
-		return nil
-	}
+	var all []store.Removal // what the steps before removed
 	for n := 0; ; n++ {
-		if err := run(ctx, step); err != nil {
+		if err := run(ctx, g.step); err != nil {
 			if n > 0 {
-				return all, nil // what the steps before removed stands; the next reap carries on
+				break // what the steps before removed stands; the next reap carries on
 			}
 			return nil, err // rolled back: nothing was removed
 		}
-		all = append(all, removed...)
-		removed, lost = removed[:0], nil
-		if !full || o.DryRun || n >= maxMore {
+		all = append(all, g.removed...)
+		g.removed, g.lost = g.removed[:0], nil
+		if !g.full || o.DryRun || n >= maxMore {
 			break
 		}
 	}
-	if len(after) > 0 {
-		slices.Sort(after)
-		_, _, _ = s.Settle(ctx, after, "") // the sweep stands; the next settle carries on
+	if len(g.after) > 0 {
+		slices.Sort(g.after)
+		_, _, _ = s.Settle(ctx, g.after, "") // the sweep stands; the next settle carries on
+	}
+	if all == nil {
+		all = []store.Removal{}
 	}
 	return all, nil
+}
+
+// reaping is one Reap, over its steps.
+type reaping struct {
+	s       *Store
+	o       store.ReapOptions
+	scan    bool            // test-only: remember the scan (mutations)
+	removed []store.Removal // what the latest step removed
+	lost    []store.Removal // what a step whose answer was lost removed
+	after   []string        // the limits a step out of room left unsettled
+	full    bool            // the latest step ran out of room
+}
+
+// step is one step of the reap.
+func (g *reaping) step(x *step) error {
+	g.full = false
+	if x.again {
+		g.lost = append(g.lost[:0], g.removed...)
+	}
+	g.removed = g.removed[:0]
+	recs, in, err := x.reapInput(g.o.Limits, g.o.DryRun)
+	if err != nil || x.full {
+		g.full = x.full // an unfinished supersede took the room
+		return err
+	}
+	if g.o.DryRun {
+		g.dryRun(recs, in)
+		return nil
+	}
+	if x.o.Mutations.Has(mutation.StaleVerdict) { // mutation (test-only): judge on the deadlines an earlier scan read (A1)
+		x.mutStaleVerdict(&in)
+	}
+	_, rm, err := x.apply(recs, PlanSettle(in), "")
+	if err != nil {
+		return err
+	}
+	if g.full = x.full; g.full {
+		// Once the sweep is done, the limits its tickets named are
+		// settled: a later step's closure no longer reaches the limits
+		// of the tickets removed.
+		for n := range in.Slots {
+			if !slices.Contains(g.after, n) {
+				g.after = append(g.after, n)
+			}
+		}
+	}
+	g.removed = x.stillGone(g.lost, append(g.removed, rm...))
+	if x.o.Mutations.Has(mutation.BlindReap) { // mutation (test-only): free a slot per ticket the scan listed (A2)
+		names, err := x.limitNames(g.o.Limits)
+		if err != nil {
+			return err
+		}
+		for _, name := range names {
+			if err := x.mutBlindReap(name, rm); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// dryRun lists what the reap would remove.
+func (g *reaping) dryRun(recs []Rec, in SettleInput) {
+	in.DryRun = true
+	gone := make([]bool, len(recs))
+	for _, rm := range PlanSettle(in).Remove {
+		gone[rm.Index] = true
+		g.removed = append(g.removed, store.Removal{Ticket: in.Tickets[rm.Index].Ticket, Reason: store.Reaped, Evidence: rm.Evidence})
+	}
+	if g.scan {
+		for i, r := range recs {
+			g.s.scan.note(r, gone[i])
+		}
+	}
 }
 
 // reapInput is the planner's input of a reap of limits (all when none): the

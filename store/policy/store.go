@@ -619,49 +619,18 @@ func (s *Store) RemoveLimit(ctx context.Context, name string, force bool) error 
 	var lostAt time.Time // when a step whose answer was lost ran
 	full := false
 	step := func(x *step) error {
-		full = false
 		at := lostAt
 		lostAt = x.now.Wall
 		if lim, ok, err := x.tx.Limit(name); err != nil {
 			return err
 		} else if x.again && (!ok || lim.Created.After(at)) {
+			full = false
 			return nil // the lost step removed it (and another made it again since)
 		} else if !ok {
 			return fmt.Errorf("%w: %q", store.ErrLimitNotFound, name)
 		}
-		recs, err := x.tx.Queue(name)
-		if err != nil {
-			return err
-		}
-		if len(recs) > 0 && !force {
-			return fmt.Errorf("%w: limit %q has %d tickets", store.ErrLimitInUse, name, len(recs))
-		}
-		var others []string
-		for _, r := range recs {
-			if !x.fits(r) {
-				full = true // the next step removes the rest, then the limit
-				break
-			}
-			if err := x.remove(r, store.ForceReleased, "limit removed", nil); err != nil {
-				return err
-			}
-			for _, l := range r.Names() {
-				if l != name && !slices.Contains(others, l) {
-					others = append(others, l)
-				}
-			}
-		}
-		if full {
-			_, _, err = x.settle(others, false)
-			return err
-		}
-		if err := x.tx.DeleteLimit(name); err != nil {
-			return err
-		}
-		if len(others) == 0 {
-			return nil
-		}
-		_, _, err = x.settle(others, false)
+		var err error
+		full, err = x.removeLimit(name, force)
 		return err
 	}
 	for n := 0; ; n++ {
@@ -669,6 +638,43 @@ func (s *Store) RemoveLimit(ctx context.Context, name string, force bool) error 
 			return err
 		}
 	}
+}
+
+// removeLimit removes limit name, which exists, and (force) every ticket
+// naming it, and settles the other limits those named. full: the step
+// had room for only some of the tickets; the next step removes the rest,
+// then the limit.
+func (x *step) removeLimit(name string, force bool) (full bool, err error) {
+	recs, err := x.tx.Queue(name)
+	if err != nil {
+		return false, err
+	}
+	if len(recs) > 0 && !force {
+		return false, fmt.Errorf("%w: limit %q has %d tickets", store.ErrLimitInUse, name, len(recs))
+	}
+	var others []string
+	for _, r := range recs {
+		if full = !x.fits(r); full {
+			break
+		}
+		if err := x.remove(r, store.ForceReleased, "limit removed", nil); err != nil {
+			return false, err
+		}
+		for _, l := range r.Names() {
+			if l != name && !slices.Contains(others, l) {
+				others = append(others, l)
+			}
+		}
+	}
+	if !full {
+		if err := x.tx.DeleteLimit(name); err != nil {
+			return false, err
+		}
+	}
+	if len(others) > 0 {
+		_, _, err = x.settle(others, false)
+	}
+	return full, err
 }
 
 // Counts implements [store.Store].
