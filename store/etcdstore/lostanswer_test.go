@@ -238,3 +238,24 @@ func TestLostEnqueueAnswerKeepsTheLease(t *testing.T) {
 		}
 	}
 }
+
+// A waiter's release on the light path (behind a live waiter: one
+// compare-and-delete of its own keys) whose answer was lost reports the
+// removal it made, as a release on the full path does.
+func TestLostLightReleaseAnswerReported(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	ctx := context.Background()
+	var l loser
+	st := open(t, srv, etcdstore.Options{DialOptions: []grpc.DialOption{l.option()}, Prefix: "/lostlight"})
+	mustEnqueue(t, st, req("h", "l", 1, 10*time.Second), store.Held)
+	mustEnqueue(t, st, req("w1", "l", 1, 10*time.Second), store.Waiting)
+	w2 := mustEnqueue(t, st, req("w2", "l", 1, 10*time.Second), store.Waiting)
+	l.arm(txnWrites("/records/l/w2", false))
+	removed, err := st.Release(ctx, w2, store.Cancelled)
+	if err != nil || !removed || l.lost.Load() != 1 {
+		t.Fatalf("Release of w2 with its answer lost: %v, %v (%d answers lost); want removed", removed, err, l.lost.Load())
+	}
+	if _, err := st.Get(ctx, "w2"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("Get w2 after its release: %v, want not found", err)
+	}
+}

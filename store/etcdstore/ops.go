@@ -525,8 +525,18 @@ func (s *Store) Release(ctx context.Context, t store.Ticket, why store.Reason) (
 
 // tombstoned reports whether id's tombstone gives why.
 func (s *Store) tombstoned(ctx context.Context, id string, why store.Reason) (bool, error) {
-	_, idr, err := s.lookup(ctx, id)
-	return err == nil && idr != nil && idr.Removed == why, err
+	cctx, cancel := s.ctx(ctx)
+	defer cancel()
+	resp, err := s.c.Get(cctx, s.k.id(id))
+	if err != nil {
+		return false, s.unavailable(err, false)
+	}
+	s.answered()
+	if len(resp.Kvs) == 0 {
+		return false, nil
+	}
+	ir, err := decodeID(id, resp.Kvs[0].Value)
+	return err == nil && ir.Removed == why, err
 }
 
 // Cancel implements [store.Store]: Release with store.Cancelled.
