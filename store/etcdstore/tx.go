@@ -89,7 +89,7 @@ func (b backend) Update(ctx context.Context, fn func(policy.Tx) error) error {
 		if err == nil {
 			err = t.commit()
 		}
-		if !t.sent && unknownOutcome(err) && b.s.again(ctx, start) {
+		if !t.sent && b.retry(ctx, start, err) {
 			// No answer before the step's transaction was sent (a read, a
 			// lease's grant, the day lease's): nothing of it was
 			// written, so it runs again, on another member if need be.
@@ -102,6 +102,13 @@ func (b backend) Update(ctx context.Context, fn func(policy.Tx) error) error {
 			return err
 		}
 	}
+}
+
+// retry reports whether a step that got no answer runs again: the store
+// has answered before (an election, a member gone: another answers), and
+// the request's time lasts. A store that never answered fails at once.
+func (b backend) retry(ctx context.Context, start time.Time, err error) bool {
+	return unknownOutcome(err) && b.s.connected.Load() && b.s.again(ctx, start)
 }
 
 // Again implements policy.Againer: a step whose answer was lost runs
@@ -120,7 +127,7 @@ func (b backend) View(ctx context.Context, fn func(policy.Tx) error) error {
 	for {
 		t := b.s.newTx(ctx, nil, false)
 		err := fn(t)
-		if unknownOutcome(err) && b.s.again(ctx, start) {
+		if b.retry(ctx, start, err) {
 			continue
 		}
 		if !errors.Is(err, errRetry) {
@@ -220,6 +227,7 @@ type etx struct {
 	// sent: the step's transaction was sent (its answer may be lost)
 	sent    bool
 	rewrote map[string]bool // the tickets whose keys the commit writes again
+	looked  map[string]bool // the tickets the step looked up by id (its caller's own)
 }
 
 var (
@@ -230,7 +238,7 @@ var (
 
 func (s *Store) newTx(ctx context.Context, g *freshLease, write bool) *etx {
 	return &etx{s: s, ctx: ctx, g: g, now: policy.Instant{Boot: etcdBoot, Mono: proc.Boottime(), Wall: time.Now()},
-		ids: map[string]*mvccpb.KeyValue{}, limW: map[string]*policy.LimitRec{}, recW: map[string]*policy.Rec{},
+		ids: map[string]*mvccpb.KeyValue{}, looked: map[string]bool{}, limW: map[string]*policy.LimitRec{}, recW: map[string]*policy.Rec{},
 		tombs: map[string]policy.Tomb{}, counts: map[string]store.Counts{}}
 }
 
@@ -486,6 +494,7 @@ func (t *etx) Lookup(id string) (policy.Rec, bool, error) {
 	if e == nil || !slices.Contains(t.st.queue(names[0]), e) {
 		return policy.Rec{}, false, nil
 	}
+	t.looked[id] = true
 	if t.g != nil && t.g.lease != 0 && e.r.Lease == t.g.lease {
 		// An enqueue whose write landed unanswered (its own, or the light
 		// path's) finds its ticket: the lease is the ticket's now.

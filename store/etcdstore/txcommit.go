@@ -106,8 +106,12 @@ func (t *etx) committed(p *plan) {
 		switch e := t.st.byID[id]; {
 		case w == nil:
 			t.s.forget(id)
-		case t.rewrote[id] && e.tkv != nil && t.s.knows(id):
-			t.s.remember(&entry{r: recFrom(w, e.r), fence: e.fence}, t.rev) // as this step wrote it
+		case t.rewrote[id] && t.looked[id] && e.tkv != nil && t.s.knows(id):
+			// The caller's own ticket (SetChild, Resize), as this step
+			// wrote it: its bell, in this handle, is not rung by the write.
+			// Another ticket the step rewrote (a stop request) is not:
+			// its bell must hear that.
+			t.s.remember(&entry{r: recFrom(w, e.r), fence: e.fence}, t.rev)
 		}
 	}
 	t.s.revokeRemoved(p, t.ctx.Value(revokeWait{}) != nil)
