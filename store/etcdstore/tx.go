@@ -89,7 +89,7 @@ func (b backend) Update(ctx context.Context, fn func(policy.Tx) error) error {
 		if err == nil {
 			err = t.commit()
 		}
-		if !t.sent && b.retry(ctx, start, err) {
+		if t.unanswered && !t.sent && b.retry(ctx, start, err) {
 			// No answer before the step's transaction was sent (a read, a
 			// lease's grant, the day lease's): nothing of it was
 			// written, so it runs again, on another member if need be.
@@ -127,7 +127,7 @@ func (b backend) View(ctx context.Context, fn func(policy.Tx) error) error {
 	for {
 		t := b.s.newTx(ctx, nil, false)
 		err := fn(t)
-		if b.retry(ctx, start, err) {
+		if t.unanswered && b.retry(ctx, start, err) {
 			continue
 		}
 		if !errors.Is(err, errRetry) {
@@ -224,10 +224,11 @@ type etx struct {
 	rings     []string
 	unlogged  []string // event keys the step creates, which must still be absent
 	rev       int64    // the revision the step committed at
-	// sent: the step's transaction was sent (its answer may be lost)
-	sent    bool
-	rewrote map[string]bool // the tickets whose keys the commit writes again
-	looked  map[string]bool // the tickets the step looked up by id (its caller's own)
+	// sent: the step's transaction was sent (its answer may be lost);
+	// unanswered: a request before it got no answer (nothing was written)
+	sent, unanswered bool
+	rewrote          map[string]bool // the tickets whose keys the commit writes again
+	looked           map[string]bool // the tickets the step looked up by id (its caller's own)
 }
 
 var (
@@ -288,6 +289,7 @@ func (t *etx) read(ops ...clientv3.Op) ([]*clientv3.GetResponse, error) {
 		if t.st != nil && compacted(err) {
 			return nil, errRetry
 		}
+		t.unanswered = true
 		return nil, t.s.unavailable(err, false)
 	}
 	t.s.answered()

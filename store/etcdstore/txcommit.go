@@ -35,16 +35,19 @@ func (t *etx) commit() error {
 		if isLeaseNotFound(err) {
 			return errRetry // read again: its ticket key is gone with it
 		} else if err != nil {
+			t.unanswered = true
 			return t.s.unavailable(err, false)
 		}
 		t.s.leases.acked(l, sent, time.Duration(ka.TTL)*time.Second)
 	}
 	if err := t.s.grantHolds(t.ctx, p); err != nil {
+		t.unanswered = true
 		return err
 	}
 	var day int64
 	if p.needDay {
 		if day, err = t.s.dayLease(t.ctx, nil); err != nil {
+			t.unanswered = true
 			return err
 		}
 	}
@@ -263,6 +266,7 @@ func (t *etx) putFresh(p *plan, w *policy.Rec, dry bool) error {
 	if !dry {
 		var err error
 		if lease, term, err = t.g.get(t.ctx, t.s, w.TTL); err != nil {
+			t.unanswered = true
 			return err
 		}
 	}
