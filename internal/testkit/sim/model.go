@@ -25,8 +25,10 @@ type model struct {
 	mayRefuse map[string]bool
 	removals  map[string]int
 	gone      map[string]goneRec
-	maxFence  uint64
-	limits    map[string]*mLimit
+	// found is the ids of gone whose records etcd may keep (goneRec.found).
+	found    map[string]bool
+	maxFence uint64
+	limits   map[string]*mLimit
 
 	// Newer runs first (docs/leases.md §2.1 item 10), this step's: the
 	// superseding enqueues and the refusals of --max-waiting. owners
@@ -105,10 +107,13 @@ func (t *mTicket) slot() int {
 
 type goneRec struct {
 	why    string
-	force  bool          // an operator's release
-	file   bool          // lost with the store's file (store-lost; force too)
-	forgot bool          // removed before the store's file was deleted: the store forgot it
-	swept  bool          // expired or proven dead, removed by a sweep or a reap
+	force  bool // an operator's release
+	file   bool // lost with the store's file (store-lost; force too)
+	forgot bool // removed before the store's file was deleted: the store forgot it
+	swept  bool // expired or proven dead, removed by a sweep or a reap
+	// found: swept because a call found it gone, not because a call
+	// removed it (etcd may keep its record until a step removes it).
+	found  bool
 	expiry time.Duration // when its lease ran out (for swept)
 	by     string        // superseded: the newer ticket
 	sure   bool          // superseded while no sweep could have removed it first
@@ -128,7 +133,7 @@ type mLimit struct {
 
 func newModel(s *sim) *model {
 	return &model{s: s, live: map[string]*mTicket{}, refused: map[string]bool{}, removals: map[string]int{},
-		gone: map[string]goneRec{}, limits: map[string]*mLimit{},
+		gone: map[string]goneRec{}, found: map[string]bool{}, limits: map[string]*mLimit{},
 		owners: map[string]*holder{}, replace: map[string][]string{}, waiters: map[string]*mTicket{}, fresh: map[string]bool{}}
 }
 
@@ -439,6 +444,9 @@ func (m *model) apply(o *op, now Instant) {
 		t := m.live[o.t.ID]
 		match := t != nil && (o.t.Fence == 0 || t.fence == o.t.Fence)
 		switch {
+		case o.removed && t == nil && m.s.recordLeft(m.gone[o.t.ID]):
+			m.recordRemoved(o.t.ID)
+			m.s.stats.RecordsReleased++
 		case o.removed && !match:
 			m.fail("S4", "a release by %s removed ticket %s, which was not live", o.who, short(o.t.ID))
 		case o.removed:
@@ -447,6 +455,9 @@ func (m *model) apply(o *op, now Instant) {
 			m.fail("S4", "a release by %s left live ticket %s in place", o.who, short(o.t.ID))
 		case t == nil:
 			m.refused[o.t.ID] = true
+			m.recordRemoved(o.t.ID)
+		case match:
+			m.recordRemoved(o.t.ID) // it said so: swept
 		}
 	case "get":
 		t := m.live[o.t.ID]
@@ -476,6 +487,9 @@ func (m *model) apply(o *op, now Instant) {
 			switch {
 			case t == nil && m.s.awaitsSettle(r.Ticket, m.gone[r.Ticket.ID]):
 				// Its record, which the model swept already (etcd.go).
+				if o.kind == "reap" {
+					m.recordRemoved(r.Ticket.ID)
+				}
 			case t == nil:
 				m.fail("S5", "%s by %s lists ticket %s, which is not live", o.kind, o.who, short(r.Ticket.ID))
 			case !m.mayReap(t, now):
@@ -513,8 +527,19 @@ func (m *model) sweptBefore(t *mTicket, now Instant) bool {
 	if !m.mayReap(t, now) {
 		return false
 	}
-	m.sweep(t, now)
+	m.remove(t, goneRec{why: "reaped", swept: true, found: true, expiry: m.expiry(t, now)})
+	m.found[t.id] = true
 	return true
+}
+
+// recordRemoved notes that no record of id is left: a call removed it, or
+// found it gone.
+func (m *model) recordRemoved(id string) {
+	if g, ok := m.gone[id]; ok && g.found {
+		g.found = false
+		m.gone[id] = g
+	}
+	delete(m.found, id)
 }
 
 // view checks one view of ticket t that the store returned (S15: held in
@@ -570,6 +595,11 @@ func (m *model) diff(snap store.Snapshot, now Instant) {
 			order = append(order, st.ID)
 		}
 		views[st.ID] = append(views[st.ID], st)
+	}
+	for id := range m.found {
+		if views[id] == nil {
+			m.recordRemoved(id) // a step removed it
+		}
 	}
 	var promoted []*mTicket
 	var settling []store.Ticket

@@ -181,7 +181,10 @@ type Stats struct {
 	// DiedSuperseding: of those, superseding ones that had older waiting
 	// runs of their key to remove.
 	DiedInCall, DiedSuperseding int
-	Procs                       ProcStats
+	// RecordsReleased: on etcd, releases that removed the record a call
+	// had found without its lease (recordLeft).
+	RecordsReleased int
+	Procs           ProcStats
 	// MaxLag: on a store with a clock of its own (etcd), the longest time
 	// real time ran ahead of the simulation's (Etcd.Lag).
 	MaxLag time.Duration
