@@ -438,7 +438,8 @@
 //     half of one) + the slack of the model's, and 0 once the lease has
 //     ended while its record waits for a settle; a ticket the model swept
 //     when a call found its lease gone may be listed so until a settle
-//     (S7: such a call does not settle on etcd);
+//     (S7: such a call does not settle on etcd), and a release may remove
+//     that record once, as it removes any ticket past its deadline (S4);
 //   - a lease within the slack of its end may be judged either way: the
 //     server read its clock when the renewal arrived, up to the lag after
 //     the simulation's send time, and reads it now up to the lag ahead
