@@ -48,6 +48,24 @@ func TestRoundTripsOfEnqueueAndRelease(t *testing.T) {
 		if got := n.Load(); got != 3 {
 			t.Errorf("%d limits: Release took %d round trips, want 3 (read, commit, revoke)", len(limits), got)
 		}
+		// A new handle (each slotctl run is one) takes over the day lease
+		// that tombstones and events go under, as read with its first
+		// step: no grant, nor a question, of its own.
+		count, n = countCalls()
+		cold := open(t, srv, etcdstore.Options{DialOptions: []grpc.DialOption{count}, Prefix: fmt.Sprintf("/rt/%d", len(limits))})
+		tk = mustEnqueue(t, cold, multi("cold", limits, 1, 4), store.Held)
+		if got := n.Load(); got != 3 {
+			t.Errorf("%d limits: a new handle's Enqueue took %d round trips, want 3 (grant, read, commit)", len(limits), got)
+		}
+		count, n = countCalls()
+		other := open(t, srv, etcdstore.Options{DialOptions: []grpc.DialOption{count}, Prefix: fmt.Sprintf("/rt/%d", len(limits))})
+		if removed, err := other.Release(ctx, tk, store.ForceReleased); err != nil || !removed {
+			t.Fatalf("a new handle's release: %v, %v", removed, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+		if got := n.Load(); got != 4 {
+			t.Errorf("%d limits: a new handle's Release of a ticket it does not know took %d round trips, want 4 (its id, its limits, commit, revoke)", len(limits), got)
+		}
 	}
 }
 

@@ -497,6 +497,14 @@ func (s *Store) dayLease(ctx context.Context, kv *mvccpb.KeyValue) (int64, error
 	return lease, nil
 }
 
+// dayKnown is the day lease this handle puts tombstones and events under,
+// 0 before it has one.
+func (s *Store) dayKnown() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.day
+}
+
 // dropDay forgets a day lease that the server no longer has, so that the
 // next dayLease grants another even if P/meta/day-lease still names it.
 func (s *Store) dropDay(day int64) {

@@ -282,6 +282,13 @@ func (t *etx) at() []clientv3.OpOption {
 
 // read runs ops at the step's revision, which the first read sets.
 func (t *etx) read(ops ...clientv3.Op) ([]*clientv3.GetResponse, error) {
+	// The first read also reads the day lease's key, if the handle has
+	// none yet: a step that logs takes that lease over instead of
+	// granting one of its own and asking whether the key is there.
+	day := t.st == nil && t.s.dayKnown() == 0
+	if day {
+		ops = append(slices.Clip(ops), clientv3.OpGet(t.s.k.dayLease()))
+	}
 	cctx, cancel := t.s.ctx(t.ctx)
 	defer cancel()
 	resp, err := t.s.c.Txn(cctx).Then(ops...).Commit()
@@ -293,12 +300,19 @@ func (t *etx) read(ops ...clientv3.Op) ([]*clientv3.GetResponse, error) {
 		return nil, t.s.unavailable(err, false)
 	}
 	t.s.answered()
+	rs := getResponses(resp.Responses)
 	if t.st == nil {
 		t.st = newState(nil, resp.Header.Revision)
 		t.p = t.s.newPlan(t.st)
 		t.p.now = t.now.Wall
 	}
-	return getResponses(resp.Responses), nil
+	if day {
+		if kvs := rs[len(rs)-1].Kvs; len(kvs) > 0 {
+			t.st.dayKV = kvs[0]
+		}
+		rs = rs[:len(rs)-1]
+	}
+	return rs, nil
 }
 
 // load reads the limits of names not read yet.

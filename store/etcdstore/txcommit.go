@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/slotctl/slotctl/store"
@@ -46,7 +47,11 @@ func (t *etx) commit() error {
 	}
 	var day int64
 	if p.needDay {
-		if day, err = t.s.dayLease(t.ctx, nil); err != nil {
+		var kv *mvccpb.KeyValue
+		if t.st != nil {
+			kv = t.st.dayKV
+		}
+		if day, err = t.s.dayLease(t.ctx, kv); err != nil {
 			t.unanswered = true
 			return err
 		}
