@@ -67,6 +67,7 @@ func TestSimEtcd(t *testing.T) {
 		total.DiedInCall += s.DiedInCall
 		total.DiedSuperseding += s.DiedSuperseding
 		total.RecordsReleased += s.RecordsReleased
+		total.RevokedLate += s.RevokedLate
 		total.MaxLag = max(total.MaxLag, s.MaxLag)
 		if s.MaxLag > shortestMargin {
 			loose++
@@ -87,10 +88,10 @@ func TestSimEtcd(t *testing.T) {
 		}
 	}
 	t.Logf("%d runs from seed %d × %d steps on etcd in %v: %d steps, %d store calls; %d holders, %d admitted, %d leases lost, "+
-		"%d crashes, %d pauses, %d faults, %d reaped, %d superseded, %d replaced, %d resizes, %d runs with policies, %d children ran on past their ticket (S24), %d answers lost after their write committed, %d leases revoked behind their holders' backs (their jobs ran on for up to %v), %d holders died in their enqueue (%d superseding older runs), %d records released after a call found their lease ended; "+
+		"%d crashes, %d pauses, %d faults, %d reaped, %d superseded, %d replaced, %d resizes, %d runs with policies, %d children ran on past their ticket (S24), %d answers lost after their write committed, %d leases revoked behind their holders' backs (their jobs ran on for up to %v), %d holders died in their enqueue (%d superseding older runs), %d records released after a call found their lease ended, %d reaps before the server revoked a lease past its end; "+
 		"real time ran ahead of the simulation's by up to %v (past the shortest margin, %v, in %d runs); %d failed",
 		seeds, seed0, steps, time.Since(start).Round(time.Millisecond), total.Steps, total.StoreCalls, total.Holders, total.Admitted, total.Lost,
-		total.Crashes, total.Pauses, total.Faults, total.Reaped, total.Superseded, total.Replaced, total.Resizes, total.PolicyRuns, total.PauseOverlaps, total.LostAnswers, total.Revokes, total.RevokeOverlap.Round(time.Millisecond), total.DiedInCall, total.DiedSuperseding, total.RecordsReleased, total.MaxLag.Round(time.Millisecond), shortestMargin, loose, failed)
+		total.Crashes, total.Pauses, total.Faults, total.Reaped, total.Superseded, total.Replaced, total.Resizes, total.PolicyRuns, total.PauseOverlaps, total.LostAnswers, total.Revokes, total.RevokeOverlap.Round(time.Millisecond), total.DiedInCall, total.DiedSuperseding, total.RecordsReleased, total.RevokedLate, total.MaxLag.Round(time.Millisecond), shortestMargin, loose, failed)
 }
 
 // etcdRuns runs n runs of c on srv, from seed c.Seed on, several at once.

@@ -307,6 +307,43 @@ func (e *Etcd) revoke(ctx context.Context, limit, id string) (int64, error) {
 	return rec.Lease, nil
 }
 
+// notYetRevoked: on etcd, t's lease is past its end by the model's clock
+// but the server has not revoked it yet: its ticket key is still there
+// after the reap. A revoke is for good, so the key was there when the reap
+// read too, and the reap was right to leave t. The server revokes up to
+// etcdJitter late on a quiet machine, on a loaded one later still; the
+// store's part is to sweep what the server ended, not to end it.
+func (s *sim) notYetRevoked(t *mTicket, now Instant) bool {
+	e, ok := s.be.(*Etcd)
+	if !ok {
+		return false
+	}
+	there, err := e.ticketKey(s.ctx, t.limits[0], t.id)
+	if err != nil || !there {
+		return false
+	}
+	s.stats.RevokedLate++
+	s.tracef("the server has not revoked the lease of ticket %s yet, %v past its end by the simulation's clock", short(t.id), now.Mono-s.m.expiry(t, now))
+	return true
+}
+
+// ticketKey reports whether ticket id's key under limit is there (its
+// lease not revoked), read with a client of its own.
+func (e *Etcd) ticketKey(ctx context.Context, limit, id string) (bool, error) {
+	c, err := clientv3.New(clientv3.Config{Endpoints: e.opts.Endpoints, DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return false, err
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	r, err := c.Get(ctx, e.opts.Prefix+"/tickets/"+limit+"/"+id, clientv3.WithKeysOnly())
+	if err != nil {
+		return false, err
+	}
+	return len(r.Kvs) > 0, nil
+}
+
 // A process that dies inside a store call (fault "etcd-crash-in-call"):
 // slotctl run killed (SIGKILL, the OOM killer, its host lost) between the
 // store's writes of one call. The host-local stores write a call in one

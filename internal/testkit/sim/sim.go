@@ -184,7 +184,10 @@ type Stats struct {
 	// RecordsReleased: on etcd, releases that removed the record a call
 	// had found without its lease (recordLeft).
 	RecordsReleased int
-	Procs           ProcStats
+	// RevokedLate: on etcd, reaps that left a ticket past its end by the
+	// simulation's clock whose lease the server had not revoked yet.
+	RevokedLate int
+	Procs       ProcStats
 	// MaxLag: on a store with a clock of its own (etcd), the longest time
 	// real time ran ahead of the simulation's (Etcd.Lag).
 	MaxLag time.Duration
