@@ -111,3 +111,56 @@ func TestRenewThroughABrokenStream(t *testing.T) {
 		}
 	}
 }
+
+// TestReleaseAfterTheServerEndedTheLease: a ticket whose lease the server
+// ended (revoked here; expired alike) is refused its renewal, yet its
+// record stays, shown with nothing left, until a step settles its limits;
+// its holder's release removes that record, once, as a release at the
+// deadline does on every store (the simulation's model counts on it).
+func TestReleaseAfterTheServerEndedTheLease(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	st := open(t, srv, etcdstore.Options{})
+	ctx := context.Background()
+	r := req("e1", "ended", 1, 30*time.Second)
+	r.Limits = []string{"ended", "other"}
+	tk, err := st.Enqueue(ctx, r)
+	if err != nil || tk.State != store.Held {
+		t.Fatalf("enqueue: %+v, %v", tk, err)
+	}
+	c, err := clientv3.New(clientv3.Config{Endpoints: []string{srv.Endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	resp, err := c.Get(ctx, "/"+t.Name()+"/tickets/ended/e1")
+	if err != nil || len(resp.Kvs) == 0 || resp.Kvs[0].Lease == 0 {
+		t.Fatalf("the ticket's key: %v, %v", resp, err)
+	}
+	if _, err := c.Revoke(ctx, clientv3.LeaseID(resp.Kvs[0].Lease)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Renew(ctx, tk, 30*time.Second); !errors.Is(err, store.ErrLost) {
+		t.Fatalf("renewal after the lease ended: %v, want lost", err)
+	}
+	snap, err := st.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(snap.Tickets) != 2 {
+		t.Fatalf("the snapshot after the lease ended lists %d views, want e1's record under both limits", len(snap.Tickets))
+	}
+	for _, v := range snap.Tickets {
+		if v.ID != "e1" || v.Remaining != 0 {
+			t.Fatalf("the snapshot after the lease ended shows %s under %s with %v left", v.ID, v.Limit, v.Remaining)
+		}
+	}
+	if removed, err := st.Release(ctx, tk, store.Lost); err != nil || !removed {
+		t.Fatalf("release of the record left: removed %v, %v; want removed", removed, err)
+	}
+	if removed, err := st.Release(ctx, tk, store.Lost); err != nil || removed {
+		t.Fatalf("a second release: removed %v, %v; want not removed", removed, err)
+	}
+	if snap, err := st.Snapshot(ctx); err != nil || len(snap.Tickets) != 0 {
+		t.Fatalf("the snapshot after the release: %+v, %v", snap.Tickets, err)
+	}
+}

@@ -6,7 +6,6 @@ import (
 	"slices"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/slotctl/slotctl/store"
@@ -47,11 +46,7 @@ func (t *etx) commit() error {
 	}
 	var day int64
 	if p.needDay {
-		var kv *mvccpb.KeyValue
-		if t.st != nil {
-			kv = t.st.dayKV
-		}
-		if day, err = t.s.dayLease(t.ctx, kv); err != nil {
+		if day, err = t.s.dayLease(t.ctx, t.st.dayKV); err != nil { // t.p comes with t.st
 			t.unanswered = true
 			return err
 		}
