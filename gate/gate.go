@@ -51,6 +51,11 @@ type Gate struct {
 	// when one of them has died, and the head sweeps at once instead of at
 	// that holder's expiry. nil: the expiry alone.
 	WatchHolders func(holders []store.Ticket) (died <-chan struct{}, stop func())
+	// JoinAgain, if set, is asked after Join's write lost its answer
+	// (store.ErrUnknownOutcome: an election, a member stalled) whether to
+	// write the same ticket again: the store finds the ticket if the lost
+	// write made it. nil, or false, and Join fails.
+	JoinAgain func(err error) bool
 }
 
 // NewID mints a ticket id: 128 random bits in hex. It is minted before the
@@ -75,14 +80,18 @@ type Entry struct {
 
 // Join puts a ticket for req in its limit's queue. The bell is made before
 // the ticket is written, so a promotion right after the write is not missed.
-// If the write's outcome is unknown (an error after it may have committed),
-// Join cancels req.ID, which also refuses the write if it lands later.
+// If the write's outcome is unknown (an error after it may have committed)
+// and JoinAgain does not send it again, Join cancels req.ID, which also
+// refuses the write if it lands later.
 func (g *Gate) Join(ctx context.Context, req store.EnqueueRequest) (*Entry, error) {
 	bell, err := g.Store.Watch(ctx, req.ID)
 	if err != nil {
 		return nil, err
 	}
 	t, err := g.Store.Enqueue(ctx, req)
+	for errors.Is(err, store.ErrUnknownOutcome) && g.JoinAgain != nil && g.JoinAgain(err) {
+		t, err = g.Store.Enqueue(ctx, req)
+	}
 	if err != nil {
 		bell.Close()
 		if !isRefusal(err) {

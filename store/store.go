@@ -523,6 +523,12 @@ var (
 	ErrLimitInUse = errors.New("limit has tickets")
 	// ErrUnavailable: the store cannot be opened or reached (locked, missing permission, down).
 	ErrUnavailable = errors.New("store unavailable")
+	// ErrUnknownOutcome: a write was sent and its answer never came (a
+	// connection cut, an election), so it may or may not have taken
+	// effect. The store runs such a write again for a while on its own;
+	// an Enqueue sent again later with the same id finds its ticket if the
+	// lost one wrote it. It comes wrapped with ErrUnavailable.
+	ErrUnknownOutcome = errors.New("the answer to the commit was lost")
 	// ErrCorrupt: the store holds a record this version cannot decode.
 	ErrCorrupt = errors.New("store is corrupt or of an unknown format")
 	// ErrInvalid: the request itself is malformed (bad name, slot count, ttl).

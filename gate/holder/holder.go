@@ -92,7 +92,7 @@ const (
 	Replaced                      // a newer run of the key asked the job to stop (Ticket.Stop): it is being stopped
 	Leftover                      // the job's command exited, processes it started run on: they are being stopped
 	NotGone                       // processes of the job are still there a while after SIGKILL: given up on
-	StoreBusy                     // the store stayed locked by others for the enqueue (Err): trying again
+	StoreBusy                     // the store stayed locked by others, or lost the answer, for the enqueue (Err): trying again
 )
 
 // A Note is one thing that happened.
@@ -262,19 +262,37 @@ func Run(ctx context.Context, cfg Config) Outcome {
 }
 
 // join writes the ticket. It is Run's first phase of its own because a
-// store locked by others all along wrote nothing: a run that may wait
+// store locked by others all along wrote nothing, and a store that lost a
+// write's answer (an election) may have written it: a run that may wait
 // keeps trying, as it would wait for a slot (docs/leases.md rule 17); only
-// one that may not wait says the store is busy. sent is when the write
-// that succeeded was sent; not ok, out is how the run ended.
+// one that may not wait says the store is busy or unavailable. sent is
+// when the write that succeeded, or the first that may have, was sent;
+// not ok, out is how the run ended.
 func (r *runner) join(ctx context.Context) (entry *gate.Entry, sent time.Duration, out Outcome, ok bool) {
 	cfg := r.cfg
 	g := cfg.Gate
 	g.Store = cfg.Store
 	first := r.now()
 	sent = first
+	mayWait := func() bool { return cfg.Wait != 0 && (cfg.Wait < 0 || r.now()-first < cfg.Wait) && ctx.Err() == nil }
+	var sig os.Signal
+	// A write whose answer was lost (an election) is sent again, the same
+	// ticket, while the run may wait: sent stays when the first was sent,
+	// which may be the one that wrote it.
+	g.JoinAgain = func(err error) bool {
+		if !mayWait() {
+			return false
+		}
+		r.note(Note{Kind: StoreBusy, Err: err})
+		if s, ok := r.terminated(); ok {
+			sig = s // Join cancels the ticket
+			return false
+		}
+		return true
+	}
 	entry, err := g.Join(ctx, cfg.Request)
 	var busy *store.LockTimeoutError
-	for errors.As(err, &busy) && cfg.Wait != 0 && (cfg.Wait < 0 || r.now()-first < cfg.Wait) && ctx.Err() == nil {
+	for errors.As(err, &busy) && mayWait() {
 		r.note(Note{Kind: StoreBusy, Err: err})
 		if s, ok := r.terminated(); ok {
 			return nil, 0, Outcome{Result: Signalled, Signal: s}, false // nothing was written: nothing to leave
@@ -283,7 +301,10 @@ func (r *runner) join(ctx context.Context) (entry *gate.Entry, sent time.Duratio
 		entry, err = g.Join(ctx, cfg.Request)
 		busy = nil
 	}
-	if err != nil {
+	switch {
+	case err != nil && sig != nil:
+		return nil, 0, Outcome{Result: Signalled, Signal: sig}, false
+	case err != nil:
 		return nil, 0, Outcome{Result: Failed, Err: err}, false
 	}
 	return entry, sent, Outcome{}, true

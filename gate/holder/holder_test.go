@@ -3,6 +3,7 @@ package holder_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -343,6 +344,84 @@ func TestBusyStoreIsWaitedFor(t *testing.T) {
 		case wait == 0 && (ran || !errors.As(out.Err, &lte)):
 			t.Errorf("--no-wait: ran %v, %v: %v; want the lock timeout, not run", ran, out.Result, out.Err)
 		}
+	}
+}
+
+// lostStore loses the answer of its first n enqueues, as an etcd store does
+// through an election: the first is written, the others write nothing.
+type lostStore struct {
+	*boltstore.Store
+	n, sent int
+}
+
+func (l *lostStore) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ticket, error) {
+	l.sent++
+	if l.n == 0 {
+		return l.Store.Enqueue(ctx, req)
+	}
+	l.n--
+	if l.sent == 1 {
+		if _, err := l.Store.Enqueue(ctx, req); err != nil {
+			return store.Ticket{}, err
+		}
+	}
+	return store.Ticket{}, fmt.Errorf("%w: test: no answer (%w)", store.ErrUnavailable, store.ErrUnknownOutcome)
+}
+
+// TestLostJoinAnswerIsSentAgain: a run that may wait sends an enqueue
+// whose answer was lost again, the same ticket, which finds what the
+// first write made; one that may not wait fails with the store's error,
+// and its ticket, written or not, is cancelled.
+func TestLostJoinAnswerIsSentAgain(t *testing.T) {
+	for _, wait := range []time.Duration{-1, time.Hour, 0} {
+		e := newEnv(t)
+		l := &lostStore{Store: e.st, n: 3}
+		cfg := e.config(l, "l")
+		cfg.Wait = wait
+		busy := 0
+		cfg.Notify = func(n holder.Note) {
+			if n.Kind == holder.StoreBusy {
+				busy++
+			}
+		}
+		var ran store.Ticket
+		cfg.Start = func(_ context.Context, t store.Ticket) (holder.Child, error) {
+			ran = t
+			return nil, errors.New("started")
+		}
+		out := holder.Run(context.Background(), cfg)
+		switch {
+		case wait != 0 && (ran.ID != cfg.Request.ID || busy != 3 || l.sent != 4):
+			t.Errorf("wait %v: ran ticket %q after %d notes and %d enqueues (%v: %v); want %s run after 3 lost answers", wait, ran.ID, busy, l.sent, out.Result, out.Err, cfg.Request.ID)
+		case wait == 0 && (ran.ID != "" || !errors.Is(out.Err, store.ErrUnknownOutcome) || l.sent != 1):
+			t.Errorf("--no-wait: ran %q after %d enqueues, %v: %v; want the lost answer, once, not run", ran.ID, l.sent, out.Result, out.Err)
+		}
+		if wait == 0 {
+			if _, err := e.st.Get(context.Background(), cfg.Request.ID); !errors.Is(err, store.ErrNotFound) {
+				t.Errorf("--no-wait: the ticket the lost write made: %v; want it cancelled", err)
+			}
+		}
+	}
+}
+
+// TestSignalWhileAnswersAreLost: a run that keeps sending an enqueue whose
+// answers are lost ends on SIGTERM, and cancels the ticket that the first
+// write made.
+func TestSignalWhileAnswersAreLost(t *testing.T) {
+	e := newEnv(t)
+	l := &lostStore{Store: e.st, n: 1 << 30}
+	cfg := e.config(l, "l")
+	cfg.Notify = func(n holder.Note) {
+		if n.Kind == holder.StoreBusy && l.sent == 2 {
+			e.sigs <- syscall.SIGTERM
+		}
+	}
+	out := holder.Run(context.Background(), cfg)
+	if out.Result != holder.Signalled || out.Signal != syscall.SIGTERM {
+		t.Errorf("%v %v (%v), want Signalled by SIGTERM", out.Result, out.Signal, out.Err)
+	}
+	if _, err := e.st.Get(context.Background(), cfg.Request.ID); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("the ticket the first lost write made: %v; want it cancelled", err)
 	}
 }
 

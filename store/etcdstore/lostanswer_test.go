@@ -259,3 +259,37 @@ func TestLostLightReleaseAnswerReported(t *testing.T) {
 		t.Fatalf("Get w2 after its release: %v, want not found", err)
 	}
 }
+
+// An enqueue whose write landed unanswered, and whose tries after it got
+// no answer either (an election outlasting the request's time), says
+// that its outcome is unknown, not only that the store is unavailable:
+// the caller sends it again rather than take it as not written. Sent
+// again, the same id finds its ticket.
+func TestLostEnqueueThenSilenceSaysUnknown(t *testing.T) {
+	srv := etcdtest.Start(t, etcdtest.Options{})
+	ctx := context.Background()
+	var l loser
+	var down atomic.Bool
+	cut := grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if down.Load() {
+			return status.Error(codes.Unavailable, "test: no member answers")
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	})
+	st := open(t, srv, etcdstore.Options{DialOptions: []grpc.DialOption{l.option(), cut}, RequestTimeout: time.Second})
+	mustEnqueue(t, st, req("h", "l", 1, 10*time.Second), store.Held)
+	l.armThen(txnWrites("/tickets/l/new", true), func() { down.Store(true) })
+	_, err := st.Enqueue(ctx, req("new", "l", 1, 10*time.Second))
+	if !errors.Is(err, store.ErrUnknownOutcome) || !errors.Is(err, store.ErrUnavailable) || l.lost.Load() != 1 {
+		t.Fatalf("Enqueue with its answer lost, then no answer: %v (%d answers lost); want unavailable, outcome unknown", err, l.lost.Load())
+	}
+	down.Store(false)
+	tk, err := st.Enqueue(ctx, req("new", "l", 1, 10*time.Second))
+	if err != nil || tk.ID != "new" || tk.State != store.Waiting {
+		t.Fatalf("Enqueue sent again: %+v, %v; want the ticket the lost write made, waiting", tk, err)
+	}
+	snap, err := st.Snapshot(ctx, "l")
+	if err != nil || len(snap.Tickets) != 2 {
+		t.Fatalf("snapshot: %+v, %v; want h and new", snap.Tickets, err)
+	}
+}

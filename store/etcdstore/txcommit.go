@@ -84,7 +84,7 @@ func (t *etx) failed(p *plan, day int64, err error) error {
 	err = t.s.unavailable(err, false)
 	if unknownOutcome(err) {
 		t.g.used = true // perhaps the ticket's now: its TTL ends it otherwise
-		return fmt.Errorf("%w (%w)", err, policy.ErrUnknownOutcome)
+		return fmt.Errorf("%w (%w)", err, store.ErrUnknownOutcome)
 	}
 	t.s.revokeHolds(p)
 	return err

@@ -253,7 +253,7 @@ func (b *backend) commitFailed(err error) error {
 	if answered(err) {
 		return b.unavailable(err)
 	}
-	return fmt.Errorf("%w (%w)", b.unavailable(err), policy.ErrUnknownOutcome)
+	return fmt.Errorf("%w (%w)", b.unavailable(err), store.ErrUnknownOutcome)
 }
 
 // answered reports whether err is the server's answer.

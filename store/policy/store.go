@@ -78,15 +78,22 @@ type Againer interface {
 }
 
 // again runs a step, and runs it again while its commit's answer was lost
-// (ErrUnknownOutcome) and the backend allows: the step reads what the lost
+// (store.ErrUnknownOutcome) and the backend allows: the step reads what the lost
 // one may have done, and each rule finds its own effect there (an enqueue
 // its ticket, a release its tombstone) rather than doing it twice or
-// failing.
+// failing. A step run again that cannot reach the store either leaves the
+// lost one's outcome unknown: its error says so too, so that the caller
+// may send the request again rather than take it as not done.
 func (s *Store) again(ctx context.Context, run func(retried bool) error) error {
 	start := time.Now()
 	err := run(false)
-	for n := 0; errors.Is(err, ErrUnknownOutcome) && s.runAgain(ctx, start, n); n++ {
+	lost := false
+	for n := 0; errors.Is(err, store.ErrUnknownOutcome) && s.runAgain(ctx, start, n); n++ {
+		lost = true
 		err = run(true)
+	}
+	if lost && errors.Is(err, store.ErrUnavailable) && !errors.Is(err, store.ErrUnknownOutcome) {
+		err = fmt.Errorf("%w (%w)", err, store.ErrUnknownOutcome)
 	}
 	return err
 }

@@ -2,17 +2,10 @@ package policy
 
 import (
 	"context"
-	"errors"
 
 	"github.com/slotctl/slotctl/internal/mutation"
 	"github.com/slotctl/slotctl/store"
 )
-
-// ErrUnknownOutcome marks an Update whose commit was sent but whose answer
-// never came (a connection cut after the request): the step may or may
-// not have taken effect. The rules then run the step again, and each
-// finds its own effect in what it reads rather than doing it twice.
-var ErrUnknownOutcome = errors.New("the answer to the commit was lost")
 
 // A Tx is one atomic step over a backend's state: every read sees one
 // state, the step's own writes included, and the writes commit together or
@@ -107,7 +100,7 @@ type Sharer interface {
 type Backend interface {
 	// Update runs fn as one atomic step and commits what it wrote, or
 	// nothing if fn fails. A backend that retries a step on a conflict runs
-	// fn again from the start. An error that wraps ErrUnknownOutcome says
+	// fn again from the start. An error that wraps store.ErrUnknownOutcome says
 	// the commit may have taken effect.
 	Update(ctx context.Context, fn func(Tx) error) error
 	// View runs fn on a consistent state, writing nothing.

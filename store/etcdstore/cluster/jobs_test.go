@@ -495,7 +495,8 @@ func (js *jobs) showUnexpected(want int, n int) {
 	for _, j := range js.all() {
 		if j.code != want && n > 0 {
 			n--
-			js.t.Logf("%s exited %d; stderr:\n%s", j.name, j.code, tail(j.stderr(), 1500))
+			js.t.Logf("%s (started %s) exited %d at %s; stderr:\n%s", j.name, j.start.Format("15:04:05.000"), j.code,
+				j.exit.Format("15:04:05.000"), tail(j.stderr(), 1500))
 		}
 	}
 }
