@@ -316,33 +316,37 @@ func (b *busyStore) Enqueue(ctx context.Context, req store.EnqueueRequest) (stor
 	return b.Store.Enqueue(ctx, req)
 }
 
+// runNoting runs cfg with wait, a job that ends at once; it returns the
+// ticket the job ran under (none: it did not run) and how many StoreBusy
+// notes came first.
+func runNoting(cfg holder.Config, wait time.Duration) (ran store.Ticket, busy int, out holder.Outcome) {
+	cfg.Wait = wait
+	cfg.Notify = func(n holder.Note) {
+		if n.Kind == holder.StoreBusy {
+			busy++
+		}
+	}
+	cfg.Start = func(_ context.Context, t store.Ticket) (holder.Child, error) {
+		ran = t
+		return nil, errors.New("started")
+	}
+	out = holder.Run(context.Background(), cfg)
+	return ran, busy, out
+}
+
 // TestBusyStoreIsWaitedFor: a run that may wait keeps trying an enqueue that
 // found the store locked by others (nothing was written); one that may not
 // wait fails with the store's error.
 func TestBusyStoreIsWaitedFor(t *testing.T) {
 	for _, wait := range []time.Duration{-1, 0} {
 		e := newEnv(t)
-		b := &busyStore{Store: e.st, n: 3}
-		cfg := e.config(b, "b")
-		cfg.Wait = wait
-		busy := 0
-		cfg.Notify = func(n holder.Note) {
-			if n.Kind == holder.StoreBusy {
-				busy++
-			}
-		}
-		ran := false
-		cfg.Start = func(context.Context, store.Ticket) (holder.Child, error) {
-			ran = true
-			return nil, errors.New("started")
-		}
-		out := holder.Run(context.Background(), cfg)
+		ran, busy, out := runNoting(e.config(&busyStore{Store: e.st, n: 3}, "b"), wait)
 		var lte *store.LockTimeoutError
 		switch {
-		case wait != 0 && (!ran || busy != 3):
-			t.Errorf("wait %v: ran %v after %d busy notes (%v: %v); want it run after 3", wait, ran, busy, out.Result, out.Err)
-		case wait == 0 && (ran || !errors.As(out.Err, &lte)):
-			t.Errorf("--no-wait: ran %v, %v: %v; want the lock timeout, not run", ran, out.Result, out.Err)
+		case wait != 0 && (ran.ID == "" || busy != 3):
+			t.Errorf("wait %v: ran %q after %d busy notes (%v: %v); want it run after 3", wait, ran.ID, busy, out.Result, out.Err)
+		case wait == 0 && (ran.ID != "" || !errors.As(out.Err, &lte)):
+			t.Errorf("--no-wait: ran %q, %v: %v; want the lock timeout, not run", ran.ID, out.Result, out.Err)
 		}
 	}
 }
@@ -377,19 +381,7 @@ func TestLostJoinAnswerIsSentAgain(t *testing.T) {
 		e := newEnv(t)
 		l := &lostStore{Store: e.st, n: 3}
 		cfg := e.config(l, "l")
-		cfg.Wait = wait
-		busy := 0
-		cfg.Notify = func(n holder.Note) {
-			if n.Kind == holder.StoreBusy {
-				busy++
-			}
-		}
-		var ran store.Ticket
-		cfg.Start = func(_ context.Context, t store.Ticket) (holder.Child, error) {
-			ran = t
-			return nil, errors.New("started")
-		}
-		out := holder.Run(context.Background(), cfg)
+		ran, busy, out := runNoting(cfg, wait)
 		switch {
 		case wait != 0 && (ran.ID != cfg.Request.ID || busy != 3 || l.sent != 4):
 			t.Errorf("wait %v: ran ticket %q after %d notes and %d enqueues (%v: %v); want %s run after 3 lost answers", wait, ran.ID, busy, l.sent, out.Result, out.Err, cfg.Request.ID)
