@@ -261,6 +261,15 @@ func Run(ctx context.Context, cfg Config) Outcome {
 	return out
 }
 
+// joinPause is the pause before an enqueue whose answer was lost is sent
+// again; it doubles up to joinPauseMax, so that a store that loses every
+// answer at once (its server gone after the lost commit) is not asked in
+// a busy loop.
+const (
+	joinPause    = 100 * time.Millisecond
+	joinPauseMax = 5 * time.Second
+)
+
 // join writes the ticket. It is Run's first phase of its own because a
 // store locked by others all along wrote nothing, and a store that lost a
 // write's answer (an election) may have written it: a run that may wait
@@ -277,18 +286,27 @@ func (r *runner) join(ctx context.Context) (entry *gate.Entry, sent time.Duratio
 	mayWait := func() bool { return cfg.Wait != 0 && (cfg.Wait < 0 || r.now()-first < cfg.Wait) && ctx.Err() == nil }
 	var sig os.Signal
 	// A write whose answer was lost (an election) is sent again, the same
-	// ticket, while the run may wait: sent stays when the first was sent,
-	// which may be the one that wrote it.
+	// ticket, while the run may wait, after a pause: sent stays when the
+	// first was sent, which may be the one that wrote it.
+	pause := joinPause
 	g.JoinAgain = func(err error) bool {
 		if !mayWait() {
 			return false
 		}
 		r.note(Note{Kind: StoreBusy, Err: err})
-		if s, ok := r.terminated(); ok {
-			sig = s // Join cancels the ticket
-			return false
+		at := r.now() + pause
+		pause = min(2*pause, joinPauseMax)
+		for {
+			switch ev := r.w.Wait(Wake{At: at, Done: ctx.Done()}); {
+			case ev.Kind == Timer:
+				return true
+			case ev.Kind == Signal && Terminating(ev.Signal):
+				sig = ev.Signal // Join cancels the ticket
+				return false
+			case ev.Kind == Done:
+				return false
+			}
 		}
-		return true
 	}
 	entry, err := g.Join(ctx, cfg.Request)
 	var busy *store.LockTimeoutError

@@ -356,10 +356,12 @@ func TestBusyStoreIsWaitedFor(t *testing.T) {
 type lostStore struct {
 	*boltstore.Store
 	n, sent int
+	at      []time.Time // when each enqueue came
 }
 
 func (l *lostStore) Enqueue(ctx context.Context, req store.EnqueueRequest) (store.Ticket, error) {
 	l.sent++
+	l.at = append(l.at, time.Now())
 	if l.n == 0 {
 		return l.Store.Enqueue(ctx, req)
 	}
@@ -374,8 +376,10 @@ func (l *lostStore) Enqueue(ctx context.Context, req store.EnqueueRequest) (stor
 
 // TestLostJoinAnswerIsSentAgain: a run that may wait sends an enqueue
 // whose answer was lost again, the same ticket, which finds what the
-// first write made; one that may not wait fails with the store's error,
-// and its ticket, written or not, is cancelled.
+// first write made, each time after a pause that doubles (100, 200, 400
+// ms: no busy loop on a store that loses every answer at once); one that
+// may not wait fails with the store's error, and its ticket, written or
+// not, is cancelled.
 func TestLostJoinAnswerIsSentAgain(t *testing.T) {
 	for _, wait := range []time.Duration{-1, time.Hour, 0} {
 		e := newEnv(t)
@@ -387,6 +391,11 @@ func TestLostJoinAnswerIsSentAgain(t *testing.T) {
 			t.Errorf("wait %v: ran ticket %q after %d notes and %d enqueues (%v: %v); want %s run after 3 lost answers", wait, ran.ID, busy, l.sent, out.Result, out.Err, cfg.Request.ID)
 		case wait == 0 && (ran.ID != "" || !errors.Is(out.Err, store.ErrUnknownOutcome) || l.sent != 1):
 			t.Errorf("--no-wait: ran %q after %d enqueues, %v: %v; want the lost answer, once, not run", ran.ID, l.sent, out.Result, out.Err)
+		}
+		for i := 1; i < len(l.at); i++ {
+			if gap, least := l.at[i].Sub(l.at[i-1]), 100*time.Millisecond<<(i-1); gap < least {
+				t.Errorf("wait %v: enqueue %d sent %v after the lost one, want a pause of %v first", wait, i+1, gap, least)
+			}
 		}
 		if wait == 0 {
 			if _, err := e.st.Get(context.Background(), cfg.Request.ID); !errors.Is(err, store.ErrNotFound) {

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
 	"github.com/slotctl/slotctl/store"
@@ -37,18 +36,7 @@ func TestRenewOfARevokedLeaseIsLost(t *testing.T) {
 	if _, err := st.Renew(ctx, tk, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	c, err := clientv3.New(clientv3.Config{Endpoints: []string{srv.Endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	resp, err := c.Get(ctx, "/"+t.Name()+"/tickets/revoked/r1")
-	if err != nil || len(resp.Kvs) == 0 || resp.Kvs[0].Lease == 0 {
-		t.Fatalf("the ticket's key: %v, %v", resp, err)
-	}
-	if _, err := c.Revoke(ctx, clientv3.LeaseID(resp.Kvs[0].Lease)); err != nil {
-		t.Fatal(err)
-	}
+	revokeBehind(t, []*clientv3.Client{raw(t, srv)}, "/"+t.Name(), tk)
 	answers.Store(0)
 	_, err = st.Renew(ctx, tk, 30*time.Second)
 	// The keep-alive's answer says so (TTL 0), before any read would find
@@ -127,18 +115,7 @@ func TestReleaseAfterTheServerEndedTheLease(t *testing.T) {
 	if err != nil || tk.State != store.Held {
 		t.Fatalf("enqueue: %+v, %v", tk, err)
 	}
-	c, err := clientv3.New(clientv3.Config{Endpoints: []string{srv.Endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	resp, err := c.Get(ctx, "/"+t.Name()+"/tickets/ended/e1")
-	if err != nil || len(resp.Kvs) == 0 || resp.Kvs[0].Lease == 0 {
-		t.Fatalf("the ticket's key: %v, %v", resp, err)
-	}
-	if _, err := c.Revoke(ctx, clientv3.LeaseID(resp.Kvs[0].Lease)); err != nil {
-		t.Fatal(err)
-	}
+	revokeBehind(t, []*clientv3.Client{raw(t, srv)}, "/"+t.Name(), tk)
 	if _, err := st.Renew(ctx, tk, 30*time.Second); !errors.Is(err, store.ErrLost) {
 		t.Fatalf("renewal after the lease ended: %v, want lost", err)
 	}
