@@ -451,7 +451,8 @@
 //     S23: a rate's window is shorter by the slack; L11: a priority
 //     limit's order passes if it held at some instant of the slack after
 //     the step's (the store reads its wall clock as it plans, and aging
-//     moves the order).
+//     moves the order), and L11-L13 take a waiter for first in a priority
+//     limit only if it is first at every such instant.
 //
 // Every other rule is checked as on bbolt. The holders' own rules (S2,
 // S9, S10, S24) need no slack: the holders count on the simulation's

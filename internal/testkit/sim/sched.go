@@ -45,18 +45,23 @@ import (
 // waiter is first in all of its limits (the limits disagree) and p is the
 // oldest of the heads; then L's head h, at or ahead of w, is not first in
 // another of its limits. A rule therefore judges p only where that cannot
-// be: L11 and L12 when no waiter of the step ahead of p by L's order
-// (priority with aging A) names a limit other than a priority limit of
-// aging A (all such limits share one order, so the first of them all is
-// first in each of its limits); L13 when no waiter ahead of p in L names a
-// limit other than L. Anything else counts as excused (Stats.OrderExcused).
+// be: when every waiter of the step ahead of p by L's order is first in
+// each of its other limits (L's head is then first in all of its limits
+// whenever p could go), and L11 and L12 also when every limit of every
+// such waiter orders by priority with L's aging (all such limits share one
+// order, so the first of them all is first in each of its limits).
+// Anything else counts as excused (Stats.OrderExcused).
 //
 // The step's clock is one instant, so every settle of a step orders by the
-// same effective priorities. A fair order depends on the holders at the
-// settle, which only the settle of a step with one writing call shows
-// exactly (its holders are the step's, less those it admitted); L13 judges
-// only such steps. A waiter enqueued in a step of several writing calls
-// may have come after the settle that admitted p: it is not judged.
+// same effective priorities. etcd's planner reads its own clock, up to the
+// slack ahead of the step's (mayPrecede): there a waiter counts as ahead
+// of p only if it is at every instant of that window, and as first in a
+// priority limit only if no other waiter may pass it there. A fair order
+// depends on the holders at the settle, which only the settle of a step
+// with one writing call shows exactly (its holders are the step's, less
+// those it admitted); L13 judges only such steps. A waiter enqueued in a
+// step of several writing calls may have come after the settle that
+// admitted p: it is not judged.
 //
 // A wall clock that steps back clears S23's window (a window across the
 // step is not defined) and L12's bound for the tickets created before it
@@ -418,15 +423,21 @@ func (st *settle) fairKeys(name string) map[*mTicket]int {
 	return key
 }
 
-// first reports whether u is first, by limit name's order, among the
-// settle's waiters of name.
+// first reports whether u is surely first, by limit name's order, among
+// the settle's waiters of name: in a priority limit, at every instant the
+// planner's clock may have read (mayPrecede), since aging may have put
+// another waiter ahead of u by then.
 func (st *settle) first(u *mTicket, name string) bool {
 	ahead := st.ahead(name)
 	if ahead == nil {
 		return false
 	}
+	pol := st.m.limits[name].pol
 	for _, t := range st.waiters {
-		if t != u && t.names(name) && ahead(t, u) {
+		if t == u || !t.names(name) {
+			continue
+		}
+		if ahead(t, u) || pol.Ordered() == store.ByPriority && st.m.mayPrecede(t, u, st.now, pol.AgingOr()) {
 			return false
 		}
 	}
