@@ -197,7 +197,8 @@
 //	S18 a replace asks exactly the held tickets of its key sharing a limit
 //	    to stop, with a replaced event in each of their limits; every
 //	    answer and listing shows the request; a holder that heard it
-//	    (its bell, a renewal's answer) has sent its child SIGTERM before
+//	    (a read on its bell or on a nudge left from a renewal, a
+//	    renewal's answer) has sent its child SIGTERM before
 //	    the clock moves on, and ends replaced (or read it in the answer
 //	    that admitted it: Run starts the job and stops it when told again)
 //	S19 a replacing ticket is admitted only once every ticket it replaces

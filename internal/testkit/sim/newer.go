@@ -367,14 +367,15 @@ func (m *model) outcome(h *holder, o gh.Outcome) {
 	case o.Replaced != nil && !slices.Contains(m.replace[o.Replaced.Ticket], h.id):
 		m.fail("S18", "%s ends replaced by %s, which does not replace its ticket %s", h.name, short(o.Replaced.Ticket), short(h.id))
 	case o.Replaced != nil && !h.stopHeard && !h.stopAdmitted:
-		m.fail("S18", "%s ends replaced by %s, but it never heard of it (bell, renewal or its admission)", h.name, short(o.Replaced.Ticket))
-	case o.Replaced == nil && h.stopHeard && h.stopHow == "its bell" && o.Result == gh.Ran && !o.Lost && !h.stopDeferred:
-		// Its bell made it read its ticket, with the stop request in it.
+		m.fail("S18", "%s ends replaced by %s, but it never heard of it (a read on its bell or a nudge, a renewal, or its admission)", h.name, short(o.Replaced.Ticket))
+	case o.Replaced == nil && h.stopHeard && heardByRead(h.stopHow) && o.Result == gh.Ran && !o.Lost && !h.stopDeferred:
+		// Its bell (or a nudge) made it read its ticket, with the stop
+		// request in it.
 		// Rung while its job was being stopped already, it reads it once
 		// the job is gone (gate/holder reads nothing that could hold up a
 		// SIGKILL), and the ticket may be gone by then, or set back by a
 		// restored copy.
-		m.fail("S18", "%s heard by its bell that %s replaces it, and its run ends %s, not replaced", h.name, short(h.stopBy), h.exit)
+		m.fail("S18", "%s heard by %s that %s replaces it, and its run ends %s, not replaced", h.name, h.stopHow, short(h.stopBy), h.exit)
 	}
 }
 

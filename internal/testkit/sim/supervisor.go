@@ -261,6 +261,29 @@ func (h *holder) stoppedAt(now time.Duration) bool {
 // grace, cut to half the margin for a lost lease (gate/holder's killBy).
 func (h *holder) stopAfterResume() time.Duration { return min(h.grace, h.margin/2) }
 
+// How a holder heard its stop request: a read of its ticket on a ring of
+// its bell or a nudge (heardByRead), or a renewal's answer.
+const (
+	heardByBell    = "its bell"
+	heardByNudge   = "a read on a nudge"
+	heardByRenewal = "a renewal's answer"
+)
+
+// heardByRead: how is a read of the ticket that the supervisor made itself.
+func heardByRead(how string) bool { return how == heardByBell || how == heardByNudge }
+
+// readsStop: Run reads h's ticket now (on a ring or a nudge), and hears the
+// stop request the model has on it.
+func (h *holder) readsStop(now time.Duration, how string) {
+	if t := h.s.m.live[h.id]; t != nil && t.stop != "" {
+		h.heard(now, t.stop, how)
+		// gate/holder reads a ticket rung while its job is being stopped
+		// (or drained) only once the job is gone: what it reads then (the
+		// ticket gone, a restored copy's) need not ask it.
+		h.stopDeferred = h.child.stopAt != 0 || !h.child.running
+	}
+}
+
 // heard records that h heard its stop request, how.
 func (h *holder) heard(now time.Duration, by, how string) {
 	if h.stopHeard || h.phase != hRun {
@@ -268,9 +291,9 @@ func (h *holder) heard(now time.Duration, by, how string) {
 	}
 	h.stopHeard, h.stopHeardAt, h.stopBy, h.stopHow = true, now, by, how
 	switch how {
-	case "its bell":
+	case heardByBell:
 		h.s.stats.HeardByBell++
-	case "a renewal's answer":
+	case heardByRenewal:
 		h.s.stats.HeardByRenewal++
 	}
 	h.s.tracef("%s hears that %s replaces it (%s)", h.name, short(by), how)
@@ -433,16 +456,14 @@ func (h *holder) act() {
 			s.tracef("%s: SIGTERM", h.name)
 		case gh.Bell:
 			h.rung = false
-			if t := s.m.live[h.id]; t != nil && t.stop != "" {
-				h.heard(now, t.stop, "its bell")
-				// gate/holder reads a ticket rung while its job is being
-				// stopped (or drained) only once the job is gone: what it
-				// reads then (the ticket gone, a restored copy's) need not
-				// ask it.
-				h.stopDeferred = h.child.stopAt != 0 || !h.child.running
-			}
+			h.readsStop(now, heardByBell)
 		case gh.Nudge:
 			<-h.wk.Nudge // as the real Waiter's select takes it
+			if h.phase == hRun {
+				// A nudge left over from a renewal that the wait did not
+				// take: the supervisor reads its ticket on it, as on a ring.
+				h.readsStop(now, heardByNudge)
+			}
 		}
 		waiting := h.phase == hWait
 		h.deliver(ev)
@@ -796,7 +817,7 @@ func (h *holder) answer(now, sent time.Duration, res store.Ticket, err error) {
 		h.deadLate = 0 // the deadline timer is armed again
 		h.nextRenew = sent + h.s.jitter(h.every)
 		if res.Stop != nil {
-			h.heard(h.s.now().Mono, res.Stop.Ticket, "a renewal's answer")
+			h.heard(h.s.now().Mono, res.Stop.Ticket, heardByRenewal)
 		}
 		if h.onRenew != nil {
 			h.onRenew(res) // as the Keeper does
