@@ -26,8 +26,9 @@ type op struct {
 	ch    store.PolicyChange
 
 	res      store.Ticket
-	lostIn   bool // etcd: an answer was lost in the call (etcdfault.go)
-	unknown  bool // and the call failed: its outcome is unknown
+	lostIn   bool  // etcd: an answer was lost in the call (etcdfault.go)
+	rev0     int64 // etcd: the server's revision just before a reap (notYetRevoked)
+	unknown  bool  // and the call failed: its outcome is unknown
 	removed  bool
 	removals []store.Removal
 	lim      store.Limit // a setpolicy's answer
@@ -206,12 +207,16 @@ func (c *conn) Reap(ctx context.Context, o store.ReapOptions) ([]store.Removal, 
 	if c.dead() {
 		return nil, errDead
 	}
+	var rev0 int64
+	if e, ok := c.s.be.(*Etcd); ok && !o.DryRun {
+		rev0 = e.revision(c.s.ctx)
+	}
 	r, err := c.st.Reap(untimed(ctx), o)
 	kind := "reap"
 	if o.DryRun {
 		kind = "scan"
 	}
-	c.record(&op{kind: kind, removals: r, err: err, lims: o.Limits})
+	c.record(&op{kind: kind, removals: r, err: err, lims: o.Limits, rev0: rev0})
 	return r, err
 }
 

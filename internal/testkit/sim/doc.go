@@ -447,7 +447,8 @@
 //     (S6, S7, S21, L1, and what a sweep may remove); and L1 holds a reap
 //     only to what the server ended: a ticket whose key is still there
 //     after the reap (its lease not revoked yet, which on a loaded machine
-//     may be some 100 ms past the slack) was rightly left;
+//     may be some 100 ms past the slack), or was there at the revision
+//     read just before the reap (revoked while it ran), was rightly left;
 //   - S8: a ticket's creation time is within the slack after the model's;
 //     S23: a rate's window is shorter by the slack; L11: a priority
 //     limit's order passes if it held at some instant of the slack after

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 
 	"github.com/slotctl/slotctl/internal/mutation"
@@ -42,6 +43,9 @@ type Etcd struct {
 	// revoked: holders whose lease was revoked behind their backs, while
 	// their job runs (etcdfault.go).
 	revoked []revoked
+	// peeker is the model's own client, for what it reads of the server
+	// beside the store (etcdfault.go); Close closes it.
+	peeker *clientv3.Client
 }
 
 // etcdRuns numbers the runs of a process: each has a prefix of its own.
@@ -119,6 +123,16 @@ func (e *Etcd) Lag() time.Duration {
 	l := proc.Boottime() - e.now.Mono
 	e.maxLag = max(e.maxLag, l)
 	return l
+}
+
+// Close closes the model's own client, if it made one.
+func (e *Etcd) Close() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.peeker != nil {
+		e.peeker.Close()
+		e.peeker = nil
+	}
 }
 
 // MaxLag is the longest Lag measured.

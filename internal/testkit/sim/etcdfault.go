@@ -308,40 +308,83 @@ func (e *Etcd) revoke(ctx context.Context, limit, id string) (int64, error) {
 }
 
 // notYetRevoked: on etcd, t's lease is past its end by the model's clock
-// but the server has not revoked it yet: its ticket key is still there
-// after the reap. A revoke is for good, so the key was there when the reap
-// read too, and the reap was right to leave t. The server revokes up to
-// etcdJitter late on a quiet machine, on a loaded one later still; the
-// store's part is to sweep what the server ended, not to end it.
-func (s *sim) notYetRevoked(t *mTicket, now Instant) bool {
+// but the server had not revoked it when the reap read. The server revokes
+// up to etcdJitter late on a quiet machine, on a loaded one later still;
+// the store's part is to sweep what the server ended, not to end it. A
+// revoke is for good, so a ticket key still there after the reap was
+// there when the reap read; one there at rev0, the revision just before
+// the reap (0: not known), may have gone while the reap ran, after its
+// read. Only a key gone by rev0 was surely gone when the reap read.
+func (s *sim) notYetRevoked(t *mTicket, now Instant, rev0 int64) bool {
 	e, ok := s.be.(*Etcd)
 	if !ok {
 		return false
 	}
-	there, err := e.ticketKey(s.ctx, t.limits[0], t.id)
-	if err != nil || !there {
+	late := now.Mono - s.m.expiry(t, now)
+	if there, err := e.ticketKey(s.ctx, t.limits[0], t.id, 0); err == nil && there {
+		s.stats.RevokedLate++
+		s.tracef("the server has not revoked the lease of ticket %s yet, %v past its end by the simulation's clock", short(t.id), late)
+		return true
+	}
+	if rev0 == 0 {
 		return false
 	}
-	s.stats.RevokedLate++
-	s.tracef("the server has not revoked the lease of ticket %s yet, %v past its end by the simulation's clock", short(t.id), now.Mono-s.m.expiry(t, now))
-	return true
+	if there, err := e.ticketKey(s.ctx, t.limits[0], t.id, rev0); err == nil && there {
+		s.stats.RevokedLate++
+		s.tracef("the server revoked the lease of ticket %s while the reap ran (its key was there at revision %d, before the reap), %v past its end by the simulation's clock", short(t.id), rev0, late)
+		return true
+	}
+	return false
 }
 
 // ticketKey reports whether ticket id's key under limit is there (its
-// lease not revoked), read with a client of its own.
-func (e *Etcd) ticketKey(ctx context.Context, limit, id string) (bool, error) {
-	c, err := clientv3.New(clientv3.Config{Endpoints: e.opts.Endpoints, DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		return false, err
+// lease not revoked), now or at revision rev (0: now), read with a client
+// of its own.
+func (e *Etcd) ticketKey(ctx context.Context, limit, id string, rev int64) (bool, error) {
+	var there bool
+	err := e.peek(ctx, func(ctx context.Context, c *clientv3.Client) error {
+		opts := []clientv3.OpOption{clientv3.WithKeysOnly()}
+		if rev != 0 {
+			opts = append(opts, clientv3.WithRev(rev))
+		}
+		r, err := c.Get(ctx, e.opts.Prefix+"/tickets/"+limit+"/"+id, opts...)
+		there = err == nil && len(r.Kvs) > 0
+		return err
+	})
+	return there, err
+}
+
+// revision is the server's revision now, 0 if it cannot be read.
+func (e *Etcd) revision(ctx context.Context) int64 {
+	var rev int64
+	_ = e.peek(ctx, func(ctx context.Context, c *clientv3.Client) error {
+		r, err := c.Get(ctx, e.opts.Prefix+"/revision", clientv3.WithKeysOnly())
+		if err == nil {
+			rev = r.Header.Revision
+		}
+		return err
+	})
+	return rev
+}
+
+// peek runs f with a client of the model's own (no injected faults),
+// made on first use and kept for the run: a reap's revision is read
+// before each reap.
+func (e *Etcd) peek(ctx context.Context, f func(context.Context, *clientv3.Client) error) error {
+	e.mu.Lock()
+	if e.peeker == nil {
+		c, err := clientv3.New(clientv3.Config{Endpoints: e.opts.Endpoints, DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
+		if err != nil {
+			e.mu.Unlock()
+			return err
+		}
+		e.peeker = c
 	}
-	defer c.Close()
+	c := e.peeker
+	e.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	r, err := c.Get(ctx, e.opts.Prefix+"/tickets/"+limit+"/"+id, clientv3.WithKeysOnly())
-	if err != nil {
-		return false, err
-	}
-	return len(r.Kvs) > 0, nil
+	return f(ctx, c)
 }
 
 // A process that dies inside a store call (fault "etcd-crash-in-call"):

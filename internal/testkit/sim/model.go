@@ -505,7 +505,7 @@ func (m *model) apply(o *op, now Instant) {
 		if o.kind == "reap" && !o.lostIn { // (etcdfault.go: what a lost answer removed is not listed)
 			for _, t := range m.sorted() {
 				if m.expired(t, now) && !m.near(t, now) && (len(o.lims) == 0 || slices.ContainsFunc(o.lims, t.names)) && !orphaned(t.owner) && !m.keptAlive(t) &&
-					!m.s.notYetRevoked(t, now) {
+					!m.s.notYetRevoked(t, now, o.rev0) {
 					m.fail("L1", "a reap by %s left expired ticket %s of %s (expired %v ago)", o.who, short(t.id),
 						ownerName(t.owner), now.Mono-m.expiry(t, now))
 					return

@@ -339,6 +339,7 @@ func Run(cfg Config) (res Result) {
 	defer func() {
 		if e, ok := s.be.(*Etcd); ok {
 			s.stats.MaxLag = e.MaxLag()
+			defer e.Close()
 		}
 		res.Violation, res.Stats, res.Trace = s.viol, s.stats, s.trace
 		for _, h := range s.holders {
