@@ -277,34 +277,30 @@ func (s *sim) revokeOne() bool {
 	return true
 }
 
-// revoke revokes the lease of ticket id (its record under limit), with a
-// client of its own, and returns the lease.
+// revoke revokes the lease of ticket id (its record under limit), with the
+// model's own client, and returns the lease.
 func (e *Etcd) revoke(ctx context.Context, limit, id string) (int64, error) {
-	c, err := clientv3.New(clientv3.Config{Endpoints: e.opts.Endpoints, DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		return 0, err
-	}
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	// The store's record of the ticket: its lease (etcdstore's keys).
-	r, err := c.Get(ctx, e.opts.Prefix+"/records/"+limit+"/"+id)
-	if err != nil {
-		return 0, err
-	}
-	if len(r.Kvs) == 0 {
-		return 0, fmt.Errorf("no record of ticket %s under %s", id, limit)
-	}
-	var rec struct {
-		Lease int64 `json:"lease"`
-	}
-	if err := json.Unmarshal(r.Kvs[0].Value, &rec); err != nil {
-		return 0, err
-	}
-	if _, err := c.Revoke(ctx, clientv3.LeaseID(rec.Lease)); err != nil {
-		return rec.Lease, err
-	}
-	return rec.Lease, nil
+	var lease int64
+	err := e.peek(ctx, func(ctx context.Context, c *clientv3.Client) error {
+		// The store's record of the ticket: its lease (etcdstore's keys).
+		r, err := c.Get(ctx, e.opts.Prefix+"/records/"+limit+"/"+id)
+		if err != nil {
+			return err
+		}
+		if len(r.Kvs) == 0 {
+			return fmt.Errorf("no record of ticket %s under %s", id, limit)
+		}
+		var rec struct {
+			Lease int64 `json:"lease"`
+		}
+		if err := json.Unmarshal(r.Kvs[0].Value, &rec); err != nil {
+			return err
+		}
+		lease = rec.Lease
+		_, err = c.Revoke(ctx, clientv3.LeaseID(rec.Lease))
+		return err
+	})
+	return lease, err
 }
 
 // notYetRevoked: on etcd, t's lease is past its end by the model's clock
@@ -338,8 +334,8 @@ func (s *sim) notYetRevoked(t *mTicket, now Instant, rev0 int64) bool {
 }
 
 // ticketKey reports whether ticket id's key under limit is there (its
-// lease not revoked), now or at revision rev (0: now), read with a client
-// of its own.
+// lease not revoked), now or at revision rev (0: now), read with the
+// model's own client.
 func (e *Etcd) ticketKey(ctx context.Context, limit, id string, rev int64) (bool, error) {
 	var there bool
 	err := e.peek(ctx, func(ctx context.Context, c *clientv3.Client) error {
@@ -367,9 +363,9 @@ func (e *Etcd) revision(ctx context.Context) int64 {
 	return rev
 }
 
-// peek runs f with a client of the model's own (no injected faults),
-// made on first use and kept for the run: a reap's revision is read
-// before each reap.
+// peek runs f with the model's own client (no injected faults), made on
+// first use and kept for the run: a reap's revision is read before each
+// reap.
 func (e *Etcd) peek(ctx context.Context, f func(context.Context, *clientv3.Client) error) error {
 	e.mu.Lock()
 	if e.peeker == nil {
